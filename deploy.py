@@ -1,0 +1,24 @@
+"""Converge DGX Sparks into verified vLLM servers.
+
+    pyinfra inventory/office.py deploy.py
+
+Every host's settings are validated (and the model manifest resolved from the
+hub) before anything runs; a host that fails preflight is left untouched.
+"""
+
+from pyinfra import host, inventory
+
+from sparkfleet.plan import plan_for
+from tasks.container_toolkit import container_toolkit
+from tasks.health import health
+from tasks.model import model
+from tasks.preflight import preflight
+from tasks.service import service
+
+plan = plan_for(inventory, host)
+facts = preflight(plan)
+if facts:
+    container_toolkit(plan, arch=facts.arch)
+    runtime = model(plan, arch=facts.arch, python=facts.python)
+    started = service(plan)
+    health(plan, runtime=runtime, started=started)

@@ -1,0 +1,60 @@
+"""Defaults for every Spark: the known-good Qwen3.5-35B-A3B-FP8 release.
+
+Override any of these per group (`group_data/<group>.py`), per host (inventory
+data) or per run (`pyinfra ... --data key=value`). Every key is validated by
+`sparkfleet.settings.Settings` before any host is touched; an unknown key is
+refused with a did-you-mean.
+"""
+
+# --- Platform: what preflight expects to find ------------------------------
+expected_arch = "aarch64"  # `uname -m` of a DGX Spark (GB10 is Arm)
+expected_gpu_name = "NVIDIA GB10"  # nvidia-smi --query-gpu=name
+min_driver_version = "580.95.05"  # first public GB10 driver
+min_cuda_version = "13.0"  # CUDA version nvidia-smi reports
+min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
+
+# --- NVIDIA Container Toolkit (apt); offices may point these at a mirror ----
+toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}"
+toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
+toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+toolkit_version = "1.18.1-1"  # all four packages are pinned to this version
+
+# --- Model -----------------------------------------------------------------
+model_hub = "modelscope"  # or "huggingface"
+model_repo = "Qwen/Qwen3.5-35B-A3B-FP8"
+model_revision = "master"  # branch, tag or commit; resolved to a commit at plan time
+hub_endpoint = None  # a mirror's URL; None = the client's own default
+controller_hub_endpoint = None  # where the controller reaches the hub, if not hub_endpoint
+hub_token = None  # secret: kept in a root-only file on the host
+model_root = "/var/lib/sparkfleet/models"
+full_verify = False  # True (`--data full_verify=True`) re-hashes every file instead of trusting the record
+
+# --- Engine: vLLM in Docker ------------------------------------------------
+engine_image = "vllm/vllm-openai:v0.33.0"
+vllm_version = "0.33.0"  # the flag table the engine arguments are checked against
+served_model_name = "Qwen3.5-35B-A3B"
+api_host = "127.0.0.1"  # a LAN address needs api_key (or allow_unauthenticated_api)
+api_port = 8000
+api_key = None  # secret: passed as VLLM_API_KEY through a root-only env file
+allow_unauthenticated_api = False
+max_model_len = 262144
+gpu_memory_utilization = 0.88
+enable_prefix_caching = True
+enable_auto_tool_choice = True
+tool_call_parser = "qwen3_coder"
+reasoning_parser = "qwen3"
+attention_backend = "FLASH_ATTN"
+limit_mm_per_prompt = {"image": 0, "video": 0}  # multimodal profiling off
+kv_cache_dtype = "auto"  # "fp8" is refused for hybrid models such as Qwen3.5
+max_num_seqs = None  # None = vLLM's default
+tensor_parallel_size = 1
+extra_engine_args = []  # more vLLM flags, each checked against the flag table
+engine_env = {}  # extra environment for the engine container
+
+# --- Service ----------------------------------------------------------------
+container_name = "vllm"
+docker_network = "host"
+privileged = False  # opt-in: the reference write-up ran --privileged
+seccomp_unconfined = False  # opt-in: the reference write-up ran seccomp=unconfined
+start_timeout_s = 1800  # systemd TimeoutStartSec: covers a first image pull
+health_timeout_s = 900  # a Spark takes 3-4 minutes to load this model

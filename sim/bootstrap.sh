@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepare this machine for the simulated fleet:
+#  1. install the Debian packages the sim needs (only those missing),
+#  2. start dockerd in the background when `docker info` does not answer,
+#     and wait until it does.
+# Idempotent: on a ready machine it changes nothing and returns in well
+# under a second.  Must run as root (CI and the dev machines are root).
+set -euo pipefail
+
+PACKAGES=(docker.io debootstrap gnupg dpkg-dev openssh-client ca-certificates iptables)
+LOG=${SPARKFLEET_DOCKERD_LOG:-/var/log/sparkfleet-dockerd.log}
+WAIT_S=${SPARKFLEET_DOCKERD_WAIT_S:-90}
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bootstrap: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if docker info >/dev/null 2>&1; then
+    exit 0
+fi
+
+DOCKERD=$(command -v dockerd || echo /usr/sbin/dockerd)
+# A dockerd that died uncleanly leaves its pid file behind; dockerd refuses to
+# start when the pid in it is alive, so only remove it when that pid is gone.
+for pidfile in /var/run/docker.pid /run/docker.pid; do
+    if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        rm -f "$pidfile"
+    fi
+done
+if ! pgrep -x dockerd >/dev/null 2>&1; then
+    echo "bootstrap: starting dockerd (log: $LOG)" >&2
+    setsid nohup "$DOCKERD" >>"$LOG" 2>&1 </dev/null &
+fi
+for _ in $(seq 1 "$WAIT_S"); do
+    if docker info >/dev/null 2>&1; then
+        echo "bootstrap: dockerd is up" >&2
+        exit 0
+    fi
+    sleep 1
+done
+echo "bootstrap: dockerd did not answer within ${WAIT_S}s; last log lines:" >&2
+tail -n 30 "$LOG" >&2 || true
+exit 1

@@ -1,0 +1,16 @@
+"""The simulated fleet: systemd containers standing in for DGX Sparks, plus a
+services container (model hub, signed apt repository, image registry).
+
+    from sim import fleet
+    state = fleet.up(hosts=3, faults={"spark-2": {"driver": "550.54.14"}})
+    fleet.reboot("spark-1"); fleet.down()
+
+CLI: python -m sim.fleet up [--hosts N] [--fault spark-2:driver=550.54.14] | down | status [--json] | ...
+"""
+from ._util import SimError
+from .cli import main
+from .fleet import (down, load_state, reboot, set_gpu, start_host, start_services, status, stop_host,
+                    stop_services, up, wait_host_ready)
+
+__all__ = ["up", "down", "status", "set_gpu", "reboot", "stop_host", "start_host", "stop_services",
+           "start_services", "load_state", "wait_host_ready", "main", "SimError"]

@@ -1,0 +1,120 @@
+"""python -m sim.fleet ... (also reached as `python -m sparkfleet sim ...`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ._util import SimError
+
+
+def parse_faults(specs: list[str]) -> dict[str, dict]:
+    """["spark-2:driver=550.54.14,present=false"] -> {"spark-2": {"driver": "550.54.14", "present": False}}"""
+    faults: dict[str, dict] = {}
+    for spec in specs:
+        host, sep, knobs = spec.partition(":")
+        if not sep or not knobs:
+            raise SimError(f"bad --fault {spec!r}: expected HOST:KEY=VALUE[,KEY=VALUE]")
+        for kv in knobs.split(","):
+            k, eq, v = kv.partition("=")
+            if not eq:
+                raise SimError(f"bad --fault {spec!r}: {kv!r} is not KEY=VALUE")
+            faults.setdefault(host.strip(), {})[k.strip()] = _value(v.strip())
+    return faults
+
+
+def _value(v: str):
+    low = v.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    return v
+
+
+def _print_status(st: dict) -> None:
+    if not st["dockerd"]:
+        print("dockerd: not running (the fleet is down)")
+        return
+    if not st["state"]:
+        print("the simulated fleet is not up")
+        return
+    s = st["state"]
+    svc = st["services"] or {}
+    print(f"services: {svc.get('status')}  hub={s['hub']['controller_url']} ({'ok' if svc.get('hub') else 'DOWN'})"
+          f"  registry={s['registry']['controller']} ({'ok' if svc.get('registry') else 'DOWN'})")
+    print(f"{'HOST':<10} {'CONTAINER':<20} {'STATUS':<9} {'SYSTEMD':<10} {'SSH':>6} {'API':>6}  GPU")
+    for h in st["hosts"]:
+        g = h.get("gpu") or {}
+        gpu = "-" if not g else (f"{g.get('name')} driver {g.get('driver')}" if g.get("present", True)
+                                 else "absent (driver not loaded)")
+        print(f"{h['name']:<10} {h['container']:<20} {h['status']:<9} {str(h['system']):<10} "
+              f"{h['ssh_port']:>6} {h['api_port']:>6}  {gpu}")
+    print(f"ssh: ssh -i {s['ssh_key']} -p PORT -o StrictHostKeyChecking=no "
+          f"-o UserKnownHostsFile=/dev/null root@127.0.0.1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import fleet
+
+    ap = argparse.ArgumentParser(prog="python -m sim.fleet", description="the simulated DGX Spark fleet")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up", help="build what is missing and start the fleet (idempotent)")
+    p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--fault", action="append", default=[], metavar="HOST:KEY=VALUE[,KEY=VALUE]",
+                   help="simulated GPU knobs, e.g. spark-2:driver=550.54.14 or spark-3:present=false")
+    p.add_argument("--json", action="store_true", help="print state.json")
+    sub.add_parser("down", help="remove containers, volumes and network (image caches stay)")
+    p = sub.add_parser("status", help="what is running")
+    p.add_argument("--json", action="store_true")
+    for name, hlp in (("reboot", "docker restart a host (systemd boots again)"),
+                      ("stop-host", "power a host off"), ("start-host", "power a host on")):
+        p = sub.add_parser(name, help=hlp)
+        p.add_argument("host")
+    p = sub.add_parser("set-gpu", help="change a host's simulated GPU, e.g. set-gpu spark-1 driver=550.54.14")
+    p.add_argument("host")
+    p.add_argument("knobs", nargs="+", metavar="KEY=VALUE")
+    sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
+    sub.add_parser("start-services", help="start it again")
+    sub.add_parser("build", help="build the images only")
+
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        if args.cmd == "up":
+            state = fleet.up(hosts=args.hosts, faults=parse_faults(args.fault))
+            if args.json:
+                print(json.dumps(state, indent=2))
+            else:
+                _print_status(fleet.status())
+        elif args.cmd == "down":
+            fleet.down()
+        elif args.cmd == "status":
+            st = fleet.status()
+            print(json.dumps(st, indent=2)) if args.json else _print_status(st)
+            return 0 if st["up"] else 3
+        elif args.cmd == "reboot":
+            print(f"{args.host} rebooted in {fleet.reboot(args.host):.1f}s")
+        elif args.cmd == "stop-host":
+            fleet.stop_host(args.host)
+        elif args.cmd == "start-host":
+            print(f"{args.host} started in {fleet.start_host(args.host):.1f}s")
+        elif args.cmd == "set-gpu":
+            knobs = parse_faults([f"{args.host}:{','.join(args.knobs)}"])[args.host]
+            print(json.dumps(fleet.set_gpu(args.host, **knobs), sort_keys=True))
+        elif args.cmd == "stop-services":
+            fleet.stop_services()
+        elif args.cmd == "start-services":
+            fleet.start_services()
+        elif args.cmd == "build":
+            from . import apt_repo, images
+            fleet.bootstrap()
+            images.ensure_all()
+            apt_repo.ensure_repo()
+    except SimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.cmd not in ("status", "set-gpu"):
+        print(f"({args.cmd}: {time.monotonic() - t0:.1f}s)", file=sys.stderr)
+    return 0

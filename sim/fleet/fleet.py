@@ -1,0 +1,446 @@
+"""Bring the simulated fleet up and down: N systemd "Spark" containers and one
+services container (hub, apt repository, registry) on the docker network
+sparkfleet-sim. All state lives in .sim/ (state.json, the SSH key, caches).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import apt_repo, images
+from ._util import (CONFIG_LABEL, LABEL, REPO_ROOT, SIM_DIR, STATE_FILE, SimError, docker, free_port,
+                    log, port_is_free, read_json, run, sha256_bytes, wait_for, write_json)
+
+NETWORK = "sparkfleet-sim"
+SERVICES = "sparkfleet-services"
+HUB_ALIAS, APT_ALIAS, REGISTRY_ALIAS = "sparkfleet-hub", "sparkfleet-apt", "sparkfleet-registry"
+HUB_PORT, APT_PORT, REGISTRY_PORT = 8080, 8081, 5000
+HUB_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
+SSH_KEY = SIM_DIR / "id_ed25519"
+BOOTSTRAP = REPO_ROOT / "sim" / "bootstrap.sh"
+DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0",
+               "compute_cap": "12.1"}
+GPU_FILE = "/etc/sparkfleet-sim/gpu.json"
+STOP_TIMEOUT = "30"
+# What this machine allows for a systemd container (no --privileged: the VM lacks CAP_SYS_RESOURCE).
+SYSTEMD_FLAGS = ["--cap-add=ALL", "--cap-drop=SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
+                 "--security-opt", "apparmor=unconfined", "--cgroupns=host",
+                 "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock"]
+BOOT_TIMEOUT = float(os.environ.get("SPARKFLEET_SIM_BOOT_TIMEOUT", "120"))
+
+
+def container_name(host: str) -> str:
+    return f"sparkfleet-{host}"
+
+
+# --------------------------------------------------------------------------- docker plumbing
+
+def bootstrap() -> None:
+    """Install missing Debian packages and start dockerd when it is not answering."""
+    if docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=30).returncode == 0 \
+            and all(_which(t) for t in ("debootstrap", "gpg", "dpkg-scanpackages", "ssh-keygen")):
+        return
+    log("running sim/bootstrap.sh")
+    run(["bash", str(BOOTSTRAP)], capture=False)
+
+
+def _which(tool: str) -> bool:
+    from shutil import which
+    return which(tool) is not None
+
+
+def _inspect(name: str) -> dict | None:
+    cp = docker("container", "inspect", name, check=False)
+    if cp.returncode != 0:
+        return None
+    return json.loads(cp.stdout)[0]
+
+
+def _ensure_network() -> None:
+    if docker("network", "inspect", NETWORK, check=False).returncode != 0:
+        docker("network", "create", "--label", f"{LABEL}=1", NETWORK)
+
+
+def _ensure_volume(name: str) -> None:
+    if docker("volume", "inspect", name, check=False).returncode != 0:
+        docker("volume", "create", "--label", f"{LABEL}=1", name)
+
+
+def _exec(container: str, *cmd: str, input: str | None = None, check: bool = True, timeout: float = 60):
+    args = ["exec", "-i", container, *cmd] if input is not None else ["exec", container, *cmd]
+    return docker(*args, input=input, check=check, timeout=timeout)
+
+
+def _put_file(container: str, path: str, content: str, mode: str = "0644") -> bool:
+    """Write a file in a container when its content differs; True when changed."""
+    cur = _exec(container, "cat", path, check=False)
+    if cur.returncode == 0 and cur.stdout == content:
+        return False
+    d = os.path.dirname(path)
+    _exec(container, "sh", "-c", f"mkdir -p '{d}' && cat > '{path}.tmp' && chmod {mode} '{path}.tmp' "
+          f"&& mv '{path}.tmp' '{path}'", input=content)
+    return True
+
+
+def _pick_port(previous: int | None, taken: set[int]) -> int:
+    if previous and previous not in taken and port_is_free(previous):
+        return previous
+    while True:
+        p = free_port()
+        if p not in taken:
+            return p
+
+
+def _published(info: dict, port: int) -> int | None:
+    bindings = (info.get("HostConfig", {}).get("PortBindings") or {}).get(f"{port}/tcp") or []
+    for b in bindings:
+        if b.get("HostPort"):
+            return int(b["HostPort"])
+    return None
+
+
+def _http_ok(url: str, timeout: float = 3) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return 200 <= r.status < 500
+    except urllib.error.HTTPError as e:
+        return e.code < 500
+    except OSError:
+        return False
+
+
+def _ssh_banner(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            s.settimeout(3)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- SSH key
+
+def ensure_ssh_key() -> Path:
+    SIM_DIR.mkdir(parents=True, exist_ok=True)
+    if not SSH_KEY.exists() or not SSH_KEY.with_suffix(".pub").exists():
+        for p in (SSH_KEY, SSH_KEY.with_suffix(".pub")):
+            p.unlink(missing_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkfleet-sim", "-f", str(SSH_KEY)])
+    os.chmod(SSH_KEY, 0o600)
+    return SSH_KEY
+
+
+# --------------------------------------------------------------------------- services
+
+def _ensure_services(prev: dict, image_hash: str, apt: dict) -> dict:
+    info = _inspect(SERVICES)
+    taken: set[int] = set()
+    ports = {}
+    for key, inner in (("hub", HUB_PORT), ("registry", REGISTRY_PORT), ("apt", APT_PORT)):
+        ports[key] = (_published(info, inner) if info else None) or _pick_port(prev.get(key), taken)
+        taken.add(ports[key])
+    cfg = sha256_bytes("services-v1", image_hash, apt["dir"], json.dumps(ports, sort_keys=True))
+    if info and info["Config"]["Labels"].get(CONFIG_LABEL) != cfg:
+        log("services container is stale: recreating")
+        docker("rm", "-f", SERVICES)
+        info = None
+    if info is None:
+        log(f"starting {SERVICES}")
+        docker("run", "-d", "--name", SERVICES, "--hostname", SERVICES, "--network", NETWORK,
+               "--network-alias", HUB_ALIAS, "--network-alias", APT_ALIAS, "--network-alias", REGISTRY_ALIAS,
+               "--label", f"{LABEL}=1", "--label", f"{LABEL}.role=services", "--label", f"{CONFIG_LABEL}={cfg}",
+               "--restart", "unless-stopped",
+               "-e", f"SPARKFLEET_HUB_REPO={HUB_REPO}",
+               "-v", f"{apt['dir']}:/srv/apt:ro",
+               "-p", f"127.0.0.1:{ports['hub']}:{HUB_PORT}",
+               "-p", f"127.0.0.1:{ports['registry']}:{REGISTRY_PORT}",
+               "-p", f"127.0.0.1:{ports['apt']}:{APT_PORT}",
+               images.SERVICES_IMAGE)
+    elif not info["State"]["Running"]:
+        log(f"starting stopped {SERVICES}")
+        docker("start", SERVICES)
+    _wait_services(ports)
+    return ports
+
+
+def _wait_services(ports: dict) -> None:
+    wait_for(lambda: _http_ok(f"http://127.0.0.1:{ports['registry']}/v2/"), 60, what="the sim registry")
+    wait_for(lambda: _http_ok(f"http://127.0.0.1:{ports['apt']}/gpgkey"), 60, what="the sim apt repository")
+    if images.HUB_DIR.joinpath("server.py").exists():
+        wait_for(lambda: _http_ok(f"http://127.0.0.1:{ports['hub']}/_sim/counters"), 120, what="the sim hub")
+
+
+def _push_engine(registry_port: int) -> None:
+    """Put the stand-in vLLM image into the sim registry (skipped when already there)."""
+    image_id = docker("image", "inspect", images.ENGINE_IMAGE, "--format", "{{.Id}}").stdout.strip()
+    url = f"http://127.0.0.1:{registry_port}/v2/{images.ENGINE_REPO}/manifests/{images.ENGINE_TAG}"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if json.load(r).get("config", {}).get("digest") == image_id:
+                return
+    except (OSError, ValueError):
+        pass
+    t0 = time.monotonic()
+    local = f"127.0.0.1:{registry_port}/{images.ENGINE_REPO}:{images.ENGINE_TAG}"
+    docker("tag", images.ENGINE_IMAGE, local)
+    try:
+        docker("push", local, timeout=600)
+    finally:
+        docker("rmi", local, check=False)
+    log(f"pushed the stand-in vLLM image in {time.monotonic() - t0:.1f}s")
+
+
+# --------------------------------------------------------------------------- hosts
+
+def _host_config_hash(name: str, image_hash: str, ssh_port: int, api_port: int) -> str:
+    return sha256_bytes("host-v1", name, image_hash, str(ssh_port), str(api_port), json.dumps(SYSTEMD_FLAGS))
+
+
+def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int) -> None:
+    c = container_name(name)
+    for vol in (f"{c}-docker", f"{c}-data"):
+        _ensure_volume(vol)
+    docker("run", "-d", "--name", c, "--hostname", name, "--network", NETWORK,
+           "--label", f"{LABEL}=1", "--label", f"{LABEL}.role=host", "--label", f"{LABEL}.host={name}",
+           "--label", f"{CONFIG_LABEL}={_host_config_hash(name, image_hash, ssh_port, api_port)}",
+           *SYSTEMD_FLAGS, "--restart", "unless-stopped", "--stop-timeout", STOP_TIMEOUT,
+           "-v", f"{c}-docker:/var/lib/docker", "-v", f"{c}-data:/var/lib/sparkfleet",
+           "-p", f"127.0.0.1:{ssh_port}:22", "-p", f"127.0.0.1:{api_port}:8000",
+           images.SPARK_IMAGE, "/sbin/init")
+
+
+def _system_state(c: str) -> str:
+    cp = _exec(c, "systemctl", "is-system-running", check=False, timeout=20)
+    return cp.stdout.strip() or cp.stderr.strip()
+
+
+def wait_host_ready(name: str, ssh_port: int, timeout: float = BOOT_TIMEOUT) -> None:
+    """systemd finished booting, docker.service active, sshd answering on 127.0.0.1."""
+    c = container_name(name)
+    wait_for(lambda: _system_state(c) in ("running", "degraded"), timeout, what=f"{name} to boot")
+    wait_for(lambda: _exec(c, "systemctl", "is-active", "docker", check=False).returncode == 0, 60,
+             what=f"docker.service on {name}")
+    wait_for(lambda: _ssh_banner(ssh_port), 30, what=f"sshd on {name} (127.0.0.1:{ssh_port})")
+
+
+def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int]) -> dict:
+    c = container_name(name)
+    info = _inspect(c)
+    ssh_port = (_published(info, 22) if info else None) or _pick_port(prev.get("ssh_port"), taken)
+    taken.add(ssh_port)
+    api_port = (_published(info, 8000) if info else None) or _pick_port(prev.get("api_port"), taken)
+    taken.add(api_port)
+    want = _host_config_hash(name, image_hash, ssh_port, api_port)
+    if info and info["Config"]["Labels"].get(CONFIG_LABEL) != want:
+        log(f"{name}: image or config changed: recreating the container (volumes kept)")
+        docker("rm", "-f", c)
+        info = None
+    if info is None:
+        log(f"{name}: creating (ssh 127.0.0.1:{ssh_port}, api 127.0.0.1:{api_port})")
+        _create_host(name, image_hash, ssh_port, api_port)
+    elif not info["State"]["Running"]:
+        log(f"{name}: container was stopped: starting it")
+        if docker("start", c, check=False).returncode != 0:
+            log(f"{name}: start failed: recreating")
+            docker("rm", "-f", c)
+            _create_host(name, image_hash, ssh_port, api_port)
+    return {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": c}
+
+
+def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
+    name, c = h["name"], h["container"]
+    try:
+        wait_host_ready(name, h["ssh_port"])
+    except SimError as e:
+        log(f"{name}: not ready ({e}); recreating it once")
+        docker("rm", "-f", c)
+        info_hash = images.image_hash(images.SPARK_IMAGE)
+        _create_host(name, info_hash, h["ssh_port"], h["api_port"])
+        wait_host_ready(name, h["ssh_port"])
+    _put_file(c, "/root/.ssh/authorized_keys", pubkey, "0600")
+    _put_file(c, GPU_FILE, json.dumps(gpu, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------- public API
+
+def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
+    """Bring the fleet to `hosts` simulated Sparks plus services; idempotent."""
+    if hosts < 1:
+        raise SimError("hosts must be >= 1")
+    faults = faults or {}
+    unknown = set(faults) - {f"spark-{i}" for i in range(1, hosts + 1)}
+    if unknown:
+        raise SimError(f"faults for unknown hosts: {sorted(unknown)}")
+    t0 = time.monotonic()
+    bootstrap()
+    hashes = images.ensure_all()
+    apt = apt_repo.ensure_repo()
+    key = ensure_ssh_key()
+    pubkey = key.with_suffix(".pub").read_text()
+    prev = read_json(STATE_FILE, {}) or {}
+    _ensure_network()
+    ports = _ensure_services(prev.get("services", {}), hashes["services"], apt)
+    _push_engine(ports["registry"])
+
+    names = [f"spark-{i}" for i in range(1, hosts + 1)]
+    for extra in _host_containers():
+        if extra not in [container_name(n) for n in names]:
+            log(f"removing {extra} (fleet size is {hosts})")
+            _remove_containers([extra], volumes=True)
+    prev_hosts = {h["name"]: h for h in prev.get("hosts", [])}
+    taken = {ports["hub"], ports["registry"], ports["apt"]}
+    host_rows = [_ensure_host(n, prev_hosts.get(n, {}), hashes["spark"], taken) for n in names]
+    with ThreadPoolExecutor(max(1, len(host_rows))) as ex:
+        futs = [ex.submit(_finish_host, h, pubkey, {**DEFAULT_GPU, **faults.get(h["name"], {})})
+                for h in host_rows]
+        for f in futs:
+            f.result()
+
+    state = _make_state(host_rows, ports, apt, key)
+    if state != prev:
+        write_json(STATE_FILE, state)
+    log(f"fleet up: {hosts} host(s) in {time.monotonic() - t0:.1f}s")
+    return state
+
+
+def _make_state(host_rows: list[dict], ports: dict, apt: dict, key: Path) -> dict:
+    return {
+        "hosts": host_rows,
+        "ssh_key": str(key),
+        "ssh_user": "root",
+        "hub": {"controller_url": f"http://127.0.0.1:{ports['hub']}",
+                "host_url": f"http://{HUB_ALIAS}:{HUB_PORT}", "repo": HUB_REPO},
+        "apt": {"repo_url": f"http://{APT_ALIAS}:{APT_PORT}/stable/deb/{{arch}}",
+                "key_url": f"http://{APT_ALIAS}:{APT_PORT}/gpgkey",
+                "key_fingerprint": apt["fingerprint"],
+                "controller_url": f"http://127.0.0.1:{ports['apt']}"},
+        "registry": {"host": f"{REGISTRY_ALIAS}:{REGISTRY_PORT}", "controller": f"127.0.0.1:{ports['registry']}"},
+        "image": images.ENGINE_IMAGE,
+        "services": {"container": SERVICES, "network": NETWORK, **ports},
+    }
+
+
+def _host_containers() -> list[str]:
+    cp = docker("ps", "-a", "--filter", f"label={LABEL}.role=host", "--format", "{{.Names}}", check=False)
+    return sorted(n for n in cp.stdout.split() if n)
+
+
+def _remove_containers(names: list[str], volumes: bool) -> None:
+    if not names:
+        return
+    docker("rm", "-f", "-v", *names, check=False, timeout=120)
+    if volumes:
+        for c in names:
+            for vol in (f"{c}-docker", f"{c}-data"):
+                docker("volume", "rm", "-f", vol, check=False)
+
+
+def down() -> None:
+    """Remove the fleet's containers, volumes and network (image caches stay)."""
+    t0 = time.monotonic()
+    bootstrap()
+    cp = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False)
+    ids = cp.stdout.split()
+    if ids:
+        docker("rm", "-f", "-v", *ids, check=False, timeout=180)
+    vols = docker("volume", "ls", "-q", "--filter", f"label={LABEL}", check=False).stdout.split()
+    if vols:
+        docker("volume", "rm", "-f", *vols, check=False)
+    if docker("network", "inspect", NETWORK, check=False).returncode == 0:
+        docker("network", "rm", NETWORK, check=False)
+    STATE_FILE.unlink(missing_ok=True)
+    log(f"fleet down in {time.monotonic() - t0:.1f}s")
+
+
+def load_state() -> dict:
+    state = read_json(STATE_FILE)
+    if not state:
+        raise SimError("the simulated fleet is not up: run `python -m sparkfleet sim up` first")
+    return state
+
+
+def _host_row(host: str) -> dict:
+    for h in load_state()["hosts"]:
+        if h["name"] == host or h["container"] == host:
+            return h
+    raise SimError(f"no simulated host named {host!r}")
+
+
+def status() -> dict:
+    """What is running now: per host its container state, systemd state and GPU knobs."""
+    dockerd = docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=30).returncode == 0
+    state = read_json(STATE_FILE)
+    out: dict = {"dockerd": dockerd, "up": False, "state_file": str(STATE_FILE), "state": state,
+                 "hosts": [], "services": None}
+    if not dockerd or not state:
+        return out
+    info = _inspect(SERVICES)
+    out["services"] = {"container": SERVICES, "status": info["State"]["Status"] if info else "missing",
+                       "hub": _http_ok(state["hub"]["controller_url"] + "/_sim/counters", 2) if info else False,
+                       "registry": _http_ok(f"http://{state['registry']['controller']}/v2/", 2) if info else False}
+    all_ok = bool(info and info["State"]["Running"])
+    for h in state["hosts"]:
+        info = _inspect(h["container"])
+        row = {**h, "status": info["State"]["Status"] if info else "missing", "system": None, "gpu": None}
+        if info and info["State"]["Running"]:
+            row["system"] = _system_state(h["container"])
+            g = _exec(h["container"], "cat", GPU_FILE, check=False)
+            row["gpu"] = json.loads(g.stdout) if g.returncode == 0 else None
+        all_ok = all_ok and row["system"] in ("running", "degraded")
+        out["hosts"].append(row)
+    out["up"] = all_ok
+    return out
+
+
+def set_gpu(host: str, **gpu) -> dict:
+    """Change a host's simulated GPU (keys: present, name, driver, cuda, compute_cap)."""
+    c = _host_row(host)["container"]
+    cur = _exec(c, "cat", GPU_FILE, check=False)
+    knobs = dict(DEFAULT_GPU)
+    if cur.returncode == 0:
+        try:
+            knobs.update(json.loads(cur.stdout))
+        except ValueError:
+            pass
+    knobs.update(gpu)
+    _put_file(c, GPU_FILE, json.dumps(knobs, sort_keys=True) + "\n")
+    return knobs
+
+
+def reboot(host: str) -> float:
+    """docker restart the host (systemd boots again); returns seconds until ready."""
+    h = _host_row(host)
+    t0 = time.monotonic()
+    docker("restart", "-t", STOP_TIMEOUT, h["container"], timeout=180)
+    wait_host_ready(h["name"], h["ssh_port"])
+    return time.monotonic() - t0
+
+
+def stop_host(host: str) -> None:
+    docker("stop", "-t", STOP_TIMEOUT, _host_row(host)["container"], timeout=180)
+
+
+def start_host(host: str) -> float:
+    h = _host_row(host)
+    t0 = time.monotonic()
+    docker("start", h["container"])
+    wait_host_ready(h["name"], h["ssh_port"])
+    return time.monotonic() - t0
+
+
+def stop_services() -> None:
+    load_state()
+    docker("stop", "-t", "10", SERVICES, timeout=60)
+
+
+def start_services() -> None:
+    state = load_state()
+    docker("start", SERVICES)
+    _wait_services(state["services"])

@@ -1,0 +1,191 @@
+"""Images of the simulated fleet, rebuilt only when their inputs change.
+
+Each image carries the label sparkfleet.sim.hash = hash of its inputs (the
+files that go into it, its package list, its parent's hash); a build is
+skipped when an image with that name and hash exists.
+
+  sparkfleet-sim/base            docker import of a debootstrap rootfs (systemd, sshd, docker.io...)
+  sparkfleet-sim/spark           FROM base: a simulated DGX Spark (sim/images/spark)
+  sparkfleet-sim/services-root   docker import of a rootfs with python3 + docker-registry
+  sparkfleet-sim/services        FROM services-root: hub + apt server + registry (sim/images/services)
+  ENGINE_IMAGE                   one-layer import: rootfs with python3 + the stand-in vLLM
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import rootfs
+from ._util import HASH_LABEL, IMAGES_DIR, REPO_ROOT, SIM_DIR, SimError, docker, hash_paths, log, sha256_bytes
+
+BASE_IMAGE = "sparkfleet-sim/base"
+SPARK_IMAGE = "sparkfleet-sim/spark"
+SERVICES_ROOT_IMAGE = "sparkfleet-sim/services-root"
+SERVICES_IMAGE = "sparkfleet-sim/services"
+ENGINE_REPO = "vllm/vllm-openai"
+ENGINE_TAG = "v0.33.0"
+REGISTRY_HOST = "sparkfleet-registry:5000"
+ENGINE_IMAGE = f"{REGISTRY_HOST}/{ENGINE_REPO}:{ENGINE_TAG}"
+
+HUB_DIR = REPO_ROOT / "sim" / "hub"
+ENGINE_SCRIPT = REPO_ROOT / "sim" / "engine" / "standin_vllm.py"
+ENGINE_FLAGS = REPO_ROOT / "sparkfleet" / "engines" / "vllm-0.33.0.json"
+PLACEHOLDER_ENGINE = IMAGES_DIR / "engine" / "placeholder_vllm.py"
+ENGINE_ENTRYPOINT = ["python3", "/opt/standin/standin_vllm.py", "--flags-file", "/opt/standin/vllm-flags.json"]
+
+_BUILD_ENV = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder: no buildx plugin needed
+
+
+def image_hash(name: str) -> str | None:
+    cp = docker("image", "inspect", name, "--format", "{{json .Config.Labels}}", check=False)
+    if cp.returncode != 0:
+        return None
+    labels = json.loads(cp.stdout.strip() or "null") or {}
+    return labels.get(HASH_LABEL)
+
+
+def _import(name: str, tarball: Path, h: str, extra: dict[str, tuple[bytes, int]] | None = None,
+            changes: list[str] | None = None) -> None:
+    """docker import a rootfs tarball (plus extra files) as one layer."""
+    cmd = ["docker", "import", "--change", f"LABEL {HASH_LABEL}={h}"]
+    for c in changes or []:
+        cmd += ["--change", c]
+    cmd += ["-", name]
+    errf = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errf)
+    try:
+        if not extra:
+            with open(tarball, "rb") as f:
+                shutil.copyfileobj(f, proc.stdin, 1 << 20)
+        else:
+            with tarfile.open(tarball, "r:") as src, tarfile.open(fileobj=proc.stdin, mode="w|") as dst:
+                dirs_done = set()
+                for m in src:
+                    dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+                    dirs_done.add("./" + m.name.lstrip("./"))
+                for path, (data, mode) in sorted(extra.items()):
+                    parts = path.strip("/").split("/")
+                    for i in range(1, len(parts)):
+                        d = "./" + "/".join(parts[:i])
+                        if d not in dirs_done:
+                            dirs_done.add(d)
+                            ti = tarfile.TarInfo(d)
+                            ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+                            dst.addfile(ti)
+                    ti = tarfile.TarInfo("./" + path.strip("/"))
+                    ti.size, ti.mode, ti.mtime = len(data), mode, int(time.time())
+                    dst.addfile(ti, io.BytesIO(data))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    if proc.wait() != 0:
+        errf.seek(0)
+        raise SimError(f"docker import {name} failed: {errf.read().decode(errors='replace')[-2000:]}")
+    errf.close()
+
+
+def _build(name: str, context: Path, h: str, base: str) -> None:
+    cp = subprocess.run(
+        ["docker", "build", "-q", "--label", f"{HASH_LABEL}={h}", "--build-arg", f"BASE={base}",
+         "-t", name, str(context)], env=_BUILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if cp.returncode != 0:
+        raise SimError(f"docker build {name} failed:\n{cp.stdout.decode()[-4000:]}")
+
+
+def _ensure_imported(name: str, rootfs_name: str, packages: list[str]) -> str:
+    h = sha256_bytes("import-v1", rootfs.rootfs_key(packages))
+    if image_hash(name) != h:
+        t0 = time.monotonic()
+        tar = rootfs.rootfs_tarball(rootfs_name, packages)
+        _import(name, tar, h)
+        log(f"imported {name} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_base() -> str:
+    return _ensure_imported(BASE_IMAGE, "base", rootfs.BASE_PACKAGES)
+
+
+def ensure_services_root() -> str:
+    return _ensure_imported(SERVICES_ROOT_IMAGE, "services", rootfs.SERVICES_PACKAGES)
+
+
+def ensure_spark(base_hash: str) -> str:
+    ctx = IMAGES_DIR / "spark"
+    h = sha256_bytes("spark-v1", base_hash, hash_paths([ctx], IMAGES_DIR))
+    if image_hash(SPARK_IMAGE) != h:
+        t0 = time.monotonic()
+        _build(SPARK_IMAGE, ctx, h, BASE_IMAGE)
+        log(f"built {SPARK_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_services(root_hash: str) -> str:
+    ctx_src = IMAGES_DIR / "services"
+    hub_files = [HUB_DIR] if HUB_DIR.exists() else []
+    h = sha256_bytes("services-v1", root_hash, hash_paths([ctx_src], IMAGES_DIR),
+                     hash_paths(hub_files, REPO_ROOT))
+    if image_hash(SERVICES_IMAGE) != h:
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=SIM_DIR) as d:
+            ctx = Path(d) / "ctx"
+            shutil.copytree(ctx_src, ctx)
+            (ctx / "hub").mkdir()
+            if HUB_DIR.exists():
+                shutil.copytree(HUB_DIR, ctx / "hub", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            _build(SERVICES_IMAGE, ctx, h, SERVICES_ROOT_IMAGE)
+        log(f"built {SERVICES_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def engine_files() -> dict[str, tuple[bytes, int]]:
+    script = ENGINE_SCRIPT if ENGINE_SCRIPT.exists() else PLACEHOLDER_ENGINE
+    if script == PLACEHOLDER_ENGINE:
+        log(f"warning: {ENGINE_SCRIPT.relative_to(REPO_ROOT)} is missing: the engine image gets a placeholder")
+    flags = ENGINE_FLAGS.read_bytes() if ENGINE_FLAGS.exists() else b"{}\n"
+    files = {"opt/standin/standin_vllm.py": (script.read_bytes(), 0o755),
+             "opt/standin/vllm-flags.json": (flags, 0o644)}
+    # helper modules next to the stand-in (if any) travel with it
+    if ENGINE_SCRIPT.exists():
+        for extra in sorted(ENGINE_SCRIPT.parent.glob("*.py")):
+            if extra != ENGINE_SCRIPT and extra.name != "__init__.py":
+                files[f"opt/standin/{extra.name}"] = (extra.read_bytes(), 0o644)
+    return files
+
+
+def ensure_engine() -> str:
+    files = engine_files()
+    h = sha256_bytes("engine-v1", rootfs.rootfs_key(rootfs.ENGINE_PACKAGES), json.dumps(ENGINE_ENTRYPOINT),
+                     *[p + ":" + str(m) for p, (_, m) in sorted(files.items())],
+                     *[d for _, (d, _) in sorted(files.items())])
+    if image_hash(ENGINE_IMAGE) != h:
+        t0 = time.monotonic()
+        tar = rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES)
+        _import(ENGINE_IMAGE, tar, h, extra=files,
+                changes=[f"ENTRYPOINT {json.dumps(ENGINE_ENTRYPOINT)}", "CMD []",
+                         "ENV PYTHONUNBUFFERED=1", "EXPOSE 8000"])
+        log(f"built {ENGINE_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_all() -> dict[str, str]:
+    """Build what is missing or stale; rootfs debootstraps run in parallel."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(3) as ex:
+        f_base = ex.submit(ensure_base)
+        f_sroot = ex.submit(ensure_services_root)
+        f_engine = ex.submit(ensure_engine)
+        base_h, sroot_h, engine_h = f_base.result(), f_sroot.result(), f_engine.result()
+    hashes = {"base": base_h, "services-root": sroot_h, "engine": engine_h,
+              "spark": ensure_spark(base_h), "services": ensure_services(sroot_h)}
+    log(f"images ready in {time.monotonic() - t0:.1f}s")
+    return hashes

@@ -1,0 +1,126 @@
+"""Ask a model hub, once, on the controller, what a release's model is.
+
+Both official clients are used: huggingface_hub and modelscope. Resolved
+manifests are cached by commit (immutable), so a re-plan of a pinned commit
+works with the hub unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from . import PROJECT_ROOT
+from .manifest import COMMIT_RE, Manifest, ManifestFile
+
+
+class HubError(RuntimeError):
+    """The hub could not be asked; the message says which hub and why."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPARKFLEET_CACHE", PROJECT_ROOT / ".cache"))
+
+
+def _manifest_cache(hub: str, repo: str, pin: str) -> Path:
+    return cache_dir() / "manifests" / hub / f"{repo.replace('/', '--')}@{pin}.json"
+
+
+def _hf_manifest(repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True)
+    files = []
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        sha256 = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
+        files.append(
+            ManifestFile(
+                path=sibling.rfilename,
+                size=int(sibling.size or 0),
+                sha256=sha256,
+                blob_sha1=None if sha256 else sibling.blob_id,
+            )
+        )
+    return Manifest("huggingface", repo, revision, info.sha, tuple(files))
+
+
+def _modelscope_manifest(repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
+    from modelscope_hub import HubApi
+
+    api = HubApi(endpoint=endpoint, token=token)
+    listing = api.list_repo_files(repo, "model", revision=revision, recursive=True)
+    files = tuple(
+        ManifestFile(path=f.path, size=f.size, sha256=f.sha256) for f in listing if not f.is_dir
+    )
+    commit = revision if COMMIT_RE.fullmatch(revision) else _modelscope_commit(api, repo, revision)
+    return Manifest("modelscope", repo, revision, commit, files)
+
+
+def _modelscope_commit(api, repo: str, revision: str) -> str | None:
+    """A branch or tag's commit, when the hub's revision list carries one."""
+    branches, tags = api.legacy.list_revisions_detail(repo_id=repo, repo_type="model")
+    for entry in [*branches, *tags]:
+        if entry.get("Revision") == revision:
+            commit = entry.get("CommitId") or entry.get("Commit") or entry.get("Sha")
+            if commit and COMMIT_RE.fullmatch(commit):
+                return commit
+    return None
+
+
+_RESOLVERS = {"huggingface": _hf_manifest, "modelscope": _modelscope_manifest}
+
+
+def resolve_manifest(hub: str, repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
+    """The manifest of repo@revision, asked once per run (a failure too)."""
+    result = _resolve_manifest(hub, repo, revision, endpoint, token)
+    if isinstance(result, HubError):
+        raise result
+    return result
+
+
+@lru_cache(maxsize=32)
+def _resolve_manifest(hub: str, repo: str, revision: str, endpoint: str | None, token: str | None):
+    if COMMIT_RE.fullmatch(revision):
+        cached = _manifest_cache(hub, repo, revision)
+        if cached.exists():
+            return Manifest.from_dict(json.loads(cached.read_text()))
+    try:
+        manifest = _RESOLVERS[hub](repo, revision, endpoint, token)
+    except Exception as exc:  # each client raises its own (httpx2, requests) error types
+        where = endpoint or "the client's default endpoint"
+        return HubError(
+            f"cannot resolve {hub}:{repo}@{revision} at {where}: {type(exc).__name__}: {exc}. "
+            f"Check the network or set hub_endpoint/controller_hub_endpoint to a reachable mirror."
+        )
+    if not manifest.files:
+        return HubError(f"{hub}:{repo}@{revision} lists no files: check model_repo and model_revision")
+    path = _manifest_cache(hub, repo, manifest.pin)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest.to_dict(), indent=1))
+    return manifest
+
+
+@lru_cache(maxsize=32)
+def read_model_config(manifest: Manifest, endpoint: str | None, token: str | None) -> dict:
+    """config.json of the model, through the hub's official client (cached on disk by pin)."""
+    dest = cache_dir() / "configs" / manifest.hub / manifest.dir_name
+    revision = manifest.commit or manifest.revision
+    if not (dest / "config.json").exists():
+        try:
+            if manifest.hub == "huggingface":
+                from huggingface_hub import hf_hub_download
+
+                hf_hub_download(manifest.repo, "config.json", revision=revision, endpoint=endpoint,
+                                token=token, local_dir=dest)
+            else:
+                from modelscope.hub.file_download import model_file_download
+
+                model_file_download(manifest.repo, "config.json", revision=revision, local_dir=str(dest),
+                                    token=token, endpoint=endpoint)
+        except Exception as exc:  # each client raises its own error types
+            raise HubError(f"cannot read config.json of {manifest.hub}:{manifest.repo}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    return json.loads((dest / "config.json").read_text())

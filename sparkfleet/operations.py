@@ -1,0 +1,106 @@
+"""Custom pyinfra operations: each ensures one thing, and yields nothing when it holds."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+from pyinfra.facts.files import Directory
+from pyinfra.operations import files
+
+from . import paths
+from .facts import JsonFile, KeyringFingerprints, ModelFiles
+from .manifest import Manifest
+from .verify import files_needing_work
+
+
+@operation()
+def apt_keyring(src: str, dest: str, fingerprint: str):
+    """A keyring at dest holding the key with this fingerprint, fetched from src and checked first."""
+    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
+        host.noop(f"{dest} holds key {fingerprint}")
+        return
+    script = (
+        'set -e; tmp=$(mktemp); trap \'rm -f "$tmp" "$tmp.gpg"\' EXIT; '
+        'curl -fsSL --retry 3 "$SRC" -o "$tmp"; '
+        'if grep -q "BEGIN PGP" "$tmp"; then gpg --dearmor < "$tmp" > "$tmp.gpg"; else cp "$tmp" "$tmp.gpg"; fi; '
+        'gpg --show-keys --with-colons "$tmp.gpg" | awk -F: \'$1 == "fpr" {print $10}\' | grep -qx "$FPR" || '
+        '{ echo "the key at $SRC is not $FPR: check toolkit_key_url and toolkit_key_fingerprint" >&2; exit 1; }; '
+        'install -D -m 0644 "$tmp.gpg" "$DEST"'
+    )
+    yield StringCommand(
+        "SRC=" + _shell_quote(src), "FPR=" + fingerprint, "DEST=" + _shell_quote(dest),
+        "sh -c", QuoteString(script),
+    )
+
+
+def _shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+@operation()
+def docker_nvidia_runtime():
+    """daemon.json names the nvidia runtime; nvidia-ctk merges it, keeping every other key."""
+    daemon = host.get_fact(JsonFile, path=paths.DAEMON_JSON) or {}
+    if "__invalid__" in daemon:
+        raise OperationError(
+            f"{paths.DAEMON_JSON} is not valid JSON: fix it by hand; sparkfleet will not overwrite it"
+        )
+    if "nvidia" in (daemon.get("runtimes") or {}):
+        host.noop("docker already has the nvidia runtime")
+        return
+    yield "nvidia-ctk runtime configure --runtime=docker"
+
+
+@operation()
+def runtime_bundle(tarball: str):
+    """The hub and openai clients unpacked under RUNTIME_DIR/<bundle name>."""
+    name = Path(tarball).name.removesuffix(".tar.gz")
+    target = f"{paths.RUNTIME_DIR}/{name}"
+    if host.get_fact(Directory, path=target):
+        host.noop(f"runtime {name} present")
+        return
+    upload = f"{paths.RUNTIME_DIR}/{name}.tar.gz"
+    yield f"mkdir -p {paths.RUNTIME_DIR}"
+    yield from files.put._inner(src=tarball, dest=upload)
+    yield f"rm -rf {target}.partial && mkdir {target}.partial && tar -xzf {upload} -C {target}.partial"
+    yield f"mv {target}.partial {target} && rm -f {upload}"
+
+
+def runtime_path(tarball: str) -> str:
+    return f"{paths.RUNTIME_DIR}/{Path(tarball).name.removesuffix('.tar.gz')}"
+
+
+@operation()
+def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
+                   full_verify: bool = False):
+    """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched."""
+    state = host.get_fact(ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
+    needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
+    if not needed:
+        host.noop(f"{len(manifest.files)} model files verified in {model_dir}")
+        return
+    job_path = f"{paths.MANIFEST_DIR}/{Path(model_dir).name}.json"
+    staging = f"{Path(model_dir).parent}/{paths.STAGING_DIR_NAME}/{Path(model_dir).name}"
+    job = {"manifest": manifest.to_dict(), "model_dir": model_dir, "staging_dir": staging, "endpoint": endpoint}
+    yield f"mkdir -p {paths.MANIFEST_DIR}"
+    yield from files.put._inner(src=io.StringIO(json.dumps(job, indent=1)), dest=job_path, mode="0644")
+    yield StringCommand(
+        f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-fetch", QuoteString(job_path),
+        "--env-file", paths.HUB_ENV, *(["--full-verify"] if full_verify else []),
+    )
+
+
+@operation(is_idempotent=False)
+def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str):
+    """The service answers: /health, /v1/models, a chat completion, a tool call. Else the journal."""
+    check = " ".join([
+        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health",
+        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port), "--served-name", _shell_quote(served_name), "--timeout", str(timeout_s),
+        "--env-file", paths.ENGINE_ENV, "--unit", paths.UNIT_NAME, *(["--tools"] if tools else []),
+    ])
+    yield (f"{check} || {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "
+           f"journalctl -u {paths.UNIT_NAME} -n 50 --no-pager >&2; exit 1; }}")

@@ -1,0 +1,217 @@
+"""The plan: everything knowable about each host's release, with no host touched.
+
+settings (validated) + manifest (from the hub) + engine arguments + unit
+= a release, content-addressed by its release id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from . import PROJECT_ROOT, paths
+from .engine import engine_args, flag_table
+from .hubs import HubError, read_model_config, resolve_manifest
+from .manifest import Manifest
+from .model_config import KNOWN_CONFIGS, ModelShape, model_shape
+from .settings import Settings, SettingsError, parse_settings
+
+_templates = Environment(
+    loader=FileSystemLoader(PROJECT_ROOT / "templates"),
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+_SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for an ExecStart= line (systemd's own quoting rules)."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if _SYSTEMD_SAFE.fullmatch(arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class HostPlan:
+    name: str
+    settings: Settings
+    manifest: Manifest | None
+    hub_error: str | None
+    shape: ModelShape
+    engine_args: list[str] = field(default_factory=list)
+
+    @property
+    def model_dir(self) -> str:
+        pin = self.manifest.dir_name if self.manifest else f"{self.settings.model_repo.replace('/', '--')}@unresolved"
+        return f"{self.settings.model_root}/{pin}"
+
+    @property
+    def release_id(self) -> str | None:
+        """Same inputs, same id: model content, image, engine arguments, container options."""
+        if not self.manifest:
+            return None
+        body = json.dumps(
+            {
+                "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
+                "image": self.settings.engine_image,
+                "args": self.engine_args,
+                "docker": self.docker_options,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:12]
+
+    @property
+    def docker_options(self) -> list[str]:
+        s = self.settings
+        network = ["--network", "host"] if s.docker_network == "host" else [
+            "--network", s.docker_network, "--publish", f"{s.api_port}:{s.api_port}"]
+        options = ["--gpus", "all", "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
+                   "--volume", f"{self.model_dir}:{self.model_dir}:ro"]
+        if s.privileged:
+            options.append("--privileged")
+        if s.seccomp_unconfined:
+            options += ["--security-opt", "seccomp=unconfined"]
+        return options
+
+    def render_unit(self) -> str:
+        return _templates.get_template("sparkfleet-vllm.service.j2").render(
+            s=self.settings,
+            release_id=self.release_id or "unresolved",
+            release_file=paths.RELEASE_FILE,
+            bin_dir=paths.BIN_DIR,
+            docker_options=[" ".join(systemd_quote(a) for a in pair) for pair in _pairs(self.docker_options)],
+            engine_args=[" ".join(systemd_quote(a) for a in pair) for pair in _pairs(self.engine_args)],
+        )
+
+    def render_engine_env(self) -> str:
+        return _templates.get_template("engine.env.j2").render(s=self.settings)
+
+    def render_hub_env(self) -> str:
+        return _templates.get_template("hub.env.j2").render(s=self.settings)
+
+    def release_record(self) -> dict:
+        return {
+            "release_id": self.release_id,
+            "model_dir": self.model_dir,
+            "manifest": self.manifest.summary() if self.manifest else None,
+            "image": self.settings.engine_image,
+            "engine_args": self.engine_args,
+            "served_model_name": self.settings.served_model_name,
+            "api_port": self.settings.api_port,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "release_id": self.release_id,
+            "image": self.settings.engine_image,
+            "vllm_version": self.settings.vllm_version,
+            "engine_args": self.engine_args,
+            "docker_options": self.docker_options,
+            "model_dir": self.model_dir,
+            "manifest": self.manifest.summary() if self.manifest else None,
+            "hub_error": self.hub_error,
+            "unit": self.render_unit(),
+        }
+
+
+def _pairs(args: list[str]) -> list[list[str]]:
+    """Group `--flag value` pairs so the unit shows one flag per line."""
+    grouped: list[list[str]] = []
+    for arg in args:
+        if grouped and not arg.startswith("-") and grouped[-1][0].startswith("-") and len(grouped[-1]) == 1:
+            grouped[-1].append(arg)
+        else:
+            grouped.append([arg])
+    return grouped
+
+
+def release_problems(name: str, s: Settings, shape: ModelShape, args: list[str]) -> list[str]:
+    """Known-bad combinations, each refused with the fix."""
+    problems = []
+    if s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
+        problems.append(
+            f"{name}: kv_cache_dtype={s.kv_cache_dtype!r} with {s.model_repo}, a hybrid linear-attention model, "
+            f"fails at vLLM start-up on GB10: set kv_cache_dtype = \"auto\""
+        )
+    if s.max_model_len > shape.max_position_embeddings:
+        problems.append(
+            f"{name}: max_model_len={s.max_model_len} exceeds {s.model_repo}'s maximum of "
+            f"{shape.max_position_embeddings}: set max_model_len <= {shape.max_position_embeddings}"
+        )
+    if not s.api_is_loopback and not s.api_key and not s.allow_unauthenticated_api:
+        problems.append(
+            f"{name}: api_host={s.api_host!r} serves the API beyond this machine with no api_key: "
+            f"set api_key, or api_host = \"127.0.0.1\", or allow_unauthenticated_api = True to accept the risk"
+        )
+    if s.enable_auto_tool_choice and not s.tool_call_parser:
+        problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
+    if s.tensor_parallel_size > 1:
+        problems.append(f"{name}: tensor_parallel_size={s.tensor_parallel_size}: one Spark has one GPU; "
+                        f"multi-node serving is not supported yet: set tensor_parallel_size = 1")
+    for key, value in [("api_key", s.api_key), ("hub_token", s.hub_token), *s.engine_env.items()]:
+        if value and ("\n" in value or "\r" in value):
+            problems.append(f"{name}: `{key}` contains a line break: env files cannot carry it")
+    try:
+        problems += [f"{name}: {p}" for p in flag_table(s.vllm_version).problems(args)]
+    except ValueError as exc:
+        problems.append(f"{name}: vllm_version: {exc}")
+    return problems
+
+
+def _resolve(s: Settings) -> tuple[Manifest | None, ModelShape | None, str | None]:
+    endpoint, token = s.controller_endpoint, s.hub_token
+    try:
+        manifest = resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token)
+        return manifest, model_shape(read_model_config(manifest, endpoint, token)), None
+    except HubError as exc:
+        return None, None, str(exc)
+
+
+def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[HostPlan]:
+    """Plan every host, or raise SettingsError naming every problem of every host."""
+    problems: list[str] = []
+    plans = []
+    for name, data in hosts:
+        try:
+            s = parse_settings(name, data)
+        except SettingsError as exc:
+            problems += exc.problems
+            continue
+        manifest, shape, hub_error = _resolve(s) if resolve else (None, None, "not resolved (offline plan)")
+        if shape is None:
+            known = KNOWN_CONFIGS.get(s.model_repo)
+            if known is None:
+                problems.append(f"{name}: {hub_error}")
+                continue
+            shape = model_shape(known)
+        plan = HostPlan(name, s, manifest, hub_error, shape)
+        plan.engine_args = engine_args(s, plan.model_dir)
+        problems += release_problems(name, s, shape, plan.engine_args)
+        plans.append(plan)
+    if problems:
+        raise SettingsError(problems)
+    return plans
+
+
+_fleet_plans: dict[int, dict[str, HostPlan]] = {}
+
+
+def plan_for(inventory, host) -> HostPlan:
+    """This host's plan, from one validation of the whole inventory per run."""
+    key = id(inventory)
+    if key not in _fleet_plans:
+        _fleet_plans[key] = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in inventory])}
+    plan = _fleet_plans[key][host.name]
+    if plan.manifest is None:
+        raise SettingsError([f"{host.name}: {plan.hub_error}"])
+    return plan

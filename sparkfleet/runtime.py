@@ -1,0 +1,64 @@
+"""The host's runtime bundle: the official hub clients and openai, built on the controller.
+
+Hosts get no package index (offices may have none): the controller installs
+the pinned clients for the host's CPU and Python into a folder with
+`pip install --target`, packs it once per (arch, python) and ships it over SSH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from . import PROJECT_ROOT
+from .hubs import cache_dir
+
+BUNDLED = ("huggingface-hub", "modelscope", "modelscope-hub", "openai")
+
+
+def bundle_requirements(requirements: Path = PROJECT_ROOT / "requirements.txt") -> list[str]:
+    pins = {}
+    for line in requirements.read_text().splitlines():
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+        if match:
+            pins[match[1].lower().replace("_", "-")] = match[0]
+    return [pins[name] for name in BUNDLED]
+
+
+def _platforms(arch: str) -> list[str]:
+    return [f"manylinux_2_{n}_{arch}" for n in (17, 24, 27, 28, 31, 34, 35)] + [f"manylinux2014_{arch}"]
+
+
+def _reset_tarinfo(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+    return info
+
+
+def build_bundle(arch: str, python: str) -> Path:
+    """A .tar.gz of the clients for `arch` (uname -m) and `python` ("3.12"); cached."""
+    reqs = bundle_requirements()
+    key = hashlib.sha256(f"{arch} {python} {' '.join(reqs)}".encode()).hexdigest()[:12]
+    out = cache_dir() / "runtime" / f"runtime-{arch}-py{python}-{key}.tar.gz"
+    if out.exists():
+        return out
+    work = out.with_suffix("").with_suffix(".d")
+    shutil.rmtree(work, ignore_errors=True)
+    platform_args = [a for p in _platforms(arch) for a in ("--platform", p)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+         "--target", str(work), "--only-binary=:all:", "--implementation", "cp",
+         "--python-version", python, *platform_args, *reqs],
+        check=True,
+    )
+    partial = out.with_suffix(".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(work)), recursive=False, filter=_reset_tarinfo)
+    partial.rename(out)
+    shutil.rmtree(work)
+    return out

@@ -1,0 +1,36 @@
+"""Stage 1: read the host, change nothing; a host that is not fit stops here."""
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Arch
+from pyinfra.operations import server
+
+from sparkfleet.facts import DockerState, FreeBytes, MemInfo, ModelFiles, NvidiaSmi, PythonVersion
+from sparkfleet.paths import VERIFIED_RECORD
+from sparkfleet.plan import HostPlan
+from sparkfleet.preflight import HostFacts, preflight_problems
+from sparkfleet.verify import files_needing_work, missing_bytes
+
+
+@deploy("Preflight")
+def preflight(plan: HostPlan) -> HostFacts | None:
+    s = plan.settings
+    model_state = host.get_fact(ModelFiles, model_dir=plan.model_dir, record=VERIFIED_RECORD)
+    needed = files_needing_work(plan.manifest, model_state["record"], model_state["files"])
+    facts = HostFacts(
+        arch=host.get_fact(Arch),
+        gpu=host.get_fact(NvidiaSmi),
+        meminfo=host.get_fact(MemInfo),
+        free_bytes=host.get_fact(FreeBytes, path=s.model_root),
+        needed_bytes=missing_bytes(plan.manifest, needed),
+        docker=host.get_fact(DockerState),
+        python=host.get_fact(PythonVersion),
+    )
+    problems = preflight_problems(host.name, s, facts)
+    if problems:
+        server.shell(
+            name="Preflight failed: this host is left untouched",
+            commands=["printf '%s\\n' " + " ".join(f"'{p}'" for p in problems) + " >&2; exit 1"],
+        )
+        return None
+    return facts

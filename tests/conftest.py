@@ -1,0 +1,59 @@
+"""Shared fixtures: a local model hub (the simulated fleet's, run on loopback)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def local_hub(tmp_path_factory):
+    """The sim's hub on 127.0.0.1, serving a small generated Qwen3.5-shaped repository."""
+    data = tmp_path_factory.mktemp("hub")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sim/hub/server.py"), "--host", "127.0.0.1", "--port", str(port),
+         "--data", str(data), "--generate", MODEL_REPO, "--shards", "4", "--shard-mb", "1", "--quiet"],
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/_sim/counters")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def hub_counters(local_hub):
+    def read():
+        return json.loads(urllib.request.urlopen(f"{local_hub}/_sim/counters").read())
+    return read
