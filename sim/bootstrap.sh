@@ -29,14 +29,20 @@ if docker info >/dev/null 2>&1; then
 fi
 
 DOCKERD=$(command -v dockerd || echo /usr/sbin/dockerd)
-# A dockerd that died uncleanly leaves its pid file behind; dockerd refuses to
-# start when the pid in it is alive, so only remove it when that pid is gone.
-for pidfile in /var/run/docker.pid /run/docker.pid; do
-    if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        rm -f "$pidfile"
+# Only this machine's own dockerd counts (the sim hosts run nested dockerds
+# that `pgrep dockerd` would also find): its pid file names it. A dockerd that
+# died uncleanly leaves the file behind; dockerd refuses to start while the
+# pid in it is alive, so remove the file only when that pid is gone.
+PIDFILE=/var/run/docker.pid
+running=""
+if [ -f "$PIDFILE" ]; then
+    if kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+        running=yes
+    else
+        rm -f "$PIDFILE"
     fi
-done
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+fi
+if [ -z "$running" ]; then
     echo "bootstrap: starting dockerd (log: $LOG)" >&2
     setsid nohup "$DOCKERD" >>"$LOG" 2>&1 </dev/null &
 fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from rich.console import Console
@@ -43,6 +44,34 @@ def _plan(args) -> int:
     return 0
 
 
+def _status(args) -> int:
+    from .settings import parse_settings
+    from .status import host_status
+
+    try:
+        hosts = load_hosts(args.inventory, args.host)
+        rows = [host_status(name, parse_settings(name, data), data, chat=args.chat) for name, data in hosts]
+    except (SettingsError, FileNotFoundError, KeyError) as exc:
+        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps({"hosts": rows}, indent=2))
+    else:
+        table = Table(title="sparkfleet status")
+        for column in ("host", "health", "served", "running", "waiting", "KV cache", "detail"):
+            table.add_column(column)
+        for row in rows:
+            m = row["metrics"]
+            table.add_row(
+                row["host"], "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]",
+                ", ".join(row["served"] or []), f"{m.get('vllm:num_requests_running', 0):g}",
+                f"{m.get('vllm:num_requests_waiting', 0):g}", f"{m.get('vllm:kv_cache_usage_perc', 0):.1%}",
+                row["error"] or row.get("chat") or row["url"],
+            )
+        Console().print(table)
+    return 0 if all(row["healthy"] for row in rows) else 1
+
+
 def _sim(args) -> int:
     from sim.fleet import main as sim_main
 
@@ -50,6 +79,7 @@ def _sim(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("modelscope_hub").setLevel(logging.ERROR)  # we report hub failures ourselves
     parser = argparse.ArgumentParser(prog="python -m sparkfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -58,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--host", help="one host (or group) of the inventory")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_plan)
+
+    status = sub.add_parser("status", help="each host's health, served model and load; non-zero if any is down")
+    status.add_argument("inventory")
+    status.add_argument("--host", help="one host (or group) of the inventory")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
+    status.set_defaults(func=_status)
 
     sim = sub.add_parser("sim", help="the simulated fleet: up [--hosts N] | down | status", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)

@@ -95,6 +95,10 @@ class ModelFiles(FactBase[dict]):
             "echo @@files; find", quoted, "-type f ! -path '*/.staging/*' -printf '%s %T@ %i %P\\n'; fi",
         )
 
+    @staticmethod
+    def default():
+        return {"record": {}, "files": {}}
+
     def process(self, output):
         text = "\n".join(output)
         record_text, _, listing = text.partition("@@files")

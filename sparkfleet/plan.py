@@ -135,15 +135,15 @@ def _pairs(args: list[str]) -> list[list[str]]:
     return grouped
 
 
-def release_problems(name: str, s: Settings, shape: ModelShape, args: list[str]) -> list[str]:
-    """Known-bad combinations, each refused with the fix."""
+def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str]) -> list[str]:
+    """Known-bad combinations, each refused with the fix (model checks need the model's shape)."""
     problems = []
-    if s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
+    if shape and s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
         problems.append(
             f"{name}: kv_cache_dtype={s.kv_cache_dtype!r} with {s.model_repo}, a hybrid linear-attention model, "
             f"fails at vLLM start-up on GB10: set kv_cache_dtype = \"auto\""
         )
-    if s.max_model_len > shape.max_position_embeddings:
+    if shape and s.max_model_len > shape.max_position_embeddings:
         problems.append(
             f"{name}: max_model_len={s.max_model_len} exceeds {s.model_repo}'s maximum of "
             f"{shape.max_position_embeddings}: set max_model_len <= {shape.max_position_embeddings}"
@@ -177,31 +177,50 @@ def _resolve(s: Settings) -> tuple[Manifest | None, ModelShape | None, str | Non
         return None, None, str(exc)
 
 
+def _known_shape(s: Settings) -> ModelShape | None:
+    known = KNOWN_CONFIGS.get(s.model_repo)
+    return model_shape(known) if known else None
+
+
+def _plan(name: str, s: Settings, manifest: Manifest | None, shape: ModelShape | None,
+          hub_error: str | None) -> tuple[HostPlan, list[str]]:
+    plan = HostPlan(name, s, manifest, hub_error, shape)
+    plan.engine_args = engine_args(s, plan.model_dir)
+    return plan, release_problems(name, s, shape, plan.engine_args)
+
+
 def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[HostPlan]:
-    """Plan every host, or raise SettingsError naming every problem of every host."""
+    """Plan every host, or raise SettingsError naming every problem of every host.
+
+    Whatever the settings alone can tell is refused before the hub is asked;
+    the model's own limits are checked once its config.json is read.
+    """
     problems: list[str] = []
-    plans = []
+    parsed = []
     for name, data in hosts:
         try:
             s = parse_settings(name, data)
         except SettingsError as exc:
             problems += exc.problems
             continue
+        problems += _plan(name, s, None, _known_shape(s), None)[1]
+        parsed.append((name, s))
+    if problems:
+        raise SettingsError(problems)
+
+    plans = []
+    for name, s in parsed:
         manifest, shape, hub_error = _resolve(s) if resolve else (None, None, "not resolved (offline plan)")
+        shape = shape or _known_shape(s)
         if shape is None:
-            known = KNOWN_CONFIGS.get(s.model_repo)
-            if known is None:
-                problems.append(f"{name}: {hub_error}")
-                continue
-            shape = model_shape(known)
-        plan = HostPlan(name, s, manifest, hub_error, shape)
-        plan.engine_args = engine_args(s, plan.model_dir)
-        problems += release_problems(name, s, shape, plan.engine_args)
+            problems.append(f"{name}: {hub_error}")
+            continue
+        plan, found = _plan(name, s, manifest, shape, hub_error)
+        problems += found
         plans.append(plan)
     if problems:
         raise SettingsError(problems)
     return plans
-
 
 _fleet_plans: dict[int, dict[str, HostPlan]] = {}
 

@@ -1,0 +1,56 @@
+"""The simulated fleet (sim/): Spark containers reached over SSH on 127.0.0.1.
+
+Bring it up first:  python -m sparkfleet sim up [--hosts N]
+then:               pyinfra inventory/sim.py deploy.py
+
+Reads .sim/state.json (written by `sim up`). Every module-level list is a
+pyinfra group; names starting with "_" are not.
+"""
+
+import json as _json
+from pathlib import Path as _Path
+
+_STATE_FILE = _Path(__file__).resolve().parents[1] / ".sim" / "state.json"
+
+try:
+    _state = _json.loads(_STATE_FILE.read_text())
+except FileNotFoundError:
+    raise RuntimeError(
+        "the simulated fleet is not up: run `python -m sparkfleet sim up` first "
+        f"(no {_STATE_FILE})"
+    ) from None
+
+_common = {
+    "ssh_hostname": "127.0.0.1",
+    "ssh_user": _state["ssh_user"],
+    "ssh_key": _state["ssh_key"],
+    "ssh_strict_host_key_checking": "no",
+    "ssh_known_hosts_file": "/dev/null",
+    # the sim's settings (everything else comes from group_data/all.py)
+    "expected_arch": "x86_64",  # the sim runs on x86_64; a real Spark is aarch64
+    "min_memory_gib": 4,  # the sim hosts share this machine's memory (24 GiB)
+    "hub_endpoint": _state["hub"]["host_url"],
+    "controller_hub_endpoint": _state["hub"]["controller_url"],
+    "model_repo": _state["hub"]["repo"],
+    "toolkit_repo_url": _state["apt"]["repo_url"],
+    "toolkit_key_url": _state["apt"]["key_url"],
+    "toolkit_key_fingerprint": _state["apt"]["key_fingerprint"],
+    "toolkit_version": "1.18.1-1",
+    "engine_image": _state["image"],
+    "api_host": "0.0.0.0",  # the host's port 8000 is published on the controller's 127.0.0.1
+    "api_key": "sim-key",
+    "gpu_memory_utilization": 0.3,  # the sim hosts share 24 GiB
+}
+
+sparks = [
+    (
+        _h["name"],
+        {
+            **_common,
+            "ssh_port": _h["ssh_port"],
+            # where the controller reaches this host's API (127.0.0.1:<published port>)
+            "controller_api_url": f"http://127.0.0.1:{_h['api_port']}",
+        },
+    )
+    for _h in _state["hosts"]
+]

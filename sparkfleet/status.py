@@ -1,0 +1,56 @@
+"""How each host's service is doing, seen from the controller over its HTTP API."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from .settings import Settings
+
+METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+def api_url(s: Settings, data: dict) -> str | None:
+    """Where the controller reaches a host's API, or None when it only listens on loopback."""
+    if s.controller_api_url:
+        return s.controller_api_url.rstrip("/")
+    if s.api_is_loopback:
+        return None
+    return f"http://{data.get('ssh_hostname', '')}:{s.api_port}"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum each wanted Prometheus series over its labels."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-z_:]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line)
+        if match and match[1] in METRICS:
+            values[match[1]] = values.get(match[1], 0.0) + float(match[2])
+    return values
+
+
+def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
+    row = {"host": name, "url": api_url(s, data), "healthy": False, "served": None, "metrics": {}, "error": None}
+    if row["url"] is None:
+        row["error"] = "API on loopback only: use `pytest tests/infra` (runs the checks on the host)"
+        return row
+    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    try:
+        health = requests.get(f"{row['url']}/health", timeout=5)
+        models = requests.get(f"{row['url']}/v1/models", headers=headers, timeout=5)
+        models.raise_for_status()
+        row["served"] = [m["id"] for m in models.json()["data"]]
+        row["metrics"] = parse_metrics(requests.get(f"{row['url']}/metrics", timeout=5).text)
+        row["healthy"] = health.status_code == 200 and s.served_model_name in row["served"]
+        if chat and row["healthy"]:
+            from openai import OpenAI
+
+            client = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60)
+            reply = client.chat.completions.create(
+                model=s.served_model_name, max_tokens=32,
+                messages=[{"role": "user", "content": "Say hello from a DGX Spark."}])
+            row["chat"] = reply.choices[0].message.content
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    return row

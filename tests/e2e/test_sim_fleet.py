@@ -1,0 +1,164 @@
+"""End-to-end checks of the simulated fleet itself (sim/), over real SSH.
+
+Needs root, Docker and (the first time) the network to Debian's packages for
+debootstrap; `sim up` does the rest. The fleet is disposable: these tests
+change a host (install packages, edit daemon.json, flip GPU knobs) and put it
+back as they found it where that is cheap (packages purged, daemon.json and
+gpu.json restored).
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLKIT = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+           "libnvidia-container1"]
+KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+SOURCES = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+# apt-get update against the sim repository only: the tests talk to nothing else
+APT_SIM_ONLY = f"-o Dir::Etc::sourcelist={SOURCES} -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"
+
+
+@pytest.fixture(scope="module")
+def _fleet():
+    """A 2-host fleet (the lead's session fixture `sim_fleet` will replace this)."""
+    from sim import fleet
+    return fleet.up(hosts=2)
+
+
+def ssh(state: dict, host: str, command: str, check: bool = True, timeout: float = 180):
+    row = next(h for h in state["hosts"] if h["name"] == host)
+    cp = subprocess.run(
+        ["ssh", "-i", state["ssh_key"], "-p", str(row["ssh_port"]), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+         "-o", "ConnectTimeout=10", f"{state['ssh_user']}@127.0.0.1", command],
+        capture_output=True, text=True, timeout=timeout)
+    if check and cp.returncode != 0:
+        raise AssertionError(f"{host}: `{command}` exited {cp.returncode}\n{cp.stdout}\n{cp.stderr}")
+    return cp
+
+
+def test_state_file_shape(_fleet):
+    state = json.loads((REPO / ".sim" / "state.json").read_text())
+    assert state == _fleet
+    assert [h["name"] for h in state["hosts"]] == ["spark-1", "spark-2"]
+    assert state["ssh_user"] == "root"
+    assert Path(state["ssh_key"]).stat().st_mode & 0o777 == 0o600
+    assert state["image"] == "sparkfleet-registry:5000/vllm/vllm-openai:v0.33.0"
+    assert state["registry"]["host"] == "sparkfleet-registry:5000"
+    assert state["hub"]["host_url"] == "http://sparkfleet-hub:8080"
+    assert "{arch}" in state["apt"]["repo_url"]
+    assert len(state["apt"]["key_fingerprint"]) == 40
+
+
+def test_inventory_reads_state(_fleet):
+    groups = runpy.run_path(str(REPO / "inventory" / "sim.py"))
+    sparks = dict(groups["sparks"])
+    assert sorted(sparks) == ["spark-1", "spark-2"]
+    d = sparks["spark-1"]
+    assert d["ssh_hostname"] == "127.0.0.1" and d["ssh_port"] == _fleet["hosts"][0]["ssh_port"]
+    assert d["toolkit_key_fingerprint"] == _fleet["apt"]["key_fingerprint"]
+    assert d["engine_image"] == _fleet["image"] and d["expected_arch"] == "x86_64"
+
+
+def test_systemd_sshd_and_docker_run_on_every_host(_fleet):
+    for h in _fleet["hosts"]:
+        assert ssh(_fleet, h["name"], "hostname").stdout.strip() == h["name"]
+        assert ssh(_fleet, h["name"], "systemctl is-system-running", check=False).stdout.strip() in (
+            "running", "degraded")
+        assert ssh(_fleet, h["name"], "docker info --format '{{.Driver}}'").stdout.strip() == "vfs"
+        assert ssh(_fleet, h["name"], "command -v nvidia-ctk", check=False).returncode != 0, \
+            "the toolkit must not be preinstalled"
+
+
+def test_nvidia_smi_prints_what_a_gb10_prints(_fleet):
+    out = ssh(_fleet, "spark-1", "nvidia-smi").stdout
+    assert "NVIDIA-SMI 580.95.05" in out and "Driver Version: 580.95.05" in out and "CUDA Version: 13.0" in out
+    assert "NVIDIA GB10" in out and "Not Supported" in out
+    q = ssh(_fleet, "spark-1", "nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total "
+                               "--format=csv").stdout.splitlines()
+    assert q == ["name, driver_version, compute_cap, memory.total [MiB]", "NVIDIA GB10, 580.95.05, 12.1, [N/A]"]
+    q = ssh(_fleet, "spark-1", "nvidia-smi --query-gpu=name,memory.used,memory.free "
+                               "--format=csv,noheader,nounits").stdout
+    assert q == "NVIDIA GB10, [N/A], [N/A]\n"
+
+
+def test_gpu_fault_knobs(_fleet):
+    from sim import fleet
+    try:
+        fleet.set_gpu("spark-2", driver="550.54.14", cuda="12.4")
+        q = ssh(_fleet, "spark-2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+        assert q.strip() == "550.54.14"
+        assert "CUDA Version: 12.4" in ssh(_fleet, "spark-2", "nvidia-smi").stdout
+        assert "580.95.05" in ssh(_fleet, "spark-1", "nvidia-smi").stdout  # other hosts untouched
+        fleet.set_gpu("spark-2", present=False)
+        cp = ssh(_fleet, "spark-2", "nvidia-smi", check=False)
+        assert cp.returncode == 9
+        assert "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" in cp.stdout
+    finally:
+        fleet.set_gpu("spark-2", **fleet.fleet.DEFAULT_GPU)
+
+
+def test_toolkit_from_the_sim_apt_repo_and_gpu_containers(_fleet):
+    st = _fleet
+    host = "spark-1"
+    repo = st["apt"]["repo_url"].format(arch="amd64")
+    ssh(st, host, "cp /etc/docker/daemon.json /root/daemon.json.orig")
+    try:
+        ssh(st, host, f"curl -fsSL {st['apt']['key_url']} | gpg --dearmor --yes -o {KEYRING} && "
+                      f"echo 'deb [signed-by={KEYRING}] {repo} /' > {SOURCES}")
+        fpr = ssh(st, host, f"gpg --show-keys --with-colons {KEYRING} | awk -F: '/^fpr/{{print $10; exit}}'")
+        assert fpr.stdout.strip() == st["apt"]["key_fingerprint"]
+        ssh(st, host, f"apt-get update {APT_SIM_ONLY} 2>&1")
+        policy = ssh(st, host, "apt-cache policy nvidia-container-toolkit").stdout
+        assert "1.18.1-1" in policy and "1.17.8-1" in policy
+        pins = " ".join(f"{p}=1.18.1-1" for p in TOOLKIT)
+        ssh(st, host, f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q {pins}")
+        assert ssh(st, host, "nvidia-ctk --version").stdout.splitlines()[0] == \
+            "NVIDIA Container Toolkit CLI version 1.18.1"
+        cp = ssh(st, host, "nvidia-ctk runtime configure --runtime=docker 2>&1")
+        assert "Wrote updated config to /etc/docker/daemon.json" in cp.stdout
+        cfg = json.loads(ssh(st, host, "cat /etc/docker/daemon.json").stdout)
+        assert cfg["insecure-registries"] == ["sparkfleet-registry:5000"]  # the user's key survives
+        assert cfg["log-driver"] == "json-file"
+        assert cfg["runtimes"] == {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}
+        assert "default-runtime" not in cfg
+        ssh(st, host, "systemctl restart docker")
+        assert "nvidia" in ssh(st, host, "docker info --format '{{json .Runtimes}}'").stdout
+        out = ssh(st, host, f"docker run --rm --gpus all --runtime nvidia --entrypoint python3 {st['image']} "
+                            "-c 'import os; print(sorted(os.listdir(\"/opt/standin\")))'", timeout=300).stdout
+        assert "standin_vllm.py" in out and "vllm-flags.json" in out
+    finally:
+        ssh(st, host, f"DEBIAN_FRONTEND=noninteractive apt-get purge -y -q {' '.join(TOOLKIT)}; "
+                      f"rm -f {SOURCES} {KEYRING}; cp /root/daemon.json.orig /etc/docker/daemon.json && "
+                      "systemctl restart docker", check=False)
+
+
+def test_hub_reachable_from_controller_and_hosts(_fleet):
+    with urllib.request.urlopen(_fleet["hub"]["controller_url"] + "/_sim/counters", timeout=10) as r:
+        assert r.status == 200
+        json.load(r)
+    out = ssh(_fleet, "spark-2", f"curl -fsS {_fleet['hub']['host_url']}/_sim/counters").stdout
+    assert isinstance(json.loads(out), dict)
+    with urllib.request.urlopen(f"http://{_fleet['registry']['controller']}/v2/_catalog", timeout=10) as r:
+        assert "vllm/vllm-openai" in json.load(r)["repositories"]
+
+
+def test_reboot_brings_sshd_and_docker_back(_fleet):
+    from sim import fleet
+    before = ssh(_fleet, "spark-2", "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
+    seconds = fleet.reboot("spark-2")
+    assert seconds < 120
+    assert ssh(_fleet, "spark-2", "systemctl is-active ssh docker").stdout.split() == ["active", "active"]
+    assert ssh(_fleet, "spark-2", "docker info --format '{{.Driver}}'").stdout.strip() == "vfs"
+    after = ssh(_fleet, "spark-2", "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
+    assert after != before  # a new init: the host really booted again
+    assert fleet.status()["up"]

@@ -1,0 +1,72 @@
+"""A converged Spark: what a CI job asserts against a real (or simulated) fleet."""
+
+import json
+
+from sparkfleet import paths
+from sparkfleet.nvidia_smi import at_least, parse_nvidia_smi
+
+
+def test_driver_and_cuda_meet_the_minimums(spark):
+    gpu = parse_nvidia_smi(spark.host.check_output("nvidia-smi"))
+    assert gpu.name == spark.s.expected_gpu_name
+    assert at_least(gpu.driver, spark.s.min_driver_version), gpu.driver
+    assert at_least(gpu.cuda, spark.s.min_cuda_version), gpu.cuda
+
+
+def test_toolkit_packages_at_the_pinned_version(spark):
+    for name in paths.TOOLKIT_PACKAGES:
+        package = spark.host.package(name)
+        assert package.is_installed, name
+        assert package.version == spark.s.toolkit_version, (name, package.version)
+
+
+def test_docker_has_the_nvidia_runtime(spark):
+    daemon = json.loads(spark.host.file(paths.DAEMON_JSON).content_string)
+    assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+
+
+def test_every_model_file_has_the_manifest_hash(spark, full_verify):
+    model_dir = spark.plan.model_dir
+    record = json.loads(spark.host.file(f"{model_dir}/{paths.VERIFIED_RECORD}").content_string)
+    for entry in spark.plan.manifest.files:
+        f = spark.host.file(f"{model_dir}/{entry.path}")
+        assert f.exists and f.size == entry.size, entry.path
+        if full_verify:
+            if entry.sha256:
+                assert f.sha256sum == entry.sha256, entry.path
+            else:
+                blob = spark.host.check_output(
+                    f"(printf 'blob %s\\0' {entry.size}; cat '{model_dir}/{entry.path}') | sha1sum")
+                assert blob.split()[0] == entry.blob_sha1, entry.path
+        else:
+            assert record[entry.path]["hash"] == (entry.sha256 or entry.blob_sha1), entry.path
+            assert record[entry.path]["size"] == f.size
+
+
+def test_unit_on_disk_is_the_plans(spark):
+    assert spark.host.file(paths.UNIT_PATH).content_string == spark.plan.render_unit()
+
+
+def test_secrets_file_is_root_only(spark):
+    env = spark.host.file(paths.ENGINE_ENV)
+    assert env.user == "root" and env.mode == 0o600
+
+
+def test_service_enabled_and_active(spark):
+    service = spark.host.service(paths.UNIT_NAME)
+    assert service.is_enabled and service.is_running
+
+
+def test_port_listening(spark):
+    assert spark.host.socket(f"tcp://{spark.s.api_port}").is_listening
+
+
+def test_models_and_chat_answer(spark):
+    """The health gate's own checks, run on the host with the official openai client."""
+    runtime = spark.host.check_output(f"ls -d {paths.RUNTIME_DIR}/runtime-* | grep -v tar.gz | tail -1")
+    out = spark.host.check_output(
+        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {spark.s.api_port} "
+        f"--served-name '{spark.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV}")
+    report = json.loads(out.splitlines()[-1])
+    assert spark.s.served_model_name in report["models"]
+    assert report["chat"] and report["usage"]["completion_tokens"] > 0

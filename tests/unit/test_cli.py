@@ -1,0 +1,56 @@
+"""`python -m sparkfleet plan`: connects to nothing, exit 2 on invalid settings."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sparkfleet.cli import main
+from sparkfleet.engine import flag_table
+
+from .helpers import ROOT
+
+
+def write_inventory(tmp_path, data: dict) -> str:
+    path = tmp_path / "fleet.py"
+    path.write_text(f"sparks = [('spark-1', {data!r}), ('spark-2', {{}})]\n")
+    return str(path)
+
+
+def test_plan_json_of_the_office_example():
+    """The acceptance command, run as a user would; the public hub is out of reach here."""
+    proc = subprocess.run([sys.executable, "-m", "sparkfleet", "plan", "inventory/office.py", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert [h["name"] for h in hosts] == ["spark-a", "spark-b", "spark-c"]
+    first = hosts[0]
+    assert first["image"] == "vllm/vllm-openai:v0.33.0" and "ExecStart=" in first["unit"]
+    for flag in ["--enable-prefix-caching", "--enable-auto-tool-choice", "--attention-backend"]:
+        assert flag in first["engine_args"]
+    assert flag_table("0.33.0").problems(first["engine_args"]) == []
+    assert first["release_id"] is None and "cannot resolve" in first["hub_error"]
+
+
+def test_plan_json_with_a_reachable_hub(tmp_path, capsys, local_hub):
+    inventory = write_inventory(tmp_path, {"hub_endpoint": local_hub})
+    assert main(["plan", inventory, "--json", "--host", "spark-1"]) == 0
+    [host] = json.loads(capsys.readouterr().out)["hosts"]
+    assert len(host["release_id"]) == 12 and host["manifest"]["files"] >= 8
+    assert f"release {host['release_id']}" in host["unit"]
+
+
+@pytest.mark.parametrize("data,needle", [
+    ({"max_model_length": 8192}, "did you mean `max_model_len`?"),
+    ({"kv_cache_dtype": "fp8"}, 'set kv_cache_dtype = "auto"'),
+    ({"extra_engine_args": ["--enable-reasoning"]}, "does not exist in vLLM 0.33.0"),
+    ({"max_model_len": 1048576}, "set max_model_len <= 262144"),
+    ({"api_host": "0.0.0.0"}, "set api_key"),
+    ({"api_port": "http"}, "setting `api_port` = 'http' is invalid"),
+])
+def test_invalid_settings_exit_2_naming_the_fix(tmp_path, capsys, data, needle):
+    inventory = write_inventory(tmp_path, {"hub_endpoint": "http://127.0.0.1:9", **data})
+    assert main(["plan", inventory]) == 2
+    err = capsys.readouterr().err
+    assert "spark-1:" in err and needle in err and "spark-2:" not in err
