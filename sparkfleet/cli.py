@@ -66,9 +66,13 @@ def _status(args) -> int:
                 row["host"], "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]",
                 ", ".join(row["served"] or []), f"{m.get('vllm:num_requests_running', 0):g}",
                 f"{m.get('vllm:num_requests_waiting', 0):g}", f"{m.get('vllm:kv_cache_usage_perc', 0):.1%}",
-                row["error"] or row.get("chat") or row["url"],
+                row["error"] or row["url"],
             )
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        for row in rows:
+            if row.get("chat"):
+                console.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
     return 0 if all(row["healthy"] for row in rows) else 1
 
 

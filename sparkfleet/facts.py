@@ -118,6 +118,10 @@ class ModelFiles(FactBase[dict]):
 class KeyringFingerprints(FactBase[list]):
     """Fingerprints of the keys in an apt keyring file ([] when absent)."""
 
+    @staticmethod
+    def default():
+        return []
+
     def command(self, path):
         return StringCommand(
             "[ -f", QuoteString(path), "] && gpg --show-keys --with-colons", QuoteString(path),

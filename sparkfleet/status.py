@@ -48,8 +48,9 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
 
             client = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60)
             reply = client.chat.completions.create(
-                model=s.served_model_name, max_tokens=32,
-                messages=[{"role": "user", "content": "Say hello from a DGX Spark."}])
+                model=s.served_model_name, max_tokens=64,
+                messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
+                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
             row["chat"] = reply.choices[0].message.content
     except (requests.RequestException, ValueError, KeyError) as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"

@@ -1,7 +1,7 @@
 """Stage 2: the NVIDIA Container Toolkit from its signed apt repository, wired into Docker."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import apt, server, systemd
 
 from sparkfleet import paths
 from sparkfleet.operations import apt_keyring, docker_nvidia_runtime
@@ -23,7 +23,12 @@ def container_toolkit(plan: HostPlan, arch: str):
         src=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /",
         filename="nvidia-container-toolkit",
     )
-    apt.update(name="Refresh apt lists for the toolkit source", _if=source.did_change)
+    server.shell(
+        name="Refresh apt lists of the toolkit source only",
+        commands=[f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
+                  "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"],
+        _if=source.did_change,
+    )
     apt.packages(
         name=f"Toolkit packages at {s.toolkit_version}",
         packages=[f"{package}={s.toolkit_version}" for package in paths.TOOLKIT_PACKAGES],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -203,12 +202,12 @@ def _host_config_hash(name: str, image_hash: str, ssh_port: int, api_port: int) 
     return sha256_bytes("host-v1", name, image_hash, str(ssh_port), str(api_port), json.dumps(SYSTEMD_FLAGS))
 
 
-def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int) -> None:
+def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role: str = "host") -> None:
     c = container_name(name)
     for vol in (f"{c}-docker", f"{c}-data"):
         _ensure_volume(vol)
     docker("run", "-d", "--name", c, "--hostname", name, "--network", NETWORK,
-           "--label", f"{LABEL}=1", "--label", f"{LABEL}.role=host", "--label", f"{LABEL}.host={name}",
+           "--label", f"{LABEL}=1", "--label", f"{LABEL}.role={role}", "--label", f"{LABEL}.host={name}",
            "--label", f"{CONFIG_LABEL}={_host_config_hash(name, image_hash, ssh_port, api_port)}",
            *SYSTEMD_FLAGS, "--restart", "unless-stopped", "--stop-timeout", STOP_TIMEOUT,
            "-v", f"{c}-docker:/var/lib/docker", "-v", f"{c}-data:/var/lib/sparkfleet",
@@ -260,9 +259,10 @@ def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
         wait_host_ready(name, h["ssh_port"])
     except SimError as e:
         log(f"{name}: not ready ({e}); recreating it once")
+        info = _inspect(c)
+        role = (info["Config"]["Labels"].get(f"{LABEL}.role") if info else None) or "host"
         docker("rm", "-f", c)
-        info_hash = images.image_hash(images.SPARK_IMAGE)
-        _create_host(name, info_hash, h["ssh_port"], h["api_port"])
+        _create_host(name, images.image_hash(images.SPARK_IMAGE) or "", h["ssh_port"], h["api_port"], role)
         wait_host_ready(name, h["ssh_port"])
     _put_file(c, "/root/.ssh/authorized_keys", pubkey, "0600")
     _put_file(c, GPU_FILE, json.dumps(gpu, sort_keys=True) + "\n")
@@ -367,10 +367,39 @@ def load_state() -> dict:
 
 
 def _host_row(host: str) -> dict:
+    """A fleet host from state.json, or a scratch host found by its container."""
     for h in load_state()["hosts"]:
         if h["name"] == host or h["container"] == host:
             return h
+    info = _inspect(container_name(host))
+    if info and info["Config"]["Labels"].get(f"{LABEL}.role") in ("host", "scratch"):
+        return {"name": host, "ssh_port": _published(info, 22), "api_port": _published(info, 8000),
+                "container": container_name(host)}
     raise SimError(f"no simulated host named {host!r}")
+
+
+def start_scratch_host(name: str = "spark-scratch") -> dict:
+    """A fresh simulated Spark outside state.json (and outside the inventory), for
+    checks that change a host without disturbing the deployed fleet. Same image,
+    flags, network and SSH key as the fleet's hosts; `remove_host` (or `down`)
+    removes it. Returns its row: name, ssh_port, api_port, container."""
+    load_state()
+    if name in [h["name"] for h in load_state()["hosts"]]:
+        raise SimError(f"{name} is a fleet host; pick another name for a scratch host")
+    remove_host(name)
+    taken: set[int] = set()
+    ssh_port = _pick_port(None, taken)
+    taken.add(ssh_port)
+    api_port = _pick_port(None, taken)
+    _create_host(name, images.image_hash(images.SPARK_IMAGE) or "", ssh_port, api_port, role="scratch")
+    row = {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": container_name(name)}
+    _finish_host(row, SSH_KEY.with_suffix(".pub").read_text(), dict(DEFAULT_GPU))
+    return row
+
+
+def remove_host(name: str) -> None:
+    """Remove a scratch host (container and volumes); fleet hosts go with `up --hosts N` or `down`."""
+    _remove_containers([container_name(name)] if _inspect(container_name(name)) else [], volumes=True)
 
 
 def status() -> dict:

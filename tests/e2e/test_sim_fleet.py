@@ -1,10 +1,11 @@
 """End-to-end checks of the simulated fleet itself (sim/), over real SSH.
 
 Needs root, Docker and (the first time) the network to Debian's packages for
-debootstrap; `sim up` does the rest. The fleet is disposable: these tests
-change a host (install packages, edit daemon.json, flip GPU knobs) and put it
-back as they found it where that is cheap (packages purged, daemon.json and
-gpu.json restored).
+debootstrap; `sim up` does the rest. Checks that only read run on the fleet's
+hosts (which other e2e tests may have converged); checks that change a host
+(GPU knobs, installing the toolkit, editing daemon.json, a reboot) run on a
+scratch host (same image, flags, network and key, outside the inventory) that
+is removed at the end, so the deployed fleet is never disturbed.
 """
 from __future__ import annotations
 
@@ -28,14 +29,21 @@ APT_SIM_ONLY = f"-o Dir::Etc::sourcelist={SOURCES} -o Dir::Etc::sourceparts=- -o
 
 
 @pytest.fixture(scope="module")
-def _fleet():
-    """A 2-host fleet (the lead's session fixture `sim_fleet` will replace this)."""
+def _fleet(sim_fleet):
+    return sim_fleet
+
+
+@pytest.fixture(scope="module")
+def _scratch(_fleet):
     from sim import fleet
-    return fleet.up(hosts=2)
+    row = fleet.start_scratch_host("spark-scratch")
+    yield row
+    fleet.remove_host("spark-scratch")
 
 
-def ssh(state: dict, host: str, command: str, check: bool = True, timeout: float = 180):
-    row = next(h for h in state["hosts"] if h["name"] == host)
+def ssh(state: dict, host: str | dict, command: str, check: bool = True, timeout: float = 180):
+    row = host if isinstance(host, dict) else next(h for h in state["hosts"] if h["name"] == host)
+    host = row["name"]
     cp = subprocess.run(
         ["ssh", "-i", state["ssh_key"], "-p", str(row["ssh_port"]), "-o", "BatchMode=yes",
          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
@@ -49,7 +57,8 @@ def ssh(state: dict, host: str, command: str, check: bool = True, timeout: float
 def test_state_file_shape(_fleet):
     state = json.loads((REPO / ".sim" / "state.json").read_text())
     assert state == _fleet
-    assert [h["name"] for h in state["hosts"]] == ["spark-1", "spark-2"]
+    assert [h["name"] for h in state["hosts"]] == [f"spark-{i}" for i in range(1, len(state["hosts"]) + 1)]
+    assert len(state["hosts"]) >= 2
     assert state["ssh_user"] == "root"
     assert Path(state["ssh_key"]).stat().st_mode & 0o777 == 0o600
     assert state["image"] == "sparkfleet-registry:5000/vllm/vllm-openai:v0.33.0"
@@ -62,7 +71,7 @@ def test_state_file_shape(_fleet):
 def test_inventory_reads_state(_fleet):
     groups = runpy.run_path(str(REPO / "inventory" / "sim.py"))
     sparks = dict(groups["sparks"])
-    assert sorted(sparks) == ["spark-1", "spark-2"]
+    assert sorted(sparks) == sorted(h["name"] for h in _fleet["hosts"])
     d = sparks["spark-1"]
     assert d["ssh_hostname"] == "127.0.0.1" and d["ssh_port"] == _fleet["hosts"][0]["ssh_port"]
     assert d["toolkit_key_fingerprint"] == _fleet["apt"]["key_fingerprint"]
@@ -75,8 +84,13 @@ def test_systemd_sshd_and_docker_run_on_every_host(_fleet):
         assert ssh(_fleet, h["name"], "systemctl is-system-running", check=False).stdout.strip() in (
             "running", "degraded")
         assert ssh(_fleet, h["name"], "docker info --format '{{.Driver}}'").stdout.strip() == "vfs"
-        assert ssh(_fleet, h["name"], "command -v nvidia-ctk", check=False).returncode != 0, \
-            "the toolkit must not be preinstalled"
+
+
+def test_a_fresh_host_has_no_toolkit_and_a_unique_identity(_fleet, _scratch):
+    assert ssh(_fleet, _scratch, "command -v nvidia-ctk nvidia-container-runtime-hook", check=False).returncode != 0
+    assert ssh(_fleet, _scratch, "systemctl --failed --no-legend").stdout.strip() == ""
+    ids = {ssh(_fleet, h, "cat /etc/machine-id").stdout for h in (_scratch, _fleet["hosts"][0]["name"])}
+    assert len(ids) == 2
 
 
 def test_nvidia_smi_prints_what_a_gb10_prints(_fleet):
@@ -91,25 +105,25 @@ def test_nvidia_smi_prints_what_a_gb10_prints(_fleet):
     assert q == "NVIDIA GB10, [N/A], [N/A]\n"
 
 
-def test_gpu_fault_knobs(_fleet):
+def test_gpu_fault_knobs(_fleet, _scratch):
     from sim import fleet
     try:
-        fleet.set_gpu("spark-2", driver="550.54.14", cuda="12.4")
-        q = ssh(_fleet, "spark-2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+        fleet.set_gpu(_scratch["name"], driver="550.54.14", cuda="12.4")
+        q = ssh(_fleet, _scratch, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
         assert q.strip() == "550.54.14"
-        assert "CUDA Version: 12.4" in ssh(_fleet, "spark-2", "nvidia-smi").stdout
+        assert "CUDA Version: 12.4" in ssh(_fleet, _scratch, "nvidia-smi").stdout
         assert "580.95.05" in ssh(_fleet, "spark-1", "nvidia-smi").stdout  # other hosts untouched
-        fleet.set_gpu("spark-2", present=False)
-        cp = ssh(_fleet, "spark-2", "nvidia-smi", check=False)
+        fleet.set_gpu(_scratch["name"], present=False)
+        cp = ssh(_fleet, _scratch, "nvidia-smi", check=False)
         assert cp.returncode == 9
         assert "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" in cp.stdout
     finally:
-        fleet.set_gpu("spark-2", **fleet.fleet.DEFAULT_GPU)
+        fleet.set_gpu(_scratch["name"], **fleet.fleet.DEFAULT_GPU)
 
 
-def test_toolkit_from_the_sim_apt_repo_and_gpu_containers(_fleet):
+def test_toolkit_from_the_sim_apt_repo_and_gpu_containers(_fleet, _scratch):
     st = _fleet
-    host = "spark-1"
+    host = _scratch
     repo = st["apt"]["repo_url"].format(arch="amd64")
     ssh(st, host, "cp /etc/docker/daemon.json /root/daemon.json.orig")
     try:
@@ -146,19 +160,19 @@ def test_hub_reachable_from_controller_and_hosts(_fleet):
     with urllib.request.urlopen(_fleet["hub"]["controller_url"] + "/_sim/counters", timeout=10) as r:
         assert r.status == 200
         json.load(r)
-    out = ssh(_fleet, "spark-2", f"curl -fsS {_fleet['hub']['host_url']}/_sim/counters").stdout
+    out = ssh(_fleet, "spark-1", f"curl -fsS {_fleet['hub']['host_url']}/_sim/counters").stdout
     assert isinstance(json.loads(out), dict)
     with urllib.request.urlopen(f"http://{_fleet['registry']['controller']}/v2/_catalog", timeout=10) as r:
         assert "vllm/vllm-openai" in json.load(r)["repositories"]
 
 
-def test_reboot_brings_sshd_and_docker_back(_fleet):
+def test_reboot_brings_sshd_and_docker_back(_fleet, _scratch):
     from sim import fleet
-    before = ssh(_fleet, "spark-2", "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
-    seconds = fleet.reboot("spark-2")
+    before = ssh(_fleet, _scratch, "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
+    seconds = fleet.reboot(_scratch["name"])
     assert seconds < 120
-    assert ssh(_fleet, "spark-2", "systemctl is-active ssh docker").stdout.split() == ["active", "active"]
-    assert ssh(_fleet, "spark-2", "docker info --format '{{.Driver}}'").stdout.strip() == "vfs"
-    after = ssh(_fleet, "spark-2", "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
+    assert ssh(_fleet, _scratch, "systemctl is-active ssh docker").stdout.split() == ["active", "active"]
+    assert ssh(_fleet, _scratch, "docker info --format '{{.Driver}}'").stdout.strip() == "vfs"
+    after = ssh(_fleet, _scratch, "cat /proc/1/stat | cut -d' ' -f22").stdout.strip()
     assert after != before  # a new init: the host really booted again
     assert fleet.status()["up"]

@@ -58,7 +58,7 @@ def test_service_enabled_and_active(spark):
 
 
 def test_port_listening(spark):
-    assert spark.host.socket(f"tcp://{spark.s.api_port}").is_listening
+    assert spark.host.socket(f"tcp://{spark.s.api_host}:{spark.s.api_port}").is_listening
 
 
 def test_models_and_chat_answer(spark):

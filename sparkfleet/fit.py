@@ -1,0 +1,509 @@
+"""Will the model fit, how much context and how many sequences, how fast can it decode.
+
+Pure functions of a model's config.json and a few numbers; no host is asked.
+
+Memory follows vLLM's own budget (as of 0.33.0):
+
+    budget    = host memory x gpu_memory_utilization
+    KV memory = budget - weights - activation/CUDA-graph reserve
+
+and a sequence of T tokens costs ``T x KV bytes per token`` (full-attention
+layers only) plus, for hybrid models, one linear-attention state (Gated
+DeltaNet: a fixed size whatever T is). vLLM refuses to start when one sequence
+of max_model_len does not fit, and names the largest length that would;
+:func:`check_fit` says the same before any host is touched.
+
+Speed is a decode roofline: generating one token reads every active weight
+once, the KV cache of the context and the linear state; a Spark's unified
+memory moves about 273 GB/s, so ``tokens/s <= bandwidth / bytes per token``.
+It is an upper bound: measured decode is lower (kernels, launches, sampling).
+
+Public API: :func:`fit_report` -> :class:`FitReport`, :func:`check_fit`,
+:func:`linear_state_bytes`, :func:`kv_bytes_per_token`, :func:`param_counts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = [
+    "ACTIVATION_RESERVE_BYTES",
+    "CUDA_GRAPH_RESERVE_BYTES",
+    "RESERVE_BYTES",
+    "REFERENCE_DECODE_TOKENS_PER_S",
+    "SPARK_BANDWIDTH_BYTES_PER_S",
+    "SPARK_MEMORY_BYTES",
+    "SUGGESTION_GRANULARITY",
+    "FitReport",
+    "ParamCounts",
+    "check_fit",
+    "fit_report",
+    "kv_bytes_per_token",
+    "linear_state_bytes",
+    "param_counts",
+]
+
+GIB = 1024**3
+
+# A DGX Spark has 128 GB of LPDDR5x shared by CPU and GPU: 128e9 bytes =
+# 119.2 GiB. vLLM sizes its budget from the CUDA device's total memory, which
+# on GB10's unified memory follows the kernel's MemTotal (about 119.7 GiB is
+# the figure quoted for DGX OS, ~0.4 % more; not checked on a host here).
+# 128e9 is that within half a percent and on the safe side; pass the host's MemTotal (preflight reads
+# /proc/meminfo) as ``memory_bytes`` when it is known.
+SPARK_MEMORY_BYTES = 128 * 10**9
+
+# GB10 LPDDR5x bandwidth, from NVIDIA's published DGX Spark specification.
+SPARK_BANDWIDTH_BYTES_PER_S = 273e9
+
+# What vLLM keeps out of the KV cache besides the weights. vLLM measures it at
+# start-up (a profiling forward pass of max_num_batched_tokens, the sampler's
+# dummy batch, non-torch allocations such as cuBLAS/NCCL workspaces, then
+# CUDA graph capture); we cannot run that here, so it is an estimate:
+# - activations: the peak of one chunked-prefill step plus the sampler's
+#   logits (max_num_seqs x vocab x 4 bytes, ~0.24 GiB at 256 x 248,320) and
+#   workspaces: 2 GiB is a round, generous figure for a 2048-hidden MoE;
+# - CUDA graphs: vLLM's start-up log ("Graph capturing finished ... took
+#   N GiB") typically reads 0.5-1.5 GiB for models of this size: 1 GiB.
+# Not measured on a Spark: refine it from a real start-up log's "Available KV
+# cache memory" line when one is at hand.
+ACTIVATION_RESERVE_BYTES = 2 * GIB
+CUDA_GRAPH_RESERVE_BYTES = 1 * GIB
+RESERVE_BYTES = ACTIVATION_RESERVE_BYTES + CUDA_GRAPH_RESERVE_BYTES
+
+# Measured in the reference write-up for the default release
+# (Qwen3.5-35B-A3B-FP8 on vLLM in Docker on one Spark): single stream,
+# thinking off. (43 t/s with thinking, 31 t/s for the BF16 checkpoint.)
+REFERENCE_DECODE_TOKENS_PER_S = 50.3
+
+# check_fit suggests a max_model_len rounded DOWN to a multiple of this, so
+# the suggestion is a round number that still fits.
+SUGGESTION_GRANULARITY = 1024
+
+# The short context the report counts concurrent sequences at.
+SHORT_CONTEXT_TOKENS = 8192
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+_SSM_STATE_BYTES = 4  # vLLM keeps the Gated DeltaNet recurrent state in fp32
+
+
+# --------------------------------------------------------------------------
+# Reading the config
+# --------------------------------------------------------------------------
+
+
+def _text(config: dict) -> dict:
+    """The text model's config: nested under text_config for multimodal checkpoints."""
+    return config.get("text_config") or config
+
+
+def _require(text: dict, key: str):
+    if text.get(key) is None:
+        raise ValueError(f"config.json lacks {key!r}: cannot plan the fit")
+    return text[key]
+
+
+def _model_dtype_bytes(config: dict) -> int:
+    text = _text(config)
+    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    return _DTYPE_BYTES.get(str(dtype or "bfloat16").removeprefix("torch."), 2)
+
+
+def _quantized_bytes(config: dict) -> int | None:
+    """Bytes per quantized weight, or None when the checkpoint is not quantized."""
+    quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return 1
+    return None
+
+
+def _layer_counts(text: dict) -> tuple[int, int]:
+    """(full-attention layers, linear-attention layers)."""
+    layers = int(_require(text, "num_hidden_layers"))
+    types = text.get("layer_types") or ["full_attention"] * layers
+    full = sum(1 for t in types if t == "full_attention")
+    linear = sum(1 for t in types if t == "linear_attention")
+    return full, linear
+
+
+def _head_dim(text: dict) -> int:
+    heads = int(_require(text, "num_attention_heads"))
+    return int(text.get("head_dim") or int(_require(text, "hidden_size")) // heads)
+
+
+def _kv_dtype_bytes(config: dict, kv_cache_dtype: str) -> int:
+    if kv_cache_dtype == "auto":
+        return _model_dtype_bytes(config)
+    if kv_cache_dtype.startswith("fp8"):
+        return 1
+    if kv_cache_dtype in _DTYPE_BYTES:
+        return _DTYPE_BYTES[kv_cache_dtype]
+    raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r} (auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)")
+
+
+# --------------------------------------------------------------------------
+# Memory per token and per sequence
+# --------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto") -> int:
+    """KV cache bytes per token: 2 (K and V) x full-attention layers x KV heads x head_dim x dtype bytes.
+
+    Only full-attention layers store KV; linear-attention layers keep a fixed
+    state instead (:func:`linear_state_bytes`). Qwen3.5-35B-A3B:
+    2 x 10 x 2 x 256 x 2 = 20,480 bytes/token in bf16, 10,240 with fp8.
+    """
+    text = _text(config)
+    full, _ = _layer_counts(text)
+    heads = int(_require(text, "num_attention_heads"))
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    return 2 * full * kv_heads * _head_dim(text) * _kv_dtype_bytes(config, kv_cache_dtype)
+
+
+def linear_state_bytes(config: dict) -> int:
+    """One sequence's linear-attention (Gated DeltaNet) state, in bytes; 0 without linear layers.
+
+    Per linear-attention layer vLLM keeps two tensors per sequence:
+
+    - the recurrent (SSM) state, fp32:
+      linear_num_value_heads x linear_key_head_dim x linear_value_head_dim x 4
+    - the causal-conv state, in the model dtype (bf16, 2 bytes):
+      (linear_conv_kernel_dim - 1) x conv_dim x 2, where conv_dim is the
+      width of the mixed q|k|v stream the depthwise conv runs over:
+      linear_num_key_heads x linear_key_head_dim x 2 (q and k)
+      + linear_num_value_heads x linear_value_head_dim (v)
+
+    Qwen3.5-35B-A3B (30 linear layers, 32 value heads, 16 key heads, head
+    dims 128, kernel 4):
+
+    - recurrent: 32 x 128 x 128 x 4            = 2,097,152 bytes (2 MiB)
+    - conv:      3 x (16x128x2 + 32x128) x 2
+                 = 3 x 8,192 x 2                 =    49,152 bytes (48 KiB)
+    - per layer                                  = 2,146,304 bytes
+    - x 30 layers                                = 64,389,120 bytes = 61.4 MiB
+
+    which is the reference's "~61 MiB per sequence". With prefix caching vLLM
+    keeps more than one state per sequence ("doubled or more"): see
+    ``linear_state_copies`` of :func:`fit_report`.
+    """
+    text = _text(config)
+    _, linear = _layer_counts(text)
+    if not linear:
+        return 0
+    v_heads = int(_require(text, "linear_num_value_heads"))
+    k_heads = int(_require(text, "linear_num_key_heads"))
+    k_dim = int(_require(text, "linear_key_head_dim"))
+    v_dim = int(_require(text, "linear_value_head_dim"))
+    kernel = int(_require(text, "linear_conv_kernel_dim"))
+    recurrent = v_heads * k_dim * v_dim * _SSM_STATE_BYTES
+    conv_dim = k_heads * k_dim * 2 + v_heads * v_dim
+    conv = (kernel - 1) * conv_dim * _model_dtype_bytes(config)
+    return linear * (recurrent + conv)
+
+
+# --------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of the text model (no vision tower, no MTP head).
+
+    ``*_narrow`` are the weights a quantized checkpoint stores at 1 byte (the
+    large matmuls: attention q/k/v/o, linear-attention in/out projections,
+    expert, shared-expert and dense MLP projections); ``*_wide`` the rest,
+    kept in the model dtype (embeddings, lm_head, routers, norms, conv and
+    small gate projections). Unquantized: everything counts as wide.
+    Block-FP8 scales (one per 128x128 block, < 0.03 %) are not counted.
+    """
+
+    total: int
+    total_narrow: int
+    active: int
+    active_narrow: int
+
+    @property
+    def total_wide(self) -> int:
+        return self.total - self.total_narrow
+
+    @property
+    def active_wide(self) -> int:
+        return self.active - self.active_narrow
+
+
+def _attn_output_gate(config: dict, text: dict) -> bool:
+    """Qwen3-Next / Qwen3.5 attention: q_proj also emits a per-head output gate (2x its width)."""
+    if "attn_output_gate" in text:
+        return bool(text["attn_output_gate"])
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    return model_type.startswith(("qwen3_next", "qwen3_5"))
+
+
+def param_counts(config: dict) -> ParamCounts:
+    """Total and per-token active parameters of the text model.
+
+    What one generated token reads (the *active* count):
+
+    - every attention and linear-attention layer in full (all tokens use them);
+    - per MoE layer: the router (hidden x num_experts), ``num_experts_per_tok``
+      routed experts and the shared expert (3 x hidden x intermediate each:
+      gate, up, down) and the shared expert's sigmoid gate (hidden x 1);
+      a dense model's MLP in full;
+    - norms;
+    - the lm_head in full (hidden x vocab: every logit is computed), but only
+      ONE row of the input embedding (a lookup, hidden values).
+
+    Totals count the whole embedding and every expert instead. Qwen3.5-35B-A3B
+    (hidden 2048, vocab 248,320, 256 experts of 512, 8 active + 1 shared):
+
+    - full attention (x10): q 2048x(16x256x2, gated) 16,777,216 + k, v
+      2048x512 = 1,048,576 each + o 4096x2048 8,388,608 + q/k norms 512
+      = 27,263,488
+    - Gated DeltaNet (x30): in_proj_qkvz 2048x12,288 = 25,165,824 + in_proj_ba
+      2048x64 = 131,072 + conv 8,192x4 = 32,768 + A_log, dt_bias 32 each +
+      norm 128 + out_proj 4096x2048 = 8,388,608 = 33,718,464
+    - MoE (x40): router 524,288; one expert 3x2048x512 = 3,145,728; shared
+      gate 2,048; active: 524,288 + 9 x 3,145,728 + 2,048 = 28,837,888;
+      total: 524,288 + 257 x 3,145,728 + 2,048 = 808,978,432
+    - norms 2 x 2048 per layer + final 2048; lm_head = embedding =
+      248,320 x 2048 = 508,559,360
+    - active = 2,946,431,616 (2.95 B: "A3B"); total = 34,660,610,688
+    """
+    text = _text(config)
+    hidden = int(_require(text, "hidden_size"))
+    vocab = int(_require(text, "vocab_size"))
+    heads = int(_require(text, "num_attention_heads"))
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = _head_dim(text)
+    layers = int(_require(text, "num_hidden_layers"))
+    full, linear = _layer_counts(text)
+    other = layers - full - linear
+    if other:
+        raise ValueError(f"config.json has {other} layers neither full_attention nor linear_attention")
+
+    # Full attention.
+    q_out = heads * head_dim * (2 if _attn_output_gate(config, text) else 1)
+    kv_out = kv_heads * head_dim
+    attn_narrow = hidden * q_out + 2 * hidden * kv_out + heads * head_dim * hidden
+    # Qwen3-family attention normalises q and k per head (q_norm, k_norm: head_dim each).
+    attn_wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
+    if text.get("attention_bias"):
+        attn_wide += q_out + 2 * kv_out
+
+    # Linear attention (Gated DeltaNet).
+    lin_narrow = lin_wide = 0
+    if linear:
+        v_heads = int(_require(text, "linear_num_value_heads"))
+        k_heads = int(_require(text, "linear_num_key_heads"))
+        key_dim = k_heads * int(_require(text, "linear_key_head_dim"))
+        v_dim = int(_require(text, "linear_value_head_dim"))
+        value_dim = v_heads * v_dim
+        kernel = int(_require(text, "linear_conv_kernel_dim"))
+        lin_narrow = hidden * (2 * key_dim + 2 * value_dim) + value_dim * hidden  # in_proj_qkvz, out_proj
+        lin_wide = (
+            hidden * 2 * v_heads  # in_proj_ba
+            + (2 * key_dim + value_dim) * kernel  # depthwise conv1d
+            + 2 * v_heads  # A_log, dt_bias
+            + v_dim  # gated RMSNorm
+        )
+
+    # MLP: MoE or dense.
+    experts = int(text.get("num_experts") or 0)
+    if experts:
+        expert = 3 * hidden * int(_require(text, "moe_intermediate_size"))
+        shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
+        shared = 3 * hidden * shared_inter
+        router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
+        top_k = int(_require(text, "num_experts_per_tok"))
+        mlp_total_narrow = experts * expert + shared
+        mlp_active_narrow = top_k * expert + shared
+        mlp_wide = router
+    else:
+        dense = 3 * hidden * int(_require(text, "intermediate_size"))
+        mlp_total_narrow = mlp_active_narrow = dense
+        mlp_wide = 0
+
+    norms = 2 * hidden * layers + hidden
+    per_layer_narrow = full * attn_narrow + linear * lin_narrow
+    per_layer_wide = full * attn_wide + linear * lin_wide + layers * mlp_wide + norms
+    lm_head = hidden * vocab
+    embedding = 0 if text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)) else hidden * vocab
+
+    total_narrow = per_layer_narrow + layers * mlp_total_narrow
+    active_narrow = per_layer_narrow + layers * mlp_active_narrow
+    total = total_narrow + per_layer_wide + lm_head + embedding
+    active = active_narrow + per_layer_wide + lm_head + hidden  # one embedding row
+    return ParamCounts(total=total, total_narrow=total_narrow, active=active, active_narrow=active_narrow)
+
+
+# --------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """Memory and speed of one model on one host at one setting. Bytes are bytes (not GiB)."""
+
+    # Inputs.
+    memory_bytes: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    kv_cache_dtype: str
+    max_num_seqs: int | None
+    bandwidth_bytes_per_s: float
+    context: int
+    # Model.
+    max_position_embeddings: int
+    full_attention_layers: int
+    linear_attention_layers: int
+    total_params: int
+    active_params: int
+    # Memory.
+    budget_bytes: int  # memory x utilization
+    weights_bytes: int  # the manifest's safetensors total
+    estimated_weights_bytes: int  # from the parameter count: a cross-check of weights_bytes
+    reserve_bytes: int  # activations + CUDA graphs (RESERVE_BYTES)
+    kv_memory_bytes: int  # budget - weights - reserve; negative when the weights do not fit
+    kv_bytes_per_token: int
+    linear_state_bytes: int  # one sequence's linear-attention state, x linear_state_copies
+    largest_context: int  # longest ONE sequence that fits, capped at max_position_embeddings
+    fits: bool  # one sequence of max_model_len fits (and max_model_len <= max_position_embeddings)
+    seqs_at_max_model_len: int  # sequences of max_model_len tokens that fit (memory only)
+    seqs_at_8192: int  # sequences of 8192 tokens that fit (memory only)
+    # Decode roofline (one stream).
+    active_weight_bytes_per_token: int
+    decode_bytes_per_token_at_0: int
+    decode_bytes_per_token_at_context: int
+    decode_tokens_per_s_at_0: float
+    decode_tokens_per_s_at_context: float
+
+    def concurrency(self, seqs: int) -> int:
+        """Sequences vLLM will run at once: what fits, capped by max_num_seqs when set."""
+        return seqs if self.max_num_seqs is None else min(seqs, self.max_num_seqs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _seqs(kv_memory: int, tokens: int, kv_per_token: int, state: int) -> int:
+    per_seq = tokens * kv_per_token + state
+    return max(0, kv_memory // per_seq) if per_seq else 0
+
+
+def _largest_uncapped(kv_memory: int, kv_per_token: int, state: int) -> int:
+    return max(0, (kv_memory - state) // kv_per_token)
+
+
+def fit_report(
+    config: dict,
+    weights_bytes: int,
+    *,
+    memory_bytes: int = SPARK_MEMORY_BYTES,
+    gpu_memory_utilization: float = 0.88,
+    max_model_len: int | None = None,
+    kv_cache_dtype: str = "auto",
+    max_num_seqs: int | None = None,
+    bandwidth: float = SPARK_BANDWIDTH_BYTES_PER_S,
+    context: int = SHORT_CONTEXT_TOKENS,
+    reserve_bytes: int = RESERVE_BYTES,
+    linear_state_copies: int = 1,
+) -> FitReport:
+    """Plan the fit of `config` with `weights_bytes` of weights on one host.
+
+    `max_model_len` defaults to the model's max_position_embeddings.
+    `linear_state_copies`: linear-attention states held per sequence; 1 is
+    the floor, prefix caching keeps more (the reference: "doubled or more").
+    The roofline reads one copy whatever this is.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {gpu_memory_utilization}")
+    text = _text(config)
+    max_pos = int(_require(text, "max_position_embeddings"))
+    max_model_len = int(max_model_len or max_pos)
+    full, linear = _layer_counts(text)
+    kv_per_token = kv_bytes_per_token(config, kv_cache_dtype)
+    state_one = linear_state_bytes(config)
+    state = state_one * linear_state_copies
+    params = param_counts(config)
+    wide_bytes = _model_dtype_bytes(config)
+    narrow_bytes = _quantized_bytes(config) or wide_bytes
+
+    budget = int(memory_bytes * gpu_memory_utilization)
+    kv_memory = budget - int(weights_bytes) - reserve_bytes
+    largest = _largest_uncapped(kv_memory, kv_per_token, state)
+
+    active_weight_bytes = params.active_narrow * narrow_bytes + params.active_wide * wide_bytes
+    at_0 = active_weight_bytes + state_one
+    at_ctx = at_0 + context * kv_per_token
+    return FitReport(
+        memory_bytes=int(memory_bytes),
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        max_num_seqs=max_num_seqs,
+        bandwidth_bytes_per_s=bandwidth,
+        context=context,
+        max_position_embeddings=max_pos,
+        full_attention_layers=full,
+        linear_attention_layers=linear,
+        total_params=params.total,
+        active_params=params.active,
+        budget_bytes=budget,
+        weights_bytes=int(weights_bytes),
+        estimated_weights_bytes=params.total_narrow * narrow_bytes + params.total_wide * wide_bytes,
+        reserve_bytes=reserve_bytes,
+        kv_memory_bytes=kv_memory,
+        kv_bytes_per_token=kv_per_token,
+        linear_state_bytes=state,
+        largest_context=min(largest, max_pos),
+        fits=largest >= max_model_len <= max_pos,
+        seqs_at_max_model_len=_seqs(kv_memory, max_model_len, kv_per_token, state),
+        seqs_at_8192=_seqs(kv_memory, SHORT_CONTEXT_TOKENS, kv_per_token, state),
+        active_weight_bytes_per_token=active_weight_bytes,
+        decode_bytes_per_token_at_0=at_0,
+        decode_bytes_per_token_at_context=at_ctx,
+        decode_tokens_per_s_at_0=bandwidth / at_0,
+        decode_tokens_per_s_at_context=bandwidth / at_ctx,
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_fit(report: FitReport, max_model_len: int) -> str | None:
+    """None when one sequence of `max_model_len` fits; otherwise why not and what would.
+
+    The suggested length is the largest that fits, rounded DOWN to a multiple
+    of SUGGESTION_GRANULARITY (1024), and never above max_position_embeddings.
+    "KV cache per sequence" includes the sequence's linear-attention state.
+    """
+    if max_model_len > report.max_position_embeddings:
+        return (
+            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+            f"{report.max_position_embeddings}: set max_model_len <= {report.max_position_embeddings}"
+        )
+    need = max_model_len * report.kv_bytes_per_token + report.linear_state_bytes
+    if need <= report.kv_memory_bytes:
+        return None
+    left = max(0, report.kv_memory_bytes)
+    largest = _largest_uncapped(report.kv_memory_bytes, report.kv_bytes_per_token, report.linear_state_bytes)
+    suggest = min(largest, report.max_position_embeddings) // SUGGESTION_GRANULARITY * SUGGESTION_GRANULARITY
+    after = (
+        f"after weights ({_gib(report.weights_bytes)}) and the activation/CUDA-graph reserve "
+        f"({_gib(report.reserve_bytes)})"
+    )
+    if suggest < SUGGESTION_GRANULARITY:
+        return (
+            f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence but only "
+            f"{_gib(left)} of the {_gib(report.budget_bytes)} budget is left {after}: no max_model_len of "
+            f"{SUGGESTION_GRANULARITY} or more fits (raise gpu_memory_utilization or serve a smaller model)"
+        )
+    return (
+        f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence but only "
+        f"{_gib(left)} is left {after}: set max_model_len <= {suggest} (or raise gpu_memory_utilization)"
+    )

@@ -1,0 +1,107 @@
+"""The deploy, end to end, on three simulated Sparks: converge, re-converge, verify, survive."""
+
+import json
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from .conftest import HOSTS, converge, run_pytest_infra, ssh
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "sim-key"  # inventory/sim.py
+
+
+def api_port(state, host):
+    return next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+
+
+def chat(state, host, timeout=60.0) -> str:
+    client = OpenAI(base_url=f"http://127.0.0.1:{api_port(state, host)}/v1", api_key=API_KEY, timeout=timeout)
+    reply = client.chat.completions.create(model="Qwen3.5-35B-A3B", max_tokens=8,
+                                           messages=[{"role": "user", "content": "hello"}],
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert reply.usage.completion_tokens > 0
+    return reply.choices[0].message.content
+
+
+def started_at(state, host) -> str:
+    return ssh(state, host, "docker inspect -f '{{.State.StartedAt}}' vllm")
+
+
+def test_first_converge_succeeds_everywhere(first_converge):
+    assert first_converge.returncode == 0, first_converge.output[-4000:]
+    for host in HOSTS:
+        assert not first_converge.failed[host], (host, first_converge.failed[host])
+        assert any("health" in name.lower() or "answers" in name for name in first_converge.changed[host])
+
+
+def test_each_host_answers_a_chat_completion(sim_fleet, first_converge):
+    for host in HOSTS:
+        assert chat(sim_fleet, host)
+
+
+def test_hub_served_what_the_rollout_downloaded(hub, first_converge, sim_fleet):
+    counters = json.loads(urllib.request.urlopen(f"{hub}/_sim/counters").read())
+    repos = json.loads(urllib.request.urlopen(f"{hub}/_sim/repos").read())
+    model_bytes = repos["Qwen/Qwen3.5-35B-A3B-FP8"]["size"]
+    # hub mode: each host fetched the model once (the controller read only config.json)
+    assert len([c for c, n in counters["clients"].items() if n >= model_bytes]) == len(HOSTS)
+    assert counters["total_bytes"] <= 1.05 * len(HOSTS) * model_bytes + 1_000_000
+
+
+def test_second_converge_changes_nothing_and_restarts_nothing(sim_fleet, first_converge):
+    before = {host: started_at(sim_fleet, host) for host in HOSTS}
+    again = converge()
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.changed == {host: [] for host in HOSTS}
+    assert {host: started_at(sim_fleet, host) for host in HOSTS} == before
+
+
+def test_testinfra_suite_passes_against_the_sim(first_converge):
+    proc = run_pytest_infra("--full-verify")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"{9 * len(HOSTS)} passed" in proc.stdout
+
+
+def test_rebooted_host_serves_again_without_a_deploy(sim_fleet, first_converge):
+    from sim import fleet
+
+    fleet.reboot("spark-3")
+    deadline = time.time() + 240
+    while True:
+        try:
+            assert chat(sim_fleet, "spark-3", timeout=10)
+            break
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(3)
+
+
+@pytest.mark.parametrize("knobs,needle", [
+    ({"spark-2": {"driver": "550.54.14"}, "spark-3": {"present": False}},
+     {"spark-2": "NVIDIA driver: found 550.54.14, required >= 580.95.05", "spark-3": "GPU driver: found nvidia-smi failing"}),
+    ({"spark-2": {"name": "NVIDIA H100 PCIe"}}, {"spark-2": "GPU: found NVIDIA H100 PCIe, required NVIDIA GB10"}),
+])
+def test_preflight_fault_fails_that_host_alone(sim_fleet, first_converge, knobs, needle):
+    from sim import fleet
+
+    before = {host: started_at(sim_fleet, host) for host in knobs}
+    try:
+        for host, gpu in knobs.items():
+            fleet.set_gpu(host, **gpu)
+        result = converge()
+    finally:
+        for host in knobs:
+            fleet.set_gpu(host, present=True, name="NVIDIA GB10", driver="580.95.05", cuda="13.0")
+    assert result.returncode != 0
+    for host in HOSTS:
+        if host in knobs:
+            assert result.failed[host] and result.changed[host] == [], (host, result.changed[host])
+            assert needle[host] in result.output and f"{host}: " in result.output
+            assert started_at(sim_fleet, host) == before[host]
+        else:
+            assert not result.failed[host] and result.changed[host] == []
