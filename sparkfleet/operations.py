@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 from pathlib import Path
 
 from pyinfra import host
@@ -32,13 +33,9 @@ def apt_keyring(src: str, dest: str, fingerprint: str):
         'install -D -m 0644 "$tmp.gpg" "$DEST"'
     )
     yield StringCommand(
-        "SRC=" + _shell_quote(src), "FPR=" + fingerprint, "DEST=" + _shell_quote(dest),
+        "SRC=" + shlex.quote(src), "FPR=" + fingerprint, "DEST=" + shlex.quote(dest),
         "sh -c", QuoteString(script),
     )
-
-
-def _shell_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 @operation()
@@ -99,7 +96,7 @@ def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout
     """The service answers: /health, /v1/models, a chat completion, a tool call. Else the journal."""
     check = " ".join([
         f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health",
-        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port), "--served-name", _shell_quote(served_name), "--timeout", str(timeout_s),
+        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port), "--served-name", shlex.quote(served_name), "--timeout", str(timeout_s),
         "--env-file", paths.ENGINE_ENV, "--unit", paths.UNIT_NAME, *(["--tools"] if tools else []),
     ])
     yield (f"{check} || {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "

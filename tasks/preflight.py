@@ -1,5 +1,7 @@
 """Stage 1: read the host, change nothing; a host that is not fit stops here."""
 
+import shlex
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
@@ -30,7 +32,7 @@ def preflight(plan: HostPlan) -> HostFacts | None:
     if problems:
         server.shell(
             name="Preflight failed: this host is left untouched",
-            commands=["printf '%s\\n' " + " ".join(f"'{p}'" for p in problems) + " >&2; exit 1"],
+            commands=["printf '%s\\n' " + " ".join(shlex.quote(p) for p in problems) + " >&2; exit 1"],
         )
         return None
     return facts
