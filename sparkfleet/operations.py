@@ -96,7 +96,8 @@ def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout
     """The service answers: /health, /v1/models, a chat completion, a tool call. Else the journal."""
     check = " ".join([
         f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health",
-        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port), "--served-name", shlex.quote(served_name), "--timeout", str(timeout_s),
+        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port),
+        "--served-name", shlex.quote(served_name), "--timeout", str(timeout_s),
         "--env-file", paths.ENGINE_ENV, "--unit", paths.UNIT_NAME, *(["--tools"] if tools else []),
     ])
     yield (f"{check} || {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "
