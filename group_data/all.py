@@ -28,6 +28,13 @@ controller_hub_endpoint = None  # where the controller reaches the hub, if not h
 hub_token = None  # secret: kept in a root-only file on the host
 model_root = "/var/lib/sparkfleet/models"
 full_verify = False  # True (`--data full_verify=True`) re-hashes every file instead of trusting the record
+model_source = "peer"  # "hub": each host from the hub; "peer": one host from the hub, the others
+#                        from it over the LAN; "controller": pushed from the controller's verified copy
+peer_port = 8090  # where each host shares its verified model files with the others (read-only)
+lan_address = None  # how the other Sparks reach this host; None = its ssh_hostname
+keep_releases = 2  # model directories kept per host (never fewer than current + previous)
+controller_model_dir = None  # the controller's verified copy (controller mode); None = .cache/models/
+engine_image_archive = None  # a `docker save` of engine_image on the controller, loaded where it is missing
 
 # --- Engine: vLLM in Docker ------------------------------------------------
 engine_image = "vllm/vllm-openai:v0.33.0"

@@ -76,6 +76,32 @@ def _status(args) -> int:
     return 0 if all(row["healthy"] for row in rows) else 1
 
 
+def _fetch(args) -> int:
+    from .controller_copy import ControllerCopyError, controller_copy
+
+    try:
+        plans = plan_hosts(load_hosts(args.inventory, args.host))
+    except (SettingsError, FileNotFoundError, KeyError) as exc:
+        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    done = set()
+    for plan in plans:
+        s = plan.settings
+        if plan.manifest is None:
+            print(f"sparkfleet: {plan.name}: {plan.hub_error}", file=sys.stderr)
+            return 1
+        if plan.manifest.digest in done:
+            continue
+        try:
+            path = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint)
+        except ControllerCopyError as exc:
+            print(f"sparkfleet: {exc}", file=sys.stderr)
+            return 1
+        done.add(plan.manifest.digest)
+        print(f"{plan.manifest.repo}@{plan.manifest.pin}: {len(plan.manifest.files)} files verified in {path}")
+    return 0
+
+
 def _sim(args) -> int:
     from sim.fleet import main as sim_main
 
@@ -99,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true")
     status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
     status.set_defaults(func=_status)
+
+    fetch = sub.add_parser("fetch", help="make the controller's verified copy of each host's model "
+                                          "(for model_source = \"controller\": air-gapped offices)")
+    fetch.add_argument("inventory")
+    fetch.add_argument("--host", help="one host (or group) of the inventory")
+    fetch.set_defaults(func=_fetch)
 
     sim = sub.add_parser("sim", help="the simulated fleet: up [--hosts N] | down | status", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)

@@ -130,3 +130,27 @@ class KeyringFingerprints(FactBase[list]):
 
     def process(self, output):
         return [line.strip().upper() for line in output if line.strip()]
+
+
+class DockerImagePresent(FactBase[bool]):
+    """Whether the host's Docker has this image (so the unit need not pull it)."""
+
+    def command(self, image):
+        return StringCommand("docker image inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
+
+    def process(self, output):
+        return output[0] == "yes"
+
+
+class ModelDirs(FactBase[list]):
+    """sparkfleet's model directories (<org>--<name>@<pin>) under model_root."""
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self, model_root):
+        return StringCommand("find", QuoteString(model_root), "-mindepth 1 -maxdepth 1 -type d -name '*@*' 2>/dev/null || true")
+
+    def process(self, output):
+        return sorted(line.strip() for line in output if line.strip())

@@ -13,7 +13,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
 from . import paths
-from .facts import JsonFile, KeyringFingerprints, ModelFiles
+from .facts import DockerImagePresent, JsonFile, KeyringFingerprints, ModelDirs, ModelFiles
 from .manifest import Manifest
 from .verify import files_needing_work
 
@@ -73,22 +73,53 @@ def runtime_path(tarball: str) -> str:
 
 @operation()
 def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
-                   full_verify: bool = False):
-    """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched."""
+                   full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None):
+    """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched.
+
+    Bytes come from `peers` (other Sparks' shares) then the hub, or, with
+    `pushed_from` (the controller's verified copy), over this SSH connection.
+    """
     state = host.get_fact(ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
     needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
     if not needed:
         host.noop(f"{len(manifest.files)} model files verified in {model_dir}")
         return
-    job_path = f"{paths.MANIFEST_DIR}/{Path(model_dir).name}.json"
-    staging = f"{Path(model_dir).parent}/{paths.STAGING_DIR_NAME}/{Path(model_dir).name}"
-    job = {"manifest": manifest.to_dict(), "model_dir": model_dir, "staging_dir": staging, "endpoint": endpoint}
+    name = Path(model_dir).name
+    job_path = f"{paths.MANIFEST_DIR}/{name}.json"
+    staging = f"{Path(model_dir).parent}/{paths.STAGING_DIR_NAME}/{name}"
+    job = {"manifest": manifest.to_dict(), "model_dir": model_dir, "staging_dir": staging, "endpoint": endpoint,
+           "peers": peers or [], "staged": pushed_from is not None}
     yield f"mkdir -p {paths.MANIFEST_DIR}"
     yield from files.put._inner(src=io.StringIO(json.dumps(job, indent=1)), dest=job_path, mode="0644")
+    for path in needed if pushed_from is not None else []:
+        yield from files.put._inner(src=f"{pushed_from}/{path}", dest=f"{staging}/{path}")
     yield StringCommand(
         f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-fetch", QuoteString(job_path),
         "--env-file", paths.HUB_ENV, *(["--full-verify"] if full_verify else []),
     )
+
+
+@operation()
+def image_loaded(image: str, archive: str):
+    """The engine image present in the host's Docker, loaded from a controller-side archive if missing."""
+    if host.get_fact(DockerImagePresent, image=image):
+        host.noop(f"{image} present")
+        return
+    upload = f"/var/lib/sparkfleet/{Path(archive).name}"
+    yield from files.put._inner(src=archive, dest=upload)
+    yield StringCommand("docker load -i", QuoteString(upload), "&& rm -f", QuoteString(upload))
+
+
+@operation()
+def old_models_removed(model_root: str, keep: list[str]):
+    """Model directories beyond the kept releases removed (never one in `keep`)."""
+    present = host.get_fact(ModelDirs, model_root=model_root)
+    stale = [d for d in present if d not in keep]
+    if not stale:
+        host.noop(f"{len(present)} model directories, all kept")
+        return
+    for directory in stale:
+        yield StringCommand("rm -rf", QuoteString(directory))
 
 
 @operation(is_idempotent=False)

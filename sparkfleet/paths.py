@@ -2,6 +2,8 @@
 
 UNIT_NAME = "sparkfleet-vllm.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+SHARE_UNIT_NAME = "sparkfleet-share.service"
+SHARE_UNIT_PATH = f"/etc/systemd/system/{SHARE_UNIT_NAME}"
 CONFIG_DIR = "/etc/sparkfleet"
 ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: VLLM_API_KEY and engine_env
 HUB_ENV = f"{CONFIG_DIR}/hub.env"  # 0600: the hub token

@@ -47,6 +47,19 @@ class HostPlan:
     hub_error: str | None
     shape: ModelShape
     engine_args: list[str] = field(default_factory=list)
+    lan_address: str = ""
+    peer_urls: list[str] = field(default_factory=list)  # other hosts sharing this model, seed first
+
+    @property
+    def model_role(self) -> str:
+        """Where this host's model bytes come from: "controller", "peer" (the LAN), or "hub"."""
+        if self.settings.model_source == "controller":
+            return "controller"
+        return "peer" if self.peer_urls else "hub"
+
+    @property
+    def share_url(self) -> str:
+        return f"http://{self.lan_address}:{self.settings.peer_port}/{self.manifest.dir_name if self.manifest else ''}"
 
     @property
     def model_dir(self) -> str:
@@ -92,14 +105,22 @@ class HostPlan:
             engine_args=[" ".join(systemd_quote(a) for a in pair) for pair in _pairs(self.engine_args)],
         )
 
+    def render_share_unit(self) -> str:
+        return _templates.get_template("sparkfleet-share.service.j2").render(s=self.settings, bin_dir=paths.BIN_DIR)
+
     def render_engine_env(self) -> str:
         return _templates.get_template("engine.env.j2").render(s=self.settings)
 
     def render_hub_env(self) -> str:
         return _templates.get_template("hub.env.j2").render(s=self.settings)
 
-    def release_record(self) -> dict:
-        return {
+    def release_record(self, installed: dict | None = None) -> dict:
+        """What /etc/sparkfleet/release.json says: this release, the one before, the model dirs to keep.
+
+        A re-run of the same release writes the same record (no change).
+        """
+        installed = installed or {}
+        current = {
             "release_id": self.release_id,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
@@ -108,6 +129,15 @@ class HostPlan:
             "served_model_name": self.settings.served_model_name,
             "api_port": self.settings.api_port,
         }
+        if installed.get("release_id") in (None, self.release_id):
+            previous = installed.get("previous")
+        else:
+            previous = {k: v for k, v in installed.items() if k not in ("previous", "model_history")}
+        history = [self.model_dir]
+        for directory in [(previous or {}).get("model_dir"), *installed.get("model_history", [])]:
+            if directory and directory not in history:
+                history.append(directory)
+        return {**current, "previous": previous, "model_history": history[: self.settings.keep_releases]}
 
     def to_dict(self) -> dict:
         return {
@@ -119,6 +149,8 @@ class HostPlan:
             "docker_options": self.docker_options,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
+            "model_source": self.model_role,
+            "peers": self.peer_urls,
             "hub_error": self.hub_error,
             "unit": self.render_unit(),
         }
@@ -216,11 +248,28 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[Host
             problems.append(f"{name}: {hub_error}")
             continue
         plan, found = _plan(name, s, manifest, shape, hub_error)
+        plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
         problems += found
         plans.append(plan)
     if problems:
         raise SettingsError(problems)
+    _assign_peers(plans)
     return plans
+
+
+def _assign_peers(plans: list[HostPlan]) -> None:
+    """In peer mode the first host of each model fetches from the hub; the others from the LAN.
+
+    Each peer lists every other host with the same model, seed first: a host
+    that cannot serve is skipped, and the hub is the last resort.
+    """
+    groups: dict[tuple, list[HostPlan]] = {}
+    for plan in plans:
+        if plan.manifest and plan.settings.model_source == "peer":
+            groups.setdefault((plan.manifest.digest, plan.settings.model_root), []).append(plan)
+    for group in groups.values():
+        for plan in group[1:]:
+            plan.peer_urls = [other.share_url for other in group if other is not plan]
 
 _fleet_plans: dict[int, dict[str, HostPlan]] = {}
 

@@ -8,11 +8,14 @@ the pinned clients for the host's CPU and Python into a folder with
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import threading
 from pathlib import Path
 
 from . import PROJECT_ROOT
@@ -39,15 +42,23 @@ def _reset_tarinfo(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+_building = threading.Lock()  # pyinfra plans hosts concurrently: build each bundle once
+
+
 def build_bundle(arch: str, python: str) -> Path:
     """A .tar.gz of the clients for `arch` (uname -m) and `python` ("3.12"); cached."""
     reqs = bundle_requirements()
     key = hashlib.sha256(f"{arch} {python} {' '.join(reqs)}".encode()).hexdigest()[:12]
     out = cache_dir() / "runtime" / f"runtime-{arch}-py{python}-{key}.tar.gz"
-    if out.exists():
-        return out
-    work = out.with_suffix("").with_suffix(".d")
-    shutil.rmtree(work, ignore_errors=True)
+    with _building:
+        if not out.exists():
+            _build(out, reqs, arch, python)
+    return out
+
+
+def _build(out: Path, reqs: list[str], arch: str, python: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=".build-"))
     platform_args = [a for p in _platforms(arch) for a in ("--platform", p)]
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
@@ -55,10 +66,9 @@ def build_bundle(arch: str, python: str) -> Path:
          "--python-version", python, *platform_args, *reqs],
         check=True,
     )
-    partial = out.with_suffix(".partial")
+    partial = work.with_suffix(".tar.gz")
     with tarfile.open(partial, "w:gz") as tar:
         for path in sorted(work.rglob("*")):
             tar.add(path, arcname=str(path.relative_to(work)), recursive=False, filter=_reset_tarinfo)
-    partial.rename(out)
+    os.replace(partial, out)
     shutil.rmtree(work)
-    return out

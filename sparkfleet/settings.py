@@ -49,6 +49,12 @@ class Settings(BaseModel):
     hub_token: str | None = None
     model_root: str = "/var/lib/sparkfleet/models"
     full_verify: bool = False
+    model_source: Literal["hub", "peer", "controller"] = "peer"
+    peer_port: int = Field(8090, ge=1, le=65535)
+    lan_address: str | None = None
+    keep_releases: int = Field(2, ge=2)
+    controller_model_dir: str | None = None
+    engine_image_archive: str | None = None
 
     engine_image: str
     vllm_version: str

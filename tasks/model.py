@@ -1,21 +1,22 @@
-"""Stage 3: the model's files, fetched with the hub's client and verified against its manifest."""
+"""Stage 3: the model's files, from the nearest source, verified against the hub's manifest."""
 
 import io
 
 from pyinfra.api import deploy
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from sparkfleet import PROJECT_ROOT, paths
+from sparkfleet.controller_copy import controller_copy
 from sparkfleet.operations import model_verified, runtime_bundle, runtime_path
 from sparkfleet.plan import HostPlan
 from sparkfleet.runtime import build_bundle
 
-HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck")
+HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")
 
 
 @deploy("Model")
-def model(plan: HostPlan, arch: str, python: str) -> str:
-    """Returns the runtime path the later stages run the clients from."""
+def model(plan: HostPlan, arch: str, python: str):
+    """Returns (the runtime path the later stages run the clients from, the model operation)."""
     s = plan.settings
     for script in HOST_SCRIPTS:
         files.put(name=f"Helper {script}", src=str(PROJECT_ROOT / "files" / script),
@@ -24,9 +25,24 @@ def model(plan: HostPlan, arch: str, python: str) -> str:
     runtime_bundle(name="Hub and openai clients (runtime bundle)", tarball=tarball)
     runtime = runtime_path(tarball)
     files.put(name="Hub token (root-only)", src=io.StringIO(plan.render_hub_env()), dest=paths.HUB_ENV, mode="0600")
-    model_verified(
-        name=f"Model {s.model_repo} verified",
-        manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
-        full_verify=s.full_verify,
-    )
-    return runtime
+
+    if s.model_source == "peer":
+        share = files.put(name="Model share unit", src=io.StringIO(plan.render_share_unit()),
+                          dest=paths.SHARE_UNIT_PATH, mode="0644")
+        systemd.service(name="Model share running (verified files, read-only)", service=paths.SHARE_UNIT_NAME,
+                        running=True, enabled=True, restarted=share.will_change, daemon_reload=share.will_change)
+
+    common = dict(manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
+                  full_verify=s.full_verify)
+    # Two call sites on purpose: pyinfra runs the first (the hub) on every host before the
+    # second starts, so peers fetch from a seed that already holds verified files.
+    if plan.model_role == "hub":
+        fetched = model_verified(name=f"Model {s.model_repo} from the hub, verified", **common)
+    elif plan.model_role == "controller":
+        copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint)
+        fetched = model_verified(name=f"Model {s.model_repo} pushed from the controller, verified",
+                                 pushed_from=str(copy), **common)
+    if plan.model_role == "peer":
+        fetched = model_verified(name=f"Model {s.model_repo} from peers on the LAN, verified",
+                                 peers=plan.peer_urls, **common)
+    return runtime, fetched

@@ -3,25 +3,32 @@
 import io
 import json
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import paths
+from sparkfleet.facts import JsonFile
+from sparkfleet.operations import image_loaded
 from sparkfleet.plan import HostPlan
 
 
 @deploy("Service")
-def service(plan: HostPlan):
-    """Returns the operations whose change means the service was (re)started."""
+def service(plan: HostPlan, model_changed: bool):
+    """Returns the service operation (its change means a (re)start) and the model dirs to keep."""
+    s = plan.settings
+    if s.engine_image_archive:
+        image_loaded(name=f"Engine image {s.engine_image} (from the controller's archive if missing)",
+                     image=s.engine_image, archive=s.engine_image_archive)
     env = files.put(name="Engine environment (root-only)", src=io.StringIO(plan.render_engine_env()),
                     dest=paths.ENGINE_ENV, mode="0600")
     unit = files.put(name="vLLM unit", src=io.StringIO(plan.render_unit()), dest=paths.UNIT_PATH, mode="0644")
-    files.put(name="Release record", src=io.StringIO(json.dumps(plan.release_record(), indent=2) + "\n"),
+    record = plan.release_record(host.get_fact(JsonFile, path=paths.RELEASE_FILE))
+    files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
               dest=paths.RELEASE_FILE, mode="0644")
-    changed = unit.will_change or env.will_change
     started = systemd.service(
         name="vLLM service enabled and running",
         service=paths.UNIT_NAME, running=True, enabled=True,
-        restarted=changed, daemon_reload=unit.will_change,
+        restarted=unit.will_change or env.will_change or model_changed, daemon_reload=unit.will_change,
     )
-    return started
+    return started, record["model_history"]

@@ -1,8 +1,6 @@
 """The deploy, end to end, on three simulated Sparks: converge, re-converge, verify, survive."""
 
-import json
 import time
-import urllib.request
 
 import pytest
 from openai import OpenAI
@@ -41,15 +39,6 @@ def test_first_converge_succeeds_everywhere(first_converge):
 def test_each_host_answers_a_chat_completion(sim_fleet, first_converge):
     for host in HOSTS:
         assert chat(sim_fleet, host)
-
-
-def test_hub_served_what_the_rollout_downloaded(hub, first_converge, sim_fleet):
-    counters = json.loads(urllib.request.urlopen(f"{hub}/_sim/counters").read())
-    repos = json.loads(urllib.request.urlopen(f"{hub}/_sim/repos").read())
-    model_bytes = repos["Qwen/Qwen3.5-35B-A3B-FP8"]["size"]
-    # hub mode: each host fetched the model once (the controller read only config.json)
-    assert len([c for c, n in counters["clients"].items() if n >= model_bytes]) == len(HOSTS)
-    assert counters["total_bytes"] <= 1.05 * len(HOSTS) * model_bytes + 1_000_000
 
 
 def test_second_converge_changes_nothing_and_restarts_nothing(sim_fleet, first_converge):

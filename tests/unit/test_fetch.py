@@ -108,3 +108,82 @@ def test_full_verify_rehashes_everything(job):
     assert run_fetch(job_path)[0] == 0
     rc, report = run_fetch(job_path, "--full-verify")
     assert rc == 0 and report["rehashed"] == len(plan.manifest.files) and report["fetched"] == []
+
+
+SHARE = ROOT / "files" / "sparkfleet-share"
+
+
+@pytest.fixture
+def seed_share(local_hub, tmp_path):
+    """A seed host's share: its verified model directory served read-only."""
+    from tests.conftest import free_port, wait_http
+
+    reset(local_hub)
+    [plan] = plan_hosts([("seed", host_data(hub_endpoint=local_hub, model_root=str(tmp_path / "seed")))])
+    job = tmp_path / "seed-job.json"
+    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
+                               "staging_dir": str(tmp_path / "seed/.staging/x"), "endpoint": local_hub}))
+    assert run_fetch(job)[0] == 0
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(SHARE), str(tmp_path / "seed"), str(port)])
+    wait_http(f"http://127.0.0.1:{port}/{plan.manifest.dir_name}/config.json")
+    yield plan, f"http://127.0.0.1:{port}/{plan.manifest.dir_name}"
+    proc.terminate()
+    proc.wait(10)
+    reset(local_hub)
+
+
+def peer_job(tmp_path, plan, peers, endpoint):
+    path = tmp_path / "peer-job.json"
+    model_dir = tmp_path / "peer" / plan.manifest.dir_name
+    path.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": str(model_dir),
+                                "staging_dir": str(tmp_path / "peer/.staging/x"), "endpoint": endpoint,
+                                "peers": peers}))
+    return path, model_dir
+
+
+def test_peer_fetches_from_the_lan_not_the_hub(seed_share, tmp_path, hub_counters):
+    plan, share = seed_share
+    served = hub_counters()["total_bytes"]
+    job_path, model_dir = peer_job(tmp_path, plan, ["http://127.0.0.1:9/unreachable", share],
+                                   plan.settings.hub_endpoint)
+    rc, report = run_fetch(job_path)
+    assert rc == 0 and len(report["fetched"]) == len(plan.manifest.files)
+    assert hub_counters()["total_bytes"] == served  # not one byte from the hub
+    assert files_needing_work(plan.manifest, *host_view(model_dir)) == []
+
+
+def test_peer_with_bad_bytes_falls_back_to_the_hub(seed_share, tmp_path, hub_counters):
+    plan, share = seed_share
+    shard = next(f for f in plan.manifest.files if f.path.endswith(".safetensors"))
+    seed_file = Path(plan.model_dir) / shard.path
+    data = bytearray(seed_file.read_bytes())
+    data[7] ^= 1
+    seed_file.write_bytes(bytes(data))  # the seed's record still lists it: the peer must not trust that
+    before = hub_counters()
+    job_path, model_dir = peer_job(tmp_path, plan, [share], plan.settings.hub_endpoint)
+    rc, report = run_fetch(job_path)
+    assert rc == 0 and files_needing_work(plan.manifest, *host_view(model_dir)) == []
+    key = f"{plan.manifest.repo}/{shard.path}"
+    assert hub_counters()["files"][key] == before["files"][key] + shard.size  # that shard alone, from the hub
+    assert hub_counters()["total_bytes"] == before["total_bytes"] + shard.size
+
+
+def test_staged_files_are_verified_before_they_count(local_hub, tmp_path):
+    [plan] = plan_hosts([("a", host_data(hub_endpoint=local_hub))])
+    source = tmp_path / "controller"
+    job = tmp_path / "c.json"
+    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": str(source),
+                               "staging_dir": str(tmp_path / ".s"), "endpoint": local_hub}))
+    assert run_fetch(job)[0] == 0
+    staging = tmp_path / "host/.staging/x"
+    for f in plan.manifest.files:
+        (staging / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (staging / f.path).write_bytes((source / f.path).read_bytes())
+    shard = next(f for f in plan.manifest.files if f.path.endswith(".safetensors"))
+    (staging / shard.path).write_bytes(b"\0" * shard.size)  # damaged on the way
+    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": str(tmp_path / "host/m"),
+                               "staging_dir": str(staging), "endpoint": "http://127.0.0.1:9", "staged": True}))
+    rc, stderr = run_fetch(job)
+    assert rc == 3 and shard.path in stderr
+    assert not (tmp_path / "host/m" / shard.path).exists() and (tmp_path / "host/m/config.json").exists()

@@ -124,3 +124,32 @@ def test_pinned_commit_plans_offline_from_the_cache(local_hub):
                                             hub_endpoint="http://127.0.0.1:9"))])
     assert offline.manifest.digest == online.manifest.digest
     assert json.dumps(offline.to_dict()["manifest"]["files"]) == json.dumps(online.to_dict()["manifest"]["files"])
+
+
+def test_peer_mode_one_seed_then_the_lan(local_hub):
+    plans = plan_hosts([(f"spark-{i}", host_data(hub_endpoint=local_hub, ssh_hostname=f"10.0.0.{i}"))
+                        for i in (1, 2, 3)])
+    assert [p.model_role for p in plans] == ["hub", "peer", "peer"]
+    dir_name = plans[0].manifest.dir_name
+    assert plans[1].peer_urls == [f"http://10.0.0.1:8090/{dir_name}", f"http://10.0.0.3:8090/{dir_name}"]
+    assert plans[2].peer_urls[0] == f"http://10.0.0.1:8090/{dir_name}"
+
+
+def test_other_sources(local_hub):
+    hub_only = plan_hosts([(f"s{i}", host_data(hub_endpoint=local_hub, model_source="hub")) for i in (1, 2)])
+    assert [p.model_role for p in hub_only] == ["hub", "hub"]
+    pushed = plan_hosts([("s1", host_data(hub_endpoint=local_hub, model_source="controller", lan_address="s1.lan"))])
+    assert pushed[0].model_role == "controller" and pushed[0].lan_address == "s1.lan"
+
+
+def test_release_record_keeps_current_and_previous(local_hub):
+    [old] = plan_hosts([("a", host_data(hub_endpoint=local_hub, max_model_len=131072))])
+    [new] = plan_hosts([("a", host_data(hub_endpoint=local_hub))])
+    first = old.release_record(None)
+    assert first["previous"] is None and first["model_history"] == [old.model_dir]
+    second = new.release_record(first)
+    assert second["release_id"] == new.release_id and second["previous"]["release_id"] == old.release_id
+    assert new.release_record(second) == second  # a re-run writes the same record
+    assert "previous" not in second["previous"]
+    third = old.release_record(dict(second, model_dir="/m/other", model_history=[new.model_dir, "/m/other", "/m/x"]))
+    assert third["previous"]["release_id"] == new.release_id and len(third["model_history"]) == 2

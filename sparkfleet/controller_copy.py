@@ -1,0 +1,42 @@
+"""The controller's own verified copy of a model, for air-gapped offices (model_source = "controller").
+
+Made with the same verifier the hosts run (files/sparkfleet-fetch), from the
+hub the controller can reach; once verified it needs no hub again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from . import PROJECT_ROOT
+from .hubs import cache_dir
+from .manifest import Manifest
+
+
+class ControllerCopyError(RuntimeError):
+    pass
+
+
+_copying = threading.Lock()  # pyinfra plans hosts concurrently: one copy at a time
+
+
+def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | None) -> Path:
+    """A directory on the controller holding every manifest file, verified; fetched if needed."""
+    root = Path(copy_root) if copy_root else cache_dir() / "models"
+    model_dir = root / manifest.dir_name
+    job = root / f".{manifest.dir_name}.job.json"
+    root.mkdir(parents=True, exist_ok=True)
+    with _copying:
+        job.write_text(json.dumps({"manifest": manifest.to_dict(), "model_dir": str(model_dir),
+                                   "staging_dir": str(root / ".staging" / manifest.dir_name), "endpoint": endpoint}))
+        proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "files" / "sparkfleet-fetch"), str(job),
+                               "--env-file", "/nonexistent"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ControllerCopyError(
+            f"the controller has no verified copy of {manifest.repo} in {model_dir} and cannot fetch it: "
+            f"{proc.stderr.strip()[-800:]}")
+    return model_dir
