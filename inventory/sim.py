@@ -48,6 +48,7 @@ sparks = [
         {
             **_common,
             "ssh_port": _h["ssh_port"],
+            "lan_address": _h["container"],  # how the other sim hosts reach it (peer model shares)
             # where the controller reaches this host's API (127.0.0.1:<published port>)
             "controller_api_url": f"http://127.0.0.1:{_h['api_port']}",
         },

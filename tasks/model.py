@@ -26,6 +26,7 @@ def model(plan: HostPlan, arch: str, python: str):
     runtime = runtime_path(tarball)
     files.put(name="Hub token (root-only)", src=io.StringIO(plan.render_hub_env()), dest=paths.HUB_ENV, mode="0600")
 
+    files.directory(name="Model root", path=s.model_root, mode="0755")
     if s.model_source == "peer":
         share = files.put(name="Model share unit", src=io.StringIO(plan.render_share_unit()),
                           dest=paths.SHARE_UNIT_PATH, mode="0644")

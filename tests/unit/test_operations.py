@@ -16,6 +16,9 @@ TestDockerNvidiaRuntime = make_operation_tests("sparkfleet", "operations.docker_
                                                CASES / "docker_nvidia_runtime")
 TestAptKeyring = make_operation_tests("sparkfleet", "operations.apt_keyring", CASES / "apt_keyring")
 TestRuntimeBundle = make_operation_tests("sparkfleet", "operations.runtime_bundle", CASES / "runtime_bundle")
+TestOldModelsRemoved = make_operation_tests("sparkfleet", "operations.old_models_removed",
+                                           CASES / "old_models_removed")
+TestImageLoaded = make_operation_tests("sparkfleet", "operations.image_loaded", CASES / "image_loaded")
 TestHealthGate = make_operation_tests("sparkfleet", "operations.health_gate", CASES / "health_gate")
 
 MANIFEST = Manifest("huggingface", "Qwen/Qwen3.5-35B-A3B-FP8", "main", "a" * 40, (
@@ -73,3 +76,19 @@ def test_missing_file_is_fetched():
 def test_full_verify_rehashes_a_converged_model():
     commands, _ = run_model_op(converged_record(), STATS, full_verify=True)
     assert commands[-1].endswith("--full-verify")
+
+
+def test_missing_image_is_loaded_from_the_archive(tmp_path):
+    archive = tmp_path / "vllm.tar"
+    archive.write_bytes(b"docker save output")
+    facts = {"facts.DockerImagePresent": {"image=vllm/vllm-openai:v0.33.0": False},
+             "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
+             "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
+    host = create_host(FakeState(), facts=facts)
+    from sparkfleet.operations import image_loaded
+
+    with ctx_state.use(host.state), ctx_host.use(host):
+        commands = [c.get_raw_value() if hasattr(c, "get_raw_value") else repr(c) for c in
+                    image_loaded._inner("vllm/vllm-openai:v0.33.0", str(archive))]
+    assert commands[0] == f"FileUploadCommand({archive}, /var/lib/sparkfleet/vllm.tar)"
+    assert commands[-1] == "docker load -i /var/lib/sparkfleet/vllm.tar && rm -f /var/lib/sparkfleet/vllm.tar"
