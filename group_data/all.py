@@ -58,6 +58,10 @@ tensor_parallel_size = 1
 extra_engine_args = []  # more vLLM flags, each checked against the flag table
 engine_env = {}  # extra environment for the engine container
 
+# --- Planning: what the fit and speed estimates assume about a host ----------
+host_memory_gb = 128  # a Spark's unified memory
+memory_bandwidth_gbs = 273  # a Spark's LPDDR5x bandwidth: bounds decode tokens/s
+
 # --- Service ----------------------------------------------------------------
 container_name = "vllm"
 docker_network = "host"

@@ -40,6 +40,8 @@ _common = {
     "api_host": "0.0.0.0",  # the host's port 8000 is published on the controller's 127.0.0.1
     "api_key": "sim-key",
     "gpu_memory_utilization": 0.3,  # the sim hosts share 24 GiB
+    # the vLLM stand-in's pace (sim/engine): the reference decode rate, a 100 ms first token
+    "engine_env": {"SIM_TOKENS_PER_S": "50", "SIM_FIRST_TOKEN_DELAY_MS": "100"},
 }
 
 sparks = [

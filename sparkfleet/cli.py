@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
+from .fit import REFERENCE_DECODE_TOKENS_PER_S
 from .inventory import load_hosts
 from .plan import plan_hosts
 from .settings import SettingsError
@@ -39,34 +40,58 @@ def _plan(args) -> int:
             table.add_row("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")
         else:
             table.add_row("model", f"[yellow]hub unreachable: {plan.hub_error}[/]")
+        fit = plan.fit
+        if fit:
+            gib = 1024**3
+            table.add_row("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
+                          f" + reserve {fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.1f} GiB")
+            table.add_row("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
+                          f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context {fit.largest_context:,}; "
+                          f"{fit.seqs_at_max_model_len} sequences at {fit.max_model_len:,}, {fit.seqs_at_8192} at 8K")
+            table.add_row("decode", f"<= {fit.decode_tokens_per_s_at_0:.1f} tokens/s (roofline at "
+                          f"{fit.bandwidth_bytes_per_s / 1e9:g} GB/s); reference measurement "
+                          f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s")
         console.print(table)
         console.print(Syntax(plan.render_unit(), "ini", word_wrap=True))
     return 0
 
 
 def _status(args) -> int:
+    from .converge import read_hosts
     from .settings import parse_settings
-    from .status import host_status
+    from .status import host_status, ssh_facts
 
     try:
         hosts = load_hosts(args.inventory, args.host)
-        rows = [host_status(name, parse_settings(name, data), data, chat=args.chat) for name, data in hosts]
+        settings = {name: parse_settings(name, data) for name, data in hosts}
     except (SettingsError, FileNotFoundError, KeyError) as exc:
         print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_INVALID
+    facts = read_hosts(args.inventory, [name for name, _ in hosts], ssh_facts)
+    rows = []
+    for name, data in hosts:
+        row = host_status(name, settings[name], data, chat=args.chat)
+        row["ssh"] = facts[name]
+        row["healthy"] = row["healthy"] and facts[name] is not None and facts[name]["unit_active"]
+        if facts[name] is None:
+            row["error"] = "unreachable over SSH" + (f"; {row['error']}" if row["error"] else "")
+        rows.append(row)
     if args.json:
         print(json.dumps({"hosts": rows}, indent=2))
     else:
         table = Table(title="sparkfleet status")
-        for column in ("host", "health", "served", "running", "waiting", "KV cache", "detail"):
+        for column in ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "served",
+                       "run", "wait", "KV", "detail"):
             table.add_column(column)
         for row in rows:
-            m = row["metrics"]
+            m, f = row["metrics"], row["ssh"] or {}
             table.add_row(
-                row["host"], "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]",
-                ", ".join(row["served"] or []), f"{m.get('vllm:num_requests_running', 0):g}",
-                f"{m.get('vllm:num_requests_waiting', 0):g}", f"{m.get('vllm:kv_cache_usage_perc', 0):.1%}",
-                row["error"] or row["url"],
+                row["host"], f.get("driver") or "-", f.get("cuda") or "-", f.get("toolkit") or "-",
+                f.get("release_id") or "-", {True: "verified", False: "[red]NOT verified[/]"}.get(
+                    f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
+                "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", ", ".join(row["served"] or []),
+                f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
+                f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", row["error"] or "",
             )
         console = Console()
         console.print(table)
@@ -74,6 +99,70 @@ def _status(args) -> int:
             if row.get("chat"):
                 console.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
     return 0 if all(row["healthy"] for row in rows) else 1
+
+
+def _print_reports(reports, as_json: bool) -> None:
+    from .rollout import report_json
+
+    if as_json:
+        print(json.dumps(report_json(reports), indent=2))
+        return
+    table = Table(title="sparkfleet rollout")
+    for column in ("host", "old release", "new release", "result", "seconds", "detail"):
+        table.add_column(column)
+    for r in reports:
+        color = {"converged": "green", "unchanged": "green", "rolled back": "yellow"}.get(r.result, "red")
+        table.add_row(r.host, r.old_release or "-", r.new_release or "-", f"[{color}]{r.result}[/]",
+                      f"{r.seconds:g}", r.detail)
+    Console(stderr=True).print(table)
+
+
+def _parse_data(items: list[str]) -> dict:
+    from pyinfra_cli.util import parse_cli_arg
+
+    return {k: parse_cli_arg(v) for k, _, v in (item.partition("=") for item in items)}
+
+
+def _rollout(args) -> int:
+    from .converge import read_hosts
+    from .facts import JsonFile
+    from .paths import RELEASE_FILE
+    from .rollout import report_json, rollout
+
+    data = _parse_data(args.data)
+    try:
+        hosts = load_hosts(args.inventory, args.limit)
+        plans = plan_hosts([(name, {**d, **data}) for name, d in hosts])
+    except (SettingsError, FileNotFoundError, KeyError) as exc:
+        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    names = [p.name for p in plans]
+    installed = read_hosts(args.inventory, names, lambda h: h.get_fact(JsonFile, path=RELEASE_FILE) or {})
+    releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
+    try:
+        reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
+                          max_fail=args.max_fail, data=data, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as exc:
+        print(f"sparkfleet: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    _print_reports(reports, args.json)
+    return 0 if report_json(reports)["ok"] else 1
+
+
+def _rollback(args) -> int:
+    from .converge import run_deploy
+    from .rollout import HostReport
+
+    try:
+        names = [name for name, _ in load_hosts(args.inventory, args.limit)]
+    except (FileNotFoundError, KeyError) as exc:
+        print(f"sparkfleet: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    results = run_deploy(args.inventory, names, deploy_file="rollback.py")
+    reports = [HostReport(n, None, None, "rolled back" if r.ok else "failed", detail="; ".join(r.failed))
+               for n, r in results.items()]
+    _print_reports(reports, args.json)
+    return 0 if all(r.ok for r in results.values()) else 1
 
 
 def _fetch(args) -> int:
@@ -126,11 +215,33 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
     status.set_defaults(func=_status)
 
+    roll = sub.add_parser("rollout", help="converge the fleet batch by batch; halt on failures, undo failed releases")
+    roll.add_argument("inventory")
+    roll.add_argument("--batch", default="1", help="hosts per batch: a number or a percentage (default 1)")
+    roll.add_argument("--canary", action="store_true", help="the first host alone first")
+    roll.add_argument("--max-fail", type=int, default=0, help="halt once more than K hosts failed (default 0)")
+    roll.add_argument("--limit", help="one host or group of the inventory")
+    roll.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+    roll.add_argument("--json", action="store_true", help="print the report as JSON")
+    roll.set_defaults(func=_rollout)
+
+    back = sub.add_parser("rollback", help="switch hosts to their previous release (no download)")
+    back.add_argument("inventory")
+    back.add_argument("--limit", help="one host or group of the inventory")
+    back.add_argument("--json", action="store_true")
+    back.set_defaults(func=_rollback)
+
     fetch = sub.add_parser("fetch", help="make the controller's verified copy of each host's model "
                                           "(for model_source = \"controller\": air-gapped offices)")
     fetch.add_argument("inventory")
     fetch.add_argument("--host", help="one host (or group) of the inventory")
     fetch.set_defaults(func=_fetch)
+
+    from . import bench
+
+    measure = sub.add_parser("bench", help="measure TTFT, TPOT and throughput at several concurrencies")
+    bench.add_arguments(measure)
+    measure.set_defaults(func=bench.main)
 
     sim = sub.add_parser("sim", help="the simulated fleet: up [--hosts N] | down | status", add_help=False)
     sim.add_argument("sim_args", nargs=argparse.REMAINDER)

@@ -154,3 +154,13 @@ class ModelDirs(FactBase[list]):
 
     def process(self, output):
         return sorted(line.strip() for line in output if line.strip())
+
+
+class RuntimePath(FactBase[str]):
+    """The newest runtime bundle unpacked on the host (the clients the helpers run with)."""
+
+    def command(self):
+        return "ls -dt /opt/sparkfleet/runtime/runtime-*/ 2>/dev/null | head -1"
+
+    def process(self, output):
+        return output[0].rstrip("/") if output else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shlex
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
-from pyinfra.facts.files import Directory
+from pyinfra.facts.files import Directory, Sha1File
 from pyinfra.operations import files
 
 from . import paths
@@ -120,6 +121,37 @@ def old_models_removed(model_root: str, keep: list[str]):
         return
     for directory in stale:
         yield StringCommand("rm -rf", QuoteString(directory))
+
+
+@operation()
+def release_kept_for_rollback(unit_text: str, env_text: str):
+    """Before a new unit or environment replaces the running one, keep the running release aside."""
+    have_unit = host.get_fact(Sha1File, path=paths.UNIT_PATH)
+    have_env = host.get_fact(Sha1File, path=paths.ENGINE_ENV)
+    changing = have_unit not in (None, _sha1(unit_text)) or have_env not in (None, _sha1(env_text))
+    if not have_unit or not changing:
+        host.noop("no running release is being replaced")
+        return
+    yield (f"mkdir -p {paths.PREVIOUS_DIR} && cp -p {paths.UNIT_PATH} {paths.ENGINE_ENV} {paths.RELEASE_FILE} "
+           f"{paths.PREVIOUS_DIR}/")
+
+
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+@operation()
+def previous_release_restored(previous: dict, current: dict):
+    """Swap the kept release with the running one (so a second rollback returns), then restart."""
+    if previous.get("release_id") == current.get("release_id"):
+        host.noop(f"release {current.get('release_id')} is already the running one")
+        return
+    gone = f"the previous model directory {previous['model_dir']} is gone: roll forward instead"
+    yield f"test -d {shlex.quote(previous['model_dir'])} || {{ echo {shlex.quote(gone)} >&2; exit 1; }}"
+    for live in (paths.UNIT_PATH, paths.ENGINE_ENV, paths.RELEASE_FILE):
+        kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
+        yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
+    yield f"systemctl daemon-reload && systemctl restart {paths.UNIT_NAME}"
 
 
 @operation(is_idempotent=False)

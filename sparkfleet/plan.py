@@ -17,6 +17,7 @@ from . import PROJECT_ROOT, paths
 from .engine import engine_args, flag_table
 from .hubs import HubError, read_model_config, resolve_manifest
 from .manifest import Manifest
+from .fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
 from .model_config import KNOWN_CONFIGS, ModelShape, model_shape
 from .settings import Settings, SettingsError, parse_settings
 
@@ -47,6 +48,7 @@ class HostPlan:
     hub_error: str | None
     shape: ModelShape
     engine_args: list[str] = field(default_factory=list)
+    config: dict | None = None  # the model's config.json (or the known copy when the hub is out of reach)
     lan_address: str = ""
     peer_urls: list[str] = field(default_factory=list)  # other hosts sharing this model, seed first
 
@@ -56,6 +58,19 @@ class HostPlan:
         if self.settings.model_source == "controller":
             return "controller"
         return "peer" if self.peer_urls else "hub"
+
+    @property
+    def fit(self) -> FitReport | None:
+        """Memory and speed of this release on a host: needs the manifest's weight bytes."""
+        if not (self.config and self.manifest):
+            return None
+        s = self.settings
+        weights = sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors"))
+        return fit_report(self.config, weights or self.manifest.total_bytes,
+                          memory_bytes=int(s.host_memory_gb * 1e9), gpu_memory_utilization=s.gpu_memory_utilization,
+                          max_model_len=min(s.max_model_len, self.shape.max_position_embeddings),
+                          kv_cache_dtype=s.kv_cache_dtype, max_num_seqs=s.max_num_seqs,
+                          bandwidth=s.memory_bandwidth_gbs * 1e9)
 
     @property
     def share_url(self) -> str:
@@ -152,6 +167,8 @@ class HostPlan:
             "model_source": self.model_role,
             "peers": self.peer_urls,
             "hub_error": self.hub_error,
+            "fit": self.fit.to_dict() if self.fit else None,
+            "reference_decode_tokens_per_s": REFERENCE_DECODE_TOKENS_PER_S,
             "unit": self.render_unit(),
         }
 
@@ -200,25 +217,26 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
     return problems
 
 
-def _resolve(s: Settings) -> tuple[Manifest | None, ModelShape | None, str | None]:
+def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
     endpoint, token = s.controller_endpoint, s.hub_token
     try:
         manifest = resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token)
-        return manifest, model_shape(read_model_config(manifest, endpoint, token)), None
+        return manifest, read_model_config(manifest, endpoint, token), None
     except HubError as exc:
         return None, None, str(exc)
 
 
-def _known_shape(s: Settings) -> ModelShape | None:
-    known = KNOWN_CONFIGS.get(s.model_repo)
-    return model_shape(known) if known else None
-
-
-def _plan(name: str, s: Settings, manifest: Manifest | None, shape: ModelShape | None,
+def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
           hub_error: str | None) -> tuple[HostPlan, list[str]]:
-    plan = HostPlan(name, s, manifest, hub_error, shape)
+    shape = model_shape(config) if config else None
+    plan = HostPlan(name, s, manifest, hub_error, shape, config=config)
     plan.engine_args = engine_args(s, plan.model_dir)
-    return plan, release_problems(name, s, shape, plan.engine_args)
+    problems = release_problems(name, s, shape, plan.engine_args)
+    fit = plan.fit
+    refusal = fit and s.max_model_len <= fit.max_position_embeddings and check_fit(fit, s.max_model_len)
+    if refusal:
+        problems.append(f"{name}: {refusal}")
+    return plan, problems
 
 
 def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[HostPlan]:
@@ -235,19 +253,19 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[Host
         except SettingsError as exc:
             problems += exc.problems
             continue
-        problems += _plan(name, s, None, _known_shape(s), None)[1]
+        problems += _plan(name, s, None, KNOWN_CONFIGS.get(s.model_repo), None)[1]
         parsed.append((name, s))
     if problems:
         raise SettingsError(problems)
 
     plans = []
     for name, s in parsed:
-        manifest, shape, hub_error = _resolve(s) if resolve else (None, None, "not resolved (offline plan)")
-        shape = shape or _known_shape(s)
-        if shape is None:
+        manifest, config, hub_error = _resolve(s) if resolve else (None, None, "not resolved (offline plan)")
+        config = config or KNOWN_CONFIGS.get(s.model_repo)
+        if config is None:
             problems.append(f"{name}: {hub_error}")
             continue
-        plan, found = _plan(name, s, manifest, shape, hub_error)
+        plan, found = _plan(name, s, manifest, config, hub_error)
         plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
         problems += found
         plans.append(plan)

@@ -78,6 +78,9 @@ class Settings(BaseModel):
     extra_engine_args: list[str] = []
     engine_env: dict[str, str] = {}
 
+    host_memory_gb: float = Field(128, gt=0)
+    memory_bandwidth_gbs: float = Field(273, gt=0)
+
     container_name: str = "vllm"
     docker_network: str = "host"
     privileged: bool = False

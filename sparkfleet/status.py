@@ -55,3 +55,27 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
     except (requests.RequestException, ValueError, KeyError) as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
+
+
+def ssh_facts(host) -> dict:
+    """What the host itself says: driver, CUDA, toolkit, release, verified model, unit state."""
+    from pyinfra.facts.deb import DebPackage
+    from pyinfra.facts.systemd import SystemdStatus
+
+    from . import paths
+    from .facts import JsonFile, ModelFiles, NvidiaSmi
+
+    gpu = host.get_fact(NvidiaSmi)
+    release = host.get_fact(JsonFile, path=paths.RELEASE_FILE) or {}
+    toolkit = host.get_fact(DebPackage, package="nvidia-container-toolkit") or {}
+    verified = None
+    if release.get("model_dir"):
+        state = host.get_fact(ModelFiles, model_dir=release["model_dir"], record=paths.VERIFIED_RECORD)
+        record, files = state["record"], state["files"]
+        expected = (release.get("manifest") or {}).get("files")
+        verified = bool(record) and len(record) == expected and all(
+            files.get(path) == {k: v for k, v in entry.items() if k != "hash"} for path, entry in record.items())
+    units = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME]) or {}
+    return {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
+            "release_id": release.get("release_id"), "model_verified": verified,
+            "unit_active": bool(units.get(paths.UNIT_NAME))}

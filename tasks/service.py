@@ -9,7 +9,7 @@ from pyinfra.operations import files, systemd
 
 from sparkfleet import paths
 from sparkfleet.facts import JsonFile
-from sparkfleet.operations import image_loaded
+from sparkfleet.operations import image_loaded, release_kept_for_rollback
 from sparkfleet.plan import HostPlan
 
 
@@ -20,9 +20,11 @@ def service(plan: HostPlan, model_changed: bool):
     if s.engine_image_archive:
         image_loaded(name=f"Engine image {s.engine_image} (from the controller's archive if missing)",
                      image=s.engine_image, archive=s.engine_image_archive)
-    env = files.put(name="Engine environment (root-only)", src=io.StringIO(plan.render_engine_env()),
-                    dest=paths.ENGINE_ENV, mode="0600")
-    unit = files.put(name="vLLM unit", src=io.StringIO(plan.render_unit()), dest=paths.UNIT_PATH, mode="0644")
+    unit_text, env_text = plan.render_unit(), plan.render_engine_env()
+    release_kept_for_rollback(name="Running release kept for rollback", unit_text=unit_text, env_text=env_text)
+    env = files.put(name="Engine environment (root-only)", src=io.StringIO(env_text), dest=paths.ENGINE_ENV,
+                    mode="0600")
+    unit = files.put(name="vLLM unit", src=io.StringIO(unit_text), dest=paths.UNIT_PATH, mode="0644")
     record = plan.release_record(host.get_fact(JsonFile, path=paths.RELEASE_FILE))
     files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
               dest=paths.RELEASE_FILE, mode="0644")

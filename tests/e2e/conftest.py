@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,8 @@ def converge(*extra: str, timeout: float = 1500) -> Converge:
     """`pyinfra -y --json inventory/sim.py deploy.py`, as a user runs it; results per host."""
     proc = subprocess.run([str(ROOT / ".venv/bin/pyinfra"), "-y", "--json", INVENTORY, "deploy.py", *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    changed: dict[str, list[str]] = {h: [] for h in HOSTS}
-    failed: dict[str, list[str]] = {h: [] for h in HOSTS}
+    changed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})
+    failed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})
     try:
         results = json.loads(proc.stdout)["results"]
     except (ValueError, KeyError, TypeError):

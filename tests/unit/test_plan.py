@@ -7,6 +7,7 @@ import pytest
 
 from sparkfleet.engine import flag_table
 from sparkfleet.plan import plan_hosts, systemd_quote
+from sparkfleet.settings import SettingsError
 
 from .helpers import host_data
 
@@ -153,3 +154,33 @@ def test_release_record_keeps_current_and_previous(local_hub):
     assert "previous" not in second["previous"]
     third = old.release_record(dict(second, model_dir="/m/other", model_history=[new.model_dir, "/m/other", "/m/x"]))
     assert third["previous"]["release_id"] == new.release_id and len(third["model_history"]) == 2
+
+
+@pytest.fixture
+def full_size_model(monkeypatch):
+    """The default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
+    from sparkfleet import plan as plan_module
+    from sparkfleet.manifest import Manifest, ManifestFile
+    from sparkfleet.model_config import KNOWN_CONFIGS
+
+    files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
+                  for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)
+    manifest = Manifest("modelscope", "Qwen/Qwen3.5-35B-A3B-FP8", "master", "f" * 40, files)
+    monkeypatch.setattr(plan_module, "resolve_manifest", lambda *a: manifest)
+    monkeypatch.setattr(plan_module, "read_model_config", lambda *a: KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
+
+
+def test_default_release_fits_a_spark(full_size_model):
+    [plan] = plan_hosts([("a", host_data())])
+    fit = plan.to_dict()["fit"]
+    assert fit["kv_bytes_per_token"] == 20480 and fit["fits"] and fit["seqs_at_max_model_len"] >= 1
+    assert 50.3 < fit["decode_tokens_per_s_at_0"] < 100  # the roofline bounds the measured 50.3 tok/s
+
+
+def test_oversized_context_is_refused_with_the_length_that_fits(full_size_model):
+    with pytest.raises(SettingsError) as caught:
+        plan_hosts([("a", host_data(gpu_memory_utilization=0.33))])
+    message = str(caught.value)
+    assert "a: max_model_len=262144 needs" in message and "set max_model_len <= 192512" in message
+    [plan] = plan_hosts([("a", host_data(gpu_memory_utilization=0.33, max_model_len=192512))])
+    assert plan.fit.fits

@@ -1,0 +1,491 @@
+"""How fast does a served model answer? Streaming chat completions, timed chunk by chunk.
+
+    python -m sparkfleet bench (INVENTORY [--host NAME] | --url URL) [--model NAME] [--api-key KEY]
+                               [--concurrency 1,4,8,16] [--max-tokens 512] [--think/--no-think]
+                               [--requests N] [--timeout S] [--roofline TOKENS_PER_S] [--out DIR]
+
+A thin client over the official ``openai`` package (``stream=True`` with
+``stream_options={"include_usage": True}``); each chunk is stamped with
+``time.perf_counter``. Per concurrency level (``c`` requests in flight at
+once, ``--requests`` of them in all; default ``max(4, 2 x c)``):
+
+- TTFT: request sent -> first chunk carrying content, reasoning or a tool call;
+- TPOT: (last token - first token) / (completion_tokens - 1), per request;
+- ITL: gaps between token-carrying chunks, over all requests of the level;
+- per-request tokens/s: completion_tokens / request latency (what one user sees),
+  and per-request decode tokens/s = 1 / TPOT;
+- aggregate throughput: completion tokens of the level / the level's wall time;
+- errors (exception type and message, the first few kept).
+
+Single-stream decode tokens/s is the median over the concurrency-1 requests
+of (completion_tokens - 1) / (last token - first token). The prefix-cache hit
+rate comes from the server's ``/metrics`` counters (``vllm:prefix_cache_hits``
+and ``vllm:prefix_cache_queries``, with or without ``_total``) read before and
+after the run. Given a roofline (``sparkfleet.fit``'s decode bound, computed
+from the inventory's model config, or ``--roofline``), the report says how much
+of it single-stream decode reaches.
+
+Requests ask for exactly ``max_tokens`` tokens (``ignore_eos``, as
+``vllm bench serve`` does), so every level generates the same work. Only the
+given URL is contacted (plus the hub, for the roofline, when an inventory is
+given). Not a tool of its own because neither ``vllm bench serve`` (needs a
+vLLM install: a GPU build) nor guidellm is installable on the controller here.
+
+Public API: :func:`run_bench`, :func:`write_outputs`, :func:`print_table`,
+:func:`add_arguments`, :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+__all__ = ["BenchError", "add_arguments", "main", "print_table", "run_bench", "write_outputs"]
+
+DEFAULT_MODEL = "Qwen3.5-35B-A3B"
+DEFAULT_CONCURRENCY = (1, 4, 8, 16)
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_TIMEOUT_S = 300.0
+MAX_ERROR_MESSAGES = 5
+
+# A shared system prompt (what the prefix cache can reuse) and a per-request question.
+SYSTEM_PROMPT = (
+    "You are a patient storyteller. Write long, plain prose with no lists, no headings "
+    "and no code. Keep going until you are told to stop; never summarise or conclude early. "
+    "Describe places, people and weather in concrete detail, one paragraph after another."
+)
+QUESTION = "Story {n}: tell the story of a lighthouse keeper on a small northern island, chapter by chapter."
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+
+
+class BenchError(RuntimeError):
+    """The server cannot be benchmarked (the warm-up request failed)."""
+
+
+# --------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    """The p-th percentile, linear between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _summary(values: list[float], scale: float = 1.0) -> dict:
+    """{"mean", "p50", "p90", "p99"} of values x scale; Nones when there are none."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    return {"mean": statistics.fmean(values) * scale,
+            **{f"p{p}": _pct(values, p) * scale for p in (50, 90, 99)}}
+
+
+# --------------------------------------------------------------------------
+# /metrics
+# --------------------------------------------------------------------------
+
+
+def _root(url: str) -> str:
+    """The server root: "http://h:8000" from "http://h:8000", ".../" or ".../v1"."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def parse_prefix_cache(text: str) -> dict | None:
+    """{"hits", "queries", "hit_rate"} from Prometheus text (summed over labels); None if absent."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match[1] in PREFIX_HITS + PREFIX_QUERIES:
+            try:
+                sums[match[1]] = sums.get(match[1], 0.0) + float(match[2])
+            except ValueError:
+                continue
+    hits = next((sums[n] for n in PREFIX_HITS if n in sums), None)
+    queries = next((sums[n] for n in PREFIX_QUERIES if n in sums), None)
+    if hits is None or queries is None:
+        return None
+    return {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries else None}
+
+
+def _read_prefix_cache(root: str, api_key: str | None) -> dict | None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = requests.get(f"{root}/metrics", headers=headers, timeout=10)
+        reply.raise_for_status()
+    except requests.RequestException:
+        return None
+    return parse_prefix_cache(reply.text)
+
+
+def _prefix_cache_report(before: dict | None, after: dict | None) -> dict:
+    during = None
+    if before and after:
+        hits, queries = after["hits"] - before["hits"], after["queries"] - before["queries"]
+        during = {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries > 0 else None}
+    return {"before": before, "after": after, "during": during}
+
+
+# --------------------------------------------------------------------------
+# one request
+# --------------------------------------------------------------------------
+
+
+def _has_token(delta) -> bool:
+    """Does this chunk's delta carry generated text (answer, reasoning or a tool call)?"""
+    if delta is None:
+        return False
+    if delta.content or delta.tool_calls:
+        return True
+    extra = delta.model_extra or {}
+    return bool(getattr(delta, "reasoning", None) or getattr(delta, "reasoning_content", None)
+                or extra.get("reasoning") or extra.get("reasoning_content"))
+
+
+def _one_request(client, model: str, n: int, max_tokens: int, extra_body: dict) -> dict:
+    """Stream one chat completion; return its timings (seconds) or its error."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": QUESTION.format(n=n)}]
+    stamps: list[float] = []
+    usage = None
+    start = time.perf_counter()
+    try:
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=max_tokens, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra_body)
+        for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if any(_has_token(choice.delta) for choice in chunk.choices):
+                stamps.append(now)
+    except Exception as exc:  # openai's and httpx's errors alike: count them, keep going
+        return {"error": f"{type(exc).__name__}: {exc}", "start": start, "end": time.perf_counter()}
+    end = time.perf_counter()
+    if not stamps:
+        return {"error": "the stream carried no tokens", "start": start, "end": end}
+    tokens = usage.completion_tokens if usage is not None else len(stamps)
+    span = stamps[-1] - stamps[0]
+    return {
+        "start": start,
+        "end": end,
+        "ttft": stamps[0] - start,
+        "e2e": end - start,
+        "completion_tokens": tokens,
+        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+        "tpot": span / (tokens - 1) if tokens > 1 else None,
+        "decode_tokens_per_s": (tokens - 1) / span if tokens > 1 and span > 0 else None,
+        "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+    }
+
+
+def _level(client, model: str, concurrency: int, count: int, max_tokens: int, extra_body: dict,
+           first_n: int) -> dict:
+    """`count` requests with `concurrency` in flight at once."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"bench-c{concurrency}") as pool:
+        futures = [pool.submit(_one_request, client, model, first_n + i, max_tokens, extra_body)
+                   for i in range(count)]
+        results = [f.result() for f in futures]
+    wall = time.perf_counter() - started
+    ok = [r for r in results if "error" not in r]
+    errors = [r["error"] for r in results if "error" in r]
+    tokens = sum(r["completion_tokens"] for r in ok)
+    return {
+        "concurrency": concurrency,
+        "requests": count,
+        "ok": len(ok),
+        "errors": len(errors),
+        "error_messages": sorted(set(errors))[:MAX_ERROR_MESSAGES],
+        "duration_s": wall,
+        "completion_tokens": tokens,
+        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in ok),
+        "aggregate_tokens_per_s": tokens / wall if wall > 0 else None,
+        "requests_per_s": len(ok) / wall if wall > 0 else None,
+        "ttft_ms": _summary([r["ttft"] for r in ok], 1000),
+        "tpot_ms": _summary([r["tpot"] for r in ok if r["tpot"] is not None], 1000),
+        "itl_ms": _summary([gap for r in ok for gap in r["itl"]], 1000),
+        "e2e_ms": _summary([r["e2e"] for r in ok], 1000),
+        "request_tokens_per_s": _summary([r["completion_tokens"] / r["e2e"] for r in ok if r["e2e"] > 0]),
+        "decode_tokens_per_s": _summary([r["decode_tokens_per_s"] for r in ok
+                                         if r["decode_tokens_per_s"] is not None]),
+        "_decode_rates": [r["decode_tokens_per_s"] for r in ok if r["decode_tokens_per_s"] is not None],
+    }
+
+
+# --------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------
+
+
+def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int], max_tokens: int,
+              think: bool, requests_per_level: int | None = None, roofline: float | None = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Benchmark the OpenAI-compatible server at `url` (root or .../v1); return a JSON-able dict.
+
+    `requests_per_level`: requests per concurrency level (default max(4, 2 x level)).
+    `roofline`: the decode upper bound in tokens/s (``sparkfleet.fit``), for the ratio.
+    `timeout_s`: per request. Raises BenchError when a first (warm-up) request fails.
+    """
+    from openai import OpenAI
+
+    levels = [int(c) for c in concurrency]
+    if not levels or any(c < 1 for c in levels):
+        raise ValueError(f"concurrency levels must be positive integers, not {concurrency!r}")
+    if max_tokens < 2:
+        raise ValueError("max_tokens must be at least 2 (decode speed needs two tokens)")
+    root = _root(url)
+    client = OpenAI(base_url=f"{root}/v1", api_key=api_key or "none", timeout=timeout_s, max_retries=0)
+    extra_body: dict = {"ignore_eos": True}
+    if not think:
+        extra_body["chat_template_kwargs"] = {"enable_thinking": False}
+
+    warm = _one_request(client, model, 0, 2, extra_body)  # connection set-up, model name, key
+    if "error" in warm:
+        raise BenchError(f"{root}: the warm-up request failed: {warm['error']}")
+
+    before = _read_prefix_cache(root, api_key)
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results, n = [], 1
+    for c in levels:
+        count = requests_per_level or max(4, 2 * c)
+        results.append(_level(client, model, c, count, max_tokens, extra_body, n))
+        n += count
+    after = _read_prefix_cache(root, api_key)
+
+    single = [rate for level in results if level["concurrency"] == 1 for rate in level["_decode_rates"]]
+    for level in results:
+        del level["_decode_rates"]
+    single_stream = statistics.median(single) if single else None
+    return {
+        "tool": "sparkfleet bench",
+        "started_at": started_at,
+        "url": root,
+        "model": model,
+        "think": think,
+        "max_tokens": max_tokens,
+        "concurrency": levels,
+        "requests_per_level": requests_per_level,
+        "levels": results,
+        "errors": sum(level["errors"] for level in results),
+        "single_stream_decode_tokens_per_s": single_stream,
+        "roofline_tokens_per_s": roofline,
+        "decode_vs_roofline": single_stream / roofline if single_stream and roofline else None,
+        "prefix_cache": _prefix_cache_report(before, after),
+    }
+
+
+# --------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------
+
+
+def write_outputs(result: dict, out_dir: Path) -> tuple[Path, Path]:
+    """Write out_dir/bench.json and out_dir/bench.png (throughput and TTFT against concurrency)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out_dir / "bench.json", out_dir / "bench.png"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+    levels = result["levels"]
+    xs = [level["concurrency"] for level in levels]
+    fig = Figure(figsize=(10, 4.2), dpi=100, layout="constrained")
+    thr, ttft = fig.subplots(1, 2)
+    thr.plot(xs, [level["aggregate_tokens_per_s"] or 0 for level in levels], "o-", label="aggregate")
+    thr.plot(xs, [level["request_tokens_per_s"]["p50"] or 0 for level in levels], "s--",
+             label="per request (p50)")
+    if result.get("roofline_tokens_per_s"):
+        thr.axhline(result["roofline_tokens_per_s"], color="grey", linestyle=":",
+                    label="single-stream roofline")
+    thr.set(title="Output throughput", xlabel="concurrency", ylabel="tokens/s")
+    for p, style in (("p50", "o-"), ("p90", "^--"), ("p99", "v:")):
+        ttft.plot(xs, [level["ttft_ms"][p] if level["ttft_ms"][p] is not None else math.nan
+                       for level in levels], style, label=f"TTFT {p}")
+    ttft.set(title="Time to first token", xlabel="concurrency", ylabel="ms")
+    for ax in (thr, ttft):
+        ax.set_xticks(xs)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{result['model']} at {result['url']} - max_tokens {result['max_tokens']}, "
+                 f"thinking {'on' if result['think'] else 'off'}")
+    fig.savefig(png_path, format="png")
+    return json_path, png_path
+
+
+def _f(value, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_table(result: dict, console=None) -> None:
+    """The run as a rich table, then single-stream decode, roofline and prefix cache."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"sparkfleet bench: {result['model']} at {result['url']} "
+                        f"(max_tokens {result['max_tokens']}, thinking {'on' if result['think'] else 'off'})")
+    for column in ("conc.", "reqs", "errors", "TTFT p50/p90/p99 ms", "TPOT p50 ms",
+                   "ITL p50/p90/p99 ms", "req tok/s p50", "aggregate tok/s"):
+        table.add_column(column, justify="right")
+    for level in result["levels"]:
+        t, i = level["ttft_ms"], level["itl_ms"]
+        table.add_row(
+            str(level["concurrency"]), str(level["requests"]),
+            f"[red]{level['errors']}[/]" if level["errors"] else "0",
+            f"{_f(t['p50'], '.0f')} / {_f(t['p90'], '.0f')} / {_f(t['p99'], '.0f')}",
+            _f(level["tpot_ms"]["p50"]),
+            f"{_f(i['p50'])} / {_f(i['p90'])} / {_f(i['p99'])}",
+            _f(level["request_tokens_per_s"]["p50"]), _f(level["aggregate_tokens_per_s"]),
+        )
+    console.print(table)
+    single, roof = result["single_stream_decode_tokens_per_s"], result["roofline_tokens_per_s"]
+    line = f"single-stream decode: {_f(single)} tokens/s"
+    if roof:
+        line += f"; roofline {roof:.1f} tokens/s; measured / roofline = {_f(result['decode_vs_roofline'], '.0%')}"
+    elif single is None:
+        line += " (no concurrency-1 level)"
+    console.print(line)
+    cache = result["prefix_cache"]
+    if cache["before"] is None or cache["after"] is None:
+        console.print("prefix cache: no vllm:prefix_cache_* counters in /metrics")
+    else:
+        rate = lambda d: _f(d["hit_rate"] * 100 if d and d["hit_rate"] is not None else None, ".1f")  # noqa: E731
+        console.print(f"prefix cache hit rate: before {rate(cache['before'])} %, after {rate(cache['after'])} %, "
+                      f"during the run {rate(cache['during'])} %")
+    for level in result["levels"]:
+        for message in level["error_messages"]:
+            console.print(f"[red]concurrency {level['concurrency']}: {message}[/]")
+
+
+# --------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,4,8,16, not {text!r}")
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError(f"concurrency levels must be positive integers, not {text!r}")
+    return levels
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `bench` subcommand's arguments."""
+    parser.add_argument("target", nargs="?", help="an inventory: benchmark its first host (or --host)")
+    parser.add_argument("--url", help="the server's URL (http://host:8000), instead of an inventory")
+    parser.add_argument("--host", help="with an inventory: which host (or group: its first host)")
+    parser.add_argument("--model", help=f"served model name (default: the host's served_model_name, "
+                                        f"or {DEFAULT_MODEL!r} with --url)")
+    parser.add_argument("--api-key", default=os.environ.get("SPARKFLEET_API_KEY"),
+                        help="API key (default: $SPARKFLEET_API_KEY, or the host's api_key)")
+    parser.add_argument("--concurrency", type=_levels, default=list(DEFAULT_CONCURRENCY),
+                        help="comma-separated levels (default 1,4,8,16)")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
+                        help="let the model think (default --no-think)")
+    parser.add_argument("--requests", type=int, help="requests per level (default: 2 x level, at least 4)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds per request (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--roofline", type=float,
+                        help="decode roofline in tokens/s (default: from the inventory's model, when given)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"),
+                        help="where bench.json and bench.png go (default bench-results/)")
+
+
+def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
+    """fit's single-stream decode bound for the host's model at this run's context; None if unknown."""
+    try:
+        from .fit import fit_report
+        from .hubs import read_model_config
+        from .plan import plan_hosts
+
+        plan = plan_hosts([(name, data)])[0]
+        manifest, s = plan.manifest, plan.settings
+        if manifest is None:
+            return None
+        weights = sum(f.size for f in manifest.files if f.path.endswith(".safetensors")) or manifest.total_bytes
+        config = read_model_config(manifest, s.controller_endpoint, s.hub_token)
+        report = fit_report(config, weights, gpu_memory_utilization=s.gpu_memory_utilization,
+                            max_model_len=s.max_model_len, kv_cache_dtype=s.kv_cache_dtype,
+                            max_num_seqs=s.max_num_seqs, context=max_tokens + 128)
+        return report.decode_tokens_per_s_at_context
+    except Exception:  # noqa: BLE001 - the roofline is a bonus: no hub, no ratio
+        return None
+
+
+def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
+    """(url, model, api key, roofline) from --url or the inventory's host."""
+    if bool(args.url) == bool(args.target):
+        raise BenchError("give an inventory or --url (one of them)")
+    if args.url:
+        return args.url, args.model or DEFAULT_MODEL, args.api_key, args.roofline
+    from .inventory import load_hosts
+    from .settings import parse_settings
+    from .status import api_url
+
+    hosts = load_hosts(args.target, args.host)
+    name, data = hosts[0]
+    s = parse_settings(name, data)
+    url = api_url(s, data)
+    if url is None:
+        raise BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
+                         f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
+    roofline = args.roofline if args.roofline is not None else _roofline(name, data, args.max_tokens)
+    return url, args.model or s.served_model_name, args.api_key or s.api_key, roofline
+
+
+def main(args) -> int:
+    """Run `bench` from parsed arguments: 0 when every request succeeded, 1 otherwise, 2 on bad input."""
+    from .settings import SettingsError
+
+    try:
+        url, model, api_key, roofline = _resolve_target(args)
+    except (BenchError, SettingsError, FileNotFoundError, KeyError) as exc:
+        print(f"sparkfleet bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = run_bench(url, model, api_key, args.concurrency, args.max_tokens, args.think,
+                           args.requests, roofline=roofline, timeout_s=args.timeout)
+    except (BenchError, ValueError) as exc:
+        print(f"sparkfleet bench: {exc}", file=sys.stderr)
+        return 1
+    print_table(result)
+    json_path, png_path = write_outputs(result, args.out)
+    print(f"wrote {json_path} and {png_path}")
+    return 0 if result["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m sparkfleet.bench", description=__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

@@ -1,0 +1,93 @@
+"""Run a deploy file over some hosts of an inventory through pyinfra's API, and say what happened.
+
+The CLI runs one deploy over a whole inventory; a rollout needs batches,
+each judged before the next starts (pyinfra's --serial does not stop on
+failure). This is the same deploy.py, run per batch.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from pyinfra.api import Config, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+from pyinfra_cli.inventory import make_inventory
+from pyinfra_cli.util import load_deploy_file
+
+from . import PROJECT_ROOT
+
+
+@dataclass
+class HostResult:
+    name: str
+    connected: bool = True
+    changed: list[str] = field(default_factory=list)  # operations that changed something
+    failed: list[str] = field(default_factory=list)  # operations that failed (or never ran after one did)
+
+    @property
+    def ok(self) -> bool:
+        return self.connected and not self.failed
+
+
+@contextmanager
+def connected(inventory_path: str, hosts: list[str], data: dict | None = None):
+    """pyinfra's state, with `hosts` of the inventory connected (those that answered)."""
+    state = State(check_for_changes=False)
+    state.cwd = str(PROJECT_ROOT)
+    config = Config()
+    with ctx_state.use(state), ctx_config.use(config):
+        inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT),
+                                   override_data=data or {})
+        with ctx_inventory.use(inventory):
+            limit = [inventory.get_host(name) for name in hosts]
+            state.init(inventory, config, initial_limit=limit)
+            try:
+                try:
+                    connect_all(state)
+                except PyinfraError:  # none answered
+                    pass
+                yield state, limit
+            finally:
+                disconnect_all(state)
+
+
+def read_hosts(inventory_path: str, hosts: list[str], reader) -> dict[str, dict | None]:
+    """reader(host) -> dict for each host that answers over SSH; None for those that do not."""
+    with connected(inventory_path, hosts) as (state, limit):
+        return {h.name: None if h in state.failed_hosts else reader(h) for h in limit}
+
+
+def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
+               deploy_file: str = "deploy.py") -> dict[str, HostResult]:
+    """Run deploy_file on `hosts` (names in the inventory); results per host."""
+    results = {name: HostResult(name) for name in hosts}
+    with connected(inventory_path, hosts, data) as (state, limit):
+        for host in limit:
+            if host in state.failed_hosts:
+                results[host.name].connected = False
+                results[host.name].failed.append("unreachable over SSH")
+        if len(state.failed_hosts) < len(limit):
+            try:
+                load_deploy_file(state, str(PROJECT_ROOT / deploy_file))
+                run_ops(state)
+            except PyinfraError as exc:  # e.g. "No hosts remaining!": every host in the batch failed
+                for host in limit:
+                    if host in state.failed_hosts and not results[host.name].failed:
+                        results[host.name].failed.append(str(exc))
+        for op_hash in state.get_op_order():
+            name = sorted(state.op_meta[op_hash].names)[0]
+            for host in limit:
+                if op_hash not in state.ops[host]:
+                    continue
+                meta = state.ops[host][op_hash].operation_meta
+                if meta.did_succeed(_raise_if_not_complete=False):
+                    if meta.did_change():
+                        results[host.name].changed.append(name)
+                elif results[host.name].connected:
+                    results[host.name].failed.append(name)
+    return results

@@ -1,0 +1,129 @@
+"""Rolling a release across the simulated fleet: batches, a live probe, rollback, halts, status."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from .conftest import HOSTS, ROOT, ssh
+
+pytestmark = pytest.mark.e2e
+
+
+def variant(tmp_path, name: str, everywhere: dict, per_host: dict | None = None) -> str:
+    """An inventory that is inventory/sim.py plus some settings: a new release."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import runpy\n"
+        f"_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
+        f"_per_host = {per_host or {}!r}\n"
+        f"sparks = [(n, {{**d, **{everywhere!r}, **_per_host.get(n, {{}})}}) for n, d in _sim['sparks']]\n"
+    )
+    return str(path)
+
+
+def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparkfleet", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def served_max_len(state, host) -> int | None:
+    port = next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+    try:
+        reply = requests.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer sim-key"},
+                             timeout=3)
+        return reply.json()["data"][0]["max_model_len"]
+    except (requests.RequestException, ValueError, KeyError):
+        return None
+
+
+def answers_chat(state, host) -> bool:
+    port = next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+    try:
+        reply = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=5,
+                              headers={"Authorization": "Bearer sim-key"},
+                              json={"model": "Qwen3.5-35B-A3B", "max_tokens": 1,
+                                    "messages": [{"role": "user", "content": "ping"}]})
+        return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    except (requests.RequestException, ValueError, KeyError):
+        return False
+
+
+class Probe(threading.Thread):
+    """Counts, over and over, how many hosts answer a chat completion."""
+
+    def __init__(self, state):
+        super().__init__(daemon=True)
+        self.state, self.counts, self.stop = state, [], threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.counts.append(sum(answers_chat(self.state, h) for h in HOSTS))
+            time.sleep(0.2)
+
+
+def report(proc) -> dict:
+    return {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+
+
+def test_new_release_rolls_in_batches_of_one_while_two_hosts_serve(sim_fleet, first_converge, tmp_path):
+    probe = Probe(sim_fleet)
+    probe.start()
+    try:
+        proc = sparkfleet("rollout", variant(tmp_path, "longer", {"max_model_len": 131072}), "--batch", "1",
+                          "--json")
+    finally:
+        probe.stop.set()
+        probe.join(10)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hosts = report(proc)
+    assert [hosts[h]["result"] for h in HOSTS] == ["converged"] * 3
+    assert all(hosts[h]["old_release"] != hosts[h]["new_release"] for h in HOSTS)
+    assert [served_max_len(sim_fleet, h) for h in HOSTS] == [131072] * 3
+    assert len(probe.counts) > 20 and min(probe.counts) >= 2, probe.counts
+
+
+def test_release_failing_health_on_the_second_host_is_rolled_back_and_halts(sim_fleet, first_converge, tmp_path):
+    bad = variant(tmp_path, "bad", {"max_model_len": 65536},
+                  {"spark-2": {"engine_env": {"SIM_FAIL_HEALTH": "1"}, "health_timeout_s": 15}})
+    before = {h: json.loads(ssh(sim_fleet, h, "cat /etc/sparkfleet/release.json"))["release_id"] for h in HOSTS}
+    proc = sparkfleet("rollout", bad, "--batch", "1", "--json")
+    assert proc.returncode != 0
+    hosts = report(proc)
+    assert hosts["spark-1"]["result"] == "converged" and served_max_len(sim_fleet, "spark-1") == 65536
+    assert hosts["spark-2"]["result"] == "rolled back" and "previous release restored" in hosts["spark-2"]["detail"]
+    assert answers_chat(sim_fleet, "spark-2") and served_max_len(sim_fleet, "spark-2") == 131072
+    assert json.loads(ssh(sim_fleet, "spark-2", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-2"]
+    assert hosts["spark-3"]["result"] == "not reached" and served_max_len(sim_fleet, "spark-3") == 131072
+    assert json.loads(ssh(sim_fleet, "spark-3", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-3"]
+
+
+def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, first_converge):
+    from sim import fleet
+
+    fleet.stop_host("spark-2")
+    try:
+        status = sparkfleet("status", "inventory/sim.py", "--json")
+        assert status.returncode != 0
+        rows = {r["host"]: r for r in json.loads(status.stdout)["hosts"]}
+        assert not rows["spark-2"]["healthy"] and "unreachable over SSH" in rows["spark-2"]["error"]
+        assert rows["spark-1"]["healthy"] and rows["spark-1"]["ssh"]["model_verified"] is True
+
+        proc = sparkfleet("rollout", "inventory/sim.py", "--batch", "1", "--max-fail", "0", "--json")
+        assert proc.returncode != 0
+        hosts = report(proc)
+        assert [hosts[h]["result"] for h in HOSTS] == ["converged", "unreachable", "not reached"]
+        assert served_max_len(sim_fleet, "spark-3") == 131072  # untouched
+    finally:
+        fleet.start_host("spark-2")
+    proc = sparkfleet("rollout", "inventory/sim.py", "--batch", "2", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    status = sparkfleet("status", "inventory/sim.py", "--json")
+    assert status.returncode == 0, status.stdout
+    rows = json.loads(status.stdout)["hosts"]
+    assert {r["ssh"]["release_id"] for r in rows} == {hosts["spark-1"]["new_release"]}
+    assert all(r["ssh"]["toolkit"] == "1.18.1-1" and r["ssh"]["driver"] == "580.95.05" for r in rows)
