@@ -17,14 +17,19 @@ from .plan import plan_hosts
 from .settings import SettingsError
 
 EXIT_INVALID = 2
+INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
+
+
+def _invalid(exc: Exception) -> int:
+    print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
+    return EXIT_INVALID
 
 
 def _plan(args) -> int:
     try:
         plans = plan_hosts(load_hosts(args.inventory, args.host))
-    except (SettingsError, FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
-        return EXIT_INVALID
+    except INVALID as exc:
+        return _invalid(exc)
     if args.json:
         print(json.dumps({"hosts": [p.to_dict() for p in plans]}, indent=2))
         return 0
@@ -64,9 +69,8 @@ def _status(args) -> int:
     try:
         hosts = load_hosts(args.inventory, args.host)
         settings = {name: parse_settings(name, data) for name, data in hosts}
-    except (SettingsError, FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
-        return EXIT_INVALID
+    except INVALID as exc:
+        return _invalid(exc)
     facts = read_hosts(args.inventory, [name for name, _ in hosts], ssh_facts)
     rows = []
     for name, data in hosts:
@@ -127,24 +131,23 @@ def _rollout(args) -> int:
     from .converge import read_hosts
     from .facts import JsonFile
     from .paths import RELEASE_FILE
-    from .rollout import report_json, rollout
+    from .rollout import batches, report_json, rollout
 
     data = _parse_data(args.data)
     try:
         hosts = load_hosts(args.inventory, args.limit)
         plans = plan_hosts([(name, {**d, **data}) for name, d in hosts])
-    except (SettingsError, FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
-        return EXIT_INVALID
+    except INVALID as exc:
+        return _invalid(exc)
     names = [p.name for p in plans]
+    try:
+        batches(names, args.batch, args.canary)
+    except ValueError as exc:
+        return _invalid(exc)
     installed = read_hosts(args.inventory, names, lambda h: h.get_fact(JsonFile, path=RELEASE_FILE) or {})
     releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
-    try:
-        reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
-                          max_fail=args.max_fail, data=data, log=lambda m: print(m, file=sys.stderr))
-    except ValueError as exc:
-        print(f"sparkfleet: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
+                      max_fail=args.max_fail, data=data, log=lambda m: print(m, file=sys.stderr))
     _print_reports(reports, args.json)
     return 0 if report_json(reports)["ok"] else 1
 
@@ -155,9 +158,8 @@ def _rollback(args) -> int:
 
     try:
         names = [name for name, _ in load_hosts(args.inventory, args.limit)]
-    except (FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    except INVALID as exc:
+        return _invalid(exc)
     results = run_deploy(args.inventory, names, deploy_file="rollback.py")
     reports = [HostReport(n, None, None, "rolled back" if r.ok else "failed", detail="; ".join(r.failed))
                for n, r in results.items()]
@@ -170,9 +172,8 @@ def _fetch(args) -> int:
 
     try:
         plans = plan_hosts(load_hosts(args.inventory, args.host))
-    except (SettingsError, FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
-        return EXIT_INVALID
+    except INVALID as exc:
+        return _invalid(exc)
     done = set()
     for plan in plans:
         s = plan.settings

@@ -1,5 +1,7 @@
 """The memory and speed planner, against numbers computed by hand for Qwen3.5-35B-A3B-FP8."""
 
+import copy
+
 import pytest
 
 from sparkfleet.fit import (
@@ -12,57 +14,22 @@ from sparkfleet.fit import (
     linear_state_bytes,
     param_counts,
 )
+from sparkfleet.model_config import KNOWN_CONFIGS
 
 # The manifest total the tests use for the FP8 checkpoint (~35 GB of safetensors).
 WEIGHTS = 35_000_000_000
 
 
 def qwen35_config() -> dict:
-    """Qwen3.5-35B-A3B-FP8's config.json: the text model nested under text_config.
-
-    40 layers = 30 Gated DeltaNet + 10 full attention (every 4th), 16 heads,
-    2 KV heads, head_dim 256, hidden 2048, 256 experts of 512 (8 active + 1
+    """Qwen3.5-35B-A3B-FP8's config.json (the known copy sparkfleet falls back on): the text
+    model nested under text_config. 40 layers = 30 Gated DeltaNet + 10 full attention (every
+    4th), 16 heads, 2 KV heads, head_dim 256, hidden 2048, 256 experts of 512 (8 active + 1
     shared of 512), vocab 248,320, max_position_embeddings 262,144.
     """
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)]
-    return {
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "model_type": "qwen3_5_moe",
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "text_config": {
-            "model_type": "qwen3_5_moe_text",
-            "torch_dtype": "bfloat16",
-            "num_hidden_layers": 40,
-            "layer_types": layer_types,
-            "full_attention_interval": 4,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 2,
-            "head_dim": 256,
-            "hidden_size": 2048,
-            "attention_bias": False,
-            "max_position_embeddings": 262144,
-            "num_experts": 256,
-            "num_experts_per_tok": 8,
-            "moe_intermediate_size": 512,
-            "shared_expert_intermediate_size": 512,
-            "vocab_size": 248320,
-            "tie_word_embeddings": False,
-            "linear_num_value_heads": 32,
-            "linear_num_key_heads": 16,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-        },
-        "vision_config": {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152},
-        "quantization_config": {
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128],
-            "modules_to_not_convert": ["lm_head", "model.visual"],
-        },
-    }
+    config = copy.deepcopy(KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
+    assert config["text_config"]["layer_types"][3::4] == ["full_attention"] * 10
+    config["vision_config"] = {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152}
+    return config
 
 
 # ---- by hand ---------------------------------------------------------------
