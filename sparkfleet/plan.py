@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass, field
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from pyinfra.api.exceptions import PyinfraError
 
 from . import PROJECT_ROOT, paths
 from .engine import engine_args, flag_table
+from .fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
 from .hubs import HubError, read_model_config, resolve_manifest
 from .manifest import Manifest
-from .fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
 from .model_config import KNOWN_CONFIGS, ModelShape, model_shape
 from .settings import Settings, SettingsError, parse_settings
 
@@ -292,12 +293,19 @@ def _assign_peers(plans: list[HostPlan]) -> None:
 _fleet_plans: dict[int, dict[str, HostPlan]] = {}
 
 
+class DeployRefused(PyinfraError):
+    """Raised inside deploy.py: pyinfra prints the message, not a traceback, and touches no host."""
+
+
 def plan_for(inventory, host) -> HostPlan:
     """This host's plan, from one validation of the whole inventory per run."""
     key = id(inventory)
-    if key not in _fleet_plans:
-        _fleet_plans[key] = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in inventory])}
-    plan = _fleet_plans[key][host.name]
-    if plan.manifest is None:
-        raise SettingsError([f"{host.name}: {plan.hub_error}"])
+    try:
+        if key not in _fleet_plans:
+            _fleet_plans[key] = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in inventory])}
+        plan = _fleet_plans[key][host.name]
+        if plan.manifest is None:
+            raise SettingsError([f"{host.name}: {plan.hub_error}"])
+    except SettingsError as exc:
+        raise DeployRefused(f"invalid settings; no host was changed:\n{exc}") from None
     return plan

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import signal
@@ -887,7 +886,7 @@ def build_config(model: str, v: dict, table: dict) -> dict:
         raise StartupError("ValueError", f"bad SIM_* setting: {e}")
     port = v.get("port", 8000)
     if not (0 <= port <= 65535):
-        raise StartupError("OverflowError", f"bind(): port must be 0-65535.")
+        raise StartupError("OverflowError", "bind(): port must be 0-65535.")
     return {
         "model": model,
         "served_model_names": names,

@@ -54,3 +54,15 @@ def test_invalid_settings_exit_2_naming_the_fix(tmp_path, capsys, data, needle):
     assert main(["plan", inventory]) == 2
     err = capsys.readouterr().err
     assert "spark-1:" in err and needle in err and "spark-2:" not in err
+
+
+def test_deploy_refuses_bad_settings_before_any_operation(tmp_path):
+    """pyinfra itself, on a local "host": the refusal is one clear message, not a traceback."""
+    inventory = tmp_path / "local.py"
+    inventory.write_text("sparks = [('@local', {'kv_cache_dtype': 'fp8'})]\n")
+    proc = subprocess.run([str(ROOT / ".venv/bin/pyinfra"), "-y", str(inventory), "deploy.py"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output
+    assert "invalid settings; no host was changed" in output and 'set kv_cache_dtype = "auto"' in output
+    assert "Starting operation" not in output

@@ -90,7 +90,7 @@ class Hub:
         """File GETs seen for '<repo>/<path>' (from the server's request log)."""
         path = key[len(REPO) + 1:]
         return [r for r in self.admin("requests") if r["method"] == "GET"
-                and (f"/resolve/" in r["path"] and r["path"].endswith("/" + path)
+                and ("/resolve/" in r["path"] and r["path"].endswith("/" + path)
                      or f"FilePath={path}" in r["path"])]
 
 
