@@ -20,6 +20,12 @@ EXIT_INVALID = 2
 INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
 
 
+def _console(stderr: bool = False) -> Console:
+    """Rich's console, wide enough for the tables when the output goes to a file or CI log."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
 def _invalid(exc: Exception) -> int:
     print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
     return EXIT_INVALID
@@ -33,7 +39,7 @@ def _plan(args) -> int:
     if args.json:
         print(json.dumps({"hosts": [p.to_dict() for p in plans]}, indent=2))
         return 0
-    console = Console()
+    console = _console()
     for plan in plans:
         table = Table(title=f"{plan.name}: release {plan.release_id or 'unresolved'}", show_header=False)
         table.add_row("image", plan.settings.engine_image)
@@ -97,7 +103,7 @@ def _status(args) -> int:
                 f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
                 f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", row["error"] or "",
             )
-        console = Console()
+        console = _console()
         console.print(table)
         for row in rows:
             if row.get("chat"):
@@ -118,7 +124,7 @@ def _print_reports(reports, as_json: bool) -> None:
         color = {"converged": "green", "unchanged": "green", "rolled back": "yellow"}.get(r.result, "red")
         table.add_row(r.host, r.old_release or "-", r.new_release or "-", f"[{color}]{r.result}[/]",
                       f"{r.seconds:g}", r.detail)
-    Console(stderr=True).print(table)
+    _console(stderr=True).print(table)
 
 
 def _parse_data(items: list[str]) -> dict:

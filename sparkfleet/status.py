@@ -48,7 +48,7 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
 
             client = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60)
             reply = client.chat.completions.create(
-                model=s.served_model_name, max_tokens=64,
+                model=s.served_model_name, max_tokens=24,
                 messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
             row["chat"] = reply.choices[0].message.content
