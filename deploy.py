@@ -19,6 +19,6 @@ plan = plan_for(inventory, host)
 facts = preflight(plan)
 if facts:
     container_toolkit(plan, arch=facts.arch)
-    runtime, fetched = model(plan, arch=facts.arch, python=facts.python)
+    runtime, fetched = model(plan, facts)
     started, keep = service(plan, model_changed=fetched.will_change)
     health(plan, runtime=runtime, started=started, keep=keep)

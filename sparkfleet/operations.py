@@ -74,13 +74,16 @@ def runtime_path(tarball: str) -> str:
 
 @operation()
 def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
-                   full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None):
+                   full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None,
+                   model_files: dict | None = None):
     """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched.
 
     Bytes come from `peers` (other Sparks' shares) then the hub, or, with
     `pushed_from` (the controller's verified copy), over this SSH connection.
+    `model_files` is the ModelFiles fact when the caller already read it.
     """
-    state = host.get_fact(ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
+    state = model_files if model_files is not None else host.get_fact(
+        ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
     needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
     if not needed:
         host.noop(f"{len(manifest.files)} model files verified in {model_dir}")

@@ -19,6 +19,7 @@ class HostFacts:
     needed_bytes: int  # model bytes not yet verified on this host
     docker: dict  # {"installed": bool, "active": bool}
     python: str | None
+    model_files: dict  # the ModelFiles fact: read once here, passed on to the model stage
 
 
 def preflight_problems(name: str, s: Settings, f: HostFacts) -> list[str]:

@@ -9,19 +9,20 @@ from sparkfleet import PROJECT_ROOT, paths
 from sparkfleet.controller_copy import controller_copy
 from sparkfleet.operations import model_verified, runtime_bundle, runtime_path
 from sparkfleet.plan import HostPlan
+from sparkfleet.preflight import HostFacts
 from sparkfleet.runtime import build_bundle
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")
 
 
 @deploy("Model")
-def model(plan: HostPlan, arch: str, python: str):
+def model(plan: HostPlan, facts: HostFacts):
     """Returns (the runtime path the later stages run the clients from, the model operation)."""
     s = plan.settings
     for script in HOST_SCRIPTS:
         files.put(name=f"Helper {script}", src=str(PROJECT_ROOT / "files" / script),
                   dest=f"{paths.BIN_DIR}/{script}", mode="0755")
-    tarball = str(build_bundle(arch, python))
+    tarball = str(build_bundle(facts.arch, facts.python))
     runtime_bundle(name="Hub and openai clients (runtime bundle)", tarball=tarball)
     runtime = runtime_path(tarball)
     files.put(name="Hub token (root-only)", src=io.StringIO(plan.render_hub_env()), dest=paths.HUB_ENV, mode="0600")
@@ -34,7 +35,7 @@ def model(plan: HostPlan, arch: str, python: str):
                         running=True, enabled=True, restarted=share.will_change, daemon_reload=share.will_change)
 
     common = dict(manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
-                  full_verify=s.full_verify)
+                  full_verify=s.full_verify, model_files=facts.model_files)
     # Two call sites on purpose: pyinfra runs the first (the hub) on every host before the
     # second starts, so peers fetch from a seed that already holds verified files.
     if plan.model_role == "hub":

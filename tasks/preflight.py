@@ -27,6 +27,7 @@ def preflight(plan: HostPlan) -> HostFacts | None:
         needed_bytes=missing_bytes(plan.manifest, needed),
         docker=host.get_fact(DockerState),
         python=host.get_fact(PythonVersion),
+        model_files=model_state,
     )
     problems = preflight_problems(host.name, s, facts)
     if problems:
