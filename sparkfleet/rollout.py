@@ -35,6 +35,10 @@ class HostReport:
     seconds: float = 0.0
     detail: str = ""
 
+    @property
+    def ok(self) -> bool:
+        return self.result in ("converged", "unchanged")
+
 
 def judge(result: HostResult) -> str:
     if not result.connected:
@@ -74,7 +78,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
                 report.new_release = releases[host][0] if back.ok else report.new_release
                 report.detail = ("new release failed its health gate; previous release restored and healthy"
                                  if back.ok else f"health gate failed and rollback failed too: {back.failed}")
-            if report.result in ("failed", "unreachable", "rolled back"):
+            if not report.ok:
                 failures += 1
             reports.append(report)
     return reports
@@ -82,4 +86,4 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
 
 def report_json(reports: list[HostReport]) -> dict:
     return {"hosts": [asdict(r) for r in reports],
-            "ok": all(r.result in ("converged", "unchanged") for r in reports)}
+            "ok": all(r.ok for r in reports)}

@@ -44,7 +44,7 @@ def model(plan: HostPlan, facts: HostFacts):
         copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint)
         fetched = model_verified(name=f"Model {s.model_repo} pushed from the controller, verified",
                                  pushed_from=str(copy), **common)
-    if plan.model_role == "peer":
+    else:
         fetched = model_verified(name=f"Model {s.model_repo} from peers on the LAN, verified",
                                  peers=plan.peer_urls, **common)
     return runtime, fetched

@@ -81,6 +81,16 @@ def ssh(state: dict, host: str, command: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
+def api_port(state: dict, host: str) -> int:
+    """The 127.0.0.1 port the controller reaches a simulated host's API on."""
+    return next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+
+
+def started_at(state: dict, host: str) -> str:
+    """When the host's engine container started: unchanged means not restarted."""
+    return ssh(state, host, "docker inspect -f '{{.State.StartedAt}}' vllm")
+
+
 def run_pytest_infra(*extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "tests/infra", "--inventory", INVENTORY, "-q",
                            "-p", "no:cacheprovider", *extra], cwd=ROOT, capture_output=True, text=True,

@@ -5,15 +5,11 @@ import time
 import pytest
 from openai import OpenAI
 
-from .conftest import HOSTS, converge, run_pytest_infra, ssh
+from .conftest import HOSTS, api_port, converge, run_pytest_infra, started_at
 
 pytestmark = pytest.mark.e2e
 
 API_KEY = "sim-key"  # inventory/sim.py
-
-
-def api_port(state, host):
-    return next(h["api_port"] for h in state["hosts"] if h["name"] == host)
 
 
 def chat(state, host, timeout=60.0) -> str:
@@ -23,10 +19,6 @@ def chat(state, host, timeout=60.0) -> str:
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert reply.usage.completion_tokens > 0
     return reply.choices[0].message.content
-
-
-def started_at(state, host) -> str:
-    return ssh(state, host, "docker inspect -f '{{.State.StartedAt}}' vllm")
 
 
 def test_first_converge_succeeds_everywhere(first_converge):

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import HOSTS, ROOT, converge, ssh
+from .conftest import HOSTS, ROOT, converge, ssh, started_at
 
 pytestmark = pytest.mark.e2e
 REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
@@ -24,10 +24,6 @@ def hub_post(hub, what, body):
 
 def model_dir(state, host) -> str:
     return json.loads(ssh(state, host, "cat /etc/sparkfleet/release.json"))["model_dir"]
-
-
-def started_at(state, host) -> str:
-    return ssh(state, host, "docker inspect -f '{{.State.StartedAt}}' vllm")
 
 
 def first_shard(hub) -> tuple[str, int]:

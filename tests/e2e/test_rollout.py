@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from .conftest import HOSTS, ROOT, ssh
+from .conftest import HOSTS, ROOT, api_port, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
 
 
 def served_max_len(state, host) -> int | None:
-    port = next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+    port = api_port(state, host)
     try:
         reply = requests.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer sim-key"},
                              timeout=3)
@@ -42,7 +42,7 @@ def served_max_len(state, host) -> int | None:
 
 
 def answers_chat(state, host) -> bool:
-    port = next(h["api_port"] for h in state["hosts"] if h["name"] == host)
+    port = api_port(state, host)
     try:
         reply = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=5,
                               headers={"Authorization": "Bearer sim-key"},
