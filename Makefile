@@ -10,7 +10,7 @@ venv:
 ## Converge three simulated Sparks for real, verify them, show them.
 demo: venv
 	@bash sim/bootstrap.sh
-	$(PY) -m sparkfleet sim up --hosts $(HOSTS)
+	$(PY) -m sim up --hosts $(HOSTS)
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
@@ -28,4 +28,4 @@ e2e: venv
 	$(PY) -m pytest tests/e2e -v --durations=15
 
 down: venv
-	$(PY) -m sparkfleet sim down
+	$(PY) -m sim down

@@ -6,19 +6,21 @@ Every host's settings are validated (and the model manifest resolved from the
 hub) before anything runs; a host that fails preflight is left untouched.
 """
 
-from pyinfra import host, inventory
+from pyinfra import host, state
 
-from sparkfleet.plan import plan_for
+from sparkfleet.controller.prepare import prepare
+from sparkfleet.fleet.inventory import plan_for
 from tasks.container_toolkit import container_toolkit
 from tasks.health import health
 from tasks.model import model
 from tasks.preflight import preflight
 from tasks.service import service
 
-plan = plan_for(inventory, host)
+plan = plan_for(state, host)
 facts = preflight(plan)
 if facts:
+    prepared = prepare(plan, facts)
     container_toolkit(plan, arch=facts.arch)
-    runtime, fetched = model(plan, facts)
+    runtime, fetched = model(plan, facts, prepared)
     started, keep = service(plan, model_changed=fetched.will_change)
     health(plan, runtime=runtime, started=started, keep=keep)

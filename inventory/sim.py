@@ -1,6 +1,6 @@
 """The simulated fleet (sim/): Spark containers reached over SSH on 127.0.0.1.
 
-Bring it up first:  python -m sparkfleet sim up [--hosts N]
+Bring it up first:  python -m sim up [--hosts N]
 then:               pyinfra inventory/sim.py deploy.py
 
 Reads .sim/state.json (written by `sim up`). Every module-level list is a
@@ -16,7 +16,7 @@ try:
     _state = _json.loads(_STATE_FILE.read_text())
 except FileNotFoundError:
     raise RuntimeError(
-        "the simulated fleet is not up: run `python -m sparkfleet sim up` first "
+        "the simulated fleet is not up: run `python -m sim up` first "
         f"(no {_STATE_FILE})"
     ) from None
 

@@ -2,6 +2,19 @@
 
 from pathlib import Path
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _resource(name: str) -> Path:
+    """Installed, the templates, host files and stages ship inside the package; in a checkout they sit beside it."""
+    inside = _PACKAGE / name
+    return inside if inside.is_dir() else _PACKAGE.parent / name
+
+
+TEMPLATES_DIR = _resource("templates")
+FILES_DIR = _resource("files")
+DEFAULTS_FILE = _resource("group_data") / "all.py"
+# The project a command works in: this checkout, or (installed) the current directory.
+PROJECT_ROOT = _PACKAGE.parent if (_PACKAGE.parent / "deploy.py").exists() else Path.cwd()

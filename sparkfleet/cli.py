@@ -1,4 +1,4 @@
-"""`python -m sparkfleet ...`: plan a fleet, run the simulated fleet."""
+"""`sparkfleet ...` (or `python -m sparkfleet ...`): plan, roll out, check and measure a fleet."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from .fit import REFERENCE_DECODE_TOKENS_PER_S
-from .inventory import load_hosts
-from .plan import plan_hosts
-from .settings import SettingsError
+from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S
+from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.release.plan import plan_hosts
+from sparkfleet.release.settings import SettingsError
 
 EXIT_INVALID = 2
 INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
@@ -68,9 +68,9 @@ def _plan(args) -> int:
 
 
 def _status(args) -> int:
-    from .converge import read_hosts
-    from .settings import parse_settings
-    from .status import host_status, ssh_facts
+    from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.release.settings import parse_settings
+    from sparkfleet.fleet.status import host_status, ssh_facts
 
     try:
         hosts = load_hosts(args.inventory, args.host)
@@ -112,7 +112,7 @@ def _status(args) -> int:
 
 
 def _print_reports(reports, as_json: bool) -> None:
-    from .rollout import report_json
+    from sparkfleet.fleet.rollout import report_json
 
     if as_json:
         print(json.dumps(report_json(reports), indent=2))
@@ -134,10 +134,10 @@ def _parse_data(items: list[str]) -> dict:
 
 
 def _rollout(args) -> int:
-    from .converge import read_hosts
-    from .facts import JsonFile
-    from .paths import RELEASE_FILE
-    from .rollout import batches, report_json, rollout
+    from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.host.facts import JsonFile
+    from sparkfleet.host.paths import RELEASE_FILE
+    from sparkfleet.fleet.rollout import batches, report_json, rollout
 
     data = _parse_data(args.data)
     try:
@@ -159,8 +159,8 @@ def _rollout(args) -> int:
 
 
 def _rollback(args) -> int:
-    from .converge import run_deploy
-    from .rollout import HostReport
+    from sparkfleet.fleet.converge import run_deploy
+    from sparkfleet.fleet.rollout import HostReport
 
     try:
         names = [name for name, _ in load_hosts(args.inventory, args.limit)]
@@ -174,7 +174,7 @@ def _rollback(args) -> int:
 
 
 def _fetch(args) -> int:
-    from .controller_copy import ControllerCopyError, controller_copy
+    from sparkfleet.controller.copy import ControllerCopyError, controller_copy
 
     try:
         plans = plan_hosts(load_hosts(args.inventory, args.host))
@@ -196,12 +196,6 @@ def _fetch(args) -> int:
         done.add(plan.manifest.digest)
         print(f"{plan.manifest.repo}@{plan.manifest.pin}: {len(plan.manifest.files)} files verified in {path}")
     return 0
-
-
-def _sim(args) -> int:
-    from sim.fleet import main as sim_main
-
-    return sim_main(args.sim_args) or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,15 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--host", help="one host (or group) of the inventory")
     fetch.set_defaults(func=_fetch)
 
-    from . import bench
+    from sparkfleet.fleet import bench
 
     measure = sub.add_parser("bench", help="measure TTFT, TPOT and throughput at several concurrencies")
     bench.add_arguments(measure)
     measure.set_defaults(func=bench.main)
-
-    sim = sub.add_parser("sim", help="the simulated fleet: up [--hosts N] | down | status", add_help=False)
-    sim.add_argument("sim_args", nargs=argparse.REMAINDER)
-    sim.set_defaults(func=_sim)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .manifest import Manifest
+from sparkfleet.model.manifest import Manifest
 
 
 def files_needing_work(manifest: Manifest, record: dict, files: dict, full_verify: bool = False) -> list[str]:

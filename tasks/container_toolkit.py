@@ -3,9 +3,9 @@
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
-from sparkfleet import paths
-from sparkfleet.operations import apt_keyring, docker_nvidia_runtime
-from sparkfleet.plan import HostPlan
+from sparkfleet.host import paths
+from sparkfleet.host.operations import apt_keyring, docker_nvidia_runtime
+from sparkfleet.release.plan import HostPlan
 
 DEB_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
 

@@ -3,8 +3,8 @@ only then are model directories beyond keep_releases removed."""
 
 from pyinfra.api import deploy
 
-from sparkfleet.operations import health_gate, old_models_removed
-from sparkfleet.plan import HostPlan
+from sparkfleet.host.operations import health_gate, old_models_removed
+from sparkfleet.release.plan import HostPlan
 
 
 @deploy("Health gate")

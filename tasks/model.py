@@ -5,24 +5,25 @@ import io
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from sparkfleet import PROJECT_ROOT, paths
-from sparkfleet.controller_copy import controller_copy
-from sparkfleet.operations import model_verified, runtime_bundle, runtime_path
-from sparkfleet.plan import HostPlan
-from sparkfleet.preflight import HostFacts
-from sparkfleet.runtime import build_bundle
+from sparkfleet import FILES_DIR
+
+from sparkfleet.host import paths
+from sparkfleet.controller.prepare import Prepared
+from sparkfleet.host.operations import model_verified, runtime_bundle, runtime_path
+from sparkfleet.release.plan import HostPlan
+from sparkfleet.host.preflight import HostFacts
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")
 
 
 @deploy("Model")
-def model(plan: HostPlan, facts: HostFacts):
+def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
     """Returns (the runtime path the later stages run the clients from, the model operation)."""
     s = plan.settings
     for script in HOST_SCRIPTS:
-        files.put(name=f"Helper {script}", src=str(PROJECT_ROOT / "files" / script),
+        files.put(name=f"Helper {script}", src=str(FILES_DIR / script),
                   dest=f"{paths.BIN_DIR}/{script}", mode="0755")
-    tarball = str(build_bundle(facts.arch, facts.python))
+    tarball = str(prepared.bundle)
     runtime_bundle(name="Hub and openai clients (runtime bundle)", tarball=tarball)
     runtime = runtime_path(tarball)
     files.put(name="Hub token (root-only)", src=io.StringIO(plan.render_hub_env()), dest=paths.HUB_ENV, mode="0600")
@@ -41,9 +42,8 @@ def model(plan: HostPlan, facts: HostFacts):
     if plan.model_role == "hub":
         fetched = model_verified(name=f"Model {s.model_repo} from the hub, verified", **common)
     elif plan.model_role == "controller":
-        copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint)
         fetched = model_verified(name=f"Model {s.model_repo} pushed from the controller, verified",
-                                 pushed_from=str(copy), **common)
+                                 pushed_from=str(prepared.model_copy), **common)
     else:
         fetched = model_verified(name=f"Model {s.model_repo} from peers on the LAN, verified",
                                  peers=plan.peer_urls, **common)

@@ -5,9 +5,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from sparkfleet import paths
-from sparkfleet.facts import JsonFile, RuntimePath
-from sparkfleet.operations import health_gate, previous_release_restored
+from sparkfleet.host import paths
+from sparkfleet.host.facts import JsonFile, RuntimePath
+from sparkfleet.host.operations import health_gate, previous_release_restored
 
 
 @deploy("Rollback")

@@ -7,10 +7,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from sparkfleet import paths
-from sparkfleet.facts import JsonFile
-from sparkfleet.operations import image_loaded, release_kept_for_rollback
-from sparkfleet.plan import HostPlan
+from sparkfleet.host import paths
+from sparkfleet.host.facts import JsonFile
+from sparkfleet.host.operations import image_loaded, release_kept_for_rollback
+from sparkfleet.release.plan import HostPlan
 
 
 @deploy("Service")

@@ -90,7 +90,7 @@ class UsageError(Exception):
 def default_flags_file() -> Path:
     here = Path(__file__).resolve().parent
     for cand in (here / "vllm-flags.json",
-                 here.parent.parent / "sparkfleet" / "engines" / f"vllm-{VERSION}.json"):
+                 here.parent.parent / "sparkfleet" / "release" / "engines" / f"vllm-{VERSION}.json"):
         if cand.exists():
             return cand
     return here / "vllm-flags.json"

@@ -1,4 +1,4 @@
-"""python -m sim.fleet ... (also reached as `python -m sparkfleet sim ...`)."""
+"""python -m sim.fleet ... (also `python -m sim ...`)."""
 from __future__ import annotations
 
 import argparse

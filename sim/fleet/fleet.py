@@ -362,7 +362,7 @@ def down() -> None:
 def load_state() -> dict:
     state = read_json(STATE_FILE)
     if not state:
-        raise SimError("the simulated fleet is not up: run `python -m sparkfleet sim up` first")
+        raise SimError("the simulated fleet is not up: run `python -m sim up` first")
     return state
 
 

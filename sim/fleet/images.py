@@ -37,7 +37,7 @@ ENGINE_IMAGE = f"{REGISTRY_HOST}/{ENGINE_REPO}:{ENGINE_TAG}"
 
 HUB_DIR = REPO_ROOT / "sim" / "hub"
 ENGINE_SCRIPT = REPO_ROOT / "sim" / "engine" / "standin_vllm.py"
-ENGINE_FLAGS = REPO_ROOT / "sparkfleet" / "engines" / "vllm-0.33.0.json"
+ENGINE_FLAGS = REPO_ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
 PLACEHOLDER_ENGINE = IMAGES_DIR / "engine" / "placeholder_vllm.py"
 ENGINE_ENTRYPOINT = ["python3", "/opt/standin/standin_vllm.py", "--flags-file", "/opt/standin/vllm-flags.json"]
 

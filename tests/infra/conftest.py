@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import testinfra
 
-from sparkfleet.inventory import load_hosts
-from sparkfleet.plan import plan_hosts
+from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.release.plan import plan_hosts
 
 
 def pytest_addoption(parser):

@@ -2,8 +2,8 @@
 
 import json
 
-from sparkfleet import paths
-from sparkfleet.nvidia_smi import at_least, parse_nvidia_smi
+from sparkfleet.host import paths
+from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
 
 
 def test_driver_and_cuda_meet_the_minimums(spark):

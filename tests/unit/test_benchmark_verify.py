@@ -1,8 +1,8 @@
-"""sparkfleet.benchmarks.verify on tiny files: figures sane and consistent, no timing thresholds."""
+"""tools/bench_verify.py on tiny files: figures sane and consistent, no timing thresholds."""
 
 import json
 
-from sparkfleet.benchmarks import verify as bench
+from tools import bench_verify as bench
 from sparkfleet.verify import files_needing_work
 
 MIB = 1 << 20
@@ -33,7 +33,7 @@ def test_generated_files_verify_and_reuse(tmp_path):
 
 
 def test_hash_all_handles_blob_sha1_and_empty(tmp_path):
-    from sparkfleet.manifest import git_blob_sha1
+    from sparkfleet.model.manifest import git_blob_sha1
 
     fetch = bench.load_fetch()
     (tmp_path / "config.json").write_bytes(b'{"a": 1}\n')

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from sparkfleet.cli import main
-from sparkfleet.engine import flag_table
+from sparkfleet.release.engine import flag_table
 
 from .helpers import ROOT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.plan import plan_hosts
+from sparkfleet.release.plan import plan_hosts
 from sparkfleet.verify import files_needing_work
 
 from .helpers import ROOT, host_data

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from sparkfleet.fit import (
+from sparkfleet.model.fit import (
     GIB,
     RESERVE_BYTES,
     SPARK_MEMORY_BYTES,
@@ -14,7 +14,7 @@ from sparkfleet.fit import (
     linear_state_bytes,
     param_counts,
 )
-from sparkfleet.model_config import KNOWN_CONFIGS
+from sparkfleet.model.config import KNOWN_CONFIGS
 
 # The manifest total the tests use for the FP8 checkpoint (~35 GB of safetensors).
 WEIGHTS = 35_000_000_000

@@ -1,4 +1,4 @@
-from sparkfleet.nvidia_smi import at_least, parse_nvidia_smi
+from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
 
 # As a DGX Spark prints it (public GB10 output): memory reads "Not Supported".
 GB10 = """\

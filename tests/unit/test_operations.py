@@ -7,19 +7,19 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
-from sparkfleet.manifest import Manifest, ManifestFile
-from sparkfleet.operations import model_verified
+from sparkfleet.model.manifest import Manifest, ManifestFile
+from sparkfleet.host.operations import model_verified
 
 CASES = Path(__file__).parent / "operations"
 
-TestDockerNvidiaRuntime = make_operation_tests("sparkfleet", "operations.docker_nvidia_runtime",
+TestDockerNvidiaRuntime = make_operation_tests("sparkfleet.host", "operations.docker_nvidia_runtime",
                                                CASES / "docker_nvidia_runtime")
-TestAptKeyring = make_operation_tests("sparkfleet", "operations.apt_keyring", CASES / "apt_keyring")
-TestRuntimeBundle = make_operation_tests("sparkfleet", "operations.runtime_bundle", CASES / "runtime_bundle")
-TestOldModelsRemoved = make_operation_tests("sparkfleet", "operations.old_models_removed",
+TestAptKeyring = make_operation_tests("sparkfleet.host", "operations.apt_keyring", CASES / "apt_keyring")
+TestRuntimeBundle = make_operation_tests("sparkfleet.host", "operations.runtime_bundle", CASES / "runtime_bundle")
+TestOldModelsRemoved = make_operation_tests("sparkfleet.host", "operations.old_models_removed",
                                            CASES / "old_models_removed")
-TestImageLoaded = make_operation_tests("sparkfleet", "operations.image_loaded", CASES / "image_loaded")
-TestHealthGate = make_operation_tests("sparkfleet", "operations.health_gate", CASES / "health_gate")
+TestImageLoaded = make_operation_tests("sparkfleet.host", "operations.image_loaded", CASES / "image_loaded")
+TestHealthGate = make_operation_tests("sparkfleet.host", "operations.health_gate", CASES / "health_gate")
 
 MANIFEST = Manifest("huggingface", "Qwen/Qwen3.5-35B-A3B-FP8", "main", "a" * 40, (
     ManifestFile("config.json", 120, blob_sha1="1" * 40),
@@ -85,7 +85,7 @@ def test_missing_image_is_loaded_from_the_archive(tmp_path):
              "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
              "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
     host = create_host(FakeState(), facts=facts)
-    from sparkfleet.operations import image_loaded
+    from sparkfleet.host.operations import image_loaded
 
     with ctx_state.use(host.state), ctx_host.use(host):
         commands = [c.get_raw_value() if hasattr(c, "get_raw_value") else repr(c) for c in

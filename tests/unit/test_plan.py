@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from sparkfleet.engine import flag_table
-from sparkfleet.plan import plan_hosts, systemd_quote
-from sparkfleet.settings import SettingsError
+from sparkfleet.release.engine import flag_table
+from sparkfleet.release.plan import plan_hosts
+from sparkfleet.release.render import systemd_quote
+from sparkfleet.release.settings import SettingsError
 
 from .helpers import host_data
 
@@ -118,7 +119,7 @@ def test_unreachable_hub_still_plans_the_rest():
 
 def test_pinned_commit_plans_offline_from_the_cache(local_hub):
     [online] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=local_hub))])
-    from sparkfleet import hubs
+    from sparkfleet.model import hubs
 
     hubs._resolve_manifest.cache_clear()
     [offline] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision=online.manifest.commit,
@@ -159,9 +160,9 @@ def test_release_record_keeps_current_and_previous(local_hub):
 @pytest.fixture
 def full_size_model(monkeypatch):
     """The default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
-    from sparkfleet import plan as plan_module
-    from sparkfleet.manifest import Manifest, ManifestFile
-    from sparkfleet.model_config import KNOWN_CONFIGS
+    from sparkfleet.release import plan as plan_module
+    from sparkfleet.model.manifest import Manifest, ManifestFile
+    from sparkfleet.model.config import KNOWN_CONFIGS
 
     files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
                   for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)

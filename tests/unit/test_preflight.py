@@ -1,9 +1,9 @@
 """Preflight decisions from host facts: one line per problem, each naming what was found, what is
 required and the fix."""
 
-from sparkfleet.nvidia_smi import GpuReport
-from sparkfleet.preflight import HostFacts, preflight_problems
-from sparkfleet.settings import parse_settings
+from sparkfleet.host.nvidia_smi import GpuReport
+from sparkfleet.host.preflight import HostFacts, preflight_problems
+from sparkfleet.release.settings import parse_settings
 
 from .helpers import host_data
 

@@ -1,7 +1,7 @@
 import pytest
 
-from sparkfleet.converge import HostResult
-from sparkfleet.rollout import batches, judge
+from sparkfleet.fleet.converge import HostResult
+from sparkfleet.fleet.rollout import batches, judge
 
 HOSTS = ["a", "b", "c", "d", "e"]
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sparkfleet.plan import plan_hosts
-from sparkfleet.settings import SettingsError, parse_settings
+from sparkfleet.release.plan import plan_hosts
+from sparkfleet.release.settings import SettingsError, parse_settings
 
 from .helpers import DEFAULTS, host_data
 

@@ -19,7 +19,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "sim" / "engine" / "standin_vllm.py"
-FLAGS = ROOT / "sparkfleet" / "engines" / "vllm-0.33.0.json"
+FLAGS = ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
 NAME = "sim-qwen"
 KEY = "s3cret"
 TOOLS = [{"type": "function", "function": {

@@ -1,11 +1,11 @@
-"""The vLLM 0.33.0 flag table (sparkfleet/engines/vllm-0.33.0.json)."""
+"""The vLLM 0.33.0 flag table (sparkfleet/release/engines/vllm-0.33.0.json)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-TABLE_PATH = Path(__file__).resolve().parents[2] / "sparkfleet" / "engines" / "vllm-0.33.0.json"
+TABLE_PATH = Path(__file__).resolve().parents[2] / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
 
 REFERENCE_VALUE_FLAGS = [
     "--served-model-name", "--max-model-len", "--gpu-memory-utilization", "--tool-call-parser",

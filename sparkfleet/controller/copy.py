@@ -12,9 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
-from . import PROJECT_ROOT
-from .hubs import cache_dir
-from .manifest import Manifest
+from sparkfleet import PROJECT_ROOT
+from sparkfleet.model.hubs import cache_dir
+from sparkfleet.model.manifest import Manifest
 
 
 class ControllerCopyError(RuntimeError):

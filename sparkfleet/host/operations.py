@@ -13,10 +13,10 @@ from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, Sha1File
 from pyinfra.operations import files
 
-from . import paths
-from .facts import DockerImagePresent, JsonFile, KeyringFingerprints, ModelDirs, ModelFiles
-from .manifest import Manifest
-from .verify import files_needing_work
+from sparkfleet.host import paths
+from sparkfleet.host.facts import DockerImagePresent, JsonFile, KeyringFingerprints, ModelDirs, ModelFiles
+from sparkfleet.model.manifest import Manifest
+from sparkfleet.verify import files_needing_work
 
 
 @operation()

@@ -8,38 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pyinfra.api.exceptions import PyinfraError
 
-from . import PROJECT_ROOT, paths
-from .engine import engine_args, flag_table
-from .fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
-from .hubs import HubError, read_model_config, resolve_manifest
-from .manifest import Manifest
-from .model_config import KNOWN_CONFIGS, ModelShape, model_shape
-from .settings import Settings, SettingsError, parse_settings
-
-_templates = Environment(
-    loader=FileSystemLoader(PROJECT_ROOT / "templates"),
-    undefined=StrictUndefined,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-_SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
-
-
-def systemd_quote(arg: str) -> str:
-    """Quote one argument for an ExecStart= line (systemd's own quoting rules)."""
-    arg = arg.replace("%", "%%").replace("$", "$$")
-    if _SYSTEMD_SAFE.fullmatch(arg):
-        return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
+from sparkfleet.host import paths
+from sparkfleet.release import render
+from sparkfleet.release.engine import engine_args, flag_table
+from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
+from sparkfleet.model.hubs import HubError, read_model_config, resolve_manifest
+from sparkfleet.model.manifest import Manifest
+from sparkfleet.model.config import KNOWN_CONFIGS, ModelShape, model_shape
+from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
 @dataclass
 class HostPlan:
@@ -112,23 +91,16 @@ class HostPlan:
         return options
 
     def render_unit(self) -> str:
-        return _templates.get_template("sparkfleet-vllm.service.j2").render(
-            s=self.settings,
-            release_id=self.release_id or "unresolved",
-            release_file=paths.RELEASE_FILE,
-            bin_dir=paths.BIN_DIR,
-            docker_options=[" ".join(systemd_quote(a) for a in pair) for pair in _pairs(self.docker_options)],
-            engine_args=[" ".join(systemd_quote(a) for a in pair) for pair in _pairs(self.engine_args)],
-        )
+        return render.unit(self)
 
     def render_share_unit(self) -> str:
-        return _templates.get_template("sparkfleet-share.service.j2").render(s=self.settings, bin_dir=paths.BIN_DIR)
+        return render.share_unit(self.settings)
 
     def render_engine_env(self) -> str:
-        return _templates.get_template("engine.env.j2").render(s=self.settings)
+        return render.engine_env(self.settings)
 
     def render_hub_env(self) -> str:
-        return _templates.get_template("hub.env.j2").render(s=self.settings)
+        return render.hub_env(self.settings)
 
     def release_record(self, installed: dict | None = None) -> dict:
         """What /etc/sparkfleet/release.json says: this release, the one before, the model dirs to keep.
@@ -172,17 +144,6 @@ class HostPlan:
             "reference_decode_tokens_per_s": REFERENCE_DECODE_TOKENS_PER_S,
             "unit": self.render_unit(),
         }
-
-
-def _pairs(args: list[str]) -> list[list[str]]:
-    """Group `--flag value` pairs so the unit shows one flag per line."""
-    grouped: list[list[str]] = []
-    for arg in args:
-        if grouped and not arg.startswith("-") and grouped[-1][0].startswith("-") and len(grouped[-1]) == 1:
-            grouped[-1].append(arg)
-        else:
-            grouped.append([arg])
-    return grouped
 
 
 def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str]) -> list[str]:
@@ -289,23 +250,3 @@ def _assign_peers(plans: list[HostPlan]) -> None:
     for group in groups.values():
         for plan in group[1:]:
             plan.peer_urls = [other.share_url for other in group if other is not plan]
-
-_fleet_plans: dict[int, dict[str, HostPlan]] = {}
-
-
-class DeployRefused(PyinfraError):
-    """Raised inside deploy.py: pyinfra prints the message, not a traceback, and touches no host."""
-
-
-def plan_for(inventory, host) -> HostPlan:
-    """This host's plan, from one validation of the whole inventory per run."""
-    key = id(inventory)
-    try:
-        if key not in _fleet_plans:
-            _fleet_plans[key] = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in inventory])}
-        plan = _fleet_plans[key][host.name]
-        if plan.manifest is None:
-            raise SettingsError([f"{host.name}: {plan.hub_error}"])
-    except SettingsError as exc:
-        raise DeployRefused(f"invalid settings; no host was changed:\n{exc}") from None
-    return plan

@@ -6,7 +6,7 @@ import re
 
 import requests
 
-from .settings import Settings
+from sparkfleet.release.settings import Settings
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
@@ -62,8 +62,8 @@ def ssh_facts(host) -> dict:
     from pyinfra.facts.deb import DebPackage
     from pyinfra.facts.systemd import SystemdStatus
 
-    from . import paths
-    from .facts import JsonFile, ModelFiles, NvidiaSmi
+    from sparkfleet.host import paths
+    from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi
 
     gpu = host.get_fact(NvidiaSmi)
     release = host.get_fact(JsonFile, path=paths.RELEASE_FILE) or {}

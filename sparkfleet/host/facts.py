@@ -6,7 +6,7 @@ import json
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from .nvidia_smi import GpuReport, parse_nvidia_smi
+from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 
 
 class NvidiaSmi(FactBase[GpuReport]):

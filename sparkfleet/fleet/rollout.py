@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from .converge import HostResult, run_deploy
+from sparkfleet.fleet.converge import HostResult, run_deploy
 
 HEALTH_GATE = "answers on port"  # the health gate operation's name (tasks/health.py)
 

@@ -1,6 +1,6 @@
 """vLLM's command line: build it from settings, check it against the pinned version.
 
-The flag table of each supported vLLM release lives in sparkfleet/engines/
+The flag table of each supported vLLM release lives in sparkfleet/release/engines/
 (read from vLLM's own argument definitions), so a deploy emits only flags
 that the pinned image accepts.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .settings import Settings
+from sparkfleet.release.settings import Settings
 
 ENGINES_DIR = Path(__file__).parent / "engines"
 

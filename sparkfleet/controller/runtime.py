@@ -18,8 +18,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import PROJECT_ROOT
-from .hubs import cache_dir
+from sparkfleet import PROJECT_ROOT
+from sparkfleet.model.hubs import cache_dir
 
 BUNDLED = ("huggingface-hub", "modelscope", "modelscope-hub", "openai")
 

@@ -3,7 +3,7 @@
 Run it with a Python where that vLLM release is importable (a scratch venv
 with the vLLM wheel installed; no GPU is needed: the CPU platform is forced):
 
-    python sparkfleet/engines/gen_vllm_flag_table.py > sparkfleet/engines/vllm-X.Y.Z.json
+    python tools/gen_vllm_flag_table.py > sparkfleet/release/engines/vllm-X.Y.Z.json
 
 It builds the real `vllm serve` argument parser and walks every option
 string it registered (aliases and hidden `--no-*` / `--disable-*` inverses

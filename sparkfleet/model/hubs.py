@@ -12,8 +12,8 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from . import PROJECT_ROOT
-from .manifest import COMMIT_RE, Manifest, ManifestFile
+from sparkfleet import PROJECT_ROOT
+from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile
 
 
 class HubError(RuntimeError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .nvidia_smi import GpuReport, at_least
-from .settings import Settings
+from sparkfleet.host.nvidia_smi import GpuReport, at_least
+from sparkfleet.release.settings import Settings
 
 GIB = 1024**3
 

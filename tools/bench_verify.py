@@ -1,6 +1,6 @@
 """How fast does sparkfleet-fetch verify model files, against this machine's SHA-256 limit?
 
-    python -m sparkfleet.benchmarks.verify [--dir DIR] [--shards N] [--shard-mib M] [--workers W] [--repeat R]
+    python tools/bench_verify.py [--dir DIR] [--shards N] [--shard-mib M] [--workers W] [--repeat R]
                                            [--openssl-seconds S] [--json]
 
 On one set of generated files (page-cached before any timing), it measures:
@@ -37,10 +37,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sparkfleet.manifest import Manifest, ManifestFile
+from sparkfleet import FILES_DIR
+from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.verify import files_needing_work
 
-FETCH_SCRIPT = Path(__file__).resolve().parents[2] / "files" / "sparkfleet-fetch"
+FETCH_SCRIPT = FILES_DIR / "sparkfleet-fetch"
 BENCH_LIST = ".sparkfleet-bench.json"  # what was generated into --dir, so a re-run can reuse it
 MIB, GIB = 1 << 20, 1 << 30
 CHUNK = 8 * MIB
@@ -390,7 +391,7 @@ def print_table(r: dict) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkfleet.benchmarks.verify", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python tools/bench_verify.py", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, help="generate (and keep, and reuse) the files here; default a temp dir")
     parser.add_argument("--shards", type=int, default=2 * usable_cores(), help="files to generate (default 2 x cores)")
     parser.add_argument("--shard-mib", type=int, default=512, help="size of each file in MiB (default 512)")

@@ -19,7 +19,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
-from . import PROJECT_ROOT
+from sparkfleet import PROJECT_ROOT
 
 
 @dataclass

@@ -424,9 +424,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
     """fit's single-stream decode bound for the host's model at this run's context; None if unknown."""
     try:
-        from .fit import fit_report
-        from .hubs import read_model_config
-        from .plan import plan_hosts
+        from sparkfleet.model.fit import fit_report
+        from sparkfleet.model.hubs import read_model_config
+        from sparkfleet.release.plan import plan_hosts
 
         plan = plan_hosts([(name, data)])[0]
         manifest, s = plan.manifest, plan.settings
@@ -448,9 +448,9 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
         raise BenchError("give an inventory or --url (one of them)")
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, args.api_key, args.roofline
-    from .inventory import load_hosts
-    from .settings import parse_settings
-    from .status import api_url
+    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.release.settings import parse_settings
+    from sparkfleet.fleet.status import api_url
 
     hosts = load_hosts(args.target, args.host)
     name, data = hosts[0]
@@ -465,7 +465,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
 
 def main(args) -> int:
     """Run `bench` from parsed arguments: 0 when every request succeeded, 1 otherwise, 2 on bad input."""
-    from .settings import SettingsError
+    from sparkfleet.release.settings import SettingsError
 
     try:
         url, model, api_key, roofline = _resolve_target(args)
