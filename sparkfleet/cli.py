@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S
 from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.settings import SettingsError
 
@@ -69,8 +69,8 @@ def _plan(args) -> int:
 
 def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
-    from sparkfleet.release.settings import parse_settings
     from sparkfleet.fleet.status import host_status, ssh_facts
+    from sparkfleet.release.settings import parse_settings
 
     try:
         hosts = load_hosts(args.inventory, args.host)
@@ -135,9 +135,9 @@ def _parse_data(items: list[str]) -> dict:
 
 def _rollout(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.fleet.rollout import batches, report_json, rollout
     from sparkfleet.host.facts import JsonFile
     from sparkfleet.host.paths import RELEASE_FILE
-    from sparkfleet.fleet.rollout import batches, report_json, rollout
 
     data = _parse_data(args.data)
     try:

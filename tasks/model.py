@@ -6,12 +6,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR
-
-from sparkfleet.host import paths
 from sparkfleet.controller.prepare import Prepared
-from sparkfleet.host.operations import model_verified, runtime_bundle, runtime_path
-from sparkfleet.release.plan import HostPlan
+from sparkfleet.host import paths
+from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.release.plan import HostPlan
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")
 

@@ -7,10 +7,17 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch
 from pyinfra.operations import server
 
-from sparkfleet.host.facts import DockerState, FreeBytes, MemInfo, ModelFiles, NvidiaSmi, PythonVersion
+from sparkfleet.host.facts import (
+    DockerState,
+    FreeBytes,
+    MemInfo,
+    ModelFiles,
+    NvidiaSmi,
+    PythonVersion,
+)
 from sparkfleet.host.paths import VERIFIED_RECORD
-from sparkfleet.release.plan import HostPlan
 from sparkfleet.host.preflight import HostFacts, preflight_problems
+from sparkfleet.release.plan import HostPlan
 from sparkfleet.verify import files_needing_work, missing_bytes
 
 

@@ -449,8 +449,8 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, args.api_key, args.roofline
     from sparkfleet.fleet.inventory import load_hosts
-    from sparkfleet.release.settings import parse_settings
     from sparkfleet.fleet.status import api_url
+    from sparkfleet.release.settings import parse_settings
 
     hosts = load_hosts(args.target, args.host)
     name, data = hosts[0]

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import shlex
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
-from pyinfra.facts.files import Directory, Sha1File
+from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files
 
 from sparkfleet.host import paths
-from sparkfleet.host.facts import DockerImagePresent, JsonFile, KeyringFingerprints, ModelDirs, ModelFiles
-from sparkfleet.model.manifest import Manifest
-from sparkfleet.verify import files_needing_work
+from sparkfleet.host.facts import (
+    DockerImagePresent,
+    JsonFile,
+    KeyringFingerprints,
+    ModelDirs,
+)
 
 
 @operation()
@@ -51,56 +52,6 @@ def docker_nvidia_runtime():
         host.noop("docker already has the nvidia runtime")
         return
     yield "nvidia-ctk runtime configure --runtime=docker"
-
-
-@operation()
-def runtime_bundle(tarball: str):
-    """The hub and openai clients unpacked under RUNTIME_DIR/<bundle name>."""
-    name = Path(tarball).name.removesuffix(".tar.gz")
-    target = f"{paths.RUNTIME_DIR}/{name}"
-    if host.get_fact(Directory, path=target):
-        host.noop(f"runtime {name} present")
-        return
-    upload = f"{paths.RUNTIME_DIR}/{name}.tar.gz"
-    yield f"mkdir -p {paths.RUNTIME_DIR}"
-    yield from files.put._inner(src=tarball, dest=upload)
-    yield f"rm -rf {target}.partial && mkdir {target}.partial && tar -xzf {upload} -C {target}.partial"
-    yield f"mv {target}.partial {target} && rm -f {upload}"
-
-
-def runtime_path(tarball: str) -> str:
-    return f"{paths.RUNTIME_DIR}/{Path(tarball).name.removesuffix('.tar.gz')}"
-
-
-@operation()
-def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
-                   full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None,
-                   model_files: dict | None = None):
-    """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched.
-
-    Bytes come from `peers` (other Sparks' shares) then the hub, or, with
-    `pushed_from` (the controller's verified copy), over this SSH connection.
-    `model_files` is the ModelFiles fact when the caller already read it.
-    """
-    state = model_files if model_files is not None else host.get_fact(
-        ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
-    needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
-    if not needed:
-        host.noop(f"{len(manifest.files)} model files verified in {model_dir}")
-        return
-    name = Path(model_dir).name
-    job_path = f"{paths.MANIFEST_DIR}/{name}.json"
-    staging = f"{Path(model_dir).parent}/{paths.STAGING_DIR_NAME}/{name}"
-    job = {"manifest": manifest.to_dict(), "model_dir": model_dir, "staging_dir": staging, "endpoint": endpoint,
-           "peers": peers or [], "staged": pushed_from is not None}
-    yield f"mkdir -p {paths.MANIFEST_DIR}"
-    yield from files.put._inner(src=io.StringIO(json.dumps(job, indent=1)), dest=job_path, mode="0644")
-    for path in needed if pushed_from is not None else []:
-        yield from files.put._inner(src=f"{pushed_from}/{path}", dest=f"{staging}/{path}")
-    yield StringCommand(
-        f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-fetch", QuoteString(job_path),
-        "--env-file", paths.HUB_ENV, *(["--full-verify"] if full_verify else []),
-    )
 
 
 @operation()

@@ -10,15 +10,20 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-
 from sparkfleet.host import paths
-from sparkfleet.release import render
-from sparkfleet.release.engine import engine_args, flag_table
-from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S, FitReport, check_fit, fit_report
+from sparkfleet.model.config import KNOWN_CONFIGS, ModelShape, model_shape
+from sparkfleet.model.fit import (
+    REFERENCE_DECODE_TOKENS_PER_S,
+    FitReport,
+    check_fit,
+    fit_report,
+)
 from sparkfleet.model.hubs import HubError, read_model_config, resolve_manifest
 from sparkfleet.model.manifest import Manifest
-from sparkfleet.model.config import KNOWN_CONFIGS, ModelShape, model_shape
+from sparkfleet.release import render
+from sparkfleet.release.engine import engine_args, flag_table
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+
 
 @dataclass
 class HostPlan:

@@ -125,12 +125,9 @@ def test_main_with_inventory_takes_url_model_and_key_from_the_host(server, tmp_p
 def test_roofline_from_the_plan_and_the_model_config(monkeypatch):
     from types import SimpleNamespace
 
-    from sparkfleet.model import fit
-
-    from sparkfleet.model import hubs
-
-    from sparkfleet.release import plan
+    from sparkfleet.model import fit, hubs
     from sparkfleet.model.manifest import Manifest, ManifestFile
+    from sparkfleet.release import plan
     from sparkfleet.release.settings import parse_settings
     from tests.unit.helpers import host_data
     from tests.unit.test_fit import qwen35_config

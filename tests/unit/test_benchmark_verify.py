@@ -2,8 +2,8 @@
 
 import json
 
-from tools import bench_verify as bench
 from sparkfleet.verify import files_needing_work
+from tools import bench_verify as bench
 
 MIB = 1 << 20
 

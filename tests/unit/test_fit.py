@@ -4,6 +4,7 @@ import copy
 
 import pytest
 
+from sparkfleet.model.config import KNOWN_CONFIGS
 from sparkfleet.model.fit import (
     GIB,
     RESERVE_BYTES,
@@ -14,7 +15,6 @@ from sparkfleet.model.fit import (
     linear_state_bytes,
     param_counts,
 )
-from sparkfleet.model.config import KNOWN_CONFIGS
 
 # The manifest total the tests use for the FP8 checkpoint (~35 GB of safetensors).
 WEIGHTS = 35_000_000_000

@@ -7,15 +7,15 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
+from sparkfleet.host.model_files import model_verified
 from sparkfleet.model.manifest import Manifest, ManifestFile
-from sparkfleet.host.operations import model_verified
 
 CASES = Path(__file__).parent / "operations"
 
 TestDockerNvidiaRuntime = make_operation_tests("sparkfleet.host", "operations.docker_nvidia_runtime",
                                                CASES / "docker_nvidia_runtime")
 TestAptKeyring = make_operation_tests("sparkfleet.host", "operations.apt_keyring", CASES / "apt_keyring")
-TestRuntimeBundle = make_operation_tests("sparkfleet.host", "operations.runtime_bundle", CASES / "runtime_bundle")
+TestRuntimeBundle = make_operation_tests("sparkfleet.host", "model_files.runtime_bundle", CASES / "runtime_bundle")
 TestOldModelsRemoved = make_operation_tests("sparkfleet.host", "operations.old_models_removed",
                                            CASES / "old_models_removed")
 TestImageLoaded = make_operation_tests("sparkfleet.host", "operations.image_loaded", CASES / "image_loaded")
