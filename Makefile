@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 HOSTS ?= 3
 
-.PHONY: venv demo test unit e2e down
+.PHONY: venv demo test unit unit-offline install-check e2e down
 
 venv:
 	@bash scripts/venv.sh
@@ -14,6 +14,8 @@ demo: venv
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
+	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py --limit front_door
+	$(PY) -m tools.bench_front_door inventory/sim_front_door.py --chat
 
 ## Unit tests, then end-to-end tests against the simulated fleet.
 test: venv
@@ -21,7 +23,15 @@ test: venv
 	$(PY) -m pytest -v --durations=15
 
 unit: venv
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -p no:cacheprovider
+
+## The unit suite with no network but loopback (a fresh network namespace): it must pass the same.
+unit-offline: venv
+	unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest tests/unit -q -p no:cacheprovider'
+
+## `pip install .` into a fresh venv: the `sparkfleet` command, the stages and examples/my_deploy.py.
+install-check: venv
+	$(PY) -m pytest tests/e2e/test_install.py -q -p no:cacheprovider
 
 e2e: venv
 	@bash sim/bootstrap.sh

@@ -11,10 +11,12 @@ from pyinfra import host, state
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.fleet.inventory import plan_for
 from tasks.container_toolkit import container_toolkit
+from tasks.front_door import front_door
 from tasks.health import health
 from tasks.model import model
 from tasks.preflight import preflight
 from tasks.service import service
+from tasks.watchdog import watchdog
 
 plan = plan_for(state, host)
 facts = preflight(plan)
@@ -22,5 +24,8 @@ if facts:
     prepared = prepare(plan, facts)
     container_toolkit(plan, arch=facts.arch)
     runtime, fetched = model(plan, facts, prepared)
-    started, keep = service(plan, model_changed=fetched.will_change)
+    started, keep = service(plan, facts, model_changed=fetched.will_change)
     health(plan, runtime=runtime, started=started, keep=keep)
+    watchdog(plan, runtime=runtime, started=started)
+    if "front_door" in host.groups:
+        front_door(plan, state.sparkfleet_plans)

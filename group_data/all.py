@@ -2,8 +2,10 @@
 
 Override any of these per group (`group_data/<group>.py`), per host (inventory
 data) or per run (`pyinfra ... --data key=value`). Every key is validated by
-`sparkfleet.settings.Settings` before any host is touched; an unknown key is
-refused with a did-you-mean.
+`sparkfleet.release.settings.Settings` before any host is touched; an unknown
+key is refused with a did-you-mean. This file is the only place a default is
+written: the settings module merges it under each host's data too, so a
+project that uses the installed package gets the same defaults.
 """
 
 # --- Platform: what preflight expects to find ------------------------------
@@ -17,7 +19,8 @@ min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
 toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}"
 toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
 toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
-toolkit_version = "1.18.1-1"  # all four packages are pinned to this version
+toolkit_version = "1.18.1-1"  # all four packages pinned to it; None: keep the installed (DGX OS ships one)
+min_toolkit_version = "1.17.8-1"  # with toolkit_version None: older is upgraded (1.17.8 fixes CVE-2025-23266)
 
 # --- Model -----------------------------------------------------------------
 model_hub = "modelscope"  # or "huggingface"
@@ -44,6 +47,7 @@ api_host = "127.0.0.1"  # a LAN address needs api_key (or allow_unauthenticated_
 api_port = 8000
 api_key = None  # secret: passed as VLLM_API_KEY through a root-only env file
 allow_unauthenticated_api = False
+controller_api_url = None  # where the controller reaches the API (status, bench); None = ssh_hostname:api_port
 max_model_len = 262144
 gpu_memory_utilization = 0.88
 enable_prefix_caching = True
@@ -67,5 +71,19 @@ container_name = "vllm"
 docker_network = "host"
 privileged = False  # opt-in: the reference write-up ran --privileged
 seccomp_unconfined = False  # opt-in: the reference write-up ran seccomp=unconfined
+gpu_device_mode = "runtime"  # "cdi": --device nvidia.com/gpu=all from a CDI spec refreshed at boot
 start_timeout_s = 1800  # systemd TimeoutStartSec: covers a first image pull
 health_timeout_s = 900  # a Spark takes 3-4 minutes to load this model
+watchdog = True  # a timer probes the engine and restarts one that stopped answering
+watchdog_interval_s = 30  # seconds between probes
+watchdog_failures = 3  # failed probes in a row before a restart (never while the unit is starting)
+watchdog_max_restarts = 3  # restarts allowed in watchdog_window_s; past that it gives up and logs an error
+watchdog_window_s = 1800
+
+# --- Front door: HAProxy on the hosts of the inventory group `front_door` ----------
+front_door_port = 8080  # one URL for the office: http(s)://<front door>:8080/v1
+front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 characters), 0600 on the host
+controller_front_door_url = None  # where the controller reaches it (status, bench); None = ssh_hostname:port
+front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
+front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
+drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish

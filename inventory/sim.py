@@ -24,8 +24,8 @@ _common = {
     "ssh_hostname": "127.0.0.1",
     "ssh_user": _state["ssh_user"],
     "ssh_key": _state["ssh_key"],
-    "ssh_strict_host_key_checking": "no",
-    "ssh_known_hosts_file": "/dev/null",
+    "ssh_strict_host_key_checking": "yes",
+    "ssh_known_hosts_file": str(_STATE_FILE.parent / "known_hosts"),  # the hosts' keys, written by `sim up`
     # the sim's settings (everything else comes from group_data/all.py)
     "expected_arch": "x86_64",  # the sim runs on x86_64; a real Spark is aarch64
     "min_memory_gib": 4,  # the sim hosts share this machine's memory (24 GiB)

@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
-from rich.console import Console
 from rich.syntax import Syntax
-from rich.table import Table
 
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S
+from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.settings import SettingsError
+from sparkfleet.tables import console, print_table
 
 EXIT_INVALID = 2
 INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
-
-
-def _console(stderr: bool = False) -> Console:
-    """Rich's console, wide enough for the tables when the output goes to a file or CI log."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
 def _invalid(exc: Exception) -> int:
@@ -33,43 +26,47 @@ def _invalid(exc: Exception) -> int:
 
 def _plan(args) -> int:
     try:
-        plans = plan_hosts(load_hosts(args.inventory, args.host))
+        plans = plan_hosts(load_hosts(args.inventory, args.host), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     if args.json:
         print(json.dumps({"hosts": [p.to_dict() for p in plans]}, indent=2))
         return 0
-    console = _console()
+    out = console()
     for plan in plans:
-        table = Table(title=f"{plan.name}: release {plan.release_id or 'unresolved'}", show_header=False)
-        table.add_row("image", plan.settings.engine_image)
-        table.add_row("engine args", " ".join(plan.engine_args))
-        table.add_row("model dir", plan.model_dir)
+        rows = [("image", plan.settings.engine_image), ("engine args", " ".join(plan.engine_args)),
+                ("model dir", plan.model_dir)]
         if plan.manifest:
             m = plan.manifest.summary()
-            table.add_row("model", f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}")
-            table.add_row("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")
+            rows += [("model", f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}"),
+                     ("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")]
         else:
-            table.add_row("model", f"[yellow]hub unreachable: {plan.hub_error}[/]")
+            rows.append(("model", f"[yellow]hub unreachable: {plan.hub_error}[/]"))
         fit = plan.fit
         if fit:
             gib = 1024**3
-            table.add_row("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
-                          f" + reserve {fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.1f} GiB")
-            table.add_row("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
-                          f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context {fit.largest_context:,}; "
-                          f"{fit.seqs_at_max_model_len} sequences at {fit.max_model_len:,}, {fit.seqs_at_8192} at 8K")
-            table.add_row("decode", f"<= {fit.decode_tokens_per_s_at_0:.1f} tokens/s (roofline at "
-                          f"{fit.bandwidth_bytes_per_s / 1e9:g} GB/s); reference measurement "
-                          f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s")
-        console.print(table)
-        console.print(Syntax(plan.render_unit(), "ini", word_wrap=True))
+            rows += [
+                ("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
+                           f" + reserve {fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.1f} GiB"),
+                ("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
+                             f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context "
+                             f"{fit.largest_context:,}; {fit.seqs_at_max_model_len} sequences at "
+                             f"{fit.max_model_len:,}, {fit.seqs_at_8192} at 8K"),
+                ("decode", f"<= {fit.decode_tokens_per_s_at_0:.1f} tokens/s (roofline at "
+                           f"{fit.bandwidth_bytes_per_s / 1e9:g} GB/s); reference measurement "
+                           f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s"),
+            ]
+        print_table(f"{plan.name}: release {plan.release_id or 'unresolved'}", ("key", "value"), rows,
+                    header=False, out=out)
+        out.print(Syntax(plan.render_unit(), "ini", word_wrap=True))
     return 0
 
 
 def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.fleet.front_door import front_door_status, status_rows
     from sparkfleet.fleet.status import host_status, ssh_facts
+    from sparkfleet.host.serving import watchdog_cell
     from sparkfleet.release.settings import parse_settings
 
     try:
@@ -83,32 +80,37 @@ def _status(args) -> int:
         row = host_status(name, settings[name], data, chat=args.chat)
         row["ssh"] = facts[name]
         row["healthy"] = row["healthy"] and facts[name] is not None and facts[name]["unit_active"]
+        problem = ((facts[name] or {}).get("watchdog") or {}).get("problem")
+        if problem:  # the watchdog gave up, or the engine container lost the GPU: a person must look
+            row["healthy"], row["error"] = False, problem + (f"; {row['error']}" if row["error"] else "")
         if facts[name] is None:
             row["error"] = "unreachable over SSH" + (f"; {row['error']}" if row["error"] else "")
         rows.append(row)
+    door = front_door_status(args.inventory)  # None: the inventory has no front door
     if args.json:
-        print(json.dumps({"hosts": rows}, indent=2))
+        print(json.dumps({"hosts": rows, **({"front_door": door} if door else {})}, indent=2))
     else:
-        table = Table(title="sparkfleet status")
-        for column in ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "served",
-                       "run", "wait", "KV", "detail"):
-            table.add_column(column)
+        table = []
         for row in rows:
             m, f = row["metrics"], row["ssh"] or {}
-            table.add_row(
+            table.append((
                 row["host"], f.get("driver") or "-", f.get("cuda") or "-", f.get("toolkit") or "-",
                 f.get("release_id") or "-", {True: "verified", False: "[red]NOT verified[/]"}.get(
                     f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
-                "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", ", ".join(row["served"] or []),
+                "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", watchdog_cell(f.get("watchdog")),
+                ", ".join(row["served"] or []),
                 f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
                 f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", row["error"] or "",
-            )
-        console = _console()
-        console.print(table)
+            ))
+        out = console()
+        print_table("sparkfleet status", ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health",
+                                          "watchdog", "served", "run", "wait", "KV", "detail"), table, out=out)
         for row in rows:
             if row.get("chat"):
-                console.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
-    return 0 if all(row["healthy"] for row in rows) else 1
+                out.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
+        if door:
+            print_table("front door", ("front door / backend", "url", "state"), status_rows(door), out=out)
+    return 0 if all(row["healthy"] for row in rows) and (door is None or door["up"]) else 1
 
 
 def _print_reports(reports, as_json: bool) -> None:
@@ -117,14 +119,13 @@ def _print_reports(reports, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report_json(reports), indent=2))
         return
-    table = Table(title="sparkfleet rollout")
-    for column in ("host", "old release", "new release", "result", "seconds", "detail"):
-        table.add_column(column)
+    rows = []
     for r in reports:
         color = {"converged": "green", "unchanged": "green", "rolled back": "yellow"}.get(r.result, "red")
-        table.add_row(r.host, r.old_release or "-", r.new_release or "-", f"[{color}]{r.result}[/]",
-                      f"{r.seconds:g}", r.detail)
-    _console(stderr=True).print(table)
+        rows.append((r.host, r.old_release or "-", r.new_release or "-", f"[{color}]{r.result}[/]",
+                     f"{r.seconds:g}", r.detail))
+    print_table("sparkfleet rollout", ("host", "old release", "new release", "result", "seconds", "detail"), rows,
+                stderr=True)
 
 
 def _parse_data(items: list[str]) -> dict:
@@ -136,13 +137,13 @@ def _parse_data(items: list[str]) -> dict:
 def _rollout(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.rollout import batches, report_json, rollout
-    from sparkfleet.host.facts import JsonFile
+    from sparkfleet.host.facts import read_json_object
     from sparkfleet.host.paths import RELEASE_FILE
 
     data = _parse_data(args.data)
     try:
         hosts = load_hosts(args.inventory, args.limit)
-        plans = plan_hosts([(name, {**d, **data}) for name, d in hosts])
+        plans = plan_hosts([(name, {**d, **data}) for name, d in hosts], resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]
@@ -150,7 +151,7 @@ def _rollout(args) -> int:
         batches(names, args.batch, args.canary)
     except ValueError as exc:
         return _invalid(exc)
-    installed = read_hosts(args.inventory, names, lambda h: h.get_fact(JsonFile, path=RELEASE_FILE) or {})
+    installed = read_hosts(args.inventory, names, lambda h: read_json_object(h, RELEASE_FILE).value or {})
     releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
     reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
                       max_fail=args.max_fail, data=data, log=lambda m: print(m, file=sys.stderr))
@@ -160,13 +161,17 @@ def _rollout(args) -> int:
 
 def _rollback(args) -> int:
     from sparkfleet.fleet.converge import run_deploy
+    from sparkfleet.fleet.front_door import FrontDoorRuntime
     from sparkfleet.fleet.rollout import HostReport
 
     try:
         names = [name for name, _ in load_hosts(args.inventory, args.limit)]
     except INVALID as exc:
         return _invalid(exc)
+    door = FrontDoorRuntime.of(args.inventory)  # none: no drain
+    door.drain(names, log=lambda m: print(m, file=sys.stderr))
     results = run_deploy(args.inventory, names, deploy_file="rollback.py")
+    door.ready([n for n, r in results.items() if r.ok], log=lambda m: print(m, file=sys.stderr))
     reports = [HostReport(n, None, None, "rolled back" if r.ok else "failed", detail="; ".join(r.failed))
                for n, r in results.items()]
     _print_reports(reports, args.json)
@@ -177,7 +182,7 @@ def _fetch(args) -> int:
     from sparkfleet.controller.copy import ControllerCopyError, controller_copy
 
     try:
-        plans = plan_hosts(load_hosts(args.inventory, args.host))
+        plans = plan_hosts(load_hosts(args.inventory, args.host), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     done = set()
@@ -199,7 +204,6 @@ def _fetch(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.getLogger("modelscope_hub").setLevel(logging.ERROR)  # we report hub failures ourselves
     parser = argparse.ArgumentParser(prog="python -m sparkfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 

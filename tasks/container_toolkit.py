@@ -1,11 +1,24 @@
-"""Stage 2: the NVIDIA Container Toolkit from its signed apt repository, wired into Docker."""
+"""Stage 2: the NVIDIA Container Toolkit from its signed apt repository, wired into Docker (the
+runtime hook, or a CDI spec kept current for the driver); before a first start, a container
+started like the engine must see the GPU."""
 
+from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, files, server, systemd
 
+from sparkfleet import TEMPLATES_DIR
 from sparkfleet.host import paths
+from sparkfleet.host.facts import NvidiaSmi
 from sparkfleet.host.operations import apt_keyring, docker_nvidia_runtime
-from sparkfleet.release.plan import HostPlan
+from sparkfleet.host.toolkit import (
+    CDI_GENERATE,
+    CDI_STAMP,
+    CDI_UNIT,
+    cdi_spec_current,
+    container_sees_gpu,
+    toolkit_at_least,
+)
+from sparkfleet.release.plan import GPU_OPTIONS, HostPlan
 
 DEB_ARCH = {"aarch64": "arm64", "x86_64": "amd64"}
 
@@ -25,17 +38,31 @@ def container_toolkit(plan: HostPlan, arch: str):
     )
     server.shell(
         name="Refresh apt lists of the toolkit source only",
-        commands=[f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
-                  "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"],
+        commands=[(f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
+                   "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")],
         _if=source.did_change,
     )
-    apt.packages(
-        name=f"Toolkit packages at {s.toolkit_version}",
-        packages=[f"{package}={s.toolkit_version}" for package in paths.TOOLKIT_PACKAGES],
-        extra_install_args="--allow-downgrades",
-    )
+    if s.toolkit_version:
+        apt.packages(
+            name=f"Toolkit packages at {s.toolkit_version}",
+            packages=[f"{package}={s.toolkit_version}" for package in paths.TOOLKIT_PACKAGES],
+            extra_install_args="--allow-downgrades",
+        )
+    else:
+        toolkit_at_least(name=f"Toolkit packages at {s.min_toolkit_version} or newer (an installed one kept)",
+                         minimum=s.min_toolkit_version)
     runtime = docker_nvidia_runtime(name="Docker knows the nvidia runtime")
     systemd.service(
         name="Docker restarted only if daemon.json changed",
         service="docker.service", running=True, enabled=True, restarted=runtime.will_change,
     )
+    if s.gpu_device_mode == "cdi":
+        unit = files.template(name="CDI spec unit (at boot, after the driver)",
+                              src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
+                              dest=f"/etc/systemd/system/{CDI_UNIT}", unit=paths.UNIT_NAME, generate=CDI_GENERATE,
+                              stamp=CDI_STAMP)
+        systemd.service(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
+                        daemon_reload=unit.will_change)
+        cdi_spec_current(name="CDI spec current for the loaded driver", driver=host.get_fact(NvidiaSmi).driver)
+    container_sees_gpu(name="A container started like the engine sees the GPU", image=s.engine_image,
+                       gpu_options=GPU_OPTIONS[s.gpu_device_mode], pull=not s.engine_image_archive)

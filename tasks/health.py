@@ -1,20 +1,28 @@
 """Stage 5: after a change, the service must answer before the host counts as converged;
 only then are model directories beyond keep_releases removed."""
 
+from pyinfra import host, state
 from pyinfra.api import deploy
 
-from sparkfleet.host.operations import health_gate, old_models_removed
-from sparkfleet.release.plan import HostPlan
+from sparkfleet.host.operations import (
+    health_gate,
+    old_models_removed,
+    record_health_gate,
+)
+
+
+def gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str, **op_args):
+    """The health gate, recorded on pyinfra's state: a rollout reads its result, not its name."""
+    meta = health_gate(name=f"{served_name} answers on port {port}", served_name=served_name, api_host=api_host,
+                       port=port, tools=tools, timeout_s=timeout_s, runtime=runtime, **op_args)
+    record_health_gate(state, host.name, meta)
+    return meta
 
 
 @deploy("Health gate")
-def health(plan: HostPlan, runtime: str, started, keep: list[str]):
+def health(plan, runtime: str, started, keep: list[str]):
     s = plan.settings
-    health_gate(
-        name=f"{s.served_model_name} answers on port {s.api_port}",
-        served_name=s.served_model_name, api_host=s.api_host, port=s.api_port,
-        tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=runtime,
-        _if=started.did_change,
-    )
+    gate(s.served_model_name, s.api_host, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
+         _if=started.did_change)
     old_models_removed(name=f"Model directories beyond the last {s.keep_releases} releases removed",
                        model_root=s.model_root, keep=keep)

@@ -3,13 +3,16 @@
 import io
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
 from sparkfleet import FILES_DIR
+from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.host import paths
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
+from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.host.shared import MODULE_FILE
 from sparkfleet.release.plan import HostPlan
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")
@@ -22,17 +25,25 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
     for script in HOST_SCRIPTS:
         files.put(name=f"Helper {script}", src=str(FILES_DIR / script),
                   dest=f"{paths.BIN_DIR}/{script}", mode="0755")
+    files.put(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
+              dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
     tarball = str(prepared.bundle)
     runtime_bundle(name="Hub and openai clients (runtime bundle)", tarball=tarball)
     runtime = runtime_path(tarball)
-    files.put(name="Hub token (root-only)", src=io.StringIO(plan.render_hub_env()), dest=paths.HUB_ENV, mode="0600")
+    secret_file(name="Hub token (root-only)", dest=paths.HUB_ENV, content=plan.render_hub_env())
 
     files.directory(name="Model root", path=s.model_root, mode="0755")
     if s.model_source == "peer":
+        server.user(name="Share user (unprivileged, no login)", user=paths.SHARE_USER, system=True,
+                    home="/nonexistent", create_home=False, ensure_home=False, shell="/usr/sbin/nologin")
+        token = secret_file(name="Fleet token (0600)", dest=paths.FLEET_TOKEN, content=fleet_token() + "\n")
+        files.file(name="Fleet token readable by the share user alone", path=paths.FLEET_TOKEN,
+                   user=paths.SHARE_USER, group=paths.SHARE_USER, mode="0600")
         share = files.put(name="Model share unit", src=io.StringIO(plan.render_share_unit()),
                           dest=paths.SHARE_UNIT_PATH, mode="0644")
-        systemd.service(name="Model share running (verified files, read-only)", service=paths.SHARE_UNIT_NAME,
-                        running=True, enabled=True, restarted=share.will_change, daemon_reload=share.will_change)
+        systemd.service(name="Model share running (verified files, read-only, fleet only)",
+                        service=paths.SHARE_UNIT_NAME, running=True, enabled=True,
+                        restarted=share.will_change or token.will_change, daemon_reload=share.will_change)
 
     common = dict(manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
                   full_verify=s.full_verify, model_files=facts.model_files)

@@ -14,18 +14,21 @@ from sparkfleet.host.facts import (
     ModelFiles,
     NvidiaSmi,
     PythonVersion,
+    Unreadable,
+    read_json_object,
 )
-from sparkfleet.host.paths import VERIFIED_RECORD
+from sparkfleet.host.model_files import files_needing_work, missing_bytes
+from sparkfleet.host.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import HostFacts, preflight_problems
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.verify import files_needing_work, missing_bytes
 
 
 @deploy("Preflight")
 def preflight(plan: HostPlan) -> HostFacts | None:
     s = plan.settings
     model_state = host.get_fact(ModelFiles, model_dir=plan.model_dir, record=VERIFIED_RECORD)
-    needed = files_needing_work(plan.manifest, model_state["record"], model_state["files"])
+    needed = [] if isinstance(model_state, Unreadable) else files_needing_work(
+        plan.manifest, model_state["record"], model_state["files"])
     facts = HostFacts(
         arch=host.get_fact(Arch),
         gpu=host.get_fact(NvidiaSmi),
@@ -35,6 +38,7 @@ def preflight(plan: HostPlan) -> HostFacts | None:
         docker=host.get_fact(DockerState),
         python=host.get_fact(PythonVersion),
         model_files=model_state,
+        release=read_json_object(host, RELEASE_FILE),
     )
     problems = preflight_problems(host.name, s, facts)
     if problems:

@@ -11,7 +11,7 @@ On one set of generated files (page-cached before any timing), it measures:
 - ``sha256sum`` file by file, for reference;
 - the ratios verifier / (lanes x single-core OpenSSL rate), lanes = min(cores, shards, workers),
   target >= 0.8, and verifier / sha256sum;
-- the cached re-verify: ``sparkfleet.verify.files_needing_work`` on a synthesized manifest shaped
+- the cached re-verify: ``sparkfleet.host.model_files.files_needing_work`` on a synthesized manifest shaped
   like Qwen3.5-35B-A3B-FP8, and the fetch script's own re-verify when its record vouches for every
   file (rehashed must be 0, and /proc/self/io shows what was read).
 
@@ -38,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sparkfleet import FILES_DIR
+from sparkfleet.host.model_files import files_needing_work
+from sparkfleet.host.shared import host_module
 from sparkfleet.model.manifest import Manifest, ManifestFile
-from sparkfleet.verify import files_needing_work
 
 FETCH_SCRIPT = FILES_DIR / "sparkfleet-fetch"
 BENCH_LIST = ".sparkfleet-bench.json"  # what was generated into --dir, so a re-run can reuse it
@@ -258,9 +259,8 @@ def proc_io() -> dict:
 def write_record(fetch, directory: Path, entries: list[dict], results: list[bool] | None = None) -> None:
     """The verified record the fetch script writes after hashing: path -> stat_key + hash."""
     results = results if results is not None else [True] * len(entries)
-    record = {e["path"]: {**fetch.stat_key(directory / e["path"]), "hash": fetch.expected_hash(e)}
-              for e, ok in zip(entries, results) if ok}
-    (directory / fetch.RECORD).write_text(json.dumps(record, indent=0, sort_keys=True))
+    host_module.write_record(directory, {e["path"]: host_module.record_entry(os.stat(directory / e["path"]), e)
+                                         for e, ok in zip(entries, results) if ok})
 
 
 def reverify_with_record(fetch, directory: Path, entries: list[dict], workers: int, full_verify: bool = False,
@@ -312,7 +312,7 @@ def run(directory: Path, shards: int, shard_bytes: int, workers: int, openssl_se
     t0 = time.perf_counter()
     entries = generate_files(directory, shards, shard_bytes, cores)
     generate_s = time.perf_counter() - t0
-    (directory / fetch.RECORD).unlink(missing_ok=True)
+    (directory / host_module.RECORD_NAME).unlink(missing_ok=True)
     warm_bytes, warm_s = warm_page_cache([directory / e["path"] for e in entries])
 
     verifier = time_verifier(fetch, directory, entries, workers, repeat)

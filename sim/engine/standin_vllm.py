@@ -15,7 +15,19 @@ Environment:
     SIM_TOKENS_PER_S          decode rate (50)
     SIM_FIRST_TOKEN_DELAY_MS  extra delay before the first token (0)
     SIM_FAIL_HEALTH=1         /health answers 503
+    SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
+    SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
     VLLM_API_KEY              API key when --api-key is not given
+
+Fault knobs: the knob file is JSON, e.g. {"fault": "hang", "crash_on_start":
+true, "load_delay_s": 40}; its keys override the SIM_* variables. In the
+simulated fleet the stand-in runtime hook copies the sim host's
+/etc/sparkfleet-sim/engine.json into every GPU container at start (start-time
+knobs, survive restarts), and `python -m sim engine HOST --live ...` rewrites
+the running container's copy (`docker exec`: gone after a restart). "fault" is
+re-read on every request, so it is set and cleared without a restart:
+    hang              nothing answers (port open, requests wait): a wedged engine
+    generation-hang   /health, /v1/models answer; chat completions wait
 """
 
 from __future__ import annotations
@@ -59,6 +71,29 @@ def log(msg: str, level: str = "INFO") -> None:
     stamp = time.strftime("%m-%d %H:%M:%S")
     print(f"(APIServer pid={os.getpid()}) {level} {stamp} [standin_vllm.py] {msg}",
           flush=True)
+
+
+DEFAULT_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"
+FAULTS = ("hang", "generation-hang")
+
+
+def knobs() -> dict:
+    """The fault knobs now: SIM_* variables, overridden by the knob file (read every call)."""
+    values = {"crash_on_start": os.environ.get("SIM_CRASH_ON_START") == "1",
+              "load_delay_s": os.environ.get("SIM_LOAD_DELAY_S", "2"), "fault": None}
+    try:
+        with open(os.environ.get("SIM_KNOB_FILE", DEFAULT_KNOB_FILE)) as f:
+            loaded = json.load(f)
+        values.update(loaded if isinstance(loaded, dict) else {})
+    except (OSError, ValueError):
+        pass
+    return values
+
+
+def wait_while_faulty(faults: tuple[str, ...]) -> None:
+    """Hold a request while the knob names one of `faults` (a wedged engine never answers)."""
+    while knobs().get("fault") in faults:
+        time.sleep(0.5)
 
 
 class StartupError(Exception):
@@ -666,6 +701,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- verbs
     def do_GET(self):
+        wait_while_faulty(("hang",))
         path = self.path.split("?", 1)[0]
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
@@ -696,6 +732,7 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self):
+        wait_while_faulty(FAULTS)
         path = self.path.split("?", 1)[0]
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
@@ -975,11 +1012,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise StartupError("ValueError", f"max_model_len ({max_len}) must be positive")
             cfg["max_model_len"] = max_len
             log(f"Using max model len {max_len}")
-            delay = float(os.environ.get("SIM_LOAD_DELAY_S", "2"))
+            start = knobs()
+            try:
+                delay = float(start["load_delay_s"])
+            except (TypeError, ValueError) as e:
+                raise StartupError("ValueError", f"bad load_delay_s knob: {e}")
             log(f"Loading safetensors checkpoint shards: {len(info['shards'])} files, "
                 f"{info['tensors']} tensors")
             if delay > 0:
                 time.sleep(delay)
+            if start["crash_on_start"]:
+                raise StartupError("RuntimeError", "CUDA error: an illegal memory access was "
+                                                   "encountered (sim knob crash_on_start)")
             log(f"Loading weights took {time.monotonic() - t0:.2f} seconds")
         except StartupError as e:
             log(f"EngineCore failed to start: {e.args[1]}", "ERROR")

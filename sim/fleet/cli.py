@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from ._util import SimError
 
@@ -51,8 +52,8 @@ def _print_status(st: dict) -> None:
                                  else "absent (driver not loaded)")
         print(f"{h['name']:<10} {h['container']:<20} {h['status']:<9} {str(h['system']):<10} "
               f"{h['ssh_port']:>6} {h['api_port']:>6}  {gpu}")
-    print(f"ssh: ssh -i {s['ssh_key']} -p PORT -o StrictHostKeyChecking=no "
-          f"-o UserKnownHostsFile=/dev/null root@127.0.0.1")
+    print(f"ssh: ssh -i {s['ssh_key']} -p PORT -o UserKnownHostsFile={Path(s['ssh_key']).parent / 'known_hosts'} "
+          f"root@127.0.0.1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("set-gpu", help="change a host's simulated GPU, e.g. set-gpu spark-1 driver=550.54.14")
     p.add_argument("host")
     p.add_argument("knobs", nargs="+", metavar="KEY=VALUE")
+    p = sub.add_parser("engine", help="stand-in engine fault knobs, e.g. engine spark-1 fault=hang --live, "
+                                      "engine spark-2 crash_on_start=true, engine spark-3 load_delay_s=40")
+    p.add_argument("host")
+    p.add_argument("knobs", nargs="+", metavar="KEY=VALUE")
+    p.add_argument("--live", action="store_true",
+                   help="change the running engine container only (a restart clears it)")
+    p = sub.add_parser("lose-gpu", help="the running engine container loses the GPU (a restart heals it)")
+    p.add_argument("host")
     sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
     sub.add_parser("start-services", help="start it again")
     sub.add_parser("build", help="build the images only")
@@ -103,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "set-gpu":
             knobs = parse_faults([f"{args.host}:{','.join(args.knobs)}"])[args.host]
             print(json.dumps(fleet.set_gpu(args.host, **knobs), sort_keys=True))
+        elif args.cmd == "engine":
+            knobs = parse_faults([f"{args.host}:{','.join(args.knobs)}"])[args.host]
+            print(json.dumps(fleet.set_engine(args.host, live=args.live, **knobs), sort_keys=True))
+        elif args.cmd == "lose-gpu":
+            fleet.lose_container_gpu(args.host)
         elif args.cmd == "stop-services":
             fleet.stop_services()
         elif args.cmd == "start-services":
@@ -115,6 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.cmd not in ("status", "set-gpu"):
+    if args.cmd not in ("status", "set-gpu", "engine"):
         print(f"({args.cmd}: {time.monotonic() - t0:.1f}s)", file=sys.stderr)
     return 0

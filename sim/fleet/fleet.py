@@ -22,10 +22,13 @@ HUB_ALIAS, APT_ALIAS, REGISTRY_ALIAS = "sparkfleet-hub", "sparkfleet-apt", "spar
 HUB_PORT, APT_PORT, REGISTRY_PORT = 8080, 8081, 5000
 HUB_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
 SSH_KEY = SIM_DIR / "id_ed25519"
+KNOWN_HOSTS = SIM_DIR / "known_hosts"  # the hosts' real SSH host keys: inventory/sim.py checks them strictly
 BOOTSTRAP = REPO_ROOT / "sim" / "bootstrap.sh"
 DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0",
                "compute_cap": "12.1"}
 GPU_FILE = "/etc/sparkfleet-sim/gpu.json"
+ENGINE_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"  # the stand-in engine's fault knobs (sim/engine)
+ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str)}
 STOP_TIMEOUT = "30"
 # What this machine allows for a systemd container (no --privileged: the VM lacks CAP_SYS_RESOURCE).
 SYSTEMD_FLAGS = ["--cap-add=ALL", "--cap-drop=SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
@@ -135,6 +138,30 @@ def ensure_ssh_key() -> Path:
     return SSH_KEY
 
 
+def _host_key_lines(row: dict) -> list[str]:
+    """known_hosts lines ("[127.0.0.1]:PORT TYPE KEY") of a host's SSH host keys, read inside its container."""
+    keys = _exec(row["container"], "sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub").stdout
+    return [f"[127.0.0.1]:{row['ssh_port']} {' '.join(line.split()[:2])}" for line in keys.splitlines()
+            if line.strip()]
+
+
+def write_known_hosts() -> Path:
+    """.sim/known_hosts for every running sim host (the fleet's and scratch ones), rewritten whole."""
+    rows = list(load_state()["hosts"])
+    names = {row["container"] for row in rows}
+    for c in docker("ps", "--filter", f"label={LABEL}.role=scratch", "--format", "{{.Names}}",
+                    check=False).stdout.split():
+        info = _inspect(c)
+        if c not in names and info:
+            rows.append({"container": c, "ssh_port": _published(info, 22)})
+    lines = [line for row in rows if (_inspect(row["container"]) or {}).get("State", {}).get("Running")
+             for line in _host_key_lines(row)]
+    partial = KNOWN_HOSTS.with_suffix(".partial")
+    partial.write_text("".join(f"{line}\n" for line in lines))
+    os.replace(partial, KNOWN_HOSTS)
+    return KNOWN_HOSTS
+
+
 # --------------------------------------------------------------------------- services
 
 def _ensure_services(prev: dict, image_hash: str, apt: dict) -> dict:
@@ -212,6 +239,7 @@ def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role:
            *SYSTEMD_FLAGS, "--restart", "unless-stopped", "--stop-timeout", STOP_TIMEOUT,
            "-v", f"{c}-docker:/var/lib/docker", "-v", f"{c}-data:/var/lib/sparkfleet",
            "-p", f"127.0.0.1:{ssh_port}:22", "-p", f"127.0.0.1:{api_port}:8000",
+           "-p", "127.0.0.1::8080",  # a front door (group_data's front_door_port); `docker port` tells where
            images.SPARK_IMAGE, "/sbin/init")
 
 
@@ -306,6 +334,7 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
     state = _make_state(host_rows, ports, apt, key)
     if state != prev:
         write_json(STATE_FILE, state)
+    write_known_hosts()
     log(f"fleet up: {hosts} host(s) in {time.monotonic() - t0:.1f}s")
     return state
 
@@ -394,6 +423,7 @@ def start_scratch_host(name: str = "spark-scratch") -> dict:
     _create_host(name, images.image_hash(images.SPARK_IMAGE) or "", ssh_port, api_port, role="scratch")
     row = {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": container_name(name)}
     _finish_host(row, SSH_KEY.with_suffix(".pub").read_text(), dict(DEFAULT_GPU))
+    write_known_hosts()
     return row
 
 
@@ -429,7 +459,8 @@ def status() -> dict:
 
 
 def set_gpu(host: str, **gpu) -> dict:
-    """Change a host's simulated GPU (keys: present, name, driver, cuda, compute_cap)."""
+    """Change a host's simulated GPU (keys: present, name, driver, cuda, compute_cap, and
+    containers: false for GPU containers started from now on not to see it)."""
     c = _host_row(host)["container"]
     cur = _exec(c, "cat", GPU_FILE, check=False)
     knobs = dict(DEFAULT_GPU)
@@ -441,6 +472,49 @@ def set_gpu(host: str, **gpu) -> dict:
     knobs.update(gpu)
     _put_file(c, GPU_FILE, json.dumps(knobs, sort_keys=True) + "\n")
     return knobs
+
+
+def set_engine(host: str, live: bool = False, **knobs) -> dict:
+    """Set the stand-in engine's fault knobs (fault=hang|generation-hang|none, crash_on_start,
+    load_delay_s). live=False: the host's file, copied into each engine container at its start
+    (lasts across restarts); live=True: the running container's copy (gone with the container)."""
+    bad = sorted(k for k in knobs if k not in ENGINE_KNOBS)
+    if bad:
+        raise SimError(f"unknown engine knob(s) {bad}: known are {sorted(ENGINE_KNOBS)}")
+    if knobs.get("fault") in ("none", ""):
+        knobs["fault"] = None
+    if knobs.get("fault") not in (None, "hang", "generation-hang"):
+        raise SimError(f"engine fault {knobs['fault']!r}: use hang, generation-hang or none")
+    c = _host_row(host)["container"]
+    where = ("docker", "exec", "-i", "vllm") if live else ()
+    cur = _exec(c, *where, "cat", ENGINE_KNOB_FILE, check=False)
+    values: dict = {}
+    if cur.returncode == 0:
+        try:
+            values = json.loads(cur.stdout)
+        except ValueError:
+            pass
+    values.update(knobs)
+    text = json.dumps(values, sort_keys=True) + "\n"
+    if live:
+        cp = _exec(c, "docker", "exec", "-i", "vllm", "sh", "-c",
+                   f"mkdir -p /etc/sparkfleet-sim && cat > {ENGINE_KNOB_FILE}", input=text, check=False)
+        if cp.returncode != 0:
+            raise SimError(f"{host}: no running engine container to set knobs in: {cp.stderr.strip()}")
+    else:
+        _put_file(c, ENGINE_KNOB_FILE, text)
+    return values
+
+
+def lose_container_gpu(host: str) -> None:
+    """The running engine container loses the GPU (as after a daemon-reload with the legacy
+    runtime): its nvidia-smi fails from now on; the host's does not; a new container sees it."""
+    c = _host_row(host)["container"]
+    script = (f"import json; p = {GPU_FILE!r}; k = json.load(open(p)); k['nvml_error'] = True; "
+              "open(p, 'w').write(json.dumps(k, sort_keys=True))")
+    cp = _exec(c, "docker", "exec", "vllm", "python3", "-c", script, check=False)
+    if cp.returncode != 0:
+        raise SimError(f"{host}: no running engine container with a GPU: {cp.stderr.strip()}")
 
 
 def reboot(host: str) -> float:

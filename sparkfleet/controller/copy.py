@@ -12,7 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from sparkfleet import PROJECT_ROOT
+from sparkfleet import FILES_DIR
+from sparkfleet.host.shared import host_module
 from sparkfleet.model.hubs import cache_dir
 from sparkfleet.model.manifest import Manifest
 
@@ -27,13 +28,14 @@ _copying = threading.Lock()  # pyinfra plans hosts concurrently: one copy at a t
 def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | None) -> Path:
     """A directory on the controller holding every manifest file, verified; fetched if needed."""
     root = Path(copy_root) if copy_root else cache_dir() / "models"
-    model_dir = root / manifest.dir_name
+    model_dir = host_module.inside(root, root / manifest.dir_name)
+    staging = host_module.inside(root, root / host_module.STAGING_NAME / manifest.dir_name)
     job = root / f".{manifest.dir_name}.job.json"
     root.mkdir(parents=True, exist_ok=True)
     with _copying:
         job.write_text(json.dumps({"manifest": manifest.to_dict(), "model_dir": str(model_dir),
-                                   "staging_dir": str(root / ".staging" / manifest.dir_name), "endpoint": endpoint}))
-        proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "files" / "sparkfleet-fetch"), str(job),
+                                   "staging_dir": str(staging), "endpoint": endpoint}))
+        proc = subprocess.run([sys.executable, str(FILES_DIR / "sparkfleet-fetch"), str(job),
                                "--env-file", "/nonexistent"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise ControllerCopyError(

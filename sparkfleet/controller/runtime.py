@@ -9,28 +9,27 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
+from importlib import metadata
 from pathlib import Path
 
-from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import cache_dir
 
 BUNDLED = ("huggingface-hub", "modelscope", "modelscope-hub", "openai")
 
 
-def bundle_requirements(requirements: Path = PROJECT_ROOT / "requirements.txt") -> list[str]:
-    pins = {}
-    for line in requirements.read_text().splitlines():
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line.strip())
-        if match:
-            pins[match[1].lower().replace("_", "-")] = match[0]
-    return [pins[name] for name in BUNDLED]
+def bundle_requirements() -> list[str]:
+    """The bundle's pins: the versions installed here, so hosts run the clients the controller planned with.
+
+    In a checkout those are requirements.txt's (scripts/venv.sh installs exactly them); installed
+    with `pip install sparkfleet`, whatever pip resolved. One rule either way, no file to find.
+    """
+    return [f"{name}=={metadata.version(name)}" for name in BUNDLED]
 
 
 def _platforms(arch: str) -> list[str]:

@@ -21,8 +21,8 @@ Single-stream decode tokens/s is the median over the concurrency-1 requests
 of (completion_tokens - 1) / (last token - first token). The prefix-cache hit
 rate comes from the server's ``/metrics`` counters (``vllm:prefix_cache_hits``
 and ``vllm:prefix_cache_queries``, with or without ``_total``) read before and
-after the run. Given a roofline (``sparkfleet.fit``'s decode bound, computed
-from the inventory's model config, or ``--roofline``), the report says how much
+after the run. Given a roofline (the plan's fit: its decode bound for the
+inventory's model, memory and bandwidth settings, or ``--roofline``), the report says how much
 of it single-stream decode reaches.
 
 Requests ask for exactly ``max_tokens`` tokens (``ignore_eos``, as
@@ -42,7 +42,6 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -50,6 +49,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+
+from sparkfleet.fleet.metrics import read_metrics
+from sparkfleet.tables import console as _console
+from sparkfleet.tables import print_table as _print_table
 
 __all__ = ["BenchError", "add_arguments", "main", "print_table", "run_bench", "write_outputs"]
 
@@ -65,9 +68,9 @@ SYSTEM_PROMPT = (
     "and no code. Keep going until you are told to stop; never summarise or conclude early. "
     "Describe places, people and weather in concrete detail, one paragraph after another."
 )
+PROMPT_TOKENS = 128  # about what SYSTEM_PROMPT and QUESTION take: the roofline's context is this + max_tokens
 QUESTION = "Story {n}: tell the story of a lighthouse keeper on a small northern island, chapter by chapter."
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
 
@@ -112,14 +115,7 @@ def _root(url: str) -> str:
 
 def parse_prefix_cache(text: str) -> dict | None:
     """{"hits", "queries", "hit_rate"} from Prometheus text (summed over labels); None if absent."""
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match[1] in PREFIX_HITS + PREFIX_QUERIES:
-            try:
-                sums[match[1]] = sums.get(match[1], 0.0) + float(match[2])
-            except ValueError:
-                continue
+    sums = read_metrics(text)
     hits = next((sums[n] for n in PREFIX_HITS if n in sums), None)
     queries = next((sums[n] for n in PREFIX_QUERIES if n in sums), None)
     if hits is None or queries is None:
@@ -243,7 +239,7 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
     """Benchmark the OpenAI-compatible server at `url` (root or .../v1); return a JSON-able dict.
 
     `requests_per_level`: requests per concurrency level (default max(4, 2 x level)).
-    `roofline`: the decode upper bound in tokens/s (``sparkfleet.fit``), for the ratio.
+    `roofline`: the decode upper bound in tokens/s (the plan's fit), for the ratio.
     `timeout_s`: per request. Raises BenchError when a first (warm-up) request fails.
     """
     from openai import OpenAI
@@ -342,27 +338,23 @@ def _f(value, fmt: str = ".1f") -> str:
 
 
 def print_table(result: dict, console=None) -> None:
-    """The run as a rich table, then single-stream decode, roofline and prefix cache."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    table = Table(title=f"sparkfleet bench: {result['model']} at {result['url']} "
-                        f"(max_tokens {result['max_tokens']}, thinking {'on' if result['think'] else 'off'})")
-    for column in ("conc.", "reqs", "errors", "TTFT p50/p90/p99 ms", "TPOT p50 ms",
-                   "ITL p50/p90/p99 ms", "req tok/s p50", "aggregate tok/s"):
-        table.add_column(column, justify="right")
+    """The run as a table, then single-stream decode, roofline and prefix cache."""
+    console = console or _console()
+    rows = []
     for level in result["levels"]:
         t, i = level["ttft_ms"], level["itl_ms"]
-        table.add_row(
+        rows.append((
             str(level["concurrency"]), str(level["requests"]),
             f"[red]{level['errors']}[/]" if level["errors"] else "0",
             f"{_f(t['p50'], '.0f')} / {_f(t['p90'], '.0f')} / {_f(t['p99'], '.0f')}",
             _f(level["tpot_ms"]["p50"]),
             f"{_f(i['p50'])} / {_f(i['p90'])} / {_f(i['p99'])}",
             _f(level["request_tokens_per_s"]["p50"]), _f(level["aggregate_tokens_per_s"]),
-        )
-    console.print(table)
+        ))
+    _print_table(f"sparkfleet bench: {result['model']} at {result['url']} "
+                 f"(max_tokens {result['max_tokens']}, thinking {'on' if result['think'] else 'off'})",
+                 ("conc.", "reqs", "errors", "TTFT p50/p90/p99 ms", "TPOT p50 ms", "ITL p50/p90/p99 ms",
+                  "req tok/s p50", "aggregate tok/s"), rows, justify="right", out=console)
     single, roof = result["single_stream_decode_tokens_per_s"], result["roofline_tokens_per_s"]
     line = f"single-stream decode: {_f(single)} tokens/s"
     if roof:
@@ -401,6 +393,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `bench` subcommand's arguments."""
     parser.add_argument("target", nargs="?", help="an inventory: benchmark its first host (or --host)")
     parser.add_argument("--url", help="the server's URL (http://host:8000), instead of an inventory")
+    parser.add_argument("--front-door", action="store_true",
+                        help="with an inventory: through its front door, as its first user (or --api-key)")
     parser.add_argument("--host", help="with an inventory: which host (or group: its first host)")
     parser.add_argument("--model", help=f"served model name (default: the host's served_model_name, "
                                         f"or {DEFAULT_MODEL!r} with --url)")
@@ -422,24 +416,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
-    """fit's single-stream decode bound for the host's model at this run's context; None if unknown."""
-    try:
-        from sparkfleet.model.fit import fit_report
-        from sparkfleet.model.hubs import read_model_config
-        from sparkfleet.release.plan import plan_hosts
+    """The plan's single-stream decode bound (its fit) at this run's context; None when the model is unknown."""
+    from sparkfleet.model.hubs import hub_resolver
+    from sparkfleet.release.plan import plan_hosts
+    from sparkfleet.release.settings import SettingsError
 
-        plan = plan_hosts([(name, data)])[0]
-        manifest, s = plan.manifest, plan.settings
-        if manifest is None:
-            return None
-        weights = sum(f.size for f in manifest.files if f.path.endswith(".safetensors")) or manifest.total_bytes
-        config = read_model_config(manifest, s.controller_endpoint, s.hub_token)
-        report = fit_report(config, weights, gpu_memory_utilization=s.gpu_memory_utilization,
-                            max_model_len=s.max_model_len, kv_cache_dtype=s.kv_cache_dtype,
-                            max_num_seqs=s.max_num_seqs, context=max_tokens + 128)
-        return report.decode_tokens_per_s_at_context
-    except Exception:  # noqa: BLE001 - the roofline is a bonus: no hub, no ratio
+    try:
+        fit = plan_hosts([(name, data)], resolve=hub_resolver)[0].fit
+    except SettingsError:  # the roofline is a bonus: a model the hub cannot describe gets no ratio
         return None
+    return fit.decode_tokens_per_s(max_tokens + PROMPT_TOKENS) if fit else None
 
 
 def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
@@ -448,6 +434,11 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
         raise BenchError("give an inventory or --url (one of them)")
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, args.api_key, args.roofline
+    if args.front_door:
+        from sparkfleet.fleet.front_door import bench_target
+
+        url, model, key = bench_target(args.target)
+        return url, args.model or model, args.api_key or key, args.roofline
     from sparkfleet.fleet.inventory import load_hosts
     from sparkfleet.fleet.status import api_url
     from sparkfleet.release.settings import parse_settings
@@ -483,9 +474,3 @@ def main(args) -> int:
     print(f"wrote {json_path} and {png_path}")
     return 0 if result["errors"] == 0 else 1
 
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m sparkfleet.bench", description=__doc__,
-                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(_parser)
-    raise SystemExit(main(_parser.parse_args()))

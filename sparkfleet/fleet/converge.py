@@ -20,6 +20,7 @@ from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 from sparkfleet import PROJECT_ROOT
+from sparkfleet.host.operations import health_gate_results
 
 
 @dataclass
@@ -28,6 +29,7 @@ class HostResult:
     connected: bool = True
     changed: list[str] = field(default_factory=list)  # operations that changed something
     failed: list[str] = field(default_factory=list)  # operations that failed (or never ran after one did)
+    health_gate: str | None = None  # "passed" | "failed": the gate's own result; None when it did not run
 
     @property
     def ok(self) -> bool:
@@ -90,4 +92,6 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                         results[host.name].changed.append(name)
                 elif results[host.name].connected:
                     results[host.name].failed.append(name)
+        for name, gate in health_gate_results(state).items():
+            results[name].health_gate = gate
     return results

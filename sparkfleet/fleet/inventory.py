@@ -11,6 +11,7 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
 from sparkfleet import PROJECT_ROOT
+from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.release.settings import SettingsError
 
@@ -38,7 +39,8 @@ def plan_for(state, host) -> HostPlan:
     try:
         plans = getattr(state, "sparkfleet_plans", None)
         if plans is None:
-            plans = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in state.inventory])}
+            plans = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in state.inventory],
+                                                    resolve=hub_resolver)}
             state.sparkfleet_plans = plans
         plan = plans[host.name]
         if plan.manifest is None:

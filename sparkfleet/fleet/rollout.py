@@ -12,8 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from sparkfleet.fleet.converge import HostResult, run_deploy
-
-HEALTH_GATE = "answers on port"  # the health gate operation's name (tasks/health.py)
+from sparkfleet.fleet.front_door import FrontDoorRuntime
 
 
 def batches(hosts: list[str], batch: str = "1", canary: bool = False) -> list[list[str]]:
@@ -58,6 +57,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     reports: list[HostReport] = []
     failures = 0
     plan = batches(hosts, batch, canary)
+    door = FrontDoorRuntime.of(inventory)  # none: no drain
     for number, group in enumerate(plan, 1):
         if failures > max_fail:
             reports += [HostReport(h, releases[h][0], releases[h][1], "not reached",
@@ -65,6 +65,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(group)}")
         started = time.monotonic()
+        door.drain(group, log)
         results = run_deploy(inventory, group, data)
         seconds = round(time.monotonic() - started, 1)
         for host in group:
@@ -72,7 +73,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             outcome = judge(result)
             report = HostReport(host, releases[host][0], releases[host][1], outcome, seconds,
                                 "; ".join(result.failed))
-            if outcome == "failed" and any(HEALTH_GATE in op for op in result.failed):
+            if outcome == "failed" and result.health_gate == "failed":
                 back = run_deploy(inventory, [host], data, deploy_file="rollback.py")[host]
                 report.result = "rolled back" if back.ok else "failed"
                 report.new_release = releases[host][0] if back.ok else report.new_release
@@ -81,6 +82,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             if not report.ok:
                 failures += 1
             reports.append(report)
+        door.ready([r.host for r in reports[-len(group):] if r.ok or r.result == "rolled back"], log)  # failed: out
     return reports
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import requests
 
+from sparkfleet.fleet.metrics import read_metrics
 from sparkfleet.release.settings import Settings
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -20,16 +19,6 @@ def api_url(s: Settings, data: dict) -> str | None:
     return f"http://{data.get('ssh_hostname', '')}:{s.api_port}"
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each wanted Prometheus series over its labels."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_:]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line)
-        if match and match[1] in METRICS:
-            values[match[1]] = values.get(match[1], 0.0) + float(match[2])
-    return values
-
-
 def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
     row = {"host": name, "url": api_url(s, data), "healthy": False, "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
@@ -41,7 +30,8 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
         models = requests.get(f"{row['url']}/v1/models", headers=headers, timeout=5)
         models.raise_for_status()
         row["served"] = [m["id"] for m in models.json()["data"]]
-        row["metrics"] = parse_metrics(requests.get(f"{row['url']}/metrics", timeout=5).text)
+        metrics = read_metrics(requests.get(f"{row['url']}/metrics", timeout=5).text)
+        row["metrics"] = {name: value for name, value in metrics.items() if name in METRICS}
         row["healthy"] = health.status_code == 200 and s.served_model_name in row["served"]
         if chat and row["healthy"]:
             from openai import OpenAI
@@ -63,19 +53,23 @@ def ssh_facts(host) -> dict:
     from pyinfra.facts.systemd import SystemdStatus
 
     from sparkfleet.host import paths
-    from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi
+    from sparkfleet.host.facts import ModelFiles, NvidiaSmi, read_json_object
+    from sparkfleet.host.serving import ServingProbe, watchdog_summary
+    from sparkfleet.host.shared import host_module
 
     gpu = host.get_fact(NvidiaSmi)
-    release = host.get_fact(JsonFile, path=paths.RELEASE_FILE) or {}
+    release = read_json_object(host, paths.RELEASE_FILE).value or {}
     toolkit = host.get_fact(DebPackage, package="nvidia-container-toolkit") or {}
     verified = None
     if release.get("model_dir"):
         state = host.get_fact(ModelFiles, model_dir=release["model_dir"], record=paths.VERIFIED_RECORD)
         record, files = state["record"], state["files"]
         expected = (release.get("manifest") or {}).get("files")
-        verified = bool(record) and len(record) == expected and all(
-            files.get(path) == {k: v for k, v in entry.items() if k != "hash"} for path, entry in record.items())
+        vouched = all(host_module.vouches(entry, files.get(path)) for path, entry in record.items())
+        exact = not host_module.extras(record, files, state.get("others", {}))
+        verified = bool(record) and len(record) == expected and vouched and exact
     units = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME]) or {}
     return {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
             "release_id": release.get("release_id"), "model_verified": verified,
-            "unit_active": bool(units.get(paths.UNIT_NAME))}
+            "unit_active": bool(units.get(paths.UNIT_NAME)),
+            "watchdog": watchdog_summary(host.get_fact(ServingProbe))}

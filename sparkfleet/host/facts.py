@@ -1,16 +1,109 @@
-"""Custom pyinfra facts: each reads one thing from a host and changes nothing."""
+"""Custom pyinfra facts, and the plain parsers behind them: each reads one thing from a host and
+changes nothing. What a host prints is data: a parser that does not understand it returns an
+`Unreadable` naming what it read and why, never a guess (and nothing is deleted on doubt).
+
+Where pyinfra 3.10 has the fact (files.FileContents, files.Sha256File, docker.DockerImage,
+server.Arch), sparkfleet uses it; a custom fact here says in its docstring what it adds.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.facts.gpg import GpgFactBase
 
+from sparkfleet.host import paths
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """Host output a parser does not understand: `source` is the file or command read."""
+
+    source: str
+    problem: str
+
+    def line(self, host: str) -> str:
+        return f"{host}: {self.source}: {self.problem}: fix or remove it by hand; sparkfleet changes nothing on doubt"
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """A JSON file that must hold an object: `value` is None when the file is absent."""
+
+    path: str
+    value: dict | None = None
+    unreadable: Unreadable | None = None
+
+    @property
+    def absent(self) -> bool:
+        return self.value is None and self.unreadable is None
+
+
+def json_object(path: str, text: str | None) -> JsonObject:
+    """Parse a host file that must hold a JSON object; anything else is unreadable, not absent."""
+    if text is None:
+        return JsonObject(path)
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return JsonObject(path, unreadable=Unreadable(path, f"not valid JSON ({exc})"))
+    if not isinstance(value, dict):
+        return JsonObject(path, unreadable=Unreadable(path, f"holds a JSON {type(value).__name__}, not an object"))
+    return JsonObject(path, value)
+
+
+class JsonFile(FactBase[str]):
+    """A file's text; None when absent. pyinfra's FileContents reads an empty file as absent
+    (no output), and a truncated release record must not read as "no release": this fact
+    prints a marker line first, so an empty file is "" here. Parse it with `json_object`."""
+
+    MARKER = "@@sparkfleet-file"
+
+    def command(self, path):
+        return StringCommand("if [ -e", QuoteString(path), "]; then echo", self.MARKER, "&& cat", QuoteString(path),
+                             "; fi")
+
+    def process(self, output):
+        if not output or output[0] != self.MARKER:
+            return None
+        return "\n".join(output[1:])
+
+
+def read_json_object(host, path: str) -> JsonObject:
+    return json_object(path, host.get_fact(JsonFile, path=path))
+
+
+RELEASE_KEYS = {"release_id": str, "model_dir": str, "served_model_name": str, "api_host": str, "api_port": int,
+                "health_timeout_s": int, "tools": bool}
+
+
+def release_problem(record: dict, source: str) -> Unreadable | None:
+    """What the rollback needs from a release record, each key of its type (an older or
+    hand-edited record may lack them: then nothing is swapped)."""
+    missing = [key for key, kind in RELEASE_KEYS.items()
+               if not isinstance(record.get(key), kind) or (kind is int and isinstance(record.get(key), bool))]
+    if missing:
+        return Unreadable(source, f"the release record lacks {', '.join(missing)} (written by an older sparkfleet?)")
+    return None
+
+
+def history_problem(release: JsonObject) -> Unreadable | None:
+    """The cleanup keeps what the record lists: a history that is not a list of paths keeps nothing."""
+    record = release.value or {}
+    history, previous = record.get("model_history", []), record.get("previous")
+    if not (isinstance(history, list) and all(isinstance(d, str) for d in history)):
+        return Unreadable(release.path, "`model_history` is not a list of directories")
+    if previous is not None and not (isinstance(previous, dict) and isinstance(previous.get("model_dir"), str)):
+        return Unreadable(release.path, "`previous` is not a release record with a model_dir")
+    return None
+
+
 class NvidiaSmi(FactBase[GpuReport]):
-    """GPU name, driver and CUDA version from the nvidia-smi table."""
+    """GPU name, driver and CUDA version from the nvidia-smi table (pyinfra has no GPU fact)."""
 
     def command(self):
         return "command -v nvidia-smi >/dev/null && nvidia-smi 2>&1 || echo 'nvidia-smi: not found or failed'"
@@ -19,36 +112,57 @@ class NvidiaSmi(FactBase[GpuReport]):
         return parse_nvidia_smi("\n".join(output))
 
 
-class MemInfo(FactBase[dict]):
-    """/proc/meminfo in kB: nvidia-smi reports no memory on unified-memory GB10."""
+def parse_meminfo(lines: list[str]) -> dict | Unreadable:
+    """/proc/meminfo in kB; a line that is not `Key: <number> [kB]` is unreadable."""
+    values = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        match = re.fullmatch(r"([\w()]+):\s+(\d+)(?: kB)?\s*", line)
+        if not match:
+            return Unreadable("/proc/meminfo", f"line {line[:60]!r} is not `Key: <number> kB`")
+        values[match[1]] = int(match[2])
+    if "MemTotal" not in values:
+        return Unreadable("/proc/meminfo", "no MemTotal line")
+    return values
+
+
+class MemInfo(FactBase):
+    """/proc/meminfo in kB (nvidia-smi reports no memory on unified-memory GB10); pyinfra's
+    server.Memory gives MemTotal only, in MB, and no unreadable result."""
 
     def command(self):
         return "cat /proc/meminfo"
 
     def process(self, output):
-        values = {}
-        for line in output:
-            key, _, rest = line.partition(":")
-            if rest.strip():
-                values[key] = int(rest.split()[0])
-        return values
+        return parse_meminfo(output)
 
 
-class FreeBytes(FactBase[int]):
-    """Free bytes on the file system that holds `path` (or its nearest existing parent)."""
+def parse_free_bytes(lines: list[str], path: str) -> int | Unreadable:
+    """The `Available` column of `df -P -B1` (a network file system may print `-`)."""
+    text = lines[0].strip() if lines else ""
+    if not text.isdigit():
+        return Unreadable(f"df {path}", f"free bytes read {text[:40]!r}, not a number")
+    return int(text)
+
+
+class FreeBytes(FactBase):
+    """Free bytes on the file system that holds `path` (or its nearest existing parent): the
+    model root may not exist yet, and pyinfra has no free-space fact."""
 
     def command(self, path):
+        self.path = path
         return StringCommand(
             "p=", QuoteString(path), '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;',
             "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'",
         )
 
     def process(self, output):
-        return int(output[0])
+        return parse_free_bytes(output, self.path)
 
 
 class DockerState(FactBase[dict]):
-    """Whether the Docker CLI exists and docker.service is active."""
+    """Whether the Docker CLI exists and docker.service is active (anything else reads as no)."""
 
     def command(self):
         return ("printf 'installed=%s\\n' \"$(command -v docker >/dev/null && echo yes || echo no)\"; "
@@ -59,40 +173,64 @@ class DockerState(FactBase[dict]):
         return {"installed": values.get("installed") == "yes", "active": values.get("active") == "active"}
 
 
-class JsonFile(FactBase):
-    """A JSON file's content; None when absent; {"__invalid__": text} when not JSON."""
-
-    def command(self, path):
-        return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
-
-    def process(self, output):
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            return {"__invalid__": text}
+def parse_python_version(lines: list[str]) -> str | None | Unreadable:
+    text = lines[0].strip() if lines else "none"
+    if text == "none":
+        return None
+    if not re.fullmatch(r"3\.\d+", text):
+        return Unreadable("python3 --version", f"reads {text[:40]!r}, not 3.N")
+    return text
 
 
-class PythonVersion(FactBase[str]):
-    """The host's python3 as "3.12": the runtime bundle is built for it."""
+class PythonVersion(FactBase):
+    """The host's python3 as "3.12" (the runtime bundle is built for it); pyinfra has no such fact."""
 
     def command(self):
         return "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo none"
 
     def process(self, output):
-        return None if output[0] == "none" else output[0]
+        return parse_python_version(output)
 
 
-class ModelFiles(FactBase[dict]):
-    """A model directory's verified record and every file's size, mtime and inode."""
+FILES_MARKER = "@@files"
+
+
+def parse_model_files(text: str, model_dir: str) -> dict | Unreadable:
+    """The verified record and, per file, size, mtime (ns) and inode.
+
+    The listing is NUL-separated, so a file name holding a newline stays one name. An
+    unreadable record vouches for nothing (every file is hashed again: nothing is deleted).
+    """
+    record_text, marker, listing = text.partition(FILES_MARKER)
+    if not marker:
+        return {"record": {}, "files": {}}
+    record = json_object(model_dir, record_text.strip() or None).value or {}
+    files, others = {}, {}  # others: path -> find's type letter of what is not a regular file
+    for entry in listing.lstrip("\n").split("\0"):
+        if not entry.strip("\n"):
+            continue
+        match = re.fullmatch(r"(?:([a-zA-Z]) )?(\d+) (\d+)(?:\.(\d+))? (\d+) (.+)", entry, re.DOTALL)
+        if not match:
+            return Unreadable(f"find {model_dir}", f"listing entry {entry[:60]!r} is not `size mtime inode name`")
+        kind, size, seconds, fraction, ino, path = match.groups()
+        if kind not in (None, "f"):
+            others[path] = kind
+            continue
+        files[path] = {"size": int(size), "mtime_ns": int(seconds) * 10**9 + int((fraction or "")[:9].ljust(9, "0")),
+                       "ino": int(ino)}
+    return {"record": record, "files": files, "others": others}
+
+
+class ModelFiles(FactBase):
+    """A model directory's verified record and every file's size, mtime and inode in one round
+    trip (pyinfra's File fact is one file per call; FindFiles splits names on newlines)."""
 
     def command(self, model_dir, record):
+        self.model_dir = model_dir
         quoted = QuoteString(model_dir)
         return StringCommand(
             "if [ -d", quoted, "]; then cat", QuoteString(f"{model_dir}/{record}"), "2>/dev/null; echo;",
-            "echo @@files; find", quoted, "-type f ! -path '*/.staging/*' -printf '%s %T@ %i %P\\n'; fi",
+            "echo", FILES_MARKER, "; find", quoted, "-mindepth 1 ! -path '*/.staging/*' -printf '%y %s %T@ %i %P\\0'; fi",
         )
 
     @staticmethod
@@ -100,67 +238,67 @@ class ModelFiles(FactBase[dict]):
         return {"record": {}, "files": {}}
 
     def process(self, output):
-        text = "\n".join(output)
-        record_text, _, listing = text.partition("@@files")
+        return parse_model_files("\n".join(output), self.model_dir)
+
+
+def primary_fingerprints(keys: dict) -> list[str]:
+    """Fingerprints of the primary keys in pyinfra's GPG fact shape (subkeys are not keys)."""
+    return sorted(key.get("fingerprint", "?").upper() for key in keys.values())
+
+
+class KeyringKeys(GpgFactBase):
+    """The keys in a keyring file, as pyinfra's GpgKey returns them ({key id: {fingerprint,
+    subkeys}}; {} when absent or unreadable, so such a keyring is replaced). pyinfra's GpgKey
+    runs `gpg --with-colons FILE`, which prints no fingerprints for a file, leaves the path
+    unquoted and fails the host on an unreadable file; this one uses --show-keys."""
+
+    def command(self, path):
+        return StringCommand("if [ -f", QuoteString(path), "]; then gpg --show-keys --with-colons", QuoteString(path),
+                             "2>/dev/null || true; fi")
+
+    def process(self, output):
         try:
-            record = json.loads(record_text) if record_text.strip() else {}
-        except ValueError:
-            record = {}
-        files = {}
-        for line in listing.strip().splitlines():
-            size, mtime, ino, path = line.split(" ", 3)
-            seconds, _, fraction = mtime.partition(".")
-            files[path] = {"size": int(size), "mtime_ns": int(seconds) * 10**9 + int(fraction[:9].ljust(9, "0")),
-                           "ino": int(ino)}
-        return {"record": record, "files": files}
-
-
-class KeyringFingerprints(FactBase[list]):
-    """Fingerprints of the keys in an apt keyring file ([] when absent)."""
+            return super().process(output)
+        except (ValueError, IndexError):
+            return {}
 
     @staticmethod
     def default():
-        return []
-
-    def command(self, path):
-        return StringCommand(
-            "[ -f", QuoteString(path), "] && gpg --show-keys --with-colons", QuoteString(path),
-            "2>/dev/null | awk -F: '$1==\"fpr\" {print $10}' || true",
-        )
-
-    def process(self, output):
-        return [line.strip().upper() for line in output if line.strip()]
-
-
-class DockerImagePresent(FactBase[bool]):
-    """Whether the host's Docker has this image (so the unit need not pull it)."""
-
-    def command(self, image):
-        return StringCommand("docker image inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
-
-    def process(self, output):
-        return output[0] == "yes"
+        return {}
 
 
 class ModelDirs(FactBase[list]):
-    """sparkfleet's model directories (<org>--<name>@<pin>) under model_root."""
+    """sparkfleet's model directories (<org>--<name>@<pin>) under model_root. Its output drives
+    `rm -rf`, so it is NUL-separated (pyinfra's FindDirectories splits a name holding a newline
+    into two paths) and every entry must be a direct child of model_root."""
 
     @staticmethod
     def default():
         return []
 
     def command(self, model_root):
-        return StringCommand("find", QuoteString(model_root), "-mindepth 1 -maxdepth 1 -type d -name '*@*' 2>/dev/null || true")
+        self.model_root = model_root
+        return StringCommand("find", QuoteString(model_root), "-mindepth 1 -maxdepth 1 -type d -name '*@*' -print0",
+                             "2>/dev/null || true")
 
     def process(self, output):
-        return sorted(line.strip() for line in output if line.strip())
+        return parse_model_dirs("\n".join(output), self.model_root)
+
+
+def parse_model_dirs(text: str, model_root: str) -> list[str] | Unreadable:
+    dirs = sorted(entry for entry in text.split("\0") if entry.strip("\n"))
+    prefix = model_root.rstrip("/") + "/"
+    strays = [d for d in dirs if not d.startswith(prefix) or "/" in d[len(prefix):]]
+    if strays:
+        return Unreadable(f"find {model_root}", f"listed {strays[0][:80]!r}, not a directory directly under it")
+    return dirs
 
 
 class RuntimePath(FactBase[str]):
     """The newest runtime bundle unpacked on the host (the clients the helpers run with)."""
 
     def command(self):
-        return "ls -dt /opt/sparkfleet/runtime/runtime-*/ 2>/dev/null | head -1"
+        return paths.NEWEST_RUNTIME_COMMAND
 
     def process(self, output):
-        return output[0].rstrip("/") if output else None
+        return output[0] if output else None

@@ -13,8 +13,8 @@ from pyinfra.operations import files
 
 from sparkfleet.host import paths
 from sparkfleet.host.facts import ModelFiles
+from sparkfleet.host.shared import host_module
 from sparkfleet.model.manifest import Manifest
-from sparkfleet.verify import files_needing_work
 
 
 @operation()
@@ -40,16 +40,19 @@ def runtime_path(tarball: str) -> str:
 def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
                    full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None,
                    model_files: dict | None = None):
-    """Every manifest file in model_dir with the hub's hash; only what is not vouched for is touched.
+    """Exactly the manifest's files in model_dir, each with the hub's hash; only what is not vouched
+    for is touched, and entries the manifest does not name (files, symlinks, directories) go.
 
-    Bytes come from `peers` (other Sparks' shares) then the hub, or, with
-    `pushed_from` (the controller's verified copy), over this SSH connection.
-    `model_files` is the ModelFiles fact when the caller already read it.
+    Bytes come from `peers` (other Sparks' shares, asked with the fleet token)
+    then the hub, or, with `pushed_from` (the controller's verified copy),
+    over this SSH connection. `model_files` is the ModelFiles fact when the
+    caller already read it.
     """
     state = model_files if model_files is not None else host.get_fact(
         ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
     needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
-    if not needed:
+    extra = host_module.extras(manifest.entries, state["files"], state.get("others", {}))
+    if not needed and not extra:
         host.noop(f"{len(manifest.files)} model files verified in {model_dir}")
         return
     name = Path(model_dir).name
@@ -63,5 +66,17 @@ def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, run
         yield from files.put._inner(src=f"{pushed_from}/{path}", dest=f"{staging}/{path}")
     yield StringCommand(
         f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-fetch", QuoteString(job_path),
-        "--env-file", paths.HUB_ENV, *(["--full-verify"] if full_verify else []),
+        "--env-file", paths.HUB_ENV, *(["--token-file", paths.FLEET_TOKEN] if peers else []),
+        *(["--full-verify"] if full_verify else []),
     )
+
+
+def files_needing_work(manifest: Manifest, record: dict, files: dict, full_verify: bool = False) -> list[str]:
+    """Manifest paths whose bytes the verified record does not vouch for (the host module's rule)."""
+    return host_module.files_needing_work(manifest.entries, record, files, full_verify)
+
+
+def missing_bytes(manifest: Manifest, needed: list[str]) -> int:
+    """Bytes still to download: what the free-disk check must cover."""
+    wanted = set(needed)
+    return sum(f.size for f in manifest.files if f.path in wanted)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_HEADER = re.compile(r"Driver Version:\s*(?P<driver>[\d.]+)\s+CUDA Version:\s*(?P<cuda>[\d.]+)")
-_GPU_ROW = re.compile(r"^\|\s*\d+\s+(?P<name>NVIDIA [^|]*?|[A-Z][^|]*?)\s+(?:On|Off)\s*\|", re.MULTILINE)
+_HEADER = re.compile(r"Driver Version:\s*(?P<driver>\S+)\s+CUDA Version:\s*(?P<cuda>\S+)")
+_GPU_ROW = re.compile(r"^\|\s*\d+\s+(?P<name>\S[^|]*?)\s+(?:On|Off)\s*\|", re.MULTILINE)
+_VERSION = re.compile(r"\d+(?:\.\d+)*")
 
 
 @dataclass(frozen=True)
@@ -14,17 +15,28 @@ class GpuReport:
     name: str | None
     driver: str | None
     cuda: str | None
-    error: str | None = None
+    error: str | None = None  # one line: what nvidia-smi printed that is not a working GPU
 
 
 def parse_nvidia_smi(text: str) -> GpuReport:
-    """Parse the default `nvidia-smi` table (memory may read `Not Supported` on GB10)."""
+    """Parse the default `nvidia-smi` table (memory may read `Not Supported` on GB10).
+
+    A driver, CUDA version or GPU name that reads `N/A` (a driver half loaded)
+    is an error, never a version to compare.
+    """
     header = _HEADER.search(text)
     if not header:
         first = text.strip().splitlines()[0] if text.strip() else "no output"
-        return GpuReport(None, None, None, error=first)
+        return GpuReport(None, None, None, error=f"nvidia-smi printed no driver line ({first[:120]})")
+    driver, cuda = header["driver"], header["cuda"]
+    for what, value in (("Driver Version", driver), ("CUDA Version", cuda)):
+        if not _VERSION.fullmatch(value):
+            return GpuReport(None, None, None, error=f"nvidia-smi reads {what}: {value[:40]}, not a version")
     row = _GPU_ROW.search(text)
-    return GpuReport(row["name"].strip() if row else None, header["driver"], header["cuda"])
+    name = row["name"].strip() if row else None
+    if not name or not name[0].isalpha() or name.upper() == "N/A":
+        return GpuReport(None, driver, cuda, error=f"nvidia-smi lists no GPU name (reads {name or 'nothing'})")
+    return GpuReport(name, driver, cuda)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -3,52 +3,73 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import OperationError, QuoteString, StringCommand, operation
-from pyinfra.facts.files import Sha1File
+from pyinfra.api import (
+    OperationError,
+    OperationValueError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.facts.docker import DockerImage
+from pyinfra.facts.files import File, Sha1File, Sha256File
 from pyinfra.operations import files
 
 from sparkfleet.host import paths
 from sparkfleet.host.facts import (
-    DockerImagePresent,
-    JsonFile,
-    KeyringFingerprints,
+    KeyringKeys,
     ModelDirs,
+    Unreadable,
+    primary_fingerprints,
+    read_json_object,
+    release_problem,
+)
+
+_INSTALL_ONE_KEY = (
+    'set -e; tmp=$(mktemp -d); trap \'gpgconf --homedir "$tmp" --kill all 2>/dev/null; rm -rf "$tmp"\' EXIT; '
+    'curl -fsSL --retry 3 --max-filesize 1048576 "$SRC" -o "$tmp/download"; '
+    'gpg --homedir "$tmp" --batch --quiet --import "$tmp/download" 2>/dev/null || true; '
+    'gpg --homedir "$tmp" --batch --export "$FPR" > "$tmp/key.gpg"; '
+    'found=$(gpg --show-keys --with-colons "$tmp/key.gpg" 2>/dev/null'
+    ' | awk -F: \'$1 == "pub" {p = 1; next} $1 == "fpr" && p {print $10} {p = 0}\'); '
+    '[ "$found" = "$FPR" ] || { echo "the key file at $SRC holds no primary key $FPR:'
+    ' check toolkit_key_url and toolkit_key_fingerprint" >&2; exit 1; }; '
+    'install -D -m 0644 "$tmp/key.gpg" "$DEST.new" && mv -f "$DEST.new" "$DEST"'
 )
 
 
 @operation()
 def apt_keyring(src: str, dest: str, fingerprint: str):
-    """A keyring at dest holding the key with this fingerprint, fetched from src and checked first."""
-    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
-        host.noop(f"{dest} holds key {fingerprint}")
+    """A keyring at dest holding exactly one key: the primary key with this fingerprint.
+
+    The download may hold other keys (a mirror's, say): it is imported into a
+    throw-away keyring and only the configured key is exported and installed,
+    so apt trusts nothing else for the toolkit repository. A keyring holding
+    anything else, or nothing readable, is replaced.
+    """
+    fingerprint = fingerprint.upper()
+    if primary_fingerprints(host.get_fact(KeyringKeys, path=dest)) == [fingerprint]:
+        host.noop(f"{dest} holds exactly key {fingerprint}")
         return
-    script = (
-        'set -e; tmp=$(mktemp); trap \'rm -f "$tmp" "$tmp.gpg"\' EXIT; '
-        'curl -fsSL --retry 3 "$SRC" -o "$tmp"; '
-        'if grep -q "BEGIN PGP" "$tmp"; then gpg --dearmor < "$tmp" > "$tmp.gpg"; else cp "$tmp" "$tmp.gpg"; fi; '
-        'gpg --show-keys --with-colons "$tmp.gpg" | awk -F: \'$1 == "fpr" {print $10}\' | grep -qx "$FPR" || '
-        '{ echo "the key at $SRC is not $FPR: check toolkit_key_url and toolkit_key_fingerprint" >&2; exit 1; }; '
-        'install -D -m 0644 "$tmp.gpg" "$DEST"'
-    )
     yield StringCommand(
-        "SRC=" + shlex.quote(src), "FPR=" + fingerprint, "DEST=" + shlex.quote(dest),
-        "sh -c", QuoteString(script),
+        "SRC=" + shlex.quote(src), "FPR=" + shlex.quote(fingerprint), "DEST=" + shlex.quote(dest),
+        "sh -c", QuoteString(_INSTALL_ONE_KEY),
     )
 
 
 @operation()
 def docker_nvidia_runtime():
     """daemon.json names the nvidia runtime; nvidia-ctk merges it, keeping every other key."""
-    daemon = host.get_fact(JsonFile, path=paths.DAEMON_JSON) or {}
-    if "__invalid__" in daemon:
-        raise OperationError(
-            f"{paths.DAEMON_JSON} is not valid JSON: fix it by hand; sparkfleet will not overwrite it"
-        )
-    if "nvidia" in (daemon.get("runtimes") or {}):
+    daemon = read_json_object(host, paths.DAEMON_JSON)
+    if daemon.unreadable:
+        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: {daemon.unreadable.problem}: fix it by hand; "
+                             "sparkfleet will not overwrite it")
+    if "nvidia" in ((daemon.value or {}).get("runtimes") or {}):
         host.noop("docker already has the nvidia runtime")
         return
     yield "nvidia-ctk runtime configure --runtime=docker"
@@ -57,7 +78,8 @@ def docker_nvidia_runtime():
 @operation()
 def image_loaded(image: str, archive: str):
     """The engine image present in the host's Docker, loaded from a controller-side archive if missing."""
-    if host.get_fact(DockerImagePresent, image=image):
+    # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
+    if host.get_fact(DockerImage, object_id=shlex.quote(image)):
         host.noop(f"{image} present")
         return
     upload = f"/var/lib/sparkfleet/{Path(archive).name}"
@@ -65,10 +87,23 @@ def image_loaded(image: str, archive: str):
     yield StringCommand("docker load -i", QuoteString(upload), "&& rm -f", QuoteString(upload))
 
 
+def _stop(what: Unreadable, then: str) -> OperationError:
+    return OperationError(f"{host.name}: {what.source}: {what.problem}: {then}")
+
+
 @operation()
 def old_models_removed(model_root: str, keep: list[str]):
-    """Model directories beyond the kept releases removed (never one in `keep`)."""
+    """Model directories beyond the kept releases removed (never one in `keep`).
+
+    Nothing is removed on doubt: a release record that is not a readable JSON
+    object, or a listing that is not plain directories under model_root, stops here.
+    """
+    record = read_json_object(host, paths.RELEASE_FILE)
+    if record.unreadable:
+        raise _stop(record.unreadable, "no model directory was removed; repair or remove the file by hand")
     present = host.get_fact(ModelDirs, model_root=model_root)
+    if isinstance(present, Unreadable):
+        raise _stop(present, "no model directory was removed")
     stale = [d for d in present if d not in keep]
     if not stale:
         host.noop(f"{len(present)} model directories, all kept")
@@ -78,44 +113,118 @@ def old_models_removed(model_root: str, keep: list[str]):
 
 
 @operation()
-def release_kept_for_rollback(unit_text: str, env_text: str):
-    """Before a new unit or environment replaces the running one, keep the running release aside."""
-    have_unit = host.get_fact(Sha1File, path=paths.UNIT_PATH)
-    have_env = host.get_fact(Sha1File, path=paths.ENGINE_ENV)
-    changing = have_unit not in (None, _sha1(unit_text)) or have_env not in (None, _sha1(env_text))
-    if not have_unit or not changing:
-        host.noop("no running release is being replaced")
+def secret_file(dest: str, content: str):
+    """A root-only (0600) file with this content; the content never appears in a command, a log
+    or `pyinfra --diff`, and a change is seen by its sha256, not by a diff.
+
+    The bytes land in an empty 0600 file made first in dest's directory (SFTP
+    keeps an existing file's mode), which is then renamed over dest: no moment
+    where the secret is readable by others, and no half-written file. Call it
+    with `name=`: pyinfra prints an unnamed operation's arguments.
+    """
+    if not (host.current_op_global_arguments or {}).get("name"):
+        raise OperationValueError(f"secret_file({dest}) needs name=: pyinfra would print its arguments")
+    want = hashlib.sha256(content.encode()).hexdigest()
+    have = host.get_fact(Sha256File, path=dest)
+    mode = (host.get_fact(File, path=dest) or {}).get("mode")
+    if have == want and mode == 600:
+        host.noop(f"{dest} is current (0600)")
         return
-    yield (f"mkdir -p {paths.PREVIOUS_DIR} && cp -p {paths.UNIT_PATH} {paths.ENGINE_ENV} {paths.RELEASE_FILE} "
-           f"{paths.PREVIOUS_DIR}/")
+    if have == want:
+        yield StringCommand("chmod 0600", QuoteString(dest))
+        return
+    staged = f"{dest}.sparkfleet-new"
+    yield StringCommand("mkdir -p", QuoteString(str(Path(dest).parent)), "&& rm -f", QuoteString(staged),
+                        "&& ( umask 077 && : >", QuoteString(staged), ")")
+    yield FileUploadCommand(io.StringIO(content), staged, remote_temp_filename=host.get_temp_filename(staged))
+    yield StringCommand("mv -f", QuoteString(staged), QuoteString(dest))
 
 
 def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
+_KEPT_ENV = f"{paths.PREVIOUS_DIR}/{Path(paths.ENGINE_ENV).name}"
+_SECRET_LINE = shlex.quote(f"^{paths.ENGINE_ENV_SECRET}=")
+
+
+@operation()
+def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_text: str):
+    """Before a new release replaces the running one, keep the running one's unit, settings and
+    record aside (rollback needs no download). Its secrets are not kept: a rollback takes
+    today's secrets, from the inventory, never an older one."""
+    if installed_release in (None, new_release) or host.get_fact(Sha1File, path=paths.UNIT_PATH) in (
+            None, _sha1(unit_text)):
+        host.noop("no running release is being replaced")
+        return
+    yield StringCommand(
+        "mkdir -p", paths.PREVIOUS_DIR, "&& cp -p", paths.UNIT_PATH, paths.RELEASE_FILE, paths.PREVIOUS_DIR + "/",
+        "&& ( umask 077 && { grep -v", _SECRET_LINE, paths.ENGINE_ENV, "|| [ $? -eq 1 ]; } >", _KEPT_ENV, ")",
+    )
+
+
 @operation()
 def previous_release_restored(previous: dict, current: dict):
-    """Swap the kept release with the running one (so a second rollback returns), then restart."""
-    if previous.get("release_id") == current.get("release_id"):
+    """Swap the kept release with the running one (so a second rollback returns), then restart.
+
+    The engine environment swapped in is the kept release's settings plus the
+    secret line of the one running now.
+    """
+    if previous["release_id"] == current.get("release_id"):
         host.noop(f"release {current.get('release_id')} is already the running one")
         return
-    gone = f"the previous model directory {previous['model_dir']} is gone: roll forward instead"
-    yield f"test -d {shlex.quote(previous['model_dir'])} || {{ echo {shlex.quote(gone)} >&2; exit 1; }}"
-    for live in (paths.UNIT_PATH, paths.ENGINE_ENV, paths.RELEASE_FILE):
+    gone = f"{host.name}: the previous model directory {previous['model_dir']} is gone: roll forward instead"
+    yield StringCommand("test -d", QuoteString(previous["model_dir"]), "|| { echo", QuoteString(gone),
+                        ">&2; exit 1; }")
+    for live in (paths.UNIT_PATH, paths.RELEASE_FILE):
         kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
         yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
+    live, kept = paths.ENGINE_ENV, _KEPT_ENV
+    yield (f"( umask 077 && {{ grep -v {_SECRET_LINE} {live} || [ $? -eq 1 ]; }} > {kept}.swap"
+           f" && {{ grep {_SECRET_LINE} {live} || [ $? -eq 1 ]; cat {kept}; }} > {live}.new )"
+           f" && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
     yield f"systemctl daemon-reload && systemctl restart {paths.UNIT_NAME}"
+
+
+def rollback_problem(previous: dict | None, source: str) -> Unreadable | None:
+    """Why a kept release cannot be rolled back to (None when it can)."""
+    if previous is None:
+        return Unreadable(paths.PREVIOUS_DIR, "no previous release kept: nothing to roll back to")
+    return release_problem(previous, source)
 
 
 @operation(is_idempotent=False)
 def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str):
     """The service answers: /health, /v1/models, a chat completion, a tool call. Else the journal."""
-    check = " ".join([
-        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health",
-        "--host", "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host, "--port", str(port),
-        "--served-name", shlex.quote(served_name), "--timeout", str(timeout_s),
+    check = StringCommand(
+        f"PYTHONPATH={shlex.quote(runtime)}", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
+        "--host", QuoteString("127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host), "--port", str(port),
+        "--served-name", QuoteString(served_name), "--timeout", str(timeout_s),
         "--env-file", paths.ENGINE_ENV, "--unit", paths.UNIT_NAME, *(["--tools"] if tools else []),
-    ])
-    yield (f"{check} || {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "
-           f"journalctl -u {paths.UNIT_NAME} -n 50 --no-pager >&2; exit 1; }}")
+    )
+    yield StringCommand(check, f"|| {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "
+                        f"journalctl -u {paths.UNIT_NAME} -n 50 --no-pager >&2; exit 1; }}")
+
+
+_GATES = "sparkfleet_health_gates"
+
+
+def record_health_gate(state, host_name: str, gate) -> None:
+    """Remember a host's health gate operation on pyinfra's state, so a rollout judges the gate by its
+    result, not by an operation's display name. A host may have several (the gate after a change, the
+    serving check when nothing changed): the ones that ran count, a failed one first."""
+    gates = getattr(state, _GATES, None)
+    if gates is None:
+        gates = {}
+        setattr(state, _GATES, gates)
+    gates.setdefault(host_name, []).append(gate)
+
+
+def health_gate_results(state) -> dict[str, str]:
+    """host -> "passed" | "failed" for each host whose health gate ran in this run."""
+    results = {}
+    for name, gates in (getattr(state, _GATES, None) or {}).items():
+        ran = [gate for gate in gates if gate.is_complete() and (gate.executed or not gate.did_succeed())]
+        if ran:
+            results[name] = "passed" if all(gate.did_succeed() for gate in ran) else "failed"
+    return results

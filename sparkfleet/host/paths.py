@@ -1,21 +1,29 @@
 """Where sparkfleet puts things on a host: one place, so tests and tasks agree."""
 
+from sparkfleet.host.shared import host_module
+
 UNIT_NAME = "sparkfleet-vllm.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 SHARE_UNIT_NAME = "sparkfleet-share.service"
 SHARE_UNIT_PATH = f"/etc/systemd/system/{SHARE_UNIT_NAME}"
 CONFIG_DIR = "/etc/sparkfleet"
 ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: VLLM_API_KEY and engine_env
+ENGINE_ENV_SECRET = "VLLM_API_KEY"  # the one secret line of ENGINE_ENV: never kept for, nor restored by, a rollback
 HUB_ENV = f"{CONFIG_DIR}/hub.env"  # 0600: the hub token
+FLEET_TOKEN = f"{CONFIG_DIR}/fleet.token"  # 0600, owned by SHARE_USER: what the peer shares ask for
+SHARE_USER = "sparkfleet-share"  # the share's own system user: no login, no home, reads the model root
 RELEASE_FILE = f"{CONFIG_DIR}/release.json"
 PREVIOUS_DIR = f"{CONFIG_DIR}/previous"  # the replaced unit, env and release record: rollback needs no download
 PREVIOUS_RELEASE_FILE = f"{PREVIOUS_DIR}/release.json"
 LIB_DIR = "/opt/sparkfleet"
 BIN_DIR = f"{LIB_DIR}/bin"
 RUNTIME_DIR = f"{LIB_DIR}/runtime"  # the hub and openai clients, shipped from the controller
+# The one rule for which runtime bundle the helpers run with: the newest unpacked (by mtime; the
+# names are content hashes, so their order means nothing). Prints its path, no trailing slash.
+NEWEST_RUNTIME_COMMAND = f"ls -dt {RUNTIME_DIR}/runtime-*/ 2>/dev/null | head -1 | sed 's:/*$::'"
 MANIFEST_DIR = "/var/lib/sparkfleet/manifests"
-VERIFIED_RECORD = ".sparkfleet-verified.json"  # inside each model directory
-STAGING_DIR_NAME = ".staging"  # under model_root: same file system, atomic rename
+VERIFIED_RECORD = host_module.RECORD_NAME  # inside each model directory
+STAGING_DIR_NAME = host_module.STAGING_NAME  # under model_root: same file system, atomic rename
 TOOLKIT_KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 DAEMON_JSON = "/etc/docker/daemon.json"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.host.facts import JsonObject, Unreadable, history_problem
 from sparkfleet.host.nvidia_smi import GpuReport, at_least
 from sparkfleet.release.settings import Settings
 
@@ -14,16 +15,26 @@ GIB = 1024**3
 class HostFacts:
     arch: str
     gpu: GpuReport
-    meminfo: dict  # kB, from /proc/meminfo
-    free_bytes: int  # at the model root
+    meminfo: dict | Unreadable  # kB, from /proc/meminfo
+    free_bytes: int | Unreadable  # at the model root
     needed_bytes: int  # model bytes not yet verified on this host
     docker: dict  # {"installed": bool, "active": bool}
-    python: str | None
-    model_files: dict  # the ModelFiles fact: read once here, passed on to the model stage
+    python: str | None | Unreadable
+    model_files: dict | Unreadable  # the ModelFiles fact: read once here, passed on to the model stage
+    release: JsonObject  # the installed release record: the service and cleanup stages build on it
+
+
+def unreadable_facts(name: str, f: HostFacts) -> list[str]:
+    """Host output no parser understood: the host stops here, nothing is guessed or deleted."""
+    found = [v for v in (f.meminfo, f.free_bytes, f.python, f.model_files, f.release.unreadable,
+                         history_problem(f.release)) if isinstance(v, Unreadable)]
+    return [u.line(name) for u in found]
 
 
 def preflight_problems(name: str, s: Settings, f: HostFacts) -> list[str]:
-    problems = []
+    problems = unreadable_facts(name, f)
+    if problems:
+        return problems
 
     def refuse(what, found, required, fix):
         problems.append(f"{name}: {what}: found {found}, required {required}: {fix}")
@@ -32,7 +43,7 @@ def preflight_problems(name: str, s: Settings, f: HostFacts) -> list[str]:
         refuse("CPU architecture", f.arch, s.expected_arch,
                "run on a DGX Spark (or set expected_arch for this host)")
     if f.gpu.error or not f.gpu.driver:
-        refuse("GPU driver", f"nvidia-smi failing ({f.gpu.error})", f"driver >= {s.min_driver_version}",
+        refuse("GPU driver", f.gpu.error or "no driver version", f"driver >= {s.min_driver_version}",
                "install the NVIDIA driver (DGX OS ships it) and reboot")
     else:
         if f.gpu.name != s.expected_gpu_name:

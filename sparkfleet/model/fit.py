@@ -385,6 +385,10 @@ class FitReport:
         """Sequences vLLM will run at once: what fits, capped by max_num_seqs when set."""
         return seqs if self.max_num_seqs is None else min(seqs, self.max_num_seqs)
 
+    def decode_tokens_per_s(self, context: int) -> float:
+        """The single-stream decode roofline with `context` tokens already in the KV cache."""
+        return self.bandwidth_bytes_per_s / (self.decode_bytes_per_token_at_0 + context * self.kv_bytes_per_token)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -475,18 +479,16 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def check_fit(report: FitReport, max_model_len: int) -> str | None:
-    """None when one sequence of `max_model_len` fits; otherwise why not and what would.
+def check_fit(report: FitReport) -> str | None:
+    """None when one sequence of the report's max_model_len fits in memory; otherwise why not and what would.
 
     The suggested length is the largest that fits, rounded DOWN to a multiple
     of SUGGESTION_GRANULARITY (1024), and never above max_position_embeddings.
     "KV cache per sequence" includes the sequence's linear-attention state.
+    The model's own limit (max_position_embeddings) is the planner's check
+    (`release_problems`), not this one.
     """
-    if max_model_len > report.max_position_embeddings:
-        return (
-            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
-            f"{report.max_position_embeddings}: set max_model_len <= {report.max_position_embeddings}"
-        )
+    max_model_len = report.max_model_len
     need = max_model_len * report.kv_bytes_per_token + report.linear_state_bytes
     if need <= report.kv_memory_bytes:
         return None

@@ -8,12 +8,14 @@ works with the hub unreachable.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from functools import lru_cache
 from pathlib import Path
 
 from sparkfleet import PROJECT_ROOT
-from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile
+from sparkfleet.host.shared import host_module
+from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer
 
 
 class HubError(RuntimeError):
@@ -25,7 +27,10 @@ def cache_dir() -> Path:
 
 
 def _manifest_cache(hub: str, repo: str, pin: str) -> Path:
-    return cache_dir() / "manifests" / hub / f"{repo.replace('/', '--')}@{pin}.json"
+    """Where a manifest is cached: refused unless it resolves under the cache's manifests directory."""
+    root = cache_dir() / "manifests"
+    name = host_module.check_dir_name(f"{repo.replace('/', '--')}@{pin}.json")
+    return host_module.inside(root, root / host_module.check_dir_name(hub) / name)
 
 
 def _hf_manifest(repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
@@ -49,7 +54,9 @@ def _hf_manifest(repo: str, revision: str, endpoint: str | None, token: str | No
 
 def _modelscope_manifest(repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
     from modelscope_hub import HubApi
+    from modelscope_hub.utils.logger import get_logger
 
+    get_logger().setLevel(logging.ERROR)  # its retries log warnings; the failure is reported once, as HubError
     api = HubApi(endpoint=endpoint, token=token)
     listing = api.list_repo_files(repo, "model", revision=revision, recursive=True)
     files = tuple(
@@ -87,10 +94,13 @@ def _resolve_manifest(hub: str, repo: str, revision: str, endpoint: str | None, 
         cached = _manifest_cache(hub, repo, revision)
         if cached.exists():
             return Manifest.from_dict(json.loads(cached.read_text()))
+    where = endpoint or "the client's default endpoint"
     try:
         manifest = _RESOLVERS[hub](repo, revision, endpoint, token)
+    except UntrustedAnswer as exc:
+        return HubError(f"refusing {hub}:{repo}@{revision} from {where}: its answer {exc}; "
+                        f"check that hub_endpoint/controller_hub_endpoint is a hub you trust")
     except Exception as exc:  # each client raises its own (httpx2, requests) error types
-        where = endpoint or "the client's default endpoint"
         return HubError(
             f"cannot resolve {hub}:{repo}@{revision} at {where}: {type(exc).__name__}: {exc}. "
             f"Check the network or set hub_endpoint/controller_hub_endpoint to a reachable mirror."
@@ -124,3 +134,16 @@ def read_model_config(manifest: Manifest, endpoint: str | None, token: str | Non
             raise HubError(f"cannot read config.json of {manifest.hub}:{manifest.repo}: "
                            f"{type(exc).__name__}: {exc}") from exc
     return json.loads((dest / "config.json").read_text())
+
+
+def hub_resolver(s) -> tuple[Manifest | None, dict | None, str | None]:
+    """The planner's resolver (`plan_hosts(..., resolve=hub_resolver)`): the settings' model asked of its hub.
+
+    A hub that cannot answer is reported, not raised: a plan still prints.
+    """
+    endpoint, token = s.controller_endpoint, s.hub_token
+    try:
+        manifest = resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token)
+        return manifest, read_model_config(manifest, endpoint, token), None
+    except HubError as exc:
+        return None, None, str(exc)

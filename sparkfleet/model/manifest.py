@@ -1,7 +1,10 @@
 """The model manifest: every file of a model at one revision, with its hash.
 
 Trust comes from the hub's hashes: sha256 for LFS files (and for every file
-on ModelScope), the git blob sha1 for small Hugging Face files.
+on ModelScope), the git blob sha1 for small Hugging Face files. Everything
+else the hub says is data: a commit id or a path that could climb out of the
+model directory refuses the manifest (UntrustedAnswer), with the host
+module's rules (the hosts re-check with the same code).
 """
 
 from __future__ import annotations
@@ -10,8 +13,14 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+from sparkfleet.host.shared import host_module
+
+COMMIT_RE = host_module.COMMIT_RE
+UntrustedAnswer = host_module.UntrustedAnswer
+git_blob_sha1 = host_module.git_blob_sha1
+_HEX = {"sha256": re.compile(r"[0-9a-f]{64}"), "blob_sha1": re.compile(r"[0-9a-f]{40}")}
 
 
 @dataclass(frozen=True)
@@ -22,10 +31,15 @@ class ManifestFile:
     blob_sha1: str | None = None
 
     def __post_init__(self):
+        host_module.check_manifest_path(self.path)
         if not (self.sha256 or self.blob_sha1):
-            raise ValueError(f"{self.path}: the hub gave no hash for this file; it cannot be verified")
-        if self.path.startswith("/") or ".." in self.path.split("/"):
-            raise ValueError(f"{self.path}: refusing a path outside the model directory")
+            raise UntrustedAnswer(f"{self.path!r}: the hub gave no hash for this file; it cannot be verified")
+        for kind, pattern in _HEX.items():
+            value = getattr(self, kind)
+            if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+                raise UntrustedAnswer(f"{self.path!r}: {kind} {value!r} is not a hex digest")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
+            raise UntrustedAnswer(f"{self.path!r}: size {self.size!r} is not a byte count")
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,16 @@ class Manifest:
     revision: str  # what the settings asked for (branch, tag or commit)
     commit: str | None  # what it resolved to, when the hub says
     files: tuple[ManifestFile, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        host_module.check_commit(self.commit)
+        host_module.check_manifest_paths(f.path for f in self.files)
+        host_module.check_dir_name(self.dir_name)
+
+    @cached_property
+    def entries(self) -> dict[str, dict]:
+        """path -> entry as the host module reads it (the fetch job's `files`, keyed)."""
+        return {f.path: asdict(f) for f in self.files}
 
     @property
     def total_bytes(self) -> int:
@@ -85,8 +109,3 @@ class Manifest:
             "bytes": self.total_bytes,
             "digest": self.digest,
         }
-
-
-def git_blob_sha1(data: bytes) -> str:
-    """The id git (and the Hugging Face hub) gives a small file."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

@@ -16,6 +16,21 @@ from sparkfleet.release.settings import Settings
 
 ENGINES_DIR = Path(__file__).parent / "engines"
 
+# vLLM flags that carry a secret: on the command line it would sit in the world-readable unit and in `ps`.
+SECRET_FLAGS = {
+    "--api-key": "set the `api_key` setting instead (it reaches vLLM as VLLM_API_KEY from a root-only env file)",
+    "--hf-token": "remove it: the engine serves a local directory that sparkfleet fetched with `hub_token`",
+}
+# vLLM destinations sparkfleet sets from a setting: a second copy in extra_engine_args would silently win.
+OWNED_DESTS = {
+    "model": "model_repo", "served_model_name": "served_model_name", "host": "api_host", "port": "api_port",
+    "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
+    "enable_prefix_caching": "enable_prefix_caching", "enable_auto_tool_choice": "enable_auto_tool_choice",
+    "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
+    "attention_backend": "attention_backend", "limit_mm_per_prompt": "limit_mm_per_prompt",
+    "kv_cache_dtype": "kv_cache_dtype", "max_num_seqs": "max_num_seqs", "tensor_parallel_size": "tensor_parallel_size",
+}
+
 
 @dataclass(frozen=True)
 class FlagTable:
@@ -42,6 +57,26 @@ class FlagTable:
             else:
                 spec = self.flags[flag]
                 expect_value = bool(spec.get("value")) and not has_inline_value
+        return found
+
+    def extra_problems(self, extra: list[str]) -> list[str]:
+        """Flags of extra_engine_args that carry a secret or that a setting owns, each with the fix.
+
+        Only flag names are reported, never the values that follow them.
+        """
+        found = []
+        for arg in extra:
+            if not arg.startswith("-"):
+                continue
+            flag = arg.split("=", 1)[0]
+            named = "--" + flag.removeprefix("--").replace("_", "-")  # vLLM reads --api_key as --api-key
+            owner = OWNED_DESTS.get(self.flags.get(flag, {}).get("dest"))
+            if named in SECRET_FLAGS:
+                found.append(f"setting `extra_engine_args`: `{flag}` would put a secret in the world-readable unit: "
+                             f"{SECRET_FLAGS[named]}")
+            elif owner:
+                found.append(f"setting `extra_engine_args`: `{flag}` is set by sparkfleet from `{owner}`: "
+                             f"set `{owner}` instead")
         return found
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.host import paths
@@ -18,11 +19,13 @@ from sparkfleet.model.fit import (
     check_fit,
     fit_report,
 )
-from sparkfleet.model.hubs import HubError, read_model_config, resolve_manifest
 from sparkfleet.model.manifest import Manifest
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+
+# how the engine container gets the GPU: the legacy runtime hook (can lose it on a daemon-reload) or CDI
+GPU_OPTIONS = {"runtime": ("--gpus", "all"), "cdi": ("--device", "nvidia.com/gpu=all")}
 
 
 @dataclass
@@ -87,7 +90,7 @@ class HostPlan:
         s = self.settings
         network = ["--network", "host"] if s.docker_network == "host" else [
             "--network", s.docker_network, "--publish", f"{s.api_port}:{s.api_port}"]
-        options = ["--gpus", "all", "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
+        options = [*GPU_OPTIONS[s.gpu_device_mode], "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
                    "--volume", f"{self.model_dir}:{self.model_dir}:ro"]
         if s.privileged:
             options.append("--privileged")
@@ -99,7 +102,7 @@ class HostPlan:
         return render.unit(self)
 
     def render_share_unit(self) -> str:
-        return render.share_unit(self.settings)
+        return render.share_unit(self.settings, self.lan_address)
 
     def render_engine_env(self) -> str:
         return render.engine_env(self.settings)
@@ -108,19 +111,24 @@ class HostPlan:
         return render.hub_env(self.settings)
 
     def release_record(self, installed: dict | None = None) -> dict:
-        """What /etc/sparkfleet/release.json says: this release, the one before, the model dirs to keep.
+        """What /etc/sparkfleet/release.json says: this release, the one before, the model dirs to keep,
+        and what a rollback's health gate needs to judge this release (no inventory at hand then).
 
         A re-run of the same release writes the same record (no change).
         """
         installed = installed or {}
+        s = self.settings
         current = {
             "release_id": self.release_id,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
-            "image": self.settings.engine_image,
+            "image": s.engine_image,
             "engine_args": self.engine_args,
-            "served_model_name": self.settings.served_model_name,
-            "api_port": self.settings.api_port,
+            "served_model_name": s.served_model_name,
+            "api_host": s.api_host,
+            "api_port": s.api_port,
+            "health_timeout_s": s.health_timeout_s,
+            "tools": s.enable_auto_tool_choice,
         }
         if installed.get("release_id") in (None, self.release_id):
             previous = installed.get("previous")
@@ -174,23 +182,24 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
     if s.tensor_parallel_size > 1:
         problems.append(f"{name}: tensor_parallel_size={s.tensor_parallel_size}: one Spark has one GPU; "
                         f"multi-node serving is not supported yet: set tensor_parallel_size = 1")
-    for key, value in [("api_key", s.api_key), ("hub_token", s.hub_token), *s.engine_env.items()]:
-        if value and ("\n" in value or "\r" in value):
-            problems.append(f"{name}: `{key}` contains a line break: env files cannot carry it")
+    if "VLLM_API_KEY" in s.engine_env:
+        problems.append(f"{name}: engine_env sets VLLM_API_KEY, which sparkfleet writes from `api_key`: "
+                        f"set api_key instead")
     try:
-        problems += [f"{name}: {p}" for p in flag_table(s.vllm_version).problems(args)]
+        table = flag_table(s.vllm_version)
+        problems += [f"{name}: {p}" for p in table.problems(args) + table.extra_problems(s.extra_engine_args)]
     except ValueError as exc:
         problems.append(f"{name}: vllm_version: {exc}")
     return problems
 
 
+# Given a host's settings: (manifest, the model's config.json, None), or (None, None, why not).
+Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]
+
+
 def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
-    endpoint, token = s.controller_endpoint, s.hub_token
-    try:
-        manifest = resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token)
-        return manifest, read_model_config(manifest, endpoint, token), None
-    except HubError as exc:
-        return None, None, str(exc)
+    """The resolver of an offline plan: nothing is asked, the known config stands in."""
+    return None, None, "not resolved (offline plan)"
 
 
 def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
@@ -199,18 +208,19 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     plan = HostPlan(name, s, manifest, hub_error, shape, config=config)
     plan.engine_args = engine_args(s, plan.model_dir)
     problems = release_problems(name, s, shape, plan.engine_args)
-    fit = plan.fit
-    refusal = fit and s.max_model_len <= fit.max_position_embeddings and check_fit(fit, s.max_model_len)
+    refusal = plan.fit and check_fit(plan.fit)
     if refusal:
         problems.append(f"{name}: {refusal}")
     return plan, problems
 
 
-def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[HostPlan]:
+def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -> list[HostPlan]:
     """Plan every host, or raise SettingsError naming every problem of every host.
 
     Whatever the settings alone can tell is refused before the hub is asked;
     the model's own limits are checked once its config.json is read.
+    `resolve` is the only way out (the commands pass `hubs.hub_resolver`);
+    without one the plan is offline and tests never wait for a client.
     """
     problems: list[str] = []
     parsed = []
@@ -227,7 +237,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: bool = True) -> list[Host
 
     plans = []
     for name, s in parsed:
-        manifest, config, hub_error = _resolve(s) if resolve else (None, None, "not resolved (offline plan)")
+        manifest, config, hub_error = (resolve or _resolve)(s)
         config = config or KNOWN_CONFIGS.get(s.model_repo)
         if config is None:
             problems.append(f"{name}: {hub_error}")

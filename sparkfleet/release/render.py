@@ -18,14 +18,24 @@ _templates = Environment(
 )
 
 _SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def systemd_quote(arg: str) -> str:
-    """Quote one argument for an ExecStart= line (systemd's own quoting rules)."""
+    """Quote one argument for a unit line (systemd's own quoting rules: `%` specifiers, `$` variables).
+
+    A control character cannot be quoted (a newline ends the directive), so it
+    is refused here too, though the settings types already refuse it.
+    """
+    if _CONTROL.search(arg):
+        raise ValueError("a control character cannot be written into a systemd unit line")
     arg = arg.replace("%", "%%").replace("$", "$$")
     if _SYSTEMD_SAFE.fullmatch(arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_templates.globals["q"] = systemd_quote  # every template quotes a value for its unit line as {{ q(value) }}
 
 
 def _pairs(args: list[str]) -> list[list[str]]:
@@ -37,7 +47,6 @@ def _pairs(args: list[str]) -> list[list[str]]:
         else:
             grouped.append([arg])
     return grouped
-
 
 
 def _lines(args: list[str]) -> list[str]:
@@ -55,8 +64,9 @@ def unit(plan) -> str:
     )
 
 
-def share_unit(s) -> str:
-    return _templates.get_template("sparkfleet-share.service.j2").render(s=s, bin_dir=paths.BIN_DIR)
+def share_unit(s, lan_address: str) -> str:
+    return _templates.get_template("sparkfleet-share.service.j2").render(
+        s=s, lan_address=lan_address, bin_dir=paths.BIN_DIR, token_file=paths.FLEET_TOKEN, user=paths.SHARE_USER)
 
 
 def engine_env(s) -> str:

@@ -2,16 +2,36 @@
 
 pyinfra merges `--data` > host > group > all; this module checks the merged
 result before any host is touched, and names the host, the problem and the fix.
+Every value that reaches a shell, a unit, a path or a URL has a type below
+with its grammar, so nothing a setting holds can change the meaning of the
+command, unit line or file it lands in. The defaults live in one place,
+group_data/all.py, merged under the host's data here as well, so a project
+that uses sparkfleet without this repository's group_data still gets them.
 """
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
+import posixpath
 import re
-from typing import Any, Literal
+import runpy
+import unicodedata
+from functools import lru_cache
+from types import ModuleType
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
+
+from sparkfleet import DEFAULTS_FILE
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")
@@ -25,83 +45,205 @@ class SettingsError(ValueError):
         super().__init__("\n".join(problems))
 
 
+# --- One type per kind of value ---------------------------------------------
+
+
+def _one_line(value: str) -> str:
+    """A control character (newline, CR, NUL, ...) would end or split the unit line, env line or command."""
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            raise ValueError(f"contains the control character U+{ord(char):04X}: remove it")
+    return value
+
+
+def _grammar(pattern: str, what: str):
+    """A validator that accepts exactly `pattern` (ASCII, whole string) and otherwise says `what` is expected."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if len(value) > 255 or not compiled.fullmatch(value):
+            raise ValueError(f"must be {what}, at most 255 characters")
+        return value
+
+    return AfterValidator(check)
+
+
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _host(value: str) -> str:
+    """An IP address or an RFC 1123 host name: safe unquoted in URLs, command lines and units."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if len(value) > 253 or not all(_LABEL.fullmatch(label) for label in value.split(".")):
+        raise ValueError("must be an IP address or a host name (letters, digits, '-', '.')")
+    return value
+
+
+_PATH = re.compile(r"[A-Za-z0-9._+@= /-]+")
+
+
+def _abs_path(value: str) -> str:
+    """Absolute and normalised, so it names one place; no ':' (docker --volume), '%' or '$' (systemd)."""
+    if (not _PATH.fullmatch(value) or not value.startswith("/") or value.startswith("//") or value == "/"
+            or posixpath.normpath(value) != value
+            or any(part != part.strip() for part in value.split("/"))):
+        raise ValueError("must be an absolute, normalised path below / (no '..', '//', trailing '/', or space "
+                         "around a '/'), of letters, digits, spaces and . _ + @ = -")
+    return value
+
+
+_URL_PATH = re.compile(r"[A-Za-z0-9._~/+-]*")
+
+
+def _url(value: str, placeholder: str | None = None) -> str:
+    """http(s)://host[:port][/path]: no credentials, query or fragment, so it is safe to print and to paste."""
+    fix = "must be an http(s) URL: http[s]://HOST[:PORT][/PATH], without user:password@, '?' or '#'"
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+        _host(parts.hostname or "")
+    except ValueError:
+        raise ValueError(fix) from None
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    path = parts.path.replace(placeholder, "") if placeholder else parts.path
+    if (parts.scheme not in ("http", "https") or parts.netloc.lower() != f"{host}{f':{port}' if port else ''}"
+            or "?" in value or "#" in value or not _URL_PATH.fullmatch(path)):
+        raise ValueError(fix + (f"; only {placeholder} may be in braces" if placeholder else ""))
+    return value
+
+
+def _arch_url(value: str) -> str:
+    """The toolkit's apt URL: `{arch}` becomes the host's Debian architecture."""
+    return _url(value, "{arch}")
+
+
+# Docker's reference grammar (distribution/reference), digests limited to sha256.
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                    rf"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
+
+
+def _image(value: str) -> str:
+    """An image Docker parses as one reference (never an option: it starts with a letter or digit)."""
+    if len(value) > 255 or not _IMAGE.fullmatch(value):
+        raise ValueError("must be a Docker image reference: [REGISTRY[:PORT]/]NAME[:TAG][@sha256:<64 hex>] "
+                         "(NAME lower-case)")
+    return value
+
+
+def _fingerprint(value: Any) -> Any:
+    return value.replace(" ", "").upper() if isinstance(value, str) else value
+
+
+Text = Annotated[str, AfterValidator(_one_line)]
+Name = Annotated[Text, _grammar(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a name of letters, digits and _ . - "
+                                                               "(starting with a letter or digit)")]
+ServedName = Annotated[Text, _grammar(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*",
+                                      "a model name of letters, digits and _ . : / + -")]
+RepoId = Annotated[Text, _grammar(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*",
+                                  "a hub repository id: OWNER/NAME")]
+Revision = Annotated[Text, _grammar(r"(?!.*\.\.)(?!.*//)[A-Za-z0-9][A-Za-z0-9_./-]*",
+                                    "a branch, tag or commit of the hub repository")]
+Version = Annotated[Text, _grammar(r"[0-9]+(?:\.[0-9A-Za-z]+)*", "a dotted version such as 13.0 or 580.95.05")]
+DebVersion = Annotated[Text, _grammar(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "a Debian package version "
+                                                                           "such as 1.18.1-1")]
+Fingerprint = Annotated[str, BeforeValidator(_fingerprint), _grammar(
+    r"[0-9A-F]{40}", "a 40-hex-digit OpenPGP fingerprint (gpg --show-keys prints it)")]
+EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable name: [A-Z_][A-Z0-9_]*")]
+Token = Annotated[Text, _grammar(r"[!-~]+", "printable ASCII without spaces")]
+UserKey = Annotated[Text, _grammar(r"[A-Za-z0-9._~+/=-]{16,}", "at least 16 of letters, digits and . _ ~ + / = -")]
+Host = Annotated[Text, AfterValidator(_host)]
+AbsPath = Annotated[Text, AfterValidator(_abs_path)]
+Url = Annotated[Text, AfterValidator(_url)]
+ArchUrl = Annotated[Text, AfterValidator(_arch_url)]
+ImageRef = Annotated[Text, AfterValidator(_image)]
+
+
+def _secret():
+    """A secret setting: never in repr, never echoed in an error."""
+    return Field(repr=False, json_schema_extra={"secret": True})
+
+
 class Settings(BaseModel):
-    """Every setting sparkfleet reads; defaults live in group_data/all.py."""
+    """Every setting sparkfleet reads; the defaults live in group_data/all.py (see `defaults`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, hide_input_in_errors=True)
 
-    expected_arch: str = "aarch64"
-    expected_gpu_name: str = "NVIDIA GB10"
-    min_driver_version: str = "580.95.05"
-    min_cuda_version: str = "13.0"
-    min_memory_gib: float = Field(100, ge=0)
+    expected_arch: Name
+    expected_gpu_name: Text
+    min_driver_version: Version
+    min_cuda_version: Version
+    min_memory_gib: float = Field(ge=0)
 
-    toolkit_repo_url: str
-    toolkit_key_url: str
-    toolkit_key_fingerprint: str
-    toolkit_version: str
+    toolkit_repo_url: ArchUrl
+    toolkit_key_url: Url
+    toolkit_key_fingerprint: Fingerprint
+    toolkit_version: DebVersion | None
+    min_toolkit_version: DebVersion
 
-    model_hub: Literal["modelscope", "huggingface"] = "modelscope"
-    model_repo: str
-    model_revision: str = "master"
-    hub_endpoint: str | None = None
-    controller_hub_endpoint: str | None = None
-    hub_token: str | None = None
-    model_root: str = "/var/lib/sparkfleet/models"
-    full_verify: bool = False
-    model_source: Literal["hub", "peer", "controller"] = "peer"
-    peer_port: int = Field(8090, ge=1, le=65535)
-    lan_address: str | None = None
-    keep_releases: int = Field(2, ge=2)
-    controller_model_dir: str | None = None
-    engine_image_archive: str | None = None
+    model_hub: Literal["modelscope", "huggingface"]
+    model_repo: RepoId
+    model_revision: Revision
+    hub_endpoint: Url | None
+    controller_hub_endpoint: Url | None
+    hub_token: Token | None = _secret()
+    model_root: AbsPath
+    full_verify: bool
+    model_source: Literal["hub", "peer", "controller"]
+    peer_port: int = Field(ge=1, le=65535)
+    lan_address: Host | None
+    keep_releases: int = Field(ge=2)
+    controller_model_dir: AbsPath | None
+    engine_image_archive: AbsPath | None
 
-    engine_image: str
-    vllm_version: str
-    served_model_name: str
-    api_host: str = "127.0.0.1"
-    api_port: int = Field(8000, ge=1, le=65535)
-    api_key: str | None = None
-    allow_unauthenticated_api: bool = False
-    controller_api_url: str | None = None
+    engine_image: ImageRef
+    vllm_version: Version
+    served_model_name: ServedName
+    api_host: Host
+    api_port: int = Field(ge=1, le=65535)
+    api_key: Token | None = _secret()
+    allow_unauthenticated_api: bool
+    controller_api_url: Url | None
     max_model_len: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
-    enable_prefix_caching: bool = True
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    attention_backend: str | None = None
-    limit_mm_per_prompt: dict[str, int] | None = None
-    kv_cache_dtype: str = "auto"
-    max_num_seqs: int | None = Field(None, gt=0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    extra_engine_args: list[str] = []
-    engine_env: dict[str, str] = {}
+    enable_prefix_caching: bool
+    enable_auto_tool_choice: bool
+    tool_call_parser: Name | None
+    reasoning_parser: Name | None
+    attention_backend: Name | None
+    limit_mm_per_prompt: dict[Name, int] | None
+    kv_cache_dtype: Name
+    max_num_seqs: int | None = Field(gt=0)
+    tensor_parallel_size: int = Field(ge=1)
+    extra_engine_args: list[Text]
+    engine_env: dict[EnvName, Text] = _secret()
 
-    host_memory_gb: float = Field(128, gt=0)
-    memory_bandwidth_gbs: float = Field(273, gt=0)
+    host_memory_gb: float = Field(gt=0)
+    memory_bandwidth_gbs: float = Field(gt=0)
 
-    container_name: str = "vllm"
-    docker_network: str = "host"
-    privileged: bool = False
-    seccomp_unconfined: bool = False
-    start_timeout_s: int = Field(1800, gt=0)
-    health_timeout_s: int = Field(900, gt=0)
-
-    @field_validator("toolkit_key_fingerprint")
-    @classmethod
-    def _fingerprint(cls, value: str) -> str:
-        compact = value.replace(" ", "").upper()
-        if not re.fullmatch(r"[0-9A-F]{40}", compact):
-            raise ValueError("must be a 40-hex-digit OpenPGP fingerprint (gpg --show-keys prints it)")
-        return compact
-
-    @field_validator("container_name")
-    @classmethod
-    def _container_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", value):
-            raise ValueError("must be a valid Docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
-        return value
+    container_name: Name
+    docker_network: Name
+    privileged: bool
+    seccomp_unconfined: bool
+    gpu_device_mode: Literal["runtime", "cdi"]
+    start_timeout_s: int = Field(gt=0)
+    health_timeout_s: int = Field(gt=0)
+    watchdog: bool
+    watchdog_interval_s: int = Field(ge=5, le=3600)
+    watchdog_failures: int = Field(ge=1, le=100)
+    watchdog_max_restarts: int = Field(ge=1, le=100)
+    watchdog_window_s: int = Field(ge=60)
+    front_door_port: int = Field(ge=1, le=65535)
+    front_door_users: dict[Name, UserKey] = _secret()
+    controller_front_door_url: Url | None
+    front_door_tls_cert: AbsPath | None
+    front_door_tls_key: AbsPath | None
+    drain_timeout_s: int = Field(ge=0, le=3600)
 
     @property
     def api_is_loopback(self) -> bool:
@@ -118,6 +260,17 @@ class Settings(BaseModel):
         return self.controller_hub_endpoint or self.hub_endpoint
 
 
+SECRET_SETTINGS = frozenset(name for name, field in Settings.model_fields.items()
+                            if (field.json_schema_extra or {}).get("secret"))
+
+
+@lru_cache(maxsize=1)
+def defaults() -> dict[str, Any]:
+    """The public names of group_data/all.py: the one place a default is written."""
+    return {key: value for key, value in runpy.run_path(str(DEFAULTS_FILE)).items()
+            if not key.startswith("_") and not isinstance(value, ModuleType)}
+
+
 def _did_you_mean(key: str) -> str:
     close = difflib.get_close_matches(key, Settings.model_fields, n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else "see group_data/all.py for the known settings"
@@ -127,23 +280,27 @@ def _is_connection_key(key: str) -> bool:
     return key.startswith(CONNECTION_PREFIXES)
 
 
+def _problem(host_name: str, err: dict) -> str:
+    """One line for one pydantic error: the host, the key, what is wrong and the fix; a secret is never shown.
+
+    An item of a list or dict is named by its position, not echoed: only a whole
+    non-secret value is quoted back (repr, so a control character shows as an escape).
+    """
+    setting, *inside = err["loc"]
+    key = str(setting) + "".join(f"[{part!r}]" if part != "[key]" else " (key)" for part in inside)
+    if err["type"] == "extra_forbidden":
+        return f"{host_name}: unknown setting `{key}`: {_did_you_mean(key)}"
+    if err["type"] == "missing":
+        return f"{host_name}: setting `{key}` is missing: set it in group_data/all.py"
+    shown = "" if setting in SECRET_SETTINGS or inside else f" = {err['input']!r}"
+    reason = err["msg"].removeprefix("Value error, ")
+    return f"{host_name}: setting `{key}`{shown} is invalid: {reason}; fix it in the inventory or group_data"
+
+
 def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
-    """Build one host's Settings from its merged pyinfra data, or raise SettingsError."""
+    """Build one host's Settings from its merged pyinfra data over the defaults, or raise SettingsError."""
     own = {k: v for k, v in data.items() if not _is_connection_key(k)}
     try:
-        return Settings(**own)
+        return Settings(**{**defaults(), **own})
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                problems.append(f"{host_name}: unknown setting `{key}`: {_did_you_mean(key)}")
-            elif err["type"] == "missing":
-                problems.append(f"{host_name}: setting `{key}` is missing: set it in group_data/all.py")
-            else:
-                got = err.get("input")
-                problems.append(
-                    f"{host_name}: setting `{key}` = {got!r} is invalid: {err['msg']}; "
-                    f"fix it in the inventory or group_data"
-                )
-        raise SettingsError(problems) from None
+        raise SettingsError([_problem(host_name, err) for err in exc.errors()]) from None

@@ -63,6 +63,43 @@ def first_converge(sim_fleet):
     return converge()
 
 
+def fleet_out_of_step(state: dict) -> dict[str, str]:
+    """Hosts not serving inventory/sim.py's release, each with why: wrong or no release, unit down, API not healthy."""
+    import requests
+
+    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.host import paths
+    from sparkfleet.model.hubs import hub_resolver
+    from sparkfleet.release.plan import plan_hosts
+
+    wanted = {p.name: p.release_id for p in plan_hosts(load_hosts(str(ROOT / INVENTORY)), resolve=hub_resolver)}
+    out = {}
+    for host in HOSTS:
+        installed = ssh(state, host, f"cat {paths.RELEASE_FILE} 2>/dev/null; "
+                                     f"systemctl is-active --quiet {paths.UNIT_NAME} && echo ACTIVE", check=False)
+        record, _, active = installed.rpartition("}")
+        release_id = json.loads(record + "}").get("release_id") if record else None
+        try:
+            health = requests.get(f"http://127.0.0.1:{api_port(state, host)}/health", timeout=5).status_code
+        except requests.RequestException as exc:
+            health = type(exc).__name__
+        if release_id != wanted[host] or "ACTIVE" not in active or health != 200:
+            out[host] = f"release {release_id} (want {wanted[host]}), unit {active.strip() or 'inactive'}, " \
+                        f"/health {health}"
+    return out
+
+
+@pytest.fixture
+def converged_fleet(sim_fleet, first_converge):
+    """The fleet serving inventory/sim.py's release on every host, healthy; converged again first when an
+    earlier test left it otherwise, so every test that needs it runs alone or in any order."""
+    if fleet_out_of_step(sim_fleet):
+        again = converge()
+        assert again.returncode == 0, again.output[-4000:]
+        assert fleet_out_of_step(sim_fleet) == {}
+    return sim_fleet
+
+
 @pytest.fixture(scope="session")
 def hub(sim_fleet):
     return sim_fleet["hub"]["controller_url"]
@@ -79,6 +116,24 @@ def ssh(state: dict, host: str, command: str, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{host}: {command}: exit {proc.returncode}: {proc.stderr}")
     return proc.stdout.strip()
+
+
+def variant(tmp_path, name: str, everywhere: dict, per_host: dict | None = None) -> str:
+    """An inventory that is inventory/sim.py plus some settings: a new release."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import runpy\n"
+        f"_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
+        f"_per_host = {per_host or {}!r}\n"
+        f"sparks = [(n, {{**d, **{everywhere!r}, **_per_host.get(n, {{}})}}) for n, d in _sim['sparks']]\n"
+    )
+    return str(path)
+
+
+def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
+    """`python -m sparkfleet ARGS`, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "sparkfleet", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def api_port(state: dict, host: str) -> int:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 TOKENS_PER_S, FIRST_TOKEN_MS = 50, 100
 
 
-def test_bench_measures_the_set_pace(first_converge, tmp_path):
+def test_bench_measures_the_set_pace(converged_fleet, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sparkfleet", "bench", "inventory/sim.py", "--host", "spark-1",
                            "--concurrency", "1,4", "--max-tokens", "64", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

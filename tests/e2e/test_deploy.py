@@ -28,12 +28,13 @@ def test_first_converge_succeeds_everywhere(first_converge):
         assert any("health" in name.lower() or "answers" in name for name in first_converge.changed[host])
 
 
-def test_each_host_answers_a_chat_completion(sim_fleet, first_converge):
+def test_each_host_answers_a_chat_completion(converged_fleet):
     for host in HOSTS:
-        assert chat(sim_fleet, host)
+        assert chat(converged_fleet, host)
 
 
-def test_second_converge_changes_nothing_and_restarts_nothing(sim_fleet, first_converge):
+def test_second_converge_changes_nothing_and_restarts_nothing(converged_fleet):
+    sim_fleet = converged_fleet
     before = {host: started_at(sim_fleet, host) for host in HOSTS}
     again = converge()
     assert again.returncode == 0, again.output[-4000:]
@@ -41,15 +42,16 @@ def test_second_converge_changes_nothing_and_restarts_nothing(sim_fleet, first_c
     assert {host: started_at(sim_fleet, host) for host in HOSTS} == before
 
 
-def test_testinfra_suite_passes_against_the_sim(first_converge):
+def test_testinfra_suite_passes_against_the_sim(converged_fleet):
     proc = run_pytest_infra("--full-verify")
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"{9 * len(HOSTS)} passed" in proc.stdout
 
 
-def test_rebooted_host_serves_again_without_a_deploy(sim_fleet, first_converge):
+def test_rebooted_host_serves_again_without_a_deploy(converged_fleet):
     from sim import fleet
 
+    sim_fleet = converged_fleet
     fleet.reboot("spark-3")
     deadline = time.time() + 240
     while True:
@@ -67,9 +69,10 @@ def test_rebooted_host_serves_again_without_a_deploy(sim_fleet, first_converge):
      {"spark-2": "NVIDIA driver: found 550.54.14, required >= 580.95.05", "spark-3": "GPU driver: found nvidia-smi failing"}),
     ({"spark-2": {"name": "NVIDIA H100 PCIe"}}, {"spark-2": "GPU: found NVIDIA H100 PCIe, required NVIDIA GB10"}),
 ])
-def test_preflight_fault_fails_that_host_alone(sim_fleet, first_converge, knobs, needle):
+def test_preflight_fault_fails_that_host_alone(converged_fleet, knobs, needle):
     from sim import fleet
 
+    sim_fleet = converged_fleet
     before = {host: started_at(sim_fleet, host) for host in knobs}
     try:
         for host, gpu in knobs.items():

@@ -1,34 +1,15 @@
 """Rolling a release across the simulated fleet: batches, a live probe, rollback, halts, status."""
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import requests
 
-from .conftest import HOSTS, ROOT, api_port, ssh
+from .conftest import HOSTS, api_port, sparkfleet, ssh, variant
 
 pytestmark = pytest.mark.e2e
-
-
-def variant(tmp_path, name: str, everywhere: dict, per_host: dict | None = None) -> str:
-    """An inventory that is inventory/sim.py plus some settings: a new release."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(
-        "import runpy\n"
-        f"_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
-        f"_per_host = {per_host or {}!r}\n"
-        f"sparks = [(n, {{**d, **{everywhere!r}, **_per_host.get(n, {{}})}}) for n, d in _sim['sparks']]\n"
-    )
-    return str(path)
-
-
-def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sparkfleet", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def served_max_len(state, host) -> int | None:
@@ -70,7 +51,7 @@ def report(proc) -> dict:
     return {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
 
 
-def test_new_release_rolls_in_batches_of_one_while_two_hosts_serve(sim_fleet, first_converge, tmp_path):
+def test_new_release_rolls_in_batches_of_one_while_two_hosts_serve(sim_fleet, converged_fleet, tmp_path):
     probe = Probe(sim_fleet)
     probe.start()
     try:
@@ -87,24 +68,28 @@ def test_new_release_rolls_in_batches_of_one_while_two_hosts_serve(sim_fleet, fi
     assert len(probe.counts) > 20 and min(probe.counts) >= 2, probe.counts
 
 
-def test_release_failing_health_on_the_second_host_is_rolled_back_and_halts(sim_fleet, first_converge, tmp_path):
+def test_release_failing_health_on_the_second_host_is_rolled_back_and_halts(sim_fleet, converged_fleet, tmp_path):
     bad = variant(tmp_path, "bad", {"max_model_len": 65536},
                   {"spark-2": {"engine_env": {"SIM_FAIL_HEALTH": "1"}, "health_timeout_s": 15}})
     before = {h: json.loads(ssh(sim_fleet, h, "cat /etc/sparkfleet/release.json"))["release_id"] for h in HOSTS}
+    served_before = {h: served_max_len(sim_fleet, h) for h in HOSTS}
+    assert served_before["spark-2"] != 65536
     proc = sparkfleet("rollout", bad, "--batch", "1", "--json")
     assert proc.returncode != 0
     hosts = report(proc)
     assert hosts["spark-1"]["result"] == "converged" and served_max_len(sim_fleet, "spark-1") == 65536
     assert hosts["spark-2"]["result"] == "rolled back" and "previous release restored" in hosts["spark-2"]["detail"]
-    assert answers_chat(sim_fleet, "spark-2") and served_max_len(sim_fleet, "spark-2") == 131072
+    assert answers_chat(sim_fleet, "spark-2") and served_max_len(sim_fleet, "spark-2") == served_before["spark-2"]
     assert json.loads(ssh(sim_fleet, "spark-2", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-2"]
-    assert hosts["spark-3"]["result"] == "not reached" and served_max_len(sim_fleet, "spark-3") == 131072
+    assert hosts["spark-3"]["result"] == "not reached"
+    assert served_max_len(sim_fleet, "spark-3") == served_before["spark-3"]
     assert json.loads(ssh(sim_fleet, "spark-3", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-3"]
 
 
-def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, first_converge):
+def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, converged_fleet):
     from sim import fleet
 
+    untouched = served_max_len(sim_fleet, "spark-3")
     fleet.stop_host("spark-2")
     try:
         status = sparkfleet("status", "inventory/sim.py", "--json")
@@ -117,7 +102,7 @@ def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, first_
         assert proc.returncode != 0
         hosts = report(proc)
         assert [hosts[h]["result"] for h in HOSTS] == ["converged", "unreachable", "not reached"]
-        assert served_max_len(sim_fleet, "spark-3") == 131072  # untouched
+        assert served_max_len(sim_fleet, "spark-3") == untouched
     finally:
         fleet.start_host("spark-2")
     proc = sparkfleet("rollout", "inventory/sim.py", "--batch", "2", "--json")

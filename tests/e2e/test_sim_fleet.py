@@ -78,6 +78,20 @@ def test_inventory_reads_state(_fleet):
     assert d["engine_image"] == _fleet["image"] and d["expected_arch"] == "x86_64"
 
 
+def test_known_hosts_holds_every_hosts_real_key(_fleet):
+    """inventory/sim.py checks host keys strictly against .sim/known_hosts: real keys, no warnings."""
+    d = dict(runpy.run_path(str(REPO / "inventory" / "sim.py"))["sparks"])["spark-1"]
+    assert d["ssh_strict_host_key_checking"] == "yes" and d["ssh_known_hosts_file"] == str(REPO / ".sim/known_hosts")
+    lines = (REPO / ".sim" / "known_hosts").read_text().splitlines()
+    for h in _fleet["hosts"]:
+        assert any(line.startswith(f"[127.0.0.1]:{h['ssh_port']} ssh-ed25519 ") for line in lines), h["name"]
+        proc = subprocess.run(
+            ["ssh", "-i", _fleet["ssh_key"], "-p", str(h["ssh_port"]), "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={REPO / '.sim/known_hosts'}", "-o", "BatchMode=yes", "root@127.0.0.1",
+             "hostname"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == h["name"], proc.stderr
+
+
 def test_systemd_sshd_and_docker_run_on_every_host(_fleet):
     for h in _fleet["hosts"]:
         assert ssh(_fleet, h["name"], "hostname").stdout.strip() == h["name"]

@@ -12,6 +12,7 @@ import pytest
 import testinfra
 
 from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import plan_hosts
 
 
@@ -28,7 +29,7 @@ def _plans(config):
         raise pytest.UsageError("tests/infra needs --inventory inventory/<fleet>.py")
     if not hasattr(config, "_sparkfleet_plans"):
         hosts = dict(load_hosts(inventory, config.getoption("--limit")))
-        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plan_hosts(list(hosts.items()))]
+        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plan_hosts(list(hosts.items()), resolve=hub_resolver)]
     return config._sparkfleet_plans
 
 

@@ -1,9 +1,11 @@
 """A converged Spark: what a CI job asserts against a real (or simulated) fleet."""
 
 import json
+import shlex
 
 from sparkfleet.host import paths
 from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
+from sparkfleet.host.shared import host_module
 
 
 def test_driver_and_cuda_meet_the_minimums(spark):
@@ -14,10 +16,15 @@ def test_driver_and_cuda_meet_the_minimums(spark):
 
 
 def test_toolkit_packages_at_the_pinned_version(spark):
+    """Pinned: exactly that version; toolkit_version None: at least min_toolkit_version (dpkg's ordering)."""
     for name in paths.TOOLKIT_PACKAGES:
         package = spark.host.package(name)
         assert package.is_installed, name
-        assert package.version == spark.s.toolkit_version, (name, package.version)
+        if spark.s.toolkit_version:
+            assert package.version == spark.s.toolkit_version, (name, package.version)
+        else:
+            assert spark.host.run(f"dpkg --compare-versions {shlex.quote(package.version)} ge "
+                                  f"{shlex.quote(spark.s.min_toolkit_version)}").rc == 0, (name, package.version)
 
 
 def test_docker_has_the_nvidia_runtime(spark):
@@ -26,8 +33,12 @@ def test_docker_has_the_nvidia_runtime(spark):
 
 
 def test_every_model_file_has_the_manifest_hash(spark, full_verify):
+    """The record vouches for every manifest file (the host module's own check), and nothing else is there."""
     model_dir = spark.plan.model_dir
-    record = json.loads(spark.host.file(f"{model_dir}/{paths.VERIFIED_RECORD}").content_string)
+    seen = json.loads(spark.host.check_output(f"python3 {paths.BIN_DIR}/sparkfleet_host.py {shlex.quote(model_dir)}"))
+    entries = spark.plan.manifest.entries
+    assert host_module.files_needing_work(entries, seen["record"], seen["files"]) == []
+    assert host_module.extras(entries, seen["files"], seen["others"]) == []
     for entry in spark.plan.manifest.files:
         f = spark.host.file(f"{model_dir}/{entry.path}")
         assert f.exists and f.size == entry.size, entry.path
@@ -38,9 +49,6 @@ def test_every_model_file_has_the_manifest_hash(spark, full_verify):
                 blob = spark.host.check_output(
                     f"(printf 'blob %s\\0' {entry.size}; cat '{model_dir}/{entry.path}') | sha1sum")
                 assert blob.split()[0] == entry.blob_sha1, entry.path
-        else:
-            assert record[entry.path]["hash"] == (entry.sha256 or entry.blob_sha1), entry.path
-            assert record[entry.path]["size"] == f.size
 
 
 def test_unit_on_disk_is_the_plans(spark):
@@ -57,13 +65,19 @@ def test_service_enabled_and_active(spark):
     assert service.is_enabled and service.is_running
 
 
+def test_engine_container_sees_the_gpu(spark):
+    """The GPU where vLLM runs, not just on the host (a daemon-reload or a stale CDI spec loses it there)."""
+    listed = spark.host.run(f"docker exec {shlex.quote(spark.s.container_name)} nvidia-smi -L")
+    assert listed.rc == 0 and listed.stdout.startswith("GPU 0: "), (listed.stdout, listed.stderr)
+
+
 def test_port_listening(spark):
     assert spark.host.socket(f"tcp://{spark.s.api_host}:{spark.s.api_port}").is_listening
 
 
 def test_models_and_chat_answer(spark):
     """The health gate's own checks, run on the host with the official openai client."""
-    runtime = spark.host.check_output(f"ls -d {paths.RUNTIME_DIR}/runtime-* | grep -v tar.gz | tail -1")
+    runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     out = spark.host.check_output(
         f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {spark.s.api_port} "
         f"--served-name '{spark.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV}")

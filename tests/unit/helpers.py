@@ -1,11 +1,160 @@
-"""Host data as pyinfra would merge it: group_data/all.py plus overrides."""
+"""What several unit test files share: host data as pyinfra merges it, the stand-in vLLM server,
+and the default model's config.json."""
 
+from __future__ import annotations
+
+import copy
+import json
+import os
 import runpy
+import signal
+import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import openai
+import requests
+
+from sparkfleet.model.config import KNOWN_CONFIGS
+from tests.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
+STANDIN = ROOT / "sim" / "engine" / "standin_vllm.py"
+FLAGS = ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
+KEY = "s3cret"  # the stand-in's API key where a test sets one
 DEFAULTS = {k: v for k, v in runpy.run_path(str(ROOT / "group_data/all.py")).items() if not k.startswith("_")}
 
 
 def host_data(**overrides):
     return {**DEFAULTS, "ssh_hostname": "10.0.0.9", "ssh_user": "root", **overrides}
+
+
+FETCH = ROOT / "files" / "sparkfleet-fetch"
+SHARE = ROOT / "files" / "sparkfleet-share"
+
+
+def run_fetch(job_path, *extra):
+    """files/sparkfleet-fetch as a host runs it: (exit code, its JSON report or its stderr)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HOME": str(job_path.parent / "hf"),
+           "MODELSCOPE_CACHE": str(job_path.parent / "ms")}
+    proc = subprocess.run([sys.executable, str(FETCH), str(job_path), "--env-file", "/nonexistent", *extra],
+                          capture_output=True, text=True, env=env, timeout=120)
+    return proc.returncode, (json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else proc.stderr)
+
+
+def start_share(root, token_file, *extra):
+    """files/sparkfleet-share on 127.0.0.1 (a free port): (the process, its base URL), once it answers."""
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(SHARE), "--root", str(root), "--bind", "127.0.0.1",
+                             "--port", str(port), "--token-file", str(token_file), *extra])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"{url}/", timeout=2)
+        except urllib.error.HTTPError:
+            return proc, url  # it answers (401: no token)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"sparkfleet-share did not answer on {url}")
+
+
+def qwen35_config() -> dict:
+    """Qwen3.5-35B-A3B-FP8's config.json (the known copy sparkfleet falls back on): the text
+    model nested under text_config. 40 layers = 30 Gated DeltaNet + 10 full attention (every
+    4th), 16 heads, 2 KV heads, head_dim 256, hidden 2048, 256 experts of 512 (8 active + 1
+    shared of 512), vocab 248,320, max_position_embeddings 262,144.
+    """
+    config = copy.deepcopy(KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
+    config["vision_config"] = {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152}
+    return config
+
+
+# ---- the stand-in vLLM server (sim/engine/standin_vllm.py), run as a process ----------------
+
+def _write_shard(path: Path, tensors: dict[str, int]) -> None:
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": [n], "data_offsets": [offset, offset + 2 * n]}
+        offset += 2 * n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\x00" * offset)
+
+
+def make_model(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "text_config": {"model_type": "qwen3_5_moe_text", "max_position_embeddings": 8192}}))
+    shards = {"model-00001-of-00002.safetensors": {"embed.weight": 64, "layer.0.w": 32},
+              "model-00002-of-00002.safetensors": {"lm_head.weight": 48}}
+    weight_map = {}
+    for fname, tensors in shards.items():
+        _write_shard(root / fname, tensors)
+        weight_map.update({t: fname for t in tensors})
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 288}, "weight_map": weight_map}))
+    return root
+
+
+def env(**extra) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "VLLM_"))}
+    e.update({"SIM_LOAD_DELAY_S": "0", "PYTHONUNBUFFERED": "1"}, **extra)
+    return e
+
+
+def run_to_exit(*args, timeout=15, **env_extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(STANDIN), "--flags-file", str(FLAGS), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env(**env_extra))
+
+
+class Server:
+    def __init__(self, model: Path, *flags: str, **env_extra):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(STANDIN), "--flags-file", str(FLAGS), str(model),
+             "--host", "127.0.0.1", "--port", str(self.port), *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(**env_extra))
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"stand-in exited {self.proc.returncode}: "
+                                     f"{self.proc.stdout.read()}")
+            try:
+                if requests.get(self.base + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise AssertionError("stand-in did not become healthy")
+
+    def client(self, key=KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=20)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.stdout.read()
+
+

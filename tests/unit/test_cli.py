@@ -2,10 +2,10 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from sparkfleet import cli
 from sparkfleet.cli import main
 from sparkfleet.release.engine import flag_table
 
@@ -18,19 +18,28 @@ def write_inventory(tmp_path, data: dict) -> str:
     return str(path)
 
 
-def test_plan_json_of_the_office_example():
-    """The acceptance command, run as a user would; the public hub is out of reach here."""
-    proc = subprocess.run([sys.executable, "-m", "sparkfleet", "plan", "inventory/office.py", "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    hosts = json.loads(proc.stdout)["hosts"]
+def test_plan_json_of_the_office_example(capsys, monkeypatch):
+    """The acceptance command with the hub out of reach: the plan still prints, the release unresolved."""
+    unreachable = "cannot resolve modelscope:Qwen/Qwen3.5-35B-A3B-FP8@master: no network in this test"
+    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, unreachable))
+    assert main(["plan", str(ROOT / "inventory/office.py"), "--json"]) == 0
+    hosts = json.loads(capsys.readouterr().out)["hosts"]
     assert [h["name"] for h in hosts] == ["spark-a", "spark-b", "spark-c"]
     first = hosts[0]
     assert first["image"] == "vllm/vllm-openai:v0.33.0" and "ExecStart=" in first["unit"]
     for flag in ["--enable-prefix-caching", "--enable-auto-tool-choice", "--attention-backend"]:
         assert flag in first["engine_args"]
     assert flag_table("0.33.0").problems(first["engine_args"]) == []
-    assert first["release_id"] is None and "cannot resolve" in first["hub_error"]
+    assert first["release_id"] is None and first["hub_error"] == unreachable
+    assert first["model_dir"] == "/var/lib/sparkfleet/models/Qwen--Qwen3.5-35B-A3B-FP8@unresolved"
+
+
+def test_plan_table_of_the_office_example(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "hub down"))
+    assert main(["plan", str(ROOT / "inventory/office.py"), "--host", "spark-b"]) == 0
+    out = capsys.readouterr().out
+    assert "spark-b: release unresolved" in out and "hub unreachable: hub down" in out
+    assert "spark-a" not in out and "[Service]" in out
 
 
 def test_plan_json_with_a_reachable_hub(tmp_path, capsys, local_hub):

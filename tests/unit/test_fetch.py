@@ -2,19 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from sparkfleet.host.model_files import files_needing_work
+from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.verify import files_needing_work
 
-from .helpers import ROOT, host_data
-
-FETCH = ROOT / "files" / "sparkfleet-fetch"
+from .helpers import host_data, run_fetch, start_share
 
 
 def knobs(hub, **values):
@@ -31,20 +28,12 @@ def job(request, local_hub, tmp_path):
     reset(local_hub)
     [plan] = plan_hosts([("a", host_data(model_hub=request.param, hub_endpoint=local_hub,
                                          model_revision="main" if request.param == "huggingface" else "master",
-                                         model_root=str(tmp_path / "models")))])
+                                         model_root=str(tmp_path / "models")))], resolve=hub_resolver)
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
                                 "staging_dir": str(tmp_path / "models/.staging/x"), "endpoint": local_hub}))
     yield path, plan
     reset(local_hub)
-
-
-def run_fetch(job_path, *extra):
-    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HOME": str(job_path.parent / "hf"),
-           "MODELSCOPE_CACHE": str(job_path.parent / "ms")}
-    proc = subprocess.run([sys.executable, str(FETCH), str(job_path), "--env-file", "/nonexistent", *extra],
-                          capture_output=True, text=True, env=env, timeout=120)
-    return proc.returncode, (json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else proc.stderr)
 
 
 def host_view(model_dir: Path):
@@ -110,24 +99,45 @@ def test_full_verify_rehashes_everything(job):
     assert rc == 0 and report["rehashed"] == len(plan.manifest.files) and report["fetched"] == []
 
 
-SHARE = ROOT / "files" / "sparkfleet-share"
+def test_extras_are_removed_and_reported(job):
+    """After a converge the directory holds exactly the manifest's files and the record."""
+    job_path, plan = job
+    model_dir = Path(plan.model_dir)
+    assert run_fetch(job_path)[0] == 0
+    outside = job_path.parent / "outside.txt"
+    outside.write_text("not the model's")
+    (model_dir / "notes.txt").write_text("left behind")
+    (model_dir / "tokenizer.json.orig").symlink_to(outside)
+    (model_dir / "old" / "deep").mkdir(parents=True)
+    (model_dir / "old" / "deep" / "x.bin").write_bytes(b"x")
+    os.replace(model_dir / "config.json", model_dir / "moved.json")
+    (model_dir / "config.json").symlink_to(outside)  # a manifest name, but a symlink: never trusted
+    rc, report = run_fetch(job_path)
+    assert rc == 0, report
+    assert report["removed"] == ["config.json", "moved.json", "notes.txt", "old", "old/deep", "old/deep/x.bin",
+                                 "tokenizer.json.orig"]
+    assert report["fetched"] == ["config.json"]
+    names = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if not p.is_dir())
+    assert names == sorted([".sparkfleet-verified.json", *(f.path for f in plan.manifest.files)])
+    assert not (model_dir / "config.json").is_symlink() and outside.read_text() == "not the model's"
+    rc, report = run_fetch(job_path)
+    assert (rc, report["removed"], report["fetched"], report["rehashed"]) == (0, [], [], 0)
 
 
 @pytest.fixture
 def seed_share(local_hub, tmp_path):
-    """A seed host's share: its verified model directory served read-only."""
-    from tests.conftest import free_port, wait_http
-
+    """A seed host's share: its verified model directory served read-only, to holders of the token."""
     reset(local_hub)
-    [plan] = plan_hosts([("seed", host_data(hub_endpoint=local_hub, model_root=str(tmp_path / "seed")))])
+    [plan] = plan_hosts([("seed", host_data(hub_endpoint=local_hub, model_root=str(tmp_path / "seed")))],
+                        resolve=hub_resolver)
     job = tmp_path / "seed-job.json"
     job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
                                "staging_dir": str(tmp_path / "seed/.staging/x"), "endpoint": local_hub}))
     assert run_fetch(job)[0] == 0
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SHARE), str(tmp_path / "seed"), str(port)])
-    wait_http(f"http://127.0.0.1:{port}/{plan.manifest.dir_name}/config.json")
-    yield plan, f"http://127.0.0.1:{port}/{plan.manifest.dir_name}"
+    token = tmp_path / "fleet.token"
+    token.write_text("unit-test-fleet-token\n")
+    proc, url = start_share(tmp_path / "seed", token)
+    yield plan, f"{url}/{plan.manifest.dir_name}"
     proc.terminate()
     proc.wait(10)
     reset(local_hub)
@@ -147,7 +157,7 @@ def test_peer_fetches_from_the_lan_not_the_hub(seed_share, tmp_path, hub_counter
     served = hub_counters()["total_bytes"]
     job_path, model_dir = peer_job(tmp_path, plan, ["http://127.0.0.1:9/unreachable", share],
                                    plan.settings.hub_endpoint)
-    rc, report = run_fetch(job_path)
+    rc, report = run_fetch(job_path, "--token-file", str(tmp_path / "fleet.token"))
     assert rc == 0 and len(report["fetched"]) == len(plan.manifest.files)
     assert hub_counters()["total_bytes"] == served  # not one byte from the hub
     assert files_needing_work(plan.manifest, *host_view(model_dir)) == []
@@ -162,15 +172,15 @@ def test_peer_with_bad_bytes_falls_back_to_the_hub(seed_share, tmp_path, hub_cou
     seed_file.write_bytes(bytes(data))  # the seed's record still lists it: the peer must not trust that
     before = hub_counters()
     job_path, model_dir = peer_job(tmp_path, plan, [share], plan.settings.hub_endpoint)
-    rc, report = run_fetch(job_path)
-    assert rc == 0 and files_needing_work(plan.manifest, *host_view(model_dir)) == []
+    rc, report = run_fetch(job_path, "--token-file", str(tmp_path / "fleet.token"))
+    assert rc == 0 and files_needing_work(plan.manifest, *host_view(model_dir)) == [], report
     key = f"{plan.manifest.repo}/{shard.path}"
     assert hub_counters()["files"][key] == before["files"][key] + shard.size  # that shard alone, from the hub
     assert hub_counters()["total_bytes"] == before["total_bytes"] + shard.size
 
 
 def test_staged_files_are_verified_before_they_count(local_hub, tmp_path):
-    [plan] = plan_hosts([("a", host_data(hub_endpoint=local_hub))])
+    [plan] = plan_hosts([("a", host_data(hub_endpoint=local_hub))], resolve=hub_resolver)
     source = tmp_path / "controller"
     job = tmp_path / "c.json"
     job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": str(source),

@@ -1,10 +1,7 @@
 """The memory and speed planner, against numbers computed by hand for Qwen3.5-35B-A3B-FP8."""
 
-import copy
-
 import pytest
 
-from sparkfleet.model.config import KNOWN_CONFIGS
 from sparkfleet.model.fit import (
     GIB,
     RESERVE_BYTES,
@@ -16,20 +13,15 @@ from sparkfleet.model.fit import (
     param_counts,
 )
 
+from .helpers import qwen35_config
+
 # The manifest total the tests use for the FP8 checkpoint (~35 GB of safetensors).
 WEIGHTS = 35_000_000_000
 
 
-def qwen35_config() -> dict:
-    """Qwen3.5-35B-A3B-FP8's config.json (the known copy sparkfleet falls back on): the text
-    model nested under text_config. 40 layers = 30 Gated DeltaNet + 10 full attention (every
-    4th), 16 heads, 2 KV heads, head_dim 256, hidden 2048, 256 experts of 512 (8 active + 1
-    shared of 512), vocab 248,320, max_position_embeddings 262,144.
-    """
-    config = copy.deepcopy(KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
-    assert config["text_config"]["layer_types"][3::4] == ["full_attention"] * 10
-    config["vision_config"] = {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152}
-    return config
+def test_the_known_config_has_full_attention_every_fourth_layer():
+    assert qwen35_config()["text_config"]["layer_types"][3::4] == ["full_attention"] * 10
+    assert qwen35_config()["text_config"]["layer_types"].count("linear_attention") == 30
 
 
 # ---- by hand ---------------------------------------------------------------
@@ -121,7 +113,7 @@ def test_default_release_fits():
     assert r.fits
     assert r.seqs_at_max_model_len == 13
     assert r.seqs_at_8192 == 320
-    assert check_fit(r, 262144) is None
+    assert check_fit(r) is None
     # The count from the config, as stored: FP8 = 10 x 27,262,976 + 30 x 33,554,432
     # + 40 x 257 x 3,145,728 = 33,617,346,560 bytes; bf16 = (34,660,610,688 - 33,617,346,560) x 2
     # = 2,086,528,256; together 35,703,874,816: close to the ~35-37.5 GB manifest (which also
@@ -170,15 +162,15 @@ def test_oversized_max_model_len_is_refused_with_the_largest_fitting_length():
     assert r.largest_context == 193_085
     assert not r.fits
     assert r.seqs_at_max_model_len == 0
-    message = check_fit(r, 262144)
+    message = check_fit(r)
     assert message is not None
     assert message.startswith("max_model_len=262144 needs 5.1 GiB of KV cache per sequence but only 3.7 GiB")
     assert "set max_model_len <= 192512" in message
     assert "gpu_memory_utilization" in message
-    # The suggestion itself fits, and is checked against the same report.
-    assert check_fit(r, 192512) is None
-    assert check_fit(r, 193085) is None
-    assert check_fit(r, 193086) is not None
+    # The suggestion itself fits; the largest length fits and one more token does not.
+    for length, fits in ((192512, True), (193085, True), (193086, False)):
+        at = fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.33, max_model_len=length)
+        assert (check_fit(at) is None) is fits, length
 
 
 def test_refusal_at_0_3_utilization():
@@ -186,7 +178,7 @@ def test_refusal_at_0_3_utilization():
     # (178,774,528 - 64,389,120) / 20,480 = 5,585.2 -> 5,585 -> 5 x 1024 = 5,120.
     r = fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.3)
     assert r.largest_context == 5585
-    assert "set max_model_len <= 5120" in check_fit(r, 262144)
+    assert "set max_model_len <= 5120" in check_fit(r)
 
 
 def test_nothing_fits_when_weights_exceed_the_budget():
@@ -194,13 +186,15 @@ def test_nothing_fits_when_weights_exceed_the_budget():
     r = fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.2)
     assert r.kv_memory_bytes < 0
     assert (r.largest_context, r.seqs_at_8192) == (0, 0)
-    message = check_fit(r, 8192)
+    message = check_fit(fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.2, max_model_len=8192))
     assert "no max_model_len of 1024 or more fits" in message
 
 
-def test_max_model_len_above_the_model_maximum_is_refused():
+def test_decode_roofline_at_any_context():
+    # 273e9 / (3,545,527,552 + 640 x 20,480 = 3,558,634,752) = 76.71 tokens/s (bench's 512 + 128 tokens)
     r = fit_report(qwen35_config(), WEIGHTS)
-    assert "max_position_embeddings=262144" in check_fit(r, 524288)
+    assert r.decode_tokens_per_s(640) == pytest.approx(76.71, abs=0.005)
+    assert r.decode_tokens_per_s(8192) == r.decode_tokens_per_s_at_context
 
 
 def test_max_model_len_defaults_to_the_model_maximum_and_max_num_seqs_caps_concurrency():

@@ -1,4 +1,4 @@
-from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
+from sparkfleet.host.nvidia_smi import GpuReport, at_least, parse_nvidia_smi
 
 # As a DGX Spark prints it (public GB10 output): memory reads "Not Supported".
 GB10 = """\
@@ -52,3 +52,27 @@ def test_version_minimums():
     assert not at_least("550.54.14", "580.95.05")
     assert not at_least(None, "13.0")
     assert at_least("13.0", "13.0") and not at_least("12.8", "13.0")
+
+
+def test_cuda_version_not_available_is_an_error_not_a_version():
+    report = parse_nvidia_smi(GB10.replace("CUDA Version: 13.0 ", "CUDA Version: N/A  "))
+    assert report == GpuReport(None, None, None, error="nvidia-smi reads CUDA Version: N/A, not a version")
+
+
+def test_driver_version_not_available_is_an_error():
+    report = parse_nvidia_smi(GB10.replace("Driver Version: 580.95.05", "Driver Version: N/A"))
+    assert report.error == "nvidia-smi reads Driver Version: N/A, not a version"
+
+
+def test_gpu_name_not_available_is_an_error():
+    report = parse_nvidia_smi(GB10.replace("NVIDIA GB10                    On", "N/A                            On"))
+    assert report == GpuReport(None, "580.95.05", "13.0", error="nvidia-smi lists no GPU name (reads N/A)")
+
+
+def test_no_gpu_row_is_an_error():
+    header_only = "\n".join(GB10.splitlines()[:3])
+    assert parse_nvidia_smi(header_only).error == "nvidia-smi lists no GPU name (reads nothing)"
+
+
+def test_no_output_is_an_error():
+    assert parse_nvidia_smi("").error == "nvidia-smi printed no driver line (no output)"

@@ -3,11 +3,26 @@ model operation in Python: converged facts must produce no commands."""
 
 from pathlib import Path
 
+import pytest
+from pyinfra.api import OperationError, OperationValueError
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
+from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
+from sparkfleet.host.operations import (
+    docker_nvidia_runtime,
+    health_gate_results,
+    old_models_removed,
+    previous_release_restored,
+    record_health_gate,
+    release_kept_for_rollback,
+    rollback_problem,
+    secret_file,
+)
 from sparkfleet.model.manifest import Manifest, ManifestFile
 
 CASES = Path(__file__).parent / "operations"
@@ -81,7 +96,7 @@ def test_full_verify_rehashes_a_converged_model():
 def test_missing_image_is_loaded_from_the_archive(tmp_path):
     archive = tmp_path / "vllm.tar"
     archive.write_bytes(b"docker save output")
-    facts = {"facts.DockerImagePresent": {"image=vllm/vllm-openai:v0.33.0": False},
+    facts = {"docker.DockerImage": {"object_id=vllm/vllm-openai:v0.33.0": []},
              "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
              "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
     host = create_host(FakeState(), facts=facts)
@@ -92,3 +107,162 @@ def test_missing_image_is_loaded_from_the_archive(tmp_path):
                     image_loaded._inner("vllm/vllm-openai:v0.33.0", str(archive))]
     assert commands[0] == f"FileUploadCommand({archive}, /var/lib/sparkfleet/vllm.tar)"
     assert commands[-1] == "docker load -i /var/lib/sparkfleet/vllm.tar && rm -f /var/lib/sparkfleet/vllm.tar"
+
+
+def run_op(op, facts: dict, *args, op_name: str | None = "an operation", **kwargs):
+    """Commands an operation yields on a host named spark-1 with these facts, as text, and its noop."""
+    host = create_host(FakeState(), facts=facts)
+    host.name = "spark-1"
+    host.current_op_global_arguments = {"name": op_name}
+    with ctx_state.use(host.state), ctx_host.use(host):
+        commands = [c if isinstance(c, str) else c.get_raw_value() if hasattr(c, "get_raw_value") else repr(c)
+                    for c in op._inner(*args, **kwargs)]
+    return commands, host.noop_description
+
+
+ENV = "/etc/sparkfleet/engine.env"
+SECRET = "VLLM_API_KEY=sk-rotated-4242\n"
+
+
+def secret_facts(sha256, mode):
+    return {"files.Sha256File": {f"path={ENV}": sha256},
+            "files.File": {f"path={ENV}": None if mode is None else {"mode": mode, "user": "root", "group": "root"}}}
+
+
+def test_secret_file_is_made_0600_before_its_bytes_land_and_never_shows_them():
+    commands, _ = run_op(secret_file, secret_facts(None, None), ENV, SECRET)
+    assert commands[0] == ("mkdir -p /etc/sparkfleet && rm -f /etc/sparkfleet/engine.env.sparkfleet-new "
+                           "&& ( umask 077 && : > /etc/sparkfleet/engine.env.sparkfleet-new )")
+    assert commands[1].startswith("FileUploadCommand(<_io.StringIO object at ")
+    assert commands[1].endswith(", /etc/sparkfleet/engine.env.sparkfleet-new)")
+    assert commands[2] == "mv -f /etc/sparkfleet/engine.env.sparkfleet-new /etc/sparkfleet/engine.env"
+    assert not any("sk-rotated" in c for c in commands)
+
+
+def test_secret_file_changed_content_is_seen_by_hash_and_replaced():
+    commands, _ = run_op(secret_file, secret_facts("0" * 64, 600), ENV, SECRET)
+    assert len(commands) == 3 and commands[2].startswith("mv -f ")
+    assert not any("sk-rotated" in c for c in commands)
+
+
+def test_secret_file_current_is_a_noop_and_a_loose_mode_is_tightened():
+    digest = "92de184ac1eeb7142f4292ceb7df560bf5ec905f6b8589084bc5dbf44883e489"  # sha256 of SECRET
+    assert run_op(secret_file, secret_facts(digest, 600), ENV, SECRET) == ([], f"{ENV} is current (0600)")
+    assert run_op(secret_file, secret_facts(digest, 644), ENV, SECRET)[0] == [f"chmod 0600 {ENV}"]
+
+
+def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_arguments():
+    with pytest.raises(OperationValueError, match=r"needs name="):
+        run_op(secret_file, secret_facts(None, None), ENV, SECRET, op_name=None)
+
+
+UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
+
+
+def test_release_is_kept_without_its_secret_when_a_new_release_replaces_it():
+    facts = {"files.Sha1File": {f"path={UNIT}": "1" * 40}}
+    commands, _ = run_op(release_kept_for_rollback, facts, "aaaaaaaaaaaa", "bbbbbbbbbbbb", "[Unit]\n")
+    assert commands == [(
+        "mkdir -p /etc/sparkfleet/previous && cp -p /etc/systemd/system/sparkfleet-vllm.service "
+        "/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && ( umask 077 && { grep -v '^VLLM_API_KEY=' "
+        "/etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > /etc/sparkfleet/previous/engine.env )")]
+
+
+def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_unit_already_replaced():
+    unit_sha1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
+    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": "1" * 40}},
+                  "bbbbbbbbbbbb", "bbbbbbbbbbbb", "[Unit]\n") == ([], "no running release is being replaced")
+    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": None}},
+                  None, "bbbbbbbbbbbb", "[Unit]\n")[0] == []
+    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": unit_sha1}},
+                  "aaaaaaaaaaaa", "bbbbbbbbbbbb", "[Unit]\n")[0] == []
+
+
+PREVIOUS = {"release_id": "aaaaaaaaaaaa", "model_dir": "/m/Q--M@a", "served_model_name": "Q", "api_host": "0.0.0.0",
+            "api_port": 8000, "health_timeout_s": 60, "tools": True}
+
+
+def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
+    commands, _ = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})
+    assert commands == [
+        ("test -d /m/Q--M@a || { echo 'spark-1: the previous model directory /m/Q--M@a is gone: roll forward instead' "
+         ">&2; exit 1; }"),
+        ("cp -p /etc/systemd/system/sparkfleet-vllm.service /etc/sparkfleet/previous/sparkfleet-vllm.service.swap && "
+         "cp -p /etc/sparkfleet/previous/sparkfleet-vllm.service /etc/systemd/system/sparkfleet-vllm.service && "
+         "mv /etc/sparkfleet/previous/sparkfleet-vllm.service.swap /etc/sparkfleet/previous/sparkfleet-vllm.service"),
+        ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
+         "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
+         "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
+        ("( umask 077 && { grep -v '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > "
+         "/etc/sparkfleet/previous/engine.env.swap && { grep '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || "
+         "[ $? -eq 1 ]; cat /etc/sparkfleet/previous/engine.env; } > /etc/sparkfleet/engine.env.new ) && "
+         "mv -f /etc/sparkfleet/engine.env.new /etc/sparkfleet/engine.env && "
+         "mv -f /etc/sparkfleet/previous/engine.env.swap /etc/sparkfleet/previous/engine.env"),
+        "systemctl daemon-reload && systemctl restart sparkfleet-vllm.service",
+    ]
+
+
+def test_rollback_to_the_running_release_is_a_noop():
+    assert run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "aaaaaaaaaaaa"}) == (
+        [], "release aaaaaaaaaaaa is already the running one")
+
+
+def test_rollback_problems_name_what_is_missing():
+    assert rollback_problem(None, "/etc/sparkfleet/previous/release.json") == Unreadable(
+        "/etc/sparkfleet/previous", "no previous release kept: nothing to roll back to")
+    old = {k: v for k, v in PREVIOUS.items() if k not in ("api_host", "health_timeout_s")}
+    assert rollback_problem({**old, "tools": "yes"}, "prev.json") == Unreadable(
+        "prev.json", "the release record lacks api_host, health_timeout_s, tools (written by an older sparkfleet?)")
+    assert rollback_problem(PREVIOUS, "prev.json") is None
+
+
+MODELS = "/var/lib/sparkfleet/models"
+
+
+@pytest.mark.parametrize("record, problem", [
+    ("{ truncated", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 3 (char 2))"),
+    ("", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+    ('"release"', "holds a JSON str, not an object"),
+    ('["a"]', "holds a JSON list, not an object"),
+])
+def test_cleanup_stops_on_an_unreadable_release_record(record, problem):
+    facts = {"facts.JsonFile": {"path=/etc/sparkfleet/release.json": record},
+             "facts.ModelDirs": {f"model_root={MODELS}": [f"{MODELS}/Q--M@a", f"{MODELS}/Q--M@b"]}}
+    with pytest.raises(OperationError) as raised:
+        run_op(old_models_removed, facts, MODELS, [f"{MODELS}/Q--M@b"])
+    assert str(raised.value) == (f"spark-1: /etc/sparkfleet/release.json: {problem}: no model directory was removed; "
+                                 "repair or remove the file by hand")
+
+
+def test_cleanup_stops_on_an_unreadable_listing():
+    facts = {"facts.JsonFile": {"path=/etc/sparkfleet/release.json": None},
+             "facts.ModelDirs": {f"model_root={MODELS}": Unreadable(f"find {MODELS}", "listed 'x'")}}
+    with pytest.raises(OperationError, match=r"^spark-1: find /var/lib/sparkfleet/models: listed 'x': no model"):
+        run_op(old_models_removed, facts, MODELS, [])
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{ not json", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 3 (char 2))"),
+    ('"runtimes"', "holds a JSON str, not an object"),
+    ("", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+])
+def test_unreadable_daemon_json_is_refused_not_overwritten(text, problem):
+    with pytest.raises(OperationError) as raised:
+        run_op(docker_nvidia_runtime, {"facts.JsonFile": {"path=/etc/docker/daemon.json": text}})
+    assert str(raised.value) == (f"spark-1: /etc/docker/daemon.json: {problem}: fix it by hand; "
+                                 "sparkfleet will not overwrite it")
+
+
+def completed(success: bool, commands: list) -> OperationMeta:
+    meta = OperationMeta("hash", None)
+    meta.set_complete(success, commands, CommandOutput([]))
+    return meta
+
+
+def test_health_gate_results_come_from_the_gate_operation_not_its_name():
+    state = FakeState()
+    record_health_gate(state, "spark-1", completed(True, ["check"]))
+    record_health_gate(state, "spark-2", completed(False, ["check"]))
+    record_health_gate(state, "spark-3", completed(True, []))  # skipped: nothing changed
+    record_health_gate(state, "spark-4", OperationMeta("hash", None))  # never ran: an earlier op failed
+    assert health_gate_results(state) == {"spark-1": "passed", "spark-2": "failed"}

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.engine import flag_table
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
@@ -52,7 +53,9 @@ def test_unit_runs_the_pinned_image_safely():
     assert "Restart=on-failure" in unit and "TimeoutStartSec=1800" in unit
     assert "ExecStartPre=/opt/sparkfleet/bin/sparkfleet-memcheck 0.88" in unit
     assert "ExecStartPre=-/usr/bin/docker rm -f vllm" in unit
-    assert "docker pull vllm/vllm-openai:v0.33.0" in unit
+    # the image is sh's "$1", never parsed as shell ($$ is systemd's escape for $)
+    assert ("ExecStartPre=/bin/sh -c 'docker image inspect \"$$1\" >/dev/null 2>&1 || docker pull \"$$1\"' "
+            "pull vllm/vllm-openai:v0.33.0\n") in unit
 
 
 def test_secrets_stay_out_of_the_unit():
@@ -75,9 +78,14 @@ def test_systemd_quoting():
     assert systemd_quote("$HOME") == "\"$$HOME\""
 
 
+def hub_plans(*hosts):
+    """Plans whose manifests are asked of a hub (the test's local one)."""
+    return plan_hosts(list(hosts), resolve=hub_resolver)
+
+
 @pytest.mark.parametrize("hub,revision", [("modelscope", "master"), ("huggingface", "main")])
 def test_manifest_from_each_hub(local_hub, hub, revision):
-    [plan] = plan_hosts([("spark-a", host_data(model_hub=hub, model_revision=revision, hub_endpoint=local_hub))])
+    [plan] = hub_plans(("spark-a", host_data(model_hub=hub, model_revision=revision, hub_endpoint=local_hub)))
     m = plan.manifest
     assert m.hub == hub and len(m.files) >= 8
     assert {f.path for f in m.files} >= {"config.json", "model.safetensors.index.json"}
@@ -89,7 +97,7 @@ def test_manifest_from_each_hub(local_hub, hub, revision):
 def test_hf_manifest_hashes_match_the_bytes(local_hub, tmp_path):
     from huggingface_hub import snapshot_download
 
-    [plan] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=local_hub))])
+    [plan] = hub_plans(("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=local_hub)))
     local = snapshot_download(plan.manifest.repo, revision=plan.manifest.commit, endpoint=local_hub,
                               local_dir=tmp_path / "m")
     for f in plan.manifest.files:
@@ -103,7 +111,7 @@ def test_hf_manifest_hashes_match_the_bytes(local_hub, tmp_path):
 
 def test_release_id_is_content_addressed(local_hub):
     def release(**o):
-        [p] = plan_hosts([("a", host_data(hub_endpoint=local_hub, **o))])
+        [p] = hub_plans(("a", host_data(hub_endpoint=local_hub, **o)))
         return p.release_id
 
     assert release() == release()
@@ -112,24 +120,25 @@ def test_release_id_is_content_addressed(local_hub):
 
 
 def test_unreachable_hub_still_plans_the_rest():
-    [plan] = plan_hosts([("a", host_data(hub_endpoint="http://127.0.0.1:9"))])
-    assert plan.manifest is None and "cannot resolve modelscope:Qwen/Qwen3.5-35B-A3B-FP8" in plan.hub_error
+    why = "cannot resolve modelscope:Qwen/Qwen3.5-35B-A3B-FP8@master: ConnectionError"
+    [plan] = plan_hosts([("a", host_data())], resolve=lambda settings: (None, None, why))
+    assert plan.manifest is None and plan.hub_error == why
     assert plan.to_dict()["release_id"] is None and "ExecStart=" in plan.to_dict()["unit"]
 
 
 def test_pinned_commit_plans_offline_from_the_cache(local_hub):
-    [online] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=local_hub))])
+    [online] = hub_plans(("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=local_hub)))
     from sparkfleet.model import hubs
 
     hubs._resolve_manifest.cache_clear()
-    [offline] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision=online.manifest.commit,
-                                            hub_endpoint="http://127.0.0.1:9"))])
+    [offline] = hub_plans(("a", host_data(model_hub="huggingface", model_revision=online.manifest.commit,
+                                          hub_endpoint="http://127.0.0.1:9")))
     assert offline.manifest.digest == online.manifest.digest
     assert json.dumps(offline.to_dict()["manifest"]["files"]) == json.dumps(online.to_dict()["manifest"]["files"])
 
 
 def test_peer_mode_one_seed_then_the_lan(local_hub):
-    plans = plan_hosts([(f"spark-{i}", host_data(hub_endpoint=local_hub, ssh_hostname=f"10.0.0.{i}"))
+    plans = hub_plans(*[(f"spark-{i}", host_data(hub_endpoint=local_hub, ssh_hostname=f"10.0.0.{i}"))
                         for i in (1, 2, 3)])
     assert [p.model_role for p in plans] == ["hub", "peer", "peer"]
     dir_name = plans[0].manifest.dir_name
@@ -138,15 +147,15 @@ def test_peer_mode_one_seed_then_the_lan(local_hub):
 
 
 def test_other_sources(local_hub):
-    hub_only = plan_hosts([(f"s{i}", host_data(hub_endpoint=local_hub, model_source="hub")) for i in (1, 2)])
+    hub_only = hub_plans(*[(f"s{i}", host_data(hub_endpoint=local_hub, model_source="hub")) for i in (1, 2)])
     assert [p.model_role for p in hub_only] == ["hub", "hub"]
-    pushed = plan_hosts([("s1", host_data(hub_endpoint=local_hub, model_source="controller", lan_address="s1.lan"))])
+    pushed = hub_plans(("s1", host_data(hub_endpoint=local_hub, model_source="controller", lan_address="s1.lan")))
     assert pushed[0].model_role == "controller" and pushed[0].lan_address == "s1.lan"
 
 
 def test_release_record_keeps_current_and_previous(local_hub):
-    [old] = plan_hosts([("a", host_data(hub_endpoint=local_hub, max_model_len=131072))])
-    [new] = plan_hosts([("a", host_data(hub_endpoint=local_hub))])
+    [old] = hub_plans(("a", host_data(hub_endpoint=local_hub, max_model_len=131072)))
+    [new] = hub_plans(("a", host_data(hub_endpoint=local_hub)))
     first = old.release_record(None)
     assert first["previous"] is None and first["model_history"] == [old.model_dir]
     second = new.release_record(first)
@@ -158,21 +167,19 @@ def test_release_record_keeps_current_and_previous(local_hub):
 
 
 @pytest.fixture
-def full_size_model(monkeypatch):
-    """The default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
+def full_size_model():
+    """A resolver answering the default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
     from sparkfleet.model.config import KNOWN_CONFIGS
     from sparkfleet.model.manifest import Manifest, ManifestFile
-    from sparkfleet.release import plan as plan_module
 
     files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
                   for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)
     manifest = Manifest("modelscope", "Qwen/Qwen3.5-35B-A3B-FP8", "master", "f" * 40, files)
-    monkeypatch.setattr(plan_module, "resolve_manifest", lambda *a: manifest)
-    monkeypatch.setattr(plan_module, "read_model_config", lambda *a: KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
+    return lambda settings: (manifest, KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"], None)
 
 
 def test_default_release_fits_a_spark(full_size_model):
-    [plan] = plan_hosts([("a", host_data())])
+    [plan] = plan_hosts([("a", host_data())], resolve=full_size_model)
     fit = plan.to_dict()["fit"]
     assert fit["kv_bytes_per_token"] == 20480 and fit["fits"] and fit["seqs_at_max_model_len"] >= 1
     assert 50.3 < fit["decode_tokens_per_s_at_0"] < 100  # the roofline bounds the measured 50.3 tok/s
@@ -180,8 +187,8 @@ def test_default_release_fits_a_spark(full_size_model):
 
 def test_oversized_context_is_refused_with_the_length_that_fits(full_size_model):
     with pytest.raises(SettingsError) as caught:
-        plan_hosts([("a", host_data(gpu_memory_utilization=0.33))])
+        plan_hosts([("a", host_data(gpu_memory_utilization=0.33))], resolve=full_size_model)
     message = str(caught.value)
     assert "a: max_model_len=262144 needs" in message and "set max_model_len <= 192512" in message
-    [plan] = plan_hosts([("a", host_data(gpu_memory_utilization=0.33, max_model_len=192512))])
+    [plan] = plan_hosts([("a", host_data(gpu_memory_utilization=0.33, max_model_len=192512))], resolve=full_size_model)
     assert plan.fit.fits

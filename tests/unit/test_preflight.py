@@ -1,7 +1,8 @@
 """Preflight decisions from host facts: one line per problem, each naming what was found, what is
 required and the fix."""
 
-from sparkfleet.host.nvidia_smi import GpuReport
+from sparkfleet.host.facts import JsonObject, Unreadable, json_object
+from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 from sparkfleet.host.preflight import HostFacts, preflight_problems
 from sparkfleet.release.settings import parse_settings
 
@@ -11,7 +12,7 @@ GIB = 1024**3
 SPARK = dict(arch="aarch64", gpu=GpuReport("NVIDIA GB10", "580.95.05", "13.0"),
              meminfo={"MemTotal": 128 * 1024**2 * 0.95, "MemAvailable": 120 * 1024**2}, free_bytes=500 * GIB,
              needed_bytes=37 * GIB, docker={"installed": True, "active": True}, python="3.12",
-             model_files={"record": {}, "files": {}})
+             model_files={"record": {}, "files": {}}, release=JsonObject("/etc/sparkfleet/release.json"))
 
 
 def problems(**facts):
@@ -42,9 +43,39 @@ def test_each_problem_is_one_line_with_a_fix():
 
 
 def test_no_driver_says_so_once():
-    [line] = problems(gpu=GpuReport(None, None, None, error="NVIDIA-SMI has failed"))
-    assert line.startswith("spark-a: GPU driver: found nvidia-smi failing (NVIDIA-SMI has failed)")
+    [line] = problems(gpu=GpuReport(None, None, None, error="nvidia-smi printed no driver line (NVIDIA-SMI has failed)"))
+    assert line == ("spark-a: GPU driver: found nvidia-smi printed no driver line (NVIDIA-SMI has failed), "
+                    "required driver >= 580.95.05: install the NVIDIA driver (DGX OS ships it) and reboot")
+
+
+def test_cuda_not_available_is_one_problem_not_a_comparison():
+    gb10 = "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: N/A |\n|   0  NVIDIA GB10   On |"
+    [line] = problems(gpu=parse_nvidia_smi(gb10))
+    assert line.startswith("spark-a: GPU driver: found nvidia-smi reads CUDA Version: N/A, not a version, required")
 
 
 def test_verified_files_need_no_disk():
     assert problems(free_bytes=1 * GIB, needed_bytes=0) == []
+
+
+def test_unreadable_host_output_stops_the_host_before_any_comparison():
+    found = problems(meminfo=Unreadable("/proc/meminfo", "no MemTotal line"),
+                     free_bytes=Unreadable("df /var/lib/sparkfleet/models", "free bytes read '-', not a number"),
+                     release=json_object("/etc/sparkfleet/release.json", "{ truncated"))
+    assert found == [
+        "spark-a: /proc/meminfo: no MemTotal line: fix or remove it by hand; sparkfleet changes nothing on doubt",
+        "spark-a: df /var/lib/sparkfleet/models: free bytes read '-', not a number: fix or remove it by hand; "
+        "sparkfleet changes nothing on doubt",
+        "spark-a: /etc/sparkfleet/release.json: not valid JSON (Expecting property name enclosed in double quotes: "
+        "line 1 column 3 (char 2)): fix or remove it by hand; sparkfleet changes nothing on doubt",
+    ]
+
+
+def test_a_release_record_whose_history_is_not_a_list_stops_the_host():
+    [line] = problems(release=json_object("/etc/sparkfleet/release.json", '{"model_history": "/m/a"}'))
+    assert line.startswith("spark-a: /etc/sparkfleet/release.json: `model_history` is not a list of directories")
+
+
+def test_a_release_record_of_an_older_sparkfleet_does_not_stop_a_converge():
+    assert problems(release=json_object("/etc/sparkfleet/release.json", '{"release_id": "a", "previous": '
+                                        '{"release_id": "z", "model_dir": "/m/z"}, "model_history": ["/m/a"]}')) == []

@@ -3,7 +3,7 @@
 import pytest
 
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError, parse_settings
+from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
 from .helpers import DEFAULTS, host_data
 
@@ -96,3 +96,32 @@ def test_every_bad_host_is_named_at_once():
 
 def test_connection_keys_are_not_settings():
     parse_settings("a", {**DEFAULTS, "ssh_port": 2222, "ssh_key": "/k", "_sudo": True})
+
+
+def test_defaults_have_one_home():
+    """group_data/all.py holds every default; the model itself declares none."""
+    assert set(DEFAULTS) == set(Settings.model_fields)
+    assert all(field.is_required() for field in Settings.model_fields.values())
+
+
+def test_defaults_apply_without_this_repository_group_data():
+    s = parse_settings("spark-a", {"ssh_hostname": "spark-a.lan", "api_port": 9000})
+    assert (s.model_repo, s.engine_image, s.model_root, s.api_port) == (
+        "Qwen/Qwen3.5-35B-A3B-FP8", "vllm/vllm-openai:v0.33.0", "/var/lib/sparkfleet/models", 9000)
+    assert s.limit_mm_per_prompt == {"image": 0, "video": 0} and s.extra_engine_args == []
+
+
+def test_a_default_file_without_a_setting_names_it(tmp_path, monkeypatch):
+    from sparkfleet.release import settings
+
+    partial = tmp_path / "all.py"
+    partial.write_text("\n".join(f"{k} = {v!r}" for k, v in DEFAULTS.items() if k != "served_model_name"))
+    monkeypatch.setattr(settings, "DEFAULTS_FILE", partial)
+    settings.defaults.cache_clear()
+    try:
+        with pytest.raises(SettingsError) as caught:
+            parse_settings("spark-a", {})
+    finally:
+        settings.defaults.cache_clear()
+    assert caught.value.problems == [
+        "spark-a: setting `served_model_name` is missing: set it in group_data/all.py"]

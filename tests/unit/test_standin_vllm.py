@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
-import struct
-import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,93 +12,16 @@ import openai
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-STANDIN = ROOT / "sim" / "engine" / "standin_vllm.py"
-FLAGS = ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
+from tests.conftest import free_port
+
+from .helpers import KEY, Server, make_model, run_to_exit
+
 NAME = "sim-qwen"
-KEY = "s3cret"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
                                                     "days": {"type": "integer"}},
                    "required": ["city"]}}}]
-
-
-def _write_shard(path: Path, tensors: dict[str, int]) -> None:
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, n in tensors.items():
-        header[name] = {"dtype": "BF16", "shape": [n], "data_offsets": [offset, offset + 2 * n]}
-        offset += 2 * n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\x00" * offset)
-
-
-def make_model(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "text_config": {"model_type": "qwen3_5_moe_text", "max_position_embeddings": 8192}}))
-    shards = {"model-00001-of-00002.safetensors": {"embed.weight": 64, "layer.0.w": 32},
-              "model-00002-of-00002.safetensors": {"lm_head.weight": 48}}
-    weight_map = {}
-    for fname, tensors in shards.items():
-        _write_shard(root / fname, tensors)
-        weight_map.update({t: fname for t in tensors})
-    (root / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 288}, "weight_map": weight_map}))
-    return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env(**extra) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "VLLM_"))}
-    e.update({"SIM_LOAD_DELAY_S": "0", "PYTHONUNBUFFERED": "1"}, **extra)
-    return e
-
-
-def run_to_exit(*args, timeout=15, **env_extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(STANDIN), "--flags-file", str(FLAGS), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env(**env_extra))
-
-
-class Server:
-    def __init__(self, model: Path, *flags: str, **env_extra):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(STANDIN), "--flags-file", str(FLAGS), str(model),
-             "--host", "127.0.0.1", "--port", str(self.port), *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(**env_extra))
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"stand-in exited {self.proc.returncode}: "
-                                     f"{self.proc.stdout.read()}")
-            try:
-                if requests.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        self.stop()
-        raise AssertionError("stand-in did not become healthy")
-
-    def client(self, key=KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=20)
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.stdout.read()
 
 
 @pytest.fixture(scope="module")
@@ -309,3 +227,76 @@ def test_sigterm_stops_promptly(model_dir):
     assert s.proc.returncode == 0
     assert time.monotonic() - t0 < 2
     assert "Starting vLLM API server" in out and "Starting vLLM server on" in out
+
+
+# --- fault knobs: the knob file is re-read on every request, so faults come and go without a restart
+
+class Request(threading.Thread):
+    """One request in the background: `reply` is set once the stand-in answers."""
+
+    def __init__(self, method, url, **kwargs):
+        super().__init__(daemon=True)
+        self.method, self.url, self.kwargs, self.reply = method, url, kwargs, None
+        self.start()
+
+    def run(self):
+        self.reply = requests.request(self.method, self.url, **self.kwargs)
+
+
+def chat_request(server):
+    return Request("POST", server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+
+
+@pytest.fixture()
+def knob_server(model_dir, tmp_path):
+    knobs = tmp_path / "engine.json"
+    s = Server(model_dir, "--served-model-name", NAME, "--api-key", KEY, SIM_KNOB_FILE=str(knobs))
+    yield s, knobs
+    knobs.write_text("{}")
+    s.stop()
+
+
+def test_hang_knob_holds_every_request_until_cleared(knob_server):
+    server, knobs = knob_server
+    knobs.write_text('{"fault": "hang"}')
+    health, chat = Request("GET", server.base + "/health"), chat_request(server)
+    time.sleep(1.0)
+    assert (health.reply, chat.reply) == (None, None)  # port open, nothing answers
+    knobs.write_text('{"fault": null}')
+    health.join(5), chat.join(5)
+    assert (health.reply.status_code, chat.reply.status_code) == (200, 200)
+
+
+def test_generation_hang_knob_keeps_health_ok(knob_server):
+    server, knobs = knob_server
+    knobs.write_text('{"fault": "generation-hang"}')
+    chat = chat_request(server)
+    assert requests.get(server.base + "/health").status_code == 200
+    assert requests.get(server.base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    time.sleep(1.0)
+    assert chat.reply is None
+    knobs.write_text("{}")
+    chat.join(5)
+    assert chat.reply.json()["usage"]["completion_tokens"] == 1
+
+
+def test_crash_on_start_knob_exits_1(model_dir, tmp_path):
+    knobs = tmp_path / "engine.json"
+    knobs.write_text('{"crash_on_start": true}')
+    r = run_to_exit(str(model_dir), "--port", str(free_port()), SIM_KNOB_FILE=str(knobs))
+    assert r.returncode == 1
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in r.stderr
+    r = run_to_exit(str(model_dir), "--port", str(free_port()), SIM_CRASH_ON_START="1")
+    assert r.returncode == 1
+
+
+def test_start_delay_knob_holds_the_port_closed(model_dir, tmp_path):
+    knobs = tmp_path / "engine.json"
+    knobs.write_text('{"load_delay_s": 1.5}')
+    t0 = time.monotonic()
+    s = Server(model_dir, SIM_KNOB_FILE=str(knobs))
+    try:
+        assert time.monotonic() - t0 >= 1.5
+    finally:
+        s.stop()

@@ -1,0 +1,298 @@
+"""The front door: one HAProxy in front of the engines that serve one model, built from the inventory.
+
+HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
+map file, health routing is its checks (a one-token chat completion, since a
+wedged engine still answers /health), cache affinity is `balance hash` on the
+conversation with consistent hashing, and drain is its runtime API. The plain
+parts (config, maps, reading its state) are functions here; the runtime calls
+go over SSH to the front door hosts, through pyinfra like every other command.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkfleet.release import render
+from sparkfleet.release.plan import HostPlan
+from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+
+GROUP = "front_door"  # the inventory group whose hosts run a front door
+UNIT_NAME = "sparkfleet-front-door.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+CONFIG_DIR = "/etc/sparkfleet/front-door"
+CONFIG = f"{CONFIG_DIR}/haproxy.cfg"
+USERS_MAP = f"{CONFIG_DIR}/users.map"  # 0600: "<key> <user>" lines
+BACKEND_MAP = f"{CONFIG_DIR}/backend.map"  # 0600: the engines' Authorization header
+TLS_PEM = f"{CONFIG_DIR}/tls.pem"  # 0600: certificate and key, as HAProxy reads them
+RUNTIME_DIR = "sparkfleet-front-door"
+SOCKET = f"/run/{RUNTIME_DIR}/admin.sock"
+STATE_DIR = "sparkfleet-front-door"
+STATE_FILE = f"/var/lib/{STATE_DIR}/servers.state"
+BACKEND = "engines"
+# Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
+# prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per request in flight.
+BUFSIZE = 256 * 1024
+# Checks: a hung engine is out within ~3 s (two missed 1 s checks); back after two good ones.
+CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "1s"}
+_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # the inventory host name, which is HAProxy's server name
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """What one front door host serves: its settings and the engines behind it."""
+
+    host: str
+    settings: Settings
+    backends: tuple[Backend, ...]
+    api_key: str
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.settings.front_door_tls_cert)
+
+    def config(self) -> str:
+        return render._templates.get_template("front-door.haproxy.cfg.j2").render(
+            s=self.settings, backends=self.backends, tls=self.tls, tls_pem=TLS_PEM, socket=SOCKET,
+            state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP, backend=BACKEND,
+            bufsize=BUFSIZE, check=CHECK)
+
+    def users_map(self) -> str:
+        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
+
+    def backend_map(self) -> str:
+        return f"{BACKEND} Bearer {self.api_key}\n"
+
+    def tls_pem(self) -> str:
+        """The certificate and key from the controller, one PEM (read here, shipped as a 0600 file)."""
+        s = self.settings
+        parts = []
+        for key, path in (("front_door_tls_cert", s.front_door_tls_cert), ("front_door_tls_key", s.front_door_tls_key)):
+            try:
+                parts.append(Path(path).read_text().strip() + "\n")
+            except OSError as exc:
+                problem = (f"{self.host}: setting `{key}`: cannot read {path} on the controller ({exc.strerror}): "
+                           "give a readable PEM file")
+                raise SettingsError([problem]) from None
+        return "".join(parts)
+
+    def unit(self) -> str:
+        return render._templates.get_template("sparkfleet-front-door.service.j2").render(
+            served_model_name=self.settings.served_model_name, config=CONFIG, runtime_dir=RUNTIME_DIR,
+            state_dir=STATE_DIR, state_file=STATE_FILE, socket=SOCKET)
+
+
+def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
+    """The front door on `host`: the backends are every host serving the same served_model_name.
+
+    Raises SettingsError naming each problem: the backends must be reachable from
+    another host (not loopback) and share one api_key, which only the front door
+    (and the controller's tooling) then holds; a user key is never that key.
+    """
+    s = plans[host].settings
+    problems = []
+    backends = sorted((p for p in plans.values() if p.settings.served_model_name == s.served_model_name),
+                      key=lambda p: p.name)
+    if not backends:
+        problems.append(f"{host}: no host serves {s.served_model_name!r} behind this front door: "
+                        "give the group front_door hosts that serve the same served_model_name")
+    keys = {p.settings.api_key for p in backends}
+    for p in backends:
+        if not _SERVER_NAME.fullmatch(p.name):
+            problems.append(f"{p.name}: the host name must be letters, digits and _ . : - to be a front door "
+                            "backend: rename it in the inventory")
+        if p.settings.api_is_loopback:
+            problems.append(f"{p.name}: api_host {p.settings.api_host} is loopback, out of the front door's reach:"
+                            " set api_host to a LAN address (or 0.0.0.0) with an api_key")
+        if p.settings.api_key is None:
+            problems.append(f"{p.name}: setting `api_key` is missing: behind a front door every engine needs the "
+                            "key only the front door holds")
+        if p.name == host and s.front_door_port in (p.settings.api_port, p.settings.peer_port):
+            problems.append(f"{host}: setting `front_door_port` = {s.front_door_port} is taken by the engine or "
+                            "the model share on this host: pick another port")
+    if len(keys) > 1:
+        problems.append(f"{host}: the backends of {s.served_model_name!r} have different `api_key`s: the front "
+                        "door sends one; set one api_key for them all (e.g. in group_data)")
+    users = s.front_door_users
+    if len(set(users.values())) < len(users):
+        problems.append(f"{host}: setting `front_door_users`: two users share one key: give each their own")
+    if keys & set(users.values()):
+        problems.append(f"{host}: setting `front_door_users`: a user key equals the backends' api_key: "
+                        "clients must never hold the engines' key")
+    if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
+        problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
+    if problems:
+        raise SettingsError(problems)
+    return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
+                     keys.pop())
+
+
+def front_door_url(s: Settings, data: dict) -> str:
+    """Where the controller reaches a front door."""
+    if s.controller_front_door_url:
+        return s.controller_front_door_url.rstrip("/")
+    scheme = "https" if s.front_door_tls_cert else "http"
+    return f"{scheme}://{data.get('ssh_hostname', '')}:{s.front_door_port}"
+
+
+# --- HAProxy's runtime API -------------------------------------------------------------------------
+
+
+def runtime_command(*commands: str) -> str:
+    """A shell command sending runtime API commands (one line, `;`-separated) to the front door's socket."""
+    return f"echo {shlex.quote('; '.join(commands))} | socat -t 5 stdio UNIX-CONNECT:{SOCKET}"
+
+
+def backend_states(show_stat: str) -> dict[str, dict]:
+    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down, "sessions": n}}.
+
+    in: taking requests; draining: set aside, requests still running; out: set
+    aside and idle (or in maintenance); down: failing its health check.
+    """
+    rows = csv.DictReader(io.StringIO(show_stat.lstrip("# ")))
+    states = {}
+    for row in rows:
+        if row.get("pxname") != BACKEND or row.get("svname") in ("BACKEND", "FRONTEND", None):
+            continue
+        status, sessions = row["status"], int(row["scur"] or 0)
+        if "MAINT" in status or "NOLB" in status:
+            state = "out"
+        elif "DRAIN" in status:
+            state = "draining" if sessions else "out"
+        else:
+            state = "in" if status.startswith("UP") else "down"
+        states[row["svname"]] = {"state": state, "sessions": sessions, "status": status}
+    return states
+
+
+class FrontDoorRuntime:
+    """The front doors of an inventory, driven over SSH: set backends aside and back, read their state.
+
+    With no `front_door` group every method does nothing: a fleet without a
+    front door rolls out as before.
+    """
+
+    def __init__(self, inventory: str, doors: list[tuple[str, dict]]):
+        self.inventory = inventory
+        self.doors = doors  # [(host name, merged data)]
+        self.drain_timeout_s = max((parse_settings(name, data).drain_timeout_s for name, data in doors), default=0)
+
+    @classmethod
+    def of(cls, inventory: str) -> FrontDoorRuntime:
+        from sparkfleet.fleet.inventory import load_hosts
+
+        try:
+            doors = load_hosts(inventory, limit=GROUP)
+        except (KeyError, FileNotFoundError):  # no front_door group (or no inventory: nothing to drain)
+            doors = []
+        return cls(inventory, doors)
+
+    def _run(self, *commands: str) -> dict[str, str | None]:
+        """Send runtime commands to every front door; its answer, or None where it did not answer."""
+        if not self.doors:
+            return {}
+        from pyinfra.api import StringCommand
+
+        from sparkfleet.fleet.converge import connected
+
+        out: dict[str, str | None] = {}
+        with connected(self.inventory, [name for name, _ in self.doors]) as (state, hosts):
+            for host in hosts:
+                if host in state.failed_hosts:
+                    out[host.name] = None
+                    continue
+                ok, output = host.run_shell_command(StringCommand(runtime_command(*commands)), print_output=False)
+                out[host.name] = output.stdout if ok else None
+        return out
+
+    def states(self) -> dict[str, dict[str, dict] | None]:
+        """{front door: {backend: state}} (None: that front door did not answer)."""
+        return {door: None if text is None else backend_states(text)
+                for door, text in self._run("show stat").items()}
+
+    def drain(self, hosts: list[str], log=print) -> None:
+        """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out."""
+        if not self.doors or not hosts:
+            return
+        timeout_s = self.drain_timeout_s
+        self._run(*(f"set server {BACKEND}/{h} state drain" for h in hosts))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = {h for states in self.states().values() if states for h in hosts
+                    if states.get(h, {}).get("sessions")}
+            if not busy or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if busy:
+            log(f"front door: {', '.join(sorted(busy))} still had requests after drain_timeout_s={timeout_s:g}")
+        self._run(*(f"set server {BACKEND}/{h} state maint" for h in hosts))
+        log(f"front door: {', '.join(hosts)} out")
+
+    def ready(self, hosts: list[str], log=print) -> None:
+        """Put `hosts` back; each takes requests once its health checks pass."""
+        if not self.doors or not hosts:
+            return
+        self._run(*(f"set server {BACKEND}/{h} state ready" for h in hosts))
+        log(f"front door: {', '.join(hosts)} back in")
+
+
+# --- status and bench ------------------------------------------------------------------------------
+
+
+def front_door_status(inventory: str) -> dict | None:
+    """The inventory's front door for `status`: its URL, whether it answers, and each backend's state.
+
+    None when the inventory has no `front_door` group. `up` is False when any
+    front door does not answer /health with 200 (down, or no backend in).
+    """
+    import requests
+
+    runtime = FrontDoorRuntime.of(inventory)
+    if not runtime.doors:
+        return None
+    states = runtime.states()
+    doors = []
+    for name, data in runtime.doors:
+        url = front_door_url(parse_settings(name, data), data)
+        try:
+            up = requests.get(f"{url}/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            up = False
+        doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})
+    seen = next((s for s in states.values() if s is not None), {})
+    backends = [{"host": host, "state": row["state"]} for host, row in sorted(seen.items())]
+    return {"url": doors[0]["url"], "up": all(d["up"] for d in doors), "doors": doors, "backends": backends}
+
+
+def status_rows(door: dict) -> list[tuple[str, str, str]]:
+    """The front door for the status table: (front door or backend, where, state)."""
+    colour = {"in": "green", "draining": "yellow", "out": "yellow", "down": "red"}
+    return ([(d["host"], d["url"], "[green]up[/]" if d["up"] else "[red]DOWN[/]") for d in door["doors"]]
+            + [(f"  {b['host']}", "backend", f"[{colour[b['state']]}]{b['state']}[/]") for b in door["backends"]])
+
+
+def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str]:
+    """(url, served model, a user's key) of the inventory's first front door, for `bench --front-door`."""
+    runtime = FrontDoorRuntime.of(inventory)
+    if not runtime.doors:
+        raise KeyError(f"no `{GROUP}` group in {inventory}: add one (see inventory/office_front_door.py)")
+    name, data = runtime.doors[0]
+    s = parse_settings(name, data)
+    if not s.front_door_users:
+        raise KeyError(f"{name}: setting `front_door_users` is empty: give the front door at least one user")
+    user = user or min(s.front_door_users)
+    if user not in s.front_door_users:
+        raise KeyError(f"{name}: no user {user!r} in front_door_users")
+    return front_door_url(s, data), s.served_model_name, s.front_door_users[user]

@@ -1,0 +1,107 @@
+"""Serving, not just running: the converge probes each host the way its watchdog does, and heals one
+that does not answer (restart, then the full health gate). A healthy host costs one command."""
+
+from __future__ import annotations
+
+import json
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+
+from sparkfleet.host import paths
+from sparkfleet.host.operations import health_gate
+from sparkfleet.release.settings import Settings
+
+WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
+WATCHDOG_CONFIG = f"{paths.CONFIG_DIR}/watchdog.json"
+WATCHDOG_STATE = "/var/lib/sparkfleet/watchdog.json"
+WATCHDOG_UNIT = "sparkfleet-watchdog.service"
+WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
+
+
+def watchdog_config(s: Settings) -> dict:
+    """What the host's watchdog (and the converge's probe) reads: no secret (the key stays in engine.env)."""
+    return {
+        "unit": paths.UNIT_NAME, "container": s.container_name, "port": s.api_port,
+        "host": "127.0.0.1" if s.api_host in ("0.0.0.0", "::") else s.api_host,
+        "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
+        "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
+        "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
+    }
+
+
+def probe_verdict(probe: dict) -> str:
+    """serving, starting (wait for it, never restart it) or down (restart and gate)."""
+    if probe.get("serving"):
+        return "serving"
+    return "starting" if probe.get("starting") else "down"
+
+
+def describe(probe: dict) -> str:
+    """One line naming what failed; a lost GPU is named as such."""
+    if probe.get("failed") == "absent":
+        return "the watchdog probe is not installed yet"
+    problems = [] if probe.get("failed") in (None, "gpu") else [f"{probe['failed']} failed: {probe.get('detail')}"]
+    if probe.get("gpu_visible") is False:
+        problems.append(f"the engine container cannot see the GPU: {probe.get('gpu_detail')}")
+    return "; ".join(problems) or "no answer"
+
+
+def watchdog_summary(probe: dict) -> dict:
+    """What `status` shows per host: the watchdog's last verdict, and a problem a person must look at
+    (the watchdog gave up, or the engine container lost the GPU), or None."""
+    state = probe.get("watchdog") or {}
+    last = state.get("last_probe")
+    problem = None
+    if state.get("gave_up"):
+        problem = f"watchdog gave up after {probe.get('restarts_in_window', 0)} restarts: {state.get('detail')}"
+    elif probe.get("gpu_visible") is False:
+        problem = f"the engine container cannot see the GPU: {probe.get('gpu_detail')}"
+    return {"last_probe_s_ago": round(probe["now"] - last) if last and probe.get("now") else None,
+            "last_result": state.get("last_result"), "consecutive_failures": state.get("consecutive_failures", 0),
+            "restarts_in_window": probe.get("restarts_in_window", 0), "gave_up": bool(state.get("gave_up")),
+            "gpu_visible": probe.get("gpu_visible"), "serving": bool(probe.get("serving")), "problem": problem}
+
+
+class ServingProbe(FactBase[dict]):
+    """The watchdog's probe: /health, a 1-token chat, nvidia-smi -L in the engine container; the unit's start."""
+
+    def command(self):
+        absent = json.dumps({"serving": False, "failed": "absent", "detail": WATCHDOG, "starting": False})
+        return f"if [ -x {WATCHDOG} ]; then python3 {WATCHDOG} --probe; else echo '{absent}'; fi"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (ValueError, IndexError):
+            return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
+
+
+@operation()
+def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str):
+    """The engine answers now; else restart it (never one still starting: wait) and run the health gate."""
+    probe = host.get_fact(ServingProbe)
+    verdict = probe_verdict(probe)
+    if verdict == "serving":
+        host.noop("answers: /health, a 1-token chat, the GPU in the engine container")
+        return
+    if verdict == "down":
+        yield StringCommand("echo", QuoteString(f"not serving: {describe(probe)}"[:400]), ">&2;",
+                            "python3", WATCHDOG, "--restart", "converge")
+    yield from health_gate._inner(served_name=served_name, api_host=api_host, port=port, tools=tools,
+                                  timeout_s=timeout_s, runtime=runtime)
+    yield f"python3 {WATCHDOG} --check"
+
+
+def watchdog_cell(summary: dict | None) -> str:
+    """The `status` table's watchdog column: last verdict and when, failures in a row, restarts in the
+    window, the GPU in the engine container; what needs a person in red."""
+    if not summary:
+        return "-"
+    if summary["last_probe_s_ago"] is None:
+        last = "no probe yet"
+    else:
+        last = f"{summary['last_result']} {summary['last_probe_s_ago']} s ago"
+    gpu = {True: "GPU seen", False: "[red]GPU LOST[/]"}.get(summary["gpu_visible"], "GPU ?")
+    cell = f"{last}, {summary['consecutive_failures']} failing, {summary['restarts_in_window']} restarts, {gpu}"
+    return f"[red]GAVE UP[/], {cell}" if summary["gave_up"] else cell

@@ -1,0 +1,60 @@
+"""Stage 7 (hosts of the group `front_door`): HAProxy in front of the engines that serve the same model.
+
+Its config comes from the plans of the whole inventory; the keys live only in
+0600 map files. A change of users or backends is a reload (in-flight requests
+finish, drained backends stay drained); the front door must answer before the
+host counts as converged.
+"""
+
+import io
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from sparkfleet.fleet.front_door import (
+    BACKEND_MAP,
+    CONFIG,
+    CONFIG_DIR,
+    TLS_PEM,
+    UNIT_NAME,
+    UNIT_PATH,
+    USERS_MAP,
+    front_door_plan,
+)
+from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.host.operations import secret_file
+from sparkfleet.release.plan import HostPlan
+from sparkfleet.release.settings import SettingsError
+
+
+@deploy("Front door")
+def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
+    try:
+        door = front_door_plan(plan.name, plans)
+    except SettingsError as exc:
+        raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
+    s = door.settings
+    apt.packages(name="HAProxy and socat installed", packages=["haproxy", "socat"], update=True, cache_time=86400)
+    systemd.service(name="Debian's own haproxy.service off (the front door has its own unit)",
+                    service="haproxy.service", running=False, enabled=False)
+    files.directory(name="Front door config directory (root-only)", path=CONFIG_DIR, mode="0700")
+    changes = [
+        files.put(name="Front door config", src=io.StringIO(door.config()), dest=CONFIG, mode="0644"),
+        secret_file(name="Front door users (root-only)", dest=USERS_MAP, content=door.users_map()),
+        secret_file(name="Front door key for the engines (root-only)", dest=BACKEND_MAP, content=door.backend_map()),
+    ]
+    if door.tls:
+        changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=TLS_PEM,
+                                   content=door.tls_pem()))
+    unit = files.put(name="Front door unit", src=io.StringIO(door.unit()), dest=UNIT_PATH, mode="0644")
+    started = systemd.service(name="Front door enabled and running", service=UNIT_NAME, running=True, enabled=True,
+                              restarted=unit.will_change,
+                              reloaded=not unit.will_change and any(op.will_change for op in changes),
+                              daemon_reload=unit.will_change)
+    scheme = "https" if door.tls else "http"
+    wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk -o /dev/null {scheme}://127.0.0.1:"
+            f"{s.front_door_port}/health && exit 0; sleep 1; done; "
+            f"echo 'the front door has no backend in after {s.health_timeout_s}s' >&2; exit 1")
+    server.shell(name=f"Front door answers on port {s.front_door_port}", commands=[wait],
+                 _if=any_changed(started, unit))

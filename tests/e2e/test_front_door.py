@@ -1,0 +1,266 @@
+"""The front door (HAProxy on spark-1) in front of the simulated fleet: per-user keys, drain during a rollout,
+health routing around a hung engine, cache affinity, status and bench. Probes go through the front door with
+a user key, at 5 requests/s, alternating streaming and non-streaming chat, each with a 10 s limit and no retry.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from .conftest import HOSTS, ROOT, api_port, ssh
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "Qwen3.5-35B-A3B"
+USERS = {"alice": "alice-0123456789abcdef", "bob": "bob-0123456789abcdef"}
+ENGINE_KEY = "sim-key"  # inventory/sim.py's api_key: the engines' key, which only the front door holds
+
+
+def door_port() -> int:
+    """The 127.0.0.1 port where spark-1's front door port (8080) is published."""
+    out = subprocess.run(["docker", "port", "sparkfleet-spark-1", "8080/tcp"], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0].rsplit(":", 1)[1])
+
+
+def door_inventory(tmp_path, name: str, users: dict, everywhere: dict | None = None) -> str:
+    """inventory/sim.py plus a front door on spark-1 (group front_door), with these users and settings."""
+    settings = {"front_door_users": users, "controller_front_door_url": f"http://127.0.0.1:{door_port()}",
+                "drain_timeout_s": 30, **(everywhere or {})}
+    path = tmp_path / f"{name}.py"
+    path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
+                    f"sparks = [(n, {{**d, **{settings!r}}}) for n, d in _sim['sparks']]\n"
+                    "front_door = [sparks[0]]\n")
+    return str(path)
+
+
+def deploy(inventory: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / ".venv/bin/pyinfra"), "-y", inventory, "deploy.py", *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparkfleet", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture
+def door(converged_fleet, tmp_path):
+    """The fleet converged with its front door on spark-1 (only spark-1 changes: the engines keep their release)."""
+    inventory = door_inventory(tmp_path, "door", USERS)
+    done = deploy(inventory, "--limit", "spark-1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    url = f"http://127.0.0.1:{door_port()}"
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
+    return inventory, url
+
+
+def backend_states(inventory: str) -> dict[str, str]:
+    proc = sparkfleet("status", inventory, "--json", timeout=120)
+    door = json.loads(proc.stdout).get("front_door") or {}
+    return {b["host"]: b["state"] for b in door.get("backends", [])}
+
+
+def wait_until(condition, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(1)
+
+
+def chat(url: str, key: str | None, messages: list, stream: bool, max_tokens: int = 8,
+         timeout: float = 10) -> tuple[int, str, dict]:
+    """(status, the whole body, the headers) of one chat completion; a streamed body is read to its end."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with requests.post(f"{url}/v1/chat/completions", headers=headers, timeout=timeout, stream=stream,
+                       json={"model": MODEL, "messages": messages, "max_tokens": max_tokens,
+                             "stream": stream}) as reply:
+        body = reply.text if not stream else "".join(
+            chunk.decode() for chunk in reply.iter_content(chunk_size=None))
+        if stream and reply.status_code == 200 and "data: [DONE]" not in body:
+            raise requests.ConnectionError("stream ended before [DONE]")
+        return reply.status_code, body, dict(reply.headers)
+
+
+class Probe:
+    """Requests at a fixed rate through the front door, each on its own thread: (start, ok, why) per request."""
+
+    def __init__(self, url: str, key: str, rate: float = 5.0):
+        self.url, self.key, self.interval = url, key, 1 / rate
+        self.results: list[tuple[float, bool, str]] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.runner = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self, n: int, started: float) -> None:
+        messages = [{"role": "user", "content": f"probe {n}: say something"}]
+        try:
+            status, _, _ = chat(self.url, self.key, messages, stream=n % 2 == 0)
+            ok, why = status == 200, f"HTTP {status}"
+        except requests.RequestException as exc:
+            ok, why = False, type(exc).__name__
+        with self.lock:
+            self.results.append((started, ok, why))
+
+    def _run(self) -> None:
+        n, t0 = 0, time.monotonic()
+        while not self.stop.is_set():
+            thread = threading.Thread(target=self._one, args=(n, time.monotonic()), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+            n += 1
+            time.sleep(max(0.0, t0 + n * self.interval - time.monotonic()))
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        self.runner.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.runner.join()
+        for thread in self.threads:
+            thread.join(15)
+        self.seconds = time.monotonic() - self.t0
+
+    @property
+    def failures(self) -> list[tuple[float, bool, str]]:
+        return [r for r in self.results if not r[1]]
+
+
+def test_rollout_batch_1_through_the_front_door_fails_no_request(door, tmp_path):
+    _, url = door
+    changed = door_inventory(tmp_path, "changed", USERS, {"max_model_len": 131072})
+    with Probe(url, USERS["alice"]) as probe:
+        time.sleep(3)
+        proc = sparkfleet("rollout", changed, "--batch", "1", "--json")
+        time.sleep(3)
+    print(f"rollout: {len(probe.results)} requests in {probe.seconds:.0f} s, {len(probe.failures)} failed")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert [h["result"] for h in json.loads(proc.stdout)["hosts"]] == ["converged"] * 3
+    assert "front door: spark-2 out" in proc.stderr + proc.stdout
+    assert len(probe.results) >= 4 * probe.seconds - 5, (len(probe.results), probe.seconds)
+    assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
+    assert backend_states(changed) == {h: "in" for h in HOSTS}
+
+
+def test_a_hung_engine_is_routed_around_within_10_s(door, sim_fleet):
+    inventory, url = door
+    with Probe(url, USERS["alice"]) as probe:
+        try:
+            time.sleep(10)
+            ssh(sim_fleet, "spark-2", "docker pause vllm")
+            paused = time.monotonic()
+            time.sleep(40)
+            states_while_hung = backend_states(inventory)
+        finally:
+            ssh(sim_fleet, "spark-2", "docker unpause vllm", check=False)
+        time.sleep(100)
+    print(f"hung engine: {len(probe.failures)} of {len(probe.results)} requests failed, the last "
+          f"{max((r[0] - paused for r in probe.failures), default=0):.1f} s after the pause")
+    late = [r for r in probe.failures if r[0] > paused + 10]
+    assert late == [], f"failures more than 10 s after the engine hung: {late[:5]}"
+    assert len(probe.failures) <= 0.01 * len(probe.results), (len(probe.failures), len(probe.results),
+                                                               probe.failures)
+    assert states_while_hung == {"spark-1": "in", "spark-2": "down", "spark-3": "in"}
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)  # back once it answers
+
+
+def prefix_counters(state) -> tuple[float, float]:
+    """The fleet's (hits, queries) of vLLM's prefix cache, summed over the hosts' /metrics."""
+    hits = queries = 0.0
+    for host in HOSTS:
+        text = requests.get(f"http://127.0.0.1:{api_port(state, host)}/metrics", timeout=5,
+                            headers={"Authorization": f"Bearer {ENGINE_KEY}"}).text
+        for line in text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+def conversations_hit_rate(state, salt: str, route) -> float:
+    """20 conversations of 5 turns sharing a long system prompt, turn t of conversation c sent where
+    route(c, t) says ((url, key)); the fleet's prefix-cache hit rate over them."""
+    system = {"role": "system", "content": f"{salt} " + " ".join(f"rule {n}: answer in plain words." for n in
+                                                                  range(150))}
+    before = prefix_counters(state)
+
+    def conversation(c: int) -> None:
+        messages = [system, {"role": "user", "content": f"{salt} conversation {c}: tell me about Sparks"}]
+        for t in range(5):
+            url, key = route(c, t)
+            status, body, _ = chat(url, key, messages, stream=False, max_tokens=16, timeout=30)
+            assert status == 200, body
+            messages += [json.loads(body)["choices"][0]["message"], {"role": "user", "content": f"and turn {t}?"}]
+
+    threads = [threading.Thread(target=conversation, args=(c,)) for c in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    after = prefix_counters(state)
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def test_conversations_keep_their_prefix_cache_through_the_front_door(door, sim_fleet):
+    _, url = door
+    direct = [f"http://127.0.0.1:{api_port(sim_fleet, h)}" for h in HOSTS]
+    one_host = conversations_hit_rate(sim_fleet, "one-host", lambda c, t: (direct[0], ENGINE_KEY))
+    round_robin = conversations_hit_rate(sim_fleet, "round-robin",
+                                         lambda c, t: (direct[(c * 5 + t) % 3], ENGINE_KEY))
+    front_door = conversations_hit_rate(sim_fleet, "front-door", lambda c, t: (url, USERS["bob"]))
+    print(f"prefix-cache hit rate: one host {one_host:.3f}, round robin {round_robin:.3f}, "
+          f"front door {front_door:.3f}")
+    assert front_door >= 0.9 * one_host
+    assert front_door > round_robin
+
+
+def test_a_removed_user_is_refused_after_one_converge_and_no_reply_carries_the_engine_key(door, tmp_path):
+    inventory, url = door
+    hello = [{"role": "user", "content": "hello"}]
+    replies = [chat(url, USERS[user], hello, stream) for user in USERS for stream in (False, True)]
+    assert [status for status, _, _ in replies] == [200] * 4
+    assert chat(url, ENGINE_KEY, hello, False)[0] == 401  # the engines' key does not open the front door
+    assert chat(url, None, hello, False)[0] == 401
+    without_bob = door_inventory(tmp_path, "without-bob", {"alice": USERS["alice"]})
+    done = deploy(without_bob, "--limit", "spark-1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert chat(url, USERS["bob"], hello, False)[0] == 401
+    after = [chat(url, USERS["alice"], hello, stream) for stream in (False, True)]
+    assert [status for status, _, _ in after] == [200, 200]
+    for status, body, headers in replies + after:
+        assert ENGINE_KEY not in body and ENGINE_KEY not in json.dumps(headers)
+    for secret in (*USERS.values(), ENGINE_KEY):
+        assert secret not in done.stdout + done.stderr
+    again = deploy(inventory, "--limit", "spark-1")  # bob back, as the other tests expect
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet):
+    inventory, url = door
+    proc = sparkfleet("status", inventory, "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    front = json.loads(proc.stdout)["front_door"]
+    assert front["url"] == url
+    assert front["backends"] == [{"host": h, "state": "in"} for h in HOSTS]
+    bench = sparkfleet("bench", inventory, "--front-door", "--concurrency", "1", "--requests", "2",
+                       "--max-tokens", "8", "--out", str(ROOT / ".sim" / "bench-front-door"))
+    assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+    assert url in bench.stdout
+    ssh(sim_fleet, "spark-1", "systemctl stop sparkfleet-front-door")
+    try:
+        down = sparkfleet("status", inventory, "--json", timeout=120)
+        assert down.returncode != 0
+        assert json.loads(down.stdout)["front_door"]["up"] is False
+    finally:
+        ssh(sim_fleet, "spark-1", "systemctl start sparkfleet-front-door")

@@ -1,0 +1,83 @@
+"""`pip install .` into a fresh virtual environment: the `sparkfleet` command and the stages, installed.
+
+Needs the package index (not the simulated fleet): e2e, about 30 s with pip's cache warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+# What a clean clone hands to `pip install .` (tests, tools and the simulator stay out).
+SOURCES = ("pyproject.toml", "README.md", "sparkfleet", "tasks", "templates", "files", "group_data")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the venv's bin directory, a project directory outside this checkout)."""
+    work = tmp_path_factory.mktemp("install")
+    source = work / "source"
+    source.mkdir()
+    for name in SOURCES:
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (ROOT / name).is_dir() else {}))
+    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120)
+    bin_dir = work / "venv" / "bin"
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    str(source)], check=True, timeout=900)
+    project = work / "project"
+    (project / "inventory").mkdir(parents=True)
+    shutil.copy2(ROOT / "inventory/office.py", project / "inventory/office.py")
+    shutil.copy2(ROOT / "examples/my_deploy.py", project / "my_deploy.py")
+    return bin_dir, project
+
+
+def run(installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    bin_dir, project = installed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_sparkfleet_plan_prints_the_office_fleet(installed):
+    """Whether or not the public hub answers here, the plan prints every host's release."""
+    proc = run(installed, "sparkfleet", "plan", "inventory/office.py", "--json")
+    assert proc.returncode == 0, proc.stderr
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert [h["name"] for h in hosts] == ["spark-a", "spark-b", "spark-c"]
+    assert hosts[0]["image"] == "vllm/vllm-openai:v0.33.0"
+    assert "ExecStart=/usr/bin/docker run" in hosts[0]["unit"] and "--enable-prefix-caching" in hosts[0]["unit"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_stages_and_their_files_come_from_the_package(installed):
+    proc = run(installed, "python", "-c", "import sparkfleet, sparkfleet.tasks.preflight, sparkfleet.tasks.model; "
+               "print(sparkfleet.TEMPLATES_DIR, sparkfleet.FILES_DIR, sparkfleet.DEFAULTS_FILE, sep='\\n')")
+    assert proc.returncode == 0, proc.stderr
+    templates, files, defaults = proc.stdout.split()
+    for path, inside in ((templates, "site-packages/sparkfleet/templates"),
+                         (files, "site-packages/sparkfleet/files"),
+                         (defaults, "site-packages/sparkfleet/group_data/all.py")):
+        assert path.endswith(inside) and os.path.exists(path), path
+    assert os.path.exists(os.path.join(templates, "sparkfleet-vllm.service.j2"))
+    assert os.path.exists(os.path.join(files, "sparkfleet-fetch"))
+
+
+def test_example_deploy_imports_the_installed_stages_and_refuses_bad_settings(installed):
+    """examples/my_deploy.py under pyinfra: every stage imported from the package, the plan made, no host touched."""
+    _, project = installed
+    (project / "local.py").write_text("sparks = [('@local', {'kv_cache_dtype': 'fp8'})]\n")
+    proc = run(installed, "pyinfra", "-y", "local.py", "my_deploy.py")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert "invalid settings; no host was changed" in output and 'set kv_cache_dtype = "auto"' in output

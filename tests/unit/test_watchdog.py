@@ -1,0 +1,226 @@
+"""The watchdog (files/sparkfleet-watchdog): its rules as a pure function, its probe against the stand-in
+engine, and the converge's serving operation against fake probes."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput
+from pyinfra_testing.operations import make_operation_tests
+
+from sparkfleet.host.operations import health_gate_results, record_health_gate
+from sparkfleet.host.serving import (
+    describe,
+    probe_verdict,
+    watchdog_cell,
+    watchdog_config,
+    watchdog_summary,
+)
+from sparkfleet.release.settings import SettingsError, parse_settings
+from tests.unit.helpers import KEY, Server, host_data, make_model
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).parent / "operations"
+
+
+def load_watchdog():
+    loader = importlib.machinery.SourceFileLoader("sparkfleet_watchdog", str(ROOT / "files" / "sparkfleet-watchdog"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+wd = load_watchdog()
+CFG = {**wd.DEFAULTS, "served_name": "m"}  # interval 30, 3 failures, 3 restarts in 1800 s, start 1800 s
+STARTED = 5_000_000_000  # the unit's ActiveEnterTimestampMonotonic (µs)
+UP = {"active": "active", "sub": "running", "started": STARTED, "up_s": 4000.0, "systemd_restarts": 0}
+OK = {"serving": True, "failed": None, "detail": "", "gpu_visible": True}
+HUNG = {"serving": False, "failed": "health", "detail": "/health: TimeoutError: timed out", "gpu_visible": None}
+ANSWERED = {"answered_start": STARTED}
+
+TestServing = make_operation_tests("sparkfleet.host", "serving.serving", CASES / "serving")
+
+
+def ticks(results, state=None, unit=UP, start=1_000_000.0, step=30.0):
+    """Run decide() over probe results, a tick every `step` seconds; the actions and the last state."""
+    state, actions = dict(state or ANSWERED), []
+    for n, result in enumerate(results):
+        action, state = wd.decide(CFG, state, unit, result, start + n * step)
+        actions.append(action)
+    return actions, state
+
+
+def test_healthy_host_never_restarts():
+    actions, state = ticks([OK] * 20)
+    assert actions == ["ok"] * 20
+    assert state["consecutive_failures"] == 0 and state["restarts"] == [] and state["gave_up"] is False
+
+
+def test_three_failures_in_a_row_restart_once():
+    actions, state = ticks([HUNG, HUNG, HUNG])
+    assert actions == ["failing", "failing", "restart"]
+    assert state["restarts"] == [1_000_060.0] and state["restarts_total"] == 1 and state["consecutive_failures"] == 0
+
+
+def test_an_answer_between_failures_resets_the_count():
+    actions, _ = ticks([HUNG, HUNG, OK, HUNG, HUNG])
+    assert actions == ["failing", "failing", "ok", "failing", "failing"]
+
+
+def test_a_start_is_not_counted_until_it_answered_or_timed_out():
+    fresh = {**UP, "started": STARTED + 1, "up_s": 100.0}  # a new start: not answered since
+    actions, state = ticks([HUNG] * 5, unit=fresh)
+    assert actions == ["starting"] * 5 and state.get("consecutive_failures", 0) == 0
+    slow = {**fresh, "up_s": 1800.0}  # start_timeout_s passed without an answer: now it counts
+    assert ticks([HUNG] * 3, unit=slow)[0] == ["failing", "failing", "restart"]
+
+
+def test_activating_unit_is_starting_but_a_crash_loop_is_not():
+    pulling = {**UP, "active": "activating", "sub": "start-pre", "up_s": None}
+    assert ticks([HUNG], unit=pulling)[0] == ["starting"]
+    looping = {**UP, "active": "activating", "sub": "auto-restart", "up_s": None}
+    assert ticks([HUNG], unit=looping)[0] == ["failing"]
+
+
+def test_a_unit_a_person_stopped_is_left_alone():
+    stopped = {**UP, "active": "inactive", "sub": "dead", "up_s": None}
+    assert ticks([HUNG] * 6, unit=stopped)[0] == ["stopped"] * 6
+
+
+def test_restarts_back_off_then_give_up():
+    # ticks every 30 s; restarts at 60 s, then not before 90 s later, then not before 180 s later; then gives up
+    actions, state = ticks([HUNG] * 20)
+    assert [n for n, a in enumerate(actions) if a == "restart"] == [2, 5, 11]
+    assert actions[3:5] == ["failing", "failing"] and actions[8:11] == ["backoff"] * 3
+    assert actions[14] == "gave-up" and state["gave_up"] is True
+    assert state["restarts"] == [1_000_060.0, 1_000_150.0, 1_000_330.0]
+
+
+def test_gave_up_stays_until_the_engine_answers():
+    _, state = ticks([HUNG] * 20)
+    later = 1_000_330.0 + 1800 + 1  # every restart now older than the window: still no restart
+    actions, state = ticks([HUNG] * 3, state=state, start=later)
+    assert actions == ["gave-up"] * 3 and state["restarts"] == []
+    actions, state = ticks([OK, HUNG, HUNG, HUNG], state=state, start=later + 90)
+    assert actions == ["ok", "failing", "failing", "restart"] and state["gave_up"] is False
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The stand-in engine with a knob file, and the root-only env file a host keeps its key in."""
+    root = tmp_path_factory.mktemp("watchdog")
+    knobs = root / "engine.json"
+    server = Server(make_model(root / "model"), "--served-model-name", "sim-qwen", "--api-key", KEY,
+                    SIM_KNOB_FILE=str(knobs))
+    (root / "engine.env").write_text(f"# Managed by sparkfleet\nVLLM_API_KEY={KEY}\n")
+    yield server, knobs, {**CFG, "port": server.port, "served_name": "sim-qwen", "env_file": str(root / "engine.env"),
+                          "container": "no-such-container", "health_timeout_s": 0.5, "chat_timeout_s": 0.5}
+    knobs.write_text("{}")
+    server.stop()
+
+
+def test_probe_against_the_stand_in_engine(engine, tmp_path):
+    _, knobs, cfg = engine
+    result = wd.probe(cfg)
+    assert (result["serving"], result["failed"], result["detail"]) == (True, None, "")
+    knobs.write_text('{"fault": "generation-hang"}')
+    result = wd.probe(cfg)
+    assert (result["failed"], result["detail"]) == ("chat", "1-token chat completion: TimeoutError: timed out")
+    knobs.write_text('{"fault": "hang"}')
+    result = wd.probe(cfg)
+    assert (result["failed"], result["detail"]) == ("health", "/health: TimeoutError: timed out")
+    knobs.write_text("{}")
+    wrong_key = tmp_path / "wrong.env"
+    wrong_key.write_text("VLLM_API_KEY=nope\n")
+    result = wd.probe({**cfg, "env_file": str(wrong_key)})
+    assert (result["failed"], result["detail"]) == ("chat", "1-token chat completion: HTTP 401, 0 tokens")
+    assert wd.probe(cfg)["serving"] is True
+
+
+def test_gpu_check_names_a_lost_gpu(monkeypatch):
+    class Done:
+        def __init__(self, rc, out):
+            self.returncode, self.stdout, self.stderr = rc, out, ""
+
+    outputs = {"lost": Done(255, "Failed to initialize NVML: Unknown Error\n"),
+               "fine": Done(0, "GPU 0: NVIDIA GB10 (UUID: GPU-5f3c)\n"),
+               "paused": Done(1, "Error response from daemon: container abc is paused, unpause it\n")}
+    monkeypatch.setattr(wd.subprocess, "run", lambda cmd, **kw: outputs[cmd[2]])
+    assert wd.gpu_check("fine") == (True, "GPU 0: NVIDIA GB10 (UUID: GPU-5f3c)")
+    assert wd.gpu_check("lost") == (False, "Failed to initialize NVML: Unknown Error")
+    assert wd.gpu_check("paused")[0] is None
+
+
+def test_verdicts_and_descriptions():
+    assert probe_verdict({"serving": True}) == "serving"
+    assert probe_verdict({"serving": False, "starting": True}) == "starting"
+    assert probe_verdict({"serving": False, "starting": False}) == "down"
+    assert describe({"failed": "gpu", "detail": "x", "gpu_visible": False, "gpu_detail": "Failed to initialize NVML"}) \
+        == "the engine container cannot see the GPU: Failed to initialize NVML"
+    assert describe({"failed": "chat", "detail": "1-token chat completion: HTTP 500, 0 tokens", "gpu_visible": True}) \
+        == "chat failed: 1-token chat completion: HTTP 500, 0 tokens"
+
+
+def test_watchdog_settings_are_validated_and_shipped_without_secrets():
+    s = parse_settings("spark-1", host_data(api_key="k-123", watchdog_interval_s=10))
+    config = watchdog_config(s)
+    assert config["interval_s"] == 10 and config["failures"] == 3 and config["max_restarts"] == 3
+    assert config["window_s"] == 1800 and config["enabled"] is True and config["host"] == "127.0.0.1"
+    assert "k-123" not in json.dumps(config)
+    with pytest.raises(SettingsError, match="spark-1: setting `watchdog_interval_s` = 1 is invalid"):
+        parse_settings("spark-1", host_data(watchdog_interval_s=1))
+
+
+def test_status_summary_names_gave_up_and_a_lost_gpu():
+    healthy = {"serving": True, "gpu_visible": True, "now": 1000.4, "restarts_in_window": 1,
+               "watchdog": {"last_probe": 990.0, "last_result": "ok", "consecutive_failures": 0, "gave_up": False}}
+    assert watchdog_summary(healthy) == {
+        "last_probe_s_ago": 10, "last_result": "ok", "consecutive_failures": 0, "restarts_in_window": 1,
+        "gave_up": False, "gpu_visible": True, "serving": True, "problem": None}
+    gave_up = {**healthy, "serving": False, "restarts_in_window": 3,
+               "watchdog": {"last_probe": 990.0, "gave_up": True, "detail": "/health: timed out"}}
+    assert watchdog_summary(gave_up)["problem"] == "watchdog gave up after 3 restarts: /health: timed out"
+    lost = {**healthy, "serving": False, "gpu_visible": False, "gpu_detail": "Failed to initialize NVML: Unknown Error"}
+    assert watchdog_summary(lost)["problem"] == \
+        "the engine container cannot see the GPU: Failed to initialize NVML: Unknown Error"
+    assert watchdog_summary({"serving": False, "failed": "absent"})["last_probe_s_ago"] is None
+
+
+def test_status_cell_shows_the_watchdog_and_the_gpu():
+    summary = {"last_probe_s_ago": 12, "last_result": "ok", "consecutive_failures": 0, "restarts_in_window": 1,
+               "gave_up": False, "gpu_visible": True, "serving": True, "problem": None}
+    assert watchdog_cell(summary) == "ok 12 s ago, 0 failing, 1 restarts, GPU seen"
+    assert watchdog_cell({**summary, "last_result": "health", "consecutive_failures": 3, "restarts_in_window": 3,
+                          "gave_up": True}) == "[red]GAVE UP[/], health 12 s ago, 3 failing, 3 restarts, GPU seen"
+    assert watchdog_cell({**summary, "last_result": "gpu", "gpu_visible": False}) == \
+        "gpu 12 s ago, 0 failing, 1 restarts, [red]GPU LOST[/]"
+    assert watchdog_cell({**summary, "last_probe_s_ago": None, "gpu_visible": None}) == \
+        "no probe yet, 0 failing, 1 restarts, GPU ?"
+    assert watchdog_cell(None) == "-"
+
+
+def gate_meta(ran: bool, success: bool = True) -> OperationMeta:
+    meta = OperationMeta("hash", None)
+    meta.set_complete(success, ["check"] if ran else [], CommandOutput([]))
+    return meta
+
+
+def test_the_serving_check_is_the_gate_a_rollout_reads_when_nothing_changed():
+    """Each host records the gate after a change and the serving check; the one that ran decides."""
+    state = type("State", (), {})()
+    record_health_gate(state, "changed-ok", gate_meta(True))
+    record_health_gate(state, "changed-ok", gate_meta(False))  # serving check skipped: the unit was (re)started
+    record_health_gate(state, "not-serving", gate_meta(False))  # gate skipped: nothing changed
+    record_health_gate(state, "not-serving", gate_meta(True, success=False))
+    record_health_gate(state, "serving", gate_meta(False))
+    record_health_gate(state, "serving", gate_meta(True))
+    record_health_gate(state, "bad-release", gate_meta(True, success=False))
+    record_health_gate(state, "bad-release", gate_meta(False))
+    assert health_gate_results(state) == {"changed-ok": "passed", "not-serving": "failed", "serving": "passed",
+                                          "bad-release": "failed"}
