@@ -13,6 +13,7 @@ from sparkfleet.host.operations import (
     secret_file,
 )
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.host.serving import start_limit_cleared
 from sparkfleet.release.plan import HostPlan
 
 
@@ -37,6 +38,7 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool):
     record = plan.release_record(installed)
     files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
               dest=paths.RELEASE_FILE, mode="0644")
+    start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
     started = systemd.service(
         name="vLLM service enabled and running",
         service=paths.UNIT_NAME, running=True, enabled=True,

@@ -4,6 +4,7 @@ that does not answer (restart, then the full health gate). A healthy host costs 
 from __future__ import annotations
 
 import json
+import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
@@ -75,6 +76,26 @@ class ServingProbe(FactBase[dict]):
             return json.loads(output[-1])
         except (ValueError, IndexError):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
+
+
+class UnitFailed(FactBase[bool]):
+    """The unit is `failed` (a crash loop hit its start limit): systemd refuses to start it until reset."""
+
+    def command(self, unit: str):
+        return f"systemctl is-failed --quiet {shlex.quote(unit)} && echo failed || echo ok"
+
+    def process(self, output):
+        return output == ["failed"]
+
+
+@operation()
+def start_limit_cleared(unit: str):
+    """A converge tries a failed unit again: systemd's start limit (which ended a crash loop) is reset, so
+    the start that follows is not refused as "repeated too quickly"."""
+    if not host.get_fact(UnitFailed, unit=unit):
+        host.noop(f"{unit} is not failed")
+        return
+    yield StringCommand("systemctl reset-failed", QuoteString(unit))
 
 
 @operation()

@@ -24,7 +24,7 @@ def pyinfra(inventory: str, *args: str, timeout: float = 900) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_diff_with_a_rotated_api_key_and_hub_token_shows_neither_secret(sim_fleet, first_converge, tmp_path):
+def test_diff_with_a_rotated_api_key_and_hub_token_shows_neither_secret(sim_fleet, converged_fleet, tmp_path):
     rotated = variant(tmp_path, "rotated", {"api_key": "sk-rotated-7c1d", "hub_token": "hf_rotated_9e2b"})
     proc = pyinfra(rotated, "--dry", "--diff", "--limit", "spark-1")
     output = proc.stdout + proc.stderr
@@ -57,7 +57,7 @@ def primary_keys(state, host: str) -> list[str]:
     return [lines[i + 1].split(":")[9] for i, line in enumerate(lines[:-1]) if line.startswith("pub:")]
 
 
-def test_a_keyring_holding_a_second_key_is_replaced_by_the_configured_key_alone(sim_fleet, first_converge, tmp_path):
+def test_a_keyring_holding_a_second_key_is_replaced_by_the_configured_key_alone(sim_fleet, converged_fleet, tmp_path):
     fingerprint = sim_fleet["apt"]["key_fingerprint"]
     blob = base64.b64encode(two_key_keyring(tmp_path, fingerprint)).decode()
     ssh(sim_fleet, "spark-1", f"echo {blob} | base64 -d > {KEYRING}")
@@ -68,7 +68,7 @@ def test_a_keyring_holding_a_second_key_is_replaced_by_the_configured_key_alone(
     assert primary_keys(sim_fleet, "spark-1") == [fingerprint]
 
 
-def test_a_corrupt_release_record_stops_the_host_and_every_model_stays(sim_fleet, first_converge):
+def test_a_corrupt_release_record_stops_the_host_and_every_model_stays(sim_fleet, converged_fleet):
     models = ssh(sim_fleet, "spark-1", "ls /var/lib/sparkfleet/models")
     record = ssh(sim_fleet, "spark-1", f"cat {RECORD}")
     stale = "/var/lib/sparkfleet/models/Old--Model@0000000000000000000000000000000000000000"
@@ -87,7 +87,7 @@ def test_a_corrupt_release_record_stops_the_host_and_every_model_stays(sim_fleet
     assert not converge("--limit", "spark-1").host_failed("spark-1")
 
 
-def test_rollback_on_a_host_serving_on_its_lan_address_passes_its_gate_in_seconds(sim_fleet, first_converge,
+def test_rollback_on_a_host_serving_on_its_lan_address_passes_its_gate_in_seconds(sim_fleet, converged_fleet,
                                                                                  tmp_path):
     lan = ssh(sim_fleet, "spark-1", "hostname -I").split()[0]
     on_lan = {"api_host": lan, "health_timeout_s": 600}

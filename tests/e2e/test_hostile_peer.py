@@ -63,7 +63,7 @@ def listing(state, host, directory) -> list[str]:
     return sorted(ssh(state, host, f"find {shlex.quote(directory)} -mindepth 1 -printf '%y %P\\n'").splitlines())
 
 
-def test_symlink_and_extras_converge_to_exactly_the_manifest(sim_fleet, hub, first_converge):
+def test_symlink_and_extras_converge_to_exactly_the_manifest(sim_fleet, hub, converged_fleet):
     host = HOSTS[1]
     container = next(h["container"] for h in sim_fleet["hosts"] if h["name"] == host)
     model_dir = release(sim_fleet, host)["model_dir"]
@@ -90,7 +90,7 @@ def test_symlink_and_extras_converge_to_exactly_the_manifest(sim_fleet, hub, fir
     ssh(sim_fleet, host, "rm -f /root/secret.txt")
 
 
-def test_the_share_runs_unprivileged_on_the_lan_address_for_the_fleet_only(sim_fleet, first_converge):
+def test_the_share_runs_unprivileged_on_the_lan_address_for_the_fleet_only(sim_fleet, converged_fleet):
     host = HOSTS[0]
     container = next(h["container"] for h in sim_fleet["hosts"] if h["name"] == host)
     user = ssh(sim_fleet, host, "ps -o user= -p $(systemctl show -p MainPID --value sparkfleet-share)")
@@ -105,7 +105,7 @@ def test_the_share_runs_unprivileged_on_the_lan_address_for_the_fleet_only(sim_f
     assert no_token == "401"
 
 
-def test_an_endless_peer_is_cut_at_the_manifest_size(sim_fleet, hub, first_converge):
+def test_an_endless_peer_is_cut_at_the_manifest_size(sim_fleet, hub, converged_fleet):
     host = HOSTS[2]
     name = release(sim_fleet, host)["model_dir"].rsplit("/", 1)[1]
     job = json.loads(ssh(sim_fleet, host, f"cat /var/lib/sparkfleet/manifests/{shlex.quote(name)}.json"))

@@ -40,7 +40,7 @@ def test_peer_distribution_serves_the_model_once(hub, first_converge):
     assert len([c for c, n in counters["clients"].items() if n >= model_bytes]) == 1
 
 
-def test_cut_transfer_resumes(sim_fleet, hub, first_converge):
+def test_cut_transfer_resumes(sim_fleet, hub, converged_fleet):
     path, size = first_shard(hub)
     host = HOSTS[2]
     ssh(sim_fleet, host, f"rm -f '{model_dir(sim_fleet, host)}/{path}'")
@@ -55,7 +55,7 @@ def test_cut_transfer_resumes(sim_fleet, hub, first_converge):
     assert len(downloads) >= 2 and any(r["range"] for r in downloads[1:])  # cut, then resumed with Range
 
 
-def test_damaged_shard_is_refetched_there_alone(sim_fleet, hub, first_converge):
+def test_damaged_shard_is_refetched_there_alone(sim_fleet, hub, converged_fleet):
     path, size = first_shard(hub)
     victim = HOSTS[1]
     target = f"{model_dir(sim_fleet, victim)}/{path}"
@@ -70,7 +70,7 @@ def test_damaged_shard_is_refetched_there_alone(sim_fleet, hub, first_converge):
     assert [h for h in HOSTS if after[h] != before[h]] == [victim]
 
 
-def test_air_gapped_host_converges_from_the_controller(sim_fleet, hub, first_converge, tmp_path):
+def test_air_gapped_host_converges_from_the_controller(sim_fleet, hub, converged_fleet, tmp_path):
     """Hub down and registry unreachable: model and image come from the controller over SSH."""
     from sim import fleet
 

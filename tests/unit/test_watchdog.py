@@ -15,6 +15,7 @@ from pyinfra_testing.operations import make_operation_tests
 
 from sparkfleet.host.operations import health_gate_results, record_health_gate
 from sparkfleet.host.serving import (
+    UnitFailed,
     describe,
     probe_verdict,
     watchdog_cell,
@@ -45,6 +46,8 @@ HUNG = {"serving": False, "failed": "health", "detail": "/health: TimeoutError: 
 ANSWERED = {"answered_start": STARTED}
 
 TestServing = make_operation_tests("sparkfleet.host", "serving.serving", CASES / "serving")
+TestStartLimitCleared = make_operation_tests("sparkfleet.host", "serving.start_limit_cleared",
+                                             CASES / "start_limit_cleared")
 
 
 def ticks(results, state=None, unit=UP, start=1_000_000.0, step=30.0):
@@ -224,3 +227,10 @@ def test_the_serving_check_is_the_gate_a_rollout_reads_when_nothing_changed():
     record_health_gate(state, "bad-release", gate_meta(False))
     assert health_gate_results(state) == {"changed-ok": "passed", "not-serving": "failed", "serving": "passed",
                                           "bad-release": "failed"}
+
+
+def test_unit_failed_fact_asks_systemd():
+    fact = UnitFailed()
+    assert fact.command(unit="sparkfleet-vllm.service") == (
+        "systemctl is-failed --quiet sparkfleet-vllm.service && echo failed || echo ok")
+    assert fact.process(["failed"]) is True and fact.process(["ok"]) is False
