@@ -100,12 +100,5 @@ class Manifest:
         )
 
     def summary(self) -> dict:
-        return {
-            "hub": self.hub,
-            "repo": self.repo,
-            "revision": self.revision,
-            "commit": self.commit,
-            "files": len(self.files),
-            "bytes": self.total_bytes,
-            "digest": self.digest,
-        }
+        """to_dict without the file list: what plans and release records show."""
+        return {**self.to_dict(), "files": len(self.files), "bytes": self.total_bytes}

@@ -101,7 +101,7 @@ def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, conver
         proc = sparkfleet("rollout", "inventory/sim.py", "--batch", "1", "--max-fail", "0", "--json")
         assert proc.returncode != 0
         hosts = report(proc)
-        assert [hosts[h]["result"] for h in HOSTS] == ["converged", "unreachable", "not reached"]
+        assert [hosts[h]["result"] for h in HOSTS] == ["unchanged", "unreachable", "not reached"]
         assert served_max_len(sim_fleet, "spark-3") == untouched
     finally:
         fleet.start_host("spark-2")

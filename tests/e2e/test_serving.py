@@ -9,7 +9,7 @@ import pytest
 
 from sim import fleet
 
-from .conftest import HOSTS, INVENTORY, api_port, converge, sparkfleet, ssh, started_at
+from .conftest import HOSTS, api_port, converge, ssh, started_at
 
 pytestmark = pytest.mark.e2e
 
@@ -135,49 +135,6 @@ def test_slow_start_is_not_killed_and_a_healthy_fleet_is_left_alone(serving_flee
 
 def unit_state(state, host) -> str:
     return ssh(state, host, "systemctl is-active sparkfleet-vllm.service", check=False)
-
-
-QUICK_WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 1, "watchdog_max_restarts": 2,
-                  "watchdog_window_s": 600, "health_timeout_s": 300}
-
-
-def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(serving_fleet):
-    """A quick watchdog (--data for one run: a probe every 5 s, a restart after 1 failure, 2 restarts in
-    10 minutes) and an engine that exits on every start: the converge fails naming the host, systemd's
-    start limit leaves the unit `failed`, the watchdog gives up, `status` says so and exits 1. Once the
-    fault is cleared, one converge with the default settings heals it."""
-    state = serving_fleet
-    others = {h: started_at(state, h) for h in ("spark-1", "spark-3")}
-    fleet.set_engine("spark-2", crash_on_start=True)
-    try:
-        ssh(state, "spark-2", "systemctl restart sparkfleet-vllm.service")
-        broken = converge(*(arg for key, value in QUICK_WATCHDOG.items() for arg in ("--data", f"{key}={value}")))
-        assert broken.returncode != 0
-        assert [h for h in HOSTS if broken.host_failed(h)] == ["spark-2"], broken.failed
-        assert "spark-2" in broken.output and "sparkfleet-vllm.service" in broken.output
-        wait_until(lambda: unit_state(state, "spark-2") == "failed" and watchdog_state(state, "spark-2").get("gave_up"),
-                   300, step_s=5)
-        gave_up = watchdog_state(state, "spark-2")
-        assert gave_up["last_action"] == "gave-up" and len(gave_up["restarts"]) == 2, gave_up
-        journal = ssh(state, "spark-2", "journalctl -u sparkfleet-watchdog.service -p err --no-pager -n 5")
-        assert "GAVE UP: 2 restarts in 600 s did not heal sparkfleet-vllm.service" in journal, journal
-        report = sparkfleet("status", INVENTORY, "--json", timeout=300)
-        assert report.returncode == 1, report.stderr[-2000:]
-        rows = {row["host"]: row for row in json.loads(report.stdout)["hosts"]}
-        assert [h for h in HOSTS if not rows[h]["healthy"]] == ["spark-2"], rows
-        assert rows["spark-2"]["ssh"]["watchdog"]["gave_up"] is True
-        assert rows["spark-2"]["error"].startswith("watchdog gave up after 2 restarts"), rows["spark-2"]["error"]
-        table = sparkfleet("status", INVENTORY, timeout=300)
-        assert table.returncode == 1 and "GAVE UP" in table.stdout + table.stderr, table.stdout[-3000:]
-    finally:
-        fleet.set_engine("spark-2", crash_on_start=False)
-    healed = converge()  # the default inventory again: its watchdog settings, the engine restarted and gated
-    assert healed.returncode == 0, healed.output[-3000:]
-    assert answers(state, "spark-2") and unit_state(state, "spark-2") == "active"
-    assert [h for h in HOSTS if "Service | Start limit of a failed unit reset (a converge tries again)"
-            in healed.changed[h]] == ["spark-2"], healed.changed
-    wait_until(lambda: watchdog_state(state, "spark-2")["gave_up"] is False, 60)  # its next probe answers
-    assert {h: started_at(state, h) for h in others} == others
 
 
 def test_a_first_start_needs_a_container_that_sees_the_gpu(serving_fleet):

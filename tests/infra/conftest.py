@@ -8,6 +8,8 @@ comes from the same plan the deploy used (settings + the hub's manifest).
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 import testinfra
 
@@ -45,8 +47,17 @@ class Spark:
     def __init__(self, plan, data):
         self.plan, self.s = plan, plan.settings
         port = data.get("ssh_port", 22)
-        spec = f"paramiko://{data.get('ssh_user', 'root')}@{data.get('ssh_hostname', plan.name)}:{port}"
-        self.host = testinfra.get_host(spec, ssh_identity_file=data.get("ssh_key"))
+        spec = f"ssh://{data.get('ssh_user', 'root')}@{data.get('ssh_hostname', plan.name)}:{port}"
+        self.host = testinfra.get_host(spec, ssh_identity_file=data.get("ssh_key"),
+                                       ssh_extra_args=host_key_options(data))
+
+
+def host_key_options(data: dict) -> str:
+    """OpenSSH options for the inventory's host-key policy: the suite checks keys as strictly as the deploy."""
+    options = ["-o LogLevel=ERROR", f"-o StrictHostKeyChecking={data.get('ssh_strict_host_key_checking', 'yes')}"]
+    if data.get("ssh_known_hosts_file"):
+        options.append(f"-o UserKnownHostsFile={shlex.quote(data['ssh_known_hosts_file'])}")
+    return " ".join(options)
 
 
 @pytest.fixture(scope="session")
