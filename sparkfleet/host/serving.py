@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.host import paths
-from sparkfleet.host.operations import health_gate
+from sparkfleet.host.operations import health_gate, local_api_host
 from sparkfleet.release.settings import Settings
 
 WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
@@ -24,7 +24,7 @@ def watchdog_config(s: Settings) -> dict:
     """What the host's watchdog (and the converge's probe) reads: no secret (the key stays in engine.env)."""
     return {
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": s.api_port,
-        "host": "127.0.0.1" if s.api_host in ("0.0.0.0", "::") else s.api_host,
+        "host": local_api_host(s.api_host),
         "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
         "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
         "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
@@ -38,13 +38,21 @@ def probe_verdict(probe: dict) -> str:
     return "starting" if probe.get("starting") else "down"
 
 
+def _gpu_lost(probe: dict) -> str | None:
+    """The lost-GPU line, when the probe found the engine container blind."""
+    if probe.get("gpu_visible") is False:
+        return f"the engine container cannot see the GPU: {probe.get('gpu_detail')}"
+    return None
+
+
 def describe(probe: dict) -> str:
     """One line naming what failed; a lost GPU is named as such."""
     if probe.get("failed") == "absent":
         return "the watchdog probe is not installed yet"
     problems = [] if probe.get("failed") in (None, "gpu") else [f"{probe['failed']} failed: {probe.get('detail')}"]
-    if probe.get("gpu_visible") is False:
-        problems.append(f"the engine container cannot see the GPU: {probe.get('gpu_detail')}")
+    lost = _gpu_lost(probe)
+    if lost:
+        problems.append(lost)
     return "; ".join(problems) or "no answer"
 
 
@@ -53,11 +61,9 @@ def watchdog_summary(probe: dict) -> dict:
     (the watchdog gave up, or the engine container lost the GPU), or None."""
     state = probe.get("watchdog") or {}
     last = state.get("last_probe")
-    problem = None
+    problem = _gpu_lost(probe)
     if state.get("gave_up"):
         problem = f"watchdog gave up after {probe.get('restarts_in_window', 0)} restarts: {state.get('detail')}"
-    elif probe.get("gpu_visible") is False:
-        problem = f"the engine container cannot see the GPU: {probe.get('gpu_detail')}"
     return {"last_probe_s_ago": round(probe["now"] - last) if last and probe.get("now") else None,
             "last_result": state.get("last_result"), "consecutive_failures": state.get("consecutive_failures", 0),
             "restarts_in_window": probe.get("restarts_in_window", 0), "gave_up": bool(state.get("gave_up")),
