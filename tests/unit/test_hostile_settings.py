@@ -337,3 +337,16 @@ def test_systemd_quote_keeps_one_argument():
     quoted = systemd_quote(value)
     assert quoted == '"/srv/my models/it\'s \\"quoted\\" $$HOME 50%% \\\\x"'
     assert shlex.split(quoted.replace("$$", "$").replace("%%", "%")) == [value]
+
+
+# --- the watchdog, the front door and the GPU: numbers in range, choices from their list ----------------
+
+@pytest.mark.parametrize("key,value", [
+    ("watchdog_interval_s", 0), ("watchdog_interval_s", "30; reboot"), ("watchdog_failures", 0),
+    ("watchdog_max_restarts", 101), ("watchdog_window_s", 59), ("drain_timeout_s", -1),
+    ("front_door_port", 70000), ("gpu_device_mode", "cdi; reboot"), ("watchdog", "sometimes"),
+    ("min_toolkit_version", "1.18\n; reboot"), ("front_door_tls_cert", "relative/cert.pem"),
+    ("controller_front_door_url", "ftp://door.lan"),
+])
+def test_service_settings_out_of_range_refused(plan_cli, key, value):
+    refused(plan_cli, key, "is invalid", **{key: value})
