@@ -23,9 +23,10 @@ facts = preflight(plan)
 if facts:
     prepared = prepare(plan, facts)
     container_toolkit(plan, arch=facts.arch)
-    runtime, fetched = model(plan, facts, prepared)
-    started, keep = service(plan, facts, model_changed=fetched.will_change)
-    health(plan, runtime=runtime, started=started, keep=keep)
+    runtime, fetched, services_fetched = model(plan, facts, prepared)
+    started, keep, services_started = service(plan, facts, model_changed=fetched.will_change,
+                                               services_fetched=services_fetched)
+    health(plan, runtime=runtime, started=started, keep=keep, services_started=services_started)
     watchdog(plan, runtime=runtime, started=started)
     if "front_door" in host.groups:
         front_door(plan, state.sparkfleet_plans)

@@ -3,8 +3,9 @@
 Shipped beside the helper scripts (which import it as a sibling) and loaded
 by the controller from the same file (sparkfleet.host.shared): the verified
 record's name and format, when the record vouches for a file, which manifest
-files need work and which entries are extras, the file hashes, and what a
-hub's answer may name (commit ids, manifest paths). Hub answers are data:
+files need work and which entries are extras, the file hashes, what a
+hub's answer may name (commit ids, manifest paths), and how the helpers read
+the root-only env files sparkfleet writes. Hub answers are data:
 anything that would make them a path outside the model directory is refused.
 Host paths are passed in by the caller, never repeated here. Python >= 3.10.
 """
@@ -201,6 +202,21 @@ def read_record(model_dir) -> dict:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def read_env_file(path) -> dict:
+    """KEY=value lines of an env file sparkfleet wrote (engine.env, hub.env), values verbatim as
+    `docker run --env-file` reads them; comments skipped; {} when the file is absent or unreadable."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    values = {}
+    for line in lines:
+        key, eq, value = line.partition("=")
+        if eq and not line.lstrip().startswith("#"):
+            values[key.strip()] = value
+    return values
 
 
 def write_record(model_dir, verified: dict) -> None:

@@ -22,6 +22,12 @@ toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 toolkit_version = "1.18.1-1"  # all four packages pinned to it; None: keep the installed (DGX OS ships one)
 min_toolkit_version = "1.17.8-1"  # with toolkit_version None: older is upgraded (1.17.8 fixes CVE-2025-23266)
 
+# --- Recipe: a reviewed release from the catalogue (recipes/*.toml) -----------
+# Precedence, lowest first: these defaults < the recipe's [settings] < what the inventory, a group's data
+# or `--data` sets. The default recipe's settings equal the defaults below; "qwen3.5-35b-a3b-fp8-mtp" is
+# its speed profile (MTP speculative decoding).
+recipe = "qwen3.5-35b-a3b-fp8"
+
 # --- Model -----------------------------------------------------------------
 model_hub = "modelscope"  # or "huggingface"
 model_repo = "Qwen/Qwen3.5-35B-A3B-FP8"
@@ -59,8 +65,16 @@ limit_mm_per_prompt = {"image": 0, "video": 0}  # multimodal profiling off
 kv_cache_dtype = "auto"  # "fp8" is refused for hybrid models such as Qwen3.5
 max_num_seqs = None  # None = vLLM's default
 tensor_parallel_size = 1
+speculative_method = None  # "mtp": the model's own MTP layer drafts tokens (--speculative-config)
+num_speculative_tokens = None  # draft tokens per step with speculative_method (the MTP recipe: 2)
 extra_engine_args = []  # more vLLM flags, each checked against the flag table
 engine_env = {}  # extra environment for the engine container
+
+# --- RAG services beside the chat model: each its own vLLM unit, port and model ---------------
+# e.g. {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}; any key of
+# the recipe's [settings] may be overridden per service (api_port, gpu_memory_utilization, max_model_len, ...)
+services = {}
+gpu_memory_budget = 0.95  # the chat's gpu_memory_utilization + every service's must sum within this (OS keeps 6 GB)
 
 # --- Planning: what the fit and speed estimates assume about a host ----------
 host_memory_gb = 128  # a Spark's unified memory

@@ -16,5 +16,6 @@ def _resource(name: str) -> Path:
 TEMPLATES_DIR = _resource("templates")
 FILES_DIR = _resource("files")
 DEFAULTS_FILE = _resource("group_data") / "all.py"
+RECIPES_DIR = _resource("recipes")  # the recipe catalogue: one TOML file per recipe
 # The project a command works in: this checkout, or (installed) the current directory.
 PROJECT_ROOT = _PACKAGE.parent if (_PACKAGE.parent / "deploy.py").exists() else Path.cwd()

@@ -9,10 +9,11 @@ import sys
 from rich.syntax import Syntax
 
 from sparkfleet.fleet.inventory import load_hosts
-from sparkfleet.model.fit import REFERENCE_DECODE_TOKENS_PER_S
+from sparkfleet.model.recipes import catalogue
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.release.services import plan_rows
+from sparkfleet.release.settings import USER_SET_KEY, SettingsError
 from sparkfleet.tables import console, print_table
 
 EXIT_INVALID = 2
@@ -24,9 +25,15 @@ def _invalid(exc: Exception) -> int:
     return EXIT_INVALID
 
 
+def _with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[str, dict]]:
+    """`--data KEY=VALUE` over each host's data, as pyinfra's --data does: the keys count as set by the user."""
+    data = _parse_data(items)
+    return [(name, {**d, **data, USER_SET_KEY: sorted({*d.get(USER_SET_KEY, ()), *data})}) for name, d in hosts]
+
+
 def _plan(args) -> int:
     try:
-        plans = plan_hosts(load_hosts(args.inventory, args.host), resolve=hub_resolver)
+        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.host), args.data), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     if args.json:
@@ -34,38 +41,58 @@ def _plan(args) -> int:
         return 0
     out = console()
     for plan in plans:
-        rows = [("image", plan.settings.engine_image), ("engine args", " ".join(plan.engine_args)),
-                ("model dir", plan.model_dir)]
+        rows = [("recipe", plan.settings.recipe), ("image", plan.settings.engine_image),
+                ("engine args", " ".join(plan.engine_args)), ("model dir", plan.model_dir)]
         if plan.manifest:
             m = plan.manifest.summary()
             rows += [("model", f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}"),
                      ("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")]
         else:
             rows.append(("model", f"[yellow]hub unreachable: {plan.hub_error}[/]"))
-        fit = plan.fit
-        if fit:
-            gib = 1024**3
-            rows += [
-                ("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
-                           f" + reserve {fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.1f} GiB"),
-                ("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
-                             f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context "
-                             f"{fit.largest_context:,}; {fit.seqs_at_max_model_len} sequences at "
-                             f"{fit.max_model_len:,}, {fit.seqs_at_8192} at 8K"),
-                ("decode", f"<= {fit.decode_tokens_per_s_at_0:.1f} tokens/s (roofline at "
-                           f"{fit.bandwidth_bytes_per_s / 1e9:g} GB/s); reference measurement "
-                           f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s"),
-            ]
+        rows += _fit_rows(plan) + plan_rows(plan)
         print_table(f"{plan.name}: release {plan.release_id or 'unresolved'}", ("key", "value"), rows,
                     header=False, out=out)
         out.print(Syntax(plan.render_unit(), "ini", word_wrap=True))
     return 0
 
 
+def _fit_rows(plan) -> list[tuple[str, str]]:
+    """The plan's memory and speed rows; what it cannot know when neither the hub nor a recipe has the model."""
+    fit = plan.fit
+    if not fit:
+        return [("fit", f"[yellow]unknown: {plan.unknown}[/]")]
+    gib = 1024**3
+    source = {"manifest": "the hub's manifest", "recipe": f"recipe {plan.settings.recipe}, offline"}
+    rows = [
+        ("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
+                   f" ({source[plan.weights_source]}) + reserve {fit.reserve_bytes / gib:.1f}"
+                   f" + KV {fit.kv_memory_bytes / gib:.1f} GiB"),
+        ("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
+                     f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context "
+                     f"{fit.largest_context:,}; {fit.seqs_at_max_model_len} sequences at "
+                     f"{fit.max_model_len:,}, {fit.seqs_at_8192} at 8K"),
+    ]
+    if fit.num_speculative_tokens:
+        rows.append(("draft (MTP)", f"{fit.draft_layers} MTP layer(s), {fit.num_speculative_tokens} draft tokens/step: "
+                                    f"weights {fit.draft_weights_bytes / gib:.2f} GiB (inside the checkpoint's), "
+                                    f"KV +{fit.draft_kv_bytes_per_token:,} B/token "
+                                    f"({fit.max_model_len * fit.draft_kv_bytes_per_token / gib:.2f} GiB at "
+                                    f"{fit.max_model_len:,}), linear state x{1 + fit.num_speculative_tokens}"))
+    decode = f"<= {fit.decode_tokens_per_s_at_0:.1f} tokens/s (roofline at {fit.bandwidth_bytes_per_s / 1e9:g} GB/s)"
+    chosen = catalogue().get(plan.settings.recipe)
+    if chosen and chosen.model.repo == plan.settings.model_repo and "decode_tokens_per_s" in chosen.measured:
+        decode += (f"; measured with this recipe: {chosen.measured['decode_tokens_per_s']} tokens/s "
+                   f"({chosen.measured.get('source', 'no source given')})")
+    if fit.num_speculative_tokens:
+        decode += (f"; speculative decoding emits up to {1 + fit.num_speculative_tokens} tokens per step, "
+                   f"so it may exceed this plain roofline")
+    return rows + [("decode", decode)]
+
+
 def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door import front_door_status, status_rows
-    from sparkfleet.fleet.status import host_status, ssh_facts
+    from sparkfleet.fleet.status import host_status, services_cell, ssh_facts
     from sparkfleet.host.serving import watchdog_cell
     from sparkfleet.release.settings import parse_settings
 
@@ -79,7 +106,8 @@ def _status(args) -> int:
     for name, data in hosts:
         row = host_status(name, settings[name], data, chat=args.chat)
         row["ssh"] = facts[name]
-        row["healthy"] = row["healthy"] and facts[name] is not None and facts[name]["unit_active"]
+        row["healthy"] = row["healthy"] and facts[name] is not None and facts[name]["unit_active"] and all(
+            svc["serving"] for svc in facts[name]["services"].values())
         problem = ((facts[name] or {}).get("watchdog") or {}).get("problem")
         if problem:  # the watchdog gave up, or the engine container lost the GPU: a person must look
             row["healthy"], row["error"] = False, problem + (f"; {row['error']}" if row["error"] else "")
@@ -98,13 +126,14 @@ def _status(args) -> int:
                 f.get("release_id") or "-", {True: "verified", False: "[red]NOT verified[/]"}.get(
                     f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
                 "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", watchdog_cell(f.get("watchdog")),
-                ", ".join(row["served"] or []),
+                ", ".join(row["served"] or []), services_cell(f.get("services") or {}),
                 f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
                 f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", row["error"] or "",
             ))
         out = console()
         print_table("sparkfleet status", ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health",
-                                          "watchdog", "served", "run", "wait", "KV", "detail"), table, out=out)
+                                          "watchdog", "served", "services", "run", "wait", "KV", "detail"), table,
+                    out=out)
         for row in rows:
             if row.get("chat"):
                 out.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
@@ -143,7 +172,7 @@ def _rollout(args) -> int:
     data = _parse_data(args.data)
     try:
         hosts = load_hosts(args.inventory, args.limit)
-        plans = plan_hosts([(name, {**d, **data}) for name, d in hosts], resolve=hub_resolver)
+        plans = plan_hosts(_with_data(hosts, args.data), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]
@@ -210,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="print each host's release without connecting to anything")
     plan.add_argument("inventory")
     plan.add_argument("--host", help="one host (or group) of the inventory")
+    plan.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_plan)
 

@@ -1,6 +1,6 @@
 """Stage 2: the NVIDIA Container Toolkit from its signed apt repository, wired into Docker (the
-runtime hook, or a CDI spec kept current for the driver); before a first start, a container
-started like the engine must see the GPU."""
+runtime hook, or a CDI spec kept current for the driver and a Docker that takes CDI devices);
+before a first start, a container started like the engine must see the GPU."""
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -16,6 +16,7 @@ from sparkfleet.host.toolkit import (
     CDI_UNIT,
     cdi_spec_current,
     container_sees_gpu,
+    docker_takes_cdi_devices,
     toolkit_at_least,
 )
 from sparkfleet.release.plan import GPU_OPTIONS, HostPlan
@@ -52,9 +53,12 @@ def container_toolkit(plan: HostPlan, arch: str):
         toolkit_at_least(name=f"Toolkit packages at {s.min_toolkit_version} or newer (an installed one kept)",
                          minimum=s.min_toolkit_version)
     runtime = docker_nvidia_runtime(name="Docker knows the nvidia runtime")
+    changed = [runtime]
+    if s.gpu_device_mode == "cdi":
+        changed.append(docker_takes_cdi_devices(name="Docker takes CDI devices (features.cdi before 28.2)"))
     systemd.service(
         name="Docker restarted only if daemon.json changed",
-        service="docker.service", running=True, enabled=True, restarted=runtime.will_change,
+        service="docker.service", running=True, enabled=True, restarted=any(op.will_change for op in changed),
     )
     if s.gpu_device_mode == "cdi":
         unit = files.template(name="CDI spec unit (at boot, after the driver)",

@@ -6,6 +6,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from sparkfleet import FILES_DIR
+from sparkfleet.controller.copy import controller_copy
 from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.host import paths
@@ -20,7 +21,8 @@ HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", 
 
 @deploy("Model")
 def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
-    """Returns (the runtime path the later stages run the clients from, the model operation)."""
+    """Returns (the runtime path the later stages run the clients from, the model operation, and each
+    service's model operation by service name)."""
     s = plan.settings
     for script in HOST_SCRIPTS:
         files.put(name=f"Helper {script}", src=str(FILES_DIR / script),
@@ -57,4 +59,21 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
     else:
         fetched = model_verified(name=f"Model {s.model_repo} from peers on the LAN, verified",
                                  peers=plan.peer_urls, **common)
-    return runtime, fetched
+    return runtime, fetched, service_models(plan, runtime)
+
+
+def service_models(plan: HostPlan, runtime: str) -> dict:
+    """Each RAG service's model in its own directory, verified against its own manifest: pushed from the
+    controller's verified copy in controller mode (hosts without the hub), else from the hub (small models:
+    the LAN share serves the chat model's directory only)."""
+    s = plan.settings
+    fetched = {}
+    for svc in plan.services:
+        pushed = str(controller_copy(svc.manifest, s.controller_model_dir, s.controller_endpoint)) \
+            if s.model_source == "controller" else None
+        source = "pushed from the controller" if pushed else "from the hub"
+        fetched[svc.name] = model_verified(
+            name=f"Service {svc.name}: model {svc.service.model_repo} {source}, verified",
+            manifest=svc.manifest, model_dir=svc.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
+            full_verify=s.full_verify, pushed_from=pushed)
+    return fetched

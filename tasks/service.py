@@ -14,12 +14,14 @@ from sparkfleet.host.operations import (
 )
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.host.serving import start_limit_cleared
+from sparkfleet.host.services import MEMORY_PLAN, SYSTEMD_DIR, memory_plan_json, services_pruned
 from sparkfleet.release.plan import HostPlan
 
 
 @deploy("Service")
-def service(plan: HostPlan, facts: HostFacts, model_changed: bool):
-    """Returns the service operation (its change means a (re)start) and the model dirs to keep.
+def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetched: dict | None = None):
+    """Returns the service operation (its change means a (re)start), the model dirs to keep, and each RAG
+    service's start operation by name.
 
     The installed release record comes from preflight, which stopped the host if
     it was not a readable JSON object: it is built on here, never guessed.
@@ -38,10 +40,26 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool):
     record = plan.release_record(installed)
     files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
               dest=paths.RELEASE_FILE, mode="0644")
+    services_pruned(name="Units of services dropped from the settings stopped and removed",
+                    keep=[svc.unit for svc in plan.services])
+    files.put(name="Memory plan (every engine unit's share, the budget)", src=io.StringIO(memory_plan_json(plan)),
+              dest=MEMORY_PLAN, mode="0644")
     start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
     started = systemd.service(
         name="vLLM service enabled and running",
         service=paths.UNIT_NAME, running=True, enabled=True,
         restarted=unit.will_change or env.will_change or model_changed, daemon_reload=unit.will_change,
     )
-    return started, record["model_history"]
+    services_started = {}
+    for svc in plan.services:
+        svc_unit = files.put(name=f"Service {svc.name}: unit {svc.unit}",
+                             src=io.StringIO(plan.render_service_unit(svc)), dest=f"{SYSTEMD_DIR}/{svc.unit}",
+                             mode="0644")
+        start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
+        fetched = (services_fetched or {}).get(svc.name)
+        services_started[svc.name] = systemd.service(
+            name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) enabled and running",
+            service=svc.unit, running=True, enabled=True, daemon_reload=svc_unit.will_change,
+            restarted=svc_unit.will_change or env.will_change or bool(fetched and fetched.will_change),
+        )
+    return started, record["model_history"] + record.get("service_model_dirs", []), services_started

@@ -17,6 +17,7 @@ Environment:
     SIM_FAIL_HEALTH=1         /health answers 503
     SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
     SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
+    SIM_SPEC_ACCEPTANCE_RATE  with --speculative-config: share of draft tokens accepted (0.7)
     VLLM_API_KEY              API key when --api-key is not given
 
 Fault knobs: the knob file is JSON, e.g. {"fault": "hang", "crash_on_start":
@@ -28,6 +29,10 @@ the running container's copy (`docker exec`: gone after a restart). "fault" is
 re-read on every request, so it is set and cleared without a restart:
     hang              nothing answers (port open, requests wait): a wedged engine
     generation-hang   /health, /v1/models answer; chat completions wait
+"spec_acceptance_rate" (0..1) is also read on every decode step: with
+--speculative-config '{"method": "mtp", "num_speculative_tokens": N}' each
+step emits 1 + the accepted drafts at the plain step rate (SIM_TOKENS_PER_S),
+and /metrics exports vLLM's vllm:spec_decode_* counters.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ FAULTS = ("hang", "generation-hang")
 def knobs() -> dict:
     """The fault knobs now: SIM_* variables, overridden by the knob file (read every call)."""
     values = {"crash_on_start": os.environ.get("SIM_CRASH_ON_START") == "1",
-              "load_delay_s": os.environ.get("SIM_LOAD_DELAY_S", "2"), "fault": None}
+              "load_delay_s": os.environ.get("SIM_LOAD_DELAY_S", "2"), "fault": None,
+              "spec_acceptance_rate": os.environ.get("SIM_SPEC_ACCEPTANCE_RATE", "0.7")}
     try:
         with open(os.environ.get("SIM_KNOB_FILE", DEFAULT_KNOB_FILE)) as f:
             loaded = json.load(f)
@@ -428,6 +434,9 @@ class Engine:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.kv_capacity = max(1, cfg["max_num_seqs"] * cfg["max_model_len"] // 4)
+        self.spec_credit = 0.0  # accepted drafts owed: keeps the accepted share at the knob, step by step
+        self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
+        self.spec_per_pos = [0] * cfg["num_speculative_tokens"]
 
     def account_prompt(self, tokens: list[str]) -> None:
         with self.lock:
@@ -449,6 +458,30 @@ class Engine:
     def kv_usage(self) -> float:
         with self.lock:
             return min(1.0, sum(self.live_tokens.values()) / self.kv_capacity)
+
+    def draft_step(self) -> int:
+        """One decode step's accepted drafts (0 without speculative decoding), counted as vLLM counts them.
+
+        Like vLLM's rejection sampler, drafts are accepted in order up to the first rejection; which step
+        accepts how many is deterministic (a carried credit), so the accepted share equals the knob.
+        """
+        n = self.cfg["num_speculative_tokens"]
+        if not n:
+            return 0
+        try:
+            rate = min(1.0, max(0.0, float(knobs()["spec_acceptance_rate"])))
+        except (TypeError, ValueError):
+            rate = 0.0
+        with self.lock:
+            self.spec_credit += rate * n
+            accepted = min(n, int(self.spec_credit + 1e-9))
+            self.spec_credit -= accepted
+            self.spec_drafts += 1
+            self.spec_draft_tokens += n
+            self.spec_accepted += accepted
+            for pos in range(accepted):
+                self.spec_per_pos[pos] += 1
+        return accepted
 
     def metrics_text(self) -> str:
         name = self.cfg["served_model_names"][0].replace("\\", "\\\\").replace('"', '\\"')
@@ -491,6 +524,19 @@ class Engine:
             out.append("# TYPE vllm:request_success_total counter")
             for reason, n in sorted(self.success.items()):
                 out.append(f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {float(n)}')
+            if self.cfg["num_speculative_tokens"]:
+                metric("vllm:spec_decode_num_drafts_total", "counter",
+                       "Number of spec decoding drafts.", float(self.spec_drafts))
+                metric("vllm:spec_decode_num_draft_tokens_total", "counter",
+                       "Number of draft tokens.", float(self.spec_draft_tokens))
+                metric("vllm:spec_decode_num_accepted_tokens_total", "counter",
+                       "Number of accepted tokens.", float(self.spec_accepted))
+                out.append("# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total "
+                           "Accepted tokens per draft position.")
+                out.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+                for pos, n in enumerate(self.spec_per_pos):
+                    out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{pos}"}} '
+                               f'{float(n)}')
             hist("vllm:time_to_first_token_seconds",
                  "Histogram of time to first token in seconds.", self.ttft)
             hist("vllm:inter_token_latency_seconds",
@@ -651,6 +697,185 @@ def tool_call_obj(tool: dict, args: str) -> dict:
 
 
 # --------------------------------------------------------------------------
+# pooling models (--runner pooling): embeddings, rerank and score, as vLLM 0.33 serves them
+
+POOLING_ROUTES = {"embed": ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank",
+                            "/v2/rerank"),
+                  "classify": ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/classify")}
+
+
+def pooling_task(values: dict, config: dict) -> str | None:
+    """What vLLM would serve: None (generate), "embed" or "classify" (a sequence classifier: rerank/score)."""
+    if values.get("runner") != "pooling":
+        return None
+    overrides = values.get("hf_overrides") or {}
+    if isinstance(overrides, str):  # --hf-overrides takes a JSON object (vLLM: union_dict_and_str)
+        try:
+            overrides = json.loads(overrides)
+        except ValueError:
+            raise StartupError("ValueError", f"--hf-overrides is not a JSON object: {overrides[:80]}")
+    overrides = overrides if isinstance(overrides, dict) else {}
+    archs = overrides.get("architectures") or config.get("architectures") or []
+    if values.get("convert") == "classify" or any("ForSequenceClassification" in a for a in archs):
+        return "classify"
+    return "embed"
+
+
+def words_of(text) -> list[str]:
+    """The stand-in's tokens: lower-case words (token ids count as words)."""
+    if isinstance(text, list):
+        return [str(t) for t in text]
+    return re.findall(r"[a-z0-9]+", str(text).lower())
+
+
+_WORD_VECTORS: dict = {}
+
+
+def word_vector(word: str, dims: int) -> list[float]:
+    key = (word, dims)
+    if key not in _WORD_VECTORS:
+        rng = __import__("random").Random(hashlib.sha256(word.encode()).hexdigest())
+        _WORD_VECTORS[key] = [rng.gauss(0.0, 1.0) for _ in range(dims)]
+    return _WORD_VECTORS[key]
+
+
+def embed(words: list[str], dims: int) -> list[float]:
+    """A deterministic, L2-normalised vector: the sum of each word's fixed random vector (shared words, closer)."""
+    total = [0.0] * dims
+    for w in words or ["<|endoftext|>"]:
+        total = [a + b for a, b in zip(total, word_vector(w, dims))]
+    norm = sum(x * x for x in total) ** 0.5 or 1.0
+    return [x / norm for x in total]
+
+
+def relevance(task: str, query: list[str], document: list[str], dims: int) -> float:
+    """A classifier's score: the share of the query's words the document holds; an embedder's: cosine."""
+    if task == "classify":
+        return round(len(set(query) & set(document)) / len(set(query)), 6) if query else 0.0
+    return round(sum(a * b for a, b in zip(embed(query, dims), embed(document, dims))), 6)
+
+
+class Pooling:
+    """The pooling endpoints of one engine: each method takes the request body, returns (status, body)."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.dims = int(cfg["hidden_size"])
+
+    def _model(self, body: dict) -> str:
+        model = body.get("model")
+        if model and model not in self.cfg["served_model_names"]:
+            raise HTTPError(404, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
+        return model or self.cfg["served_model_names"][0]
+
+    def _tokens(self, text) -> list[str]:
+        words = words_of(text)
+        if len(words) > self.cfg["max_model_len"]:
+            raise HTTPError(400, error_body(
+                f"This model's maximum context length is {self.cfg['max_model_len']} tokens. However, you "
+                f"requested {len(words)} tokens in the input for embedding generation. Please reduce the "
+                "length of the input."))
+        return words
+
+    @staticmethod
+    def _usage(tokens: int) -> dict:
+        return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                "prompt_tokens_details": None}
+
+    def embeddings(self, body: dict) -> dict:
+        model = self._model(body)
+        given = body.get("input")
+        if isinstance(given, str) or (isinstance(given, list) and given and isinstance(given[0], int)):
+            given = [given]
+        if not isinstance(given, list) or not given:
+            raise HTTPError(400, error_body("input: Field required", param="input"))
+        if body.get("dimensions") not in (None, self.dims):
+            raise HTTPError(400, error_body(f"Model \"{model}\" does not support matryoshka representation, "
+                                            "changing output dimensions will lead to poor results."))
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise HTTPError(400, error_body(f"Unknown encoding_format {fmt!r}", param="encoding_format"))
+        data, tokens = [], 0
+        for i, text in enumerate(given):
+            words = self._tokens(text)
+            tokens += len(words)
+            vector = embed(words, self.dims)
+            if fmt == "base64":
+                vector = __import__("base64").b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"index": i, "object": "embedding", "embedding": vector})
+        return {"id": "embd-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()), "model": model,
+                "data": data, "usage": self._usage(tokens)}
+
+    def _pairs(self, query, documents) -> tuple[list[float], int]:
+        q = self._tokens(query)
+        scores, tokens = [], 0
+        for doc in documents:
+            text = doc.get("text", "") if isinstance(doc, dict) else doc
+            d = self._tokens(text)
+            tokens += len(q) + len(d)
+            scores.append(relevance(self.cfg["pooling"], q, d, self.dims))
+        return scores, tokens
+
+    def rerank(self, body: dict) -> dict:
+        model = self._model(body)
+        query, documents = body.get("query"), body.get("documents")
+        if query is None or not isinstance(documents, list):
+            raise HTTPError(400, error_body("query and documents: Field required", param="documents"))
+        scores, tokens = self._pairs(query, documents)
+        order = sorted(range(len(documents)), key=lambda i: -scores[i])
+        top_n = body.get("top_n") or 0
+        results = [{"index": i, "document": {"text": documents[i].get("text") if isinstance(documents[i], dict)
+                                             else documents[i], "multi_modal": None},
+                    "relevance_score": scores[i]} for i in order[:top_n or None]]
+        return {"id": "rerank-" + uuid.uuid4().hex, "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results}
+
+    def score(self, body: dict) -> dict:
+        model = self._model(body)
+        first = next((body[k] for k in ("text_1", "queries", "data_1") if k in body), None)
+        second = next((body[k] for k in ("text_2", "documents", "items", "data_2") if k in body), None)
+        if first is None or second is None:
+            raise HTTPError(400, error_body("queries and documents (or text_1 and text_2): Field required"))
+        second = second if isinstance(second, list) else [second]
+        if isinstance(first, list) and len(first) != len(second):
+            raise HTTPError(400, error_body("The number of queries must be 1 or equal to the number of documents"))
+        pairs = zip(first, second) if isinstance(first, list) else ((first, d) for d in second)
+        scores, tokens = [], 0
+        for query, doc in pairs:
+            found, used = self._pairs(query, [doc])
+            scores += found
+            tokens += used
+        return {"id": "score-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()), "model": model,
+                "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+                "usage": self._usage(tokens)}
+
+    def classify(self, body: dict) -> dict:
+        model = self._model(body)
+        given = body.get("input")
+        given = [given] if isinstance(given, str) else given or []
+        data = []
+        for i, text in enumerate(given):
+            yes = round(min(1.0, len(set(self._tokens(text))) / 10), 6)
+            data.append({"index": i, "label": "yes" if yes >= 0.5 else "no", "probs": [1 - yes, yes],
+                         "num_classes": 2})
+        return {"id": "classify-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()),
+                "model": model, "data": data, "usage": self._usage(sum(len(words_of(t)) for t in given))}
+
+    def handle(self, path: str, body) -> dict:
+        if not isinstance(body, dict):
+            raise HTTPError(400, error_body("request body must be a JSON object"))
+        if path == "/v1/embeddings":
+            return self.embeddings(body)
+        if path.endswith("/rerank"):
+            return self.rerank(body)
+        if path.endswith("/score"):
+            return self.score(body)
+        if path == "/classify":
+            return self.classify(body)
+        return self.embeddings(body)  # /pooling: the embed task's vectors
+
+
+# --------------------------------------------------------------------------
 # HTTP
 
 
@@ -736,7 +961,13 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
-        if path != "/v1/chat/completions":
+        task = self.engine.cfg.get("pooling")
+        if task and path in POOLING_ROUTES[task]:  # a pooling model serves these, never chat (vLLM: 404)
+            try:
+                return self._send(200, Pooling(self.engine.cfg).handle(path, self._read_json()))
+            except HTTPError as e:
+                return self._send(e.status, e.body)
+        if path != "/v1/chat/completions" or task:
             return self._send(404, {"detail": "Not Found"})
         try:
             plan = Plan(self.engine, self._read_json())
@@ -774,6 +1005,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._chunk(plan, {"role": "assistant", "content": ""}, None)
             first_at = t_arrive + cfg["first_token_delay_s"]
             last_emit = None
+            steps = step_end = 0  # engine steps so far; tokens generated when the current step ends
             gen = plan.pieces()
             while True:
                 try:
@@ -781,7 +1013,10 @@ class Handler(BaseHTTPRequestHandler):
                 except StopIteration as stop:
                     finish = stop.value or "length"
                     break
-                due = first_at + generated / cfg["tokens_per_s"]
+                if generated >= step_end:  # a new step: the target's token and the drafts it accepted
+                    step_end = generated + 1 + (eng.draft_step() if generated else 0)
+                    steps += 1
+                due = first_at + (steps - 1) / cfg["tokens_per_s"]
                 now = time.monotonic()
                 if due > now:
                     time.sleep(due - now)
@@ -943,7 +1178,29 @@ def build_config(model: str, v: dict, table: dict) -> dict:
         "tokens_per_s": rate if rate > 0 else 50.0,
         "first_token_delay_s": max(0.0, first_ms / 1000.0),
         "started": int(time.time()),
+        "runner_values": {k: v.get(k) for k in ("runner", "convert", "hf_overrides")},
+        "num_speculative_tokens": speculative_tokens(v.get("speculative_config")),
     }
+
+
+# vLLM's MTP method names (vllm/config/speculative.py MTPModelTypes): all but "mtp" are deprecated aliases.
+MTP_METHODS = ("mtp", "qwen3_5_mtp", "qwen3_next_mtp", "deepseek_mtp", "glm4_moe_mtp", "ernie_mtp")
+
+
+def speculative_tokens(spec) -> int:
+    """Draft tokens per step from --speculative-config; 0 without it. The stand-in drafts with MTP only."""
+    if spec is None:
+        return 0
+    if not isinstance(spec, dict):
+        raise UsageError("argument --speculative-config: expected a JSON object")
+    method, n = spec.get("method"), spec.get("num_speculative_tokens")
+    if method not in MTP_METHODS or spec.get("model"):
+        raise StartupError("NotImplementedError", f"Unsupported speculative method: '{method}' "
+                                                  "(the stand-in simulates the model's own MTP layers only)")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise StartupError("ValueError", "num_speculative_tokens must be a positive integer with method "
+                                         f"'{method}', got {n!r}")
+    return n
 
 
 def _on_sigterm(signum, frame):
@@ -1011,6 +1268,15 @@ def main(argv: list[str] | None = None) -> int:
             if max_len < 1:
                 raise StartupError("ValueError", f"max_model_len ({max_len}) must be positive")
             cfg["max_model_len"] = max_len
+            config = info["config"]
+            if cfg["num_speculative_tokens"] and not (config.get("text_config") or config).get(
+                    "mtp_num_hidden_layers"):
+                raise StartupError("ValueError", "speculative method 'mtp' needs the model's MTP layers, "
+                                                 "and config.json has no mtp_num_hidden_layers")
+            cfg["pooling"] = pooling_task(cfg["runner_values"], config)
+            cfg["hidden_size"] = (config.get("text_config") or config).get("hidden_size", 1024)
+            if cfg["pooling"]:
+                log(f"Pooling model: task {cfg['pooling']}, {cfg['hidden_size']} dimensions")
             log(f"Using max model len {max_len}")
             start = knobs()
             try:
@@ -1040,8 +1306,9 @@ def main(argv: list[str] | None = None) -> int:
         shown = "0.0.0.0" if cfg["host"] in ("", "0.0.0.0") else cfg["host"]
         log(f"Starting vLLM server on http://{shown}:{server.server_address[1]}")
         log("Available routes are:")
+        served = POOLING_ROUTES[cfg["pooling"]] if cfg["pooling"] else ("/v1/chat/completions",)
         for route, methods in (("/health", "GET"), ("/metrics", "GET"), ("/version", "GET"),
-                               ("/v1/models", "GET"), ("/v1/chat/completions", "POST")):
+                               ("/v1/models", "GET"), *((r, "POST") for r in served)):
             log(f"Route: {route}, Methods: {methods}")
         print("INFO:     Started server process [%d]" % os.getpid(), flush=True)
         print("INFO:     Waiting for application startup.", flush=True)

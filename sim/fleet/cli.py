@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("host")
     p.add_argument("knobs", nargs="+", metavar="KEY=VALUE")
     p = sub.add_parser("engine", help="stand-in engine fault knobs, e.g. engine spark-1 fault=hang --live, "
-                                      "engine spark-2 crash_on_start=true, engine spark-3 load_delay_s=40")
+                                      "engine spark-2 crash_on_start=true, engine spark-3 load_delay_s=40, "
+                                      "engine spark-1 spec_acceptance_rate=0.6 --live (speculative decoding)")
     p.add_argument("host")
     p.add_argument("knobs", nargs="+", metavar="KEY=VALUE")
     p.add_argument("--live", action="store_true",

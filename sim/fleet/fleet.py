@@ -28,7 +28,8 @@ DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "c
                "compute_cap": "12.1"}
 GPU_FILE = "/etc/sparkfleet-sim/gpu.json"
 ENGINE_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"  # the stand-in engine's fault knobs (sim/engine)
-ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str)}
+ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str),
+                "spec_acceptance_rate": (int, float, str)}  # speculative decoding: share of drafts accepted
 STOP_TIMEOUT = "30"
 # What this machine allows for a systemd container (no --privileged: the VM lacks CAP_SYS_RESOURCE).
 SYSTEMD_FLAGS = ["--cap-add=ALL", "--cap-drop=SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
@@ -475,8 +476,8 @@ def set_gpu(host: str, **gpu) -> dict:
 
 
 def set_engine(host: str, live: bool = False, **knobs) -> dict:
-    """Set the stand-in engine's fault knobs (fault=hang|generation-hang|none, crash_on_start,
-    load_delay_s). live=False: the host's file, copied into each engine container at its start
+    """Set the stand-in engine's knobs (fault=hang|generation-hang|none, crash_on_start,
+    load_delay_s, spec_acceptance_rate). live=False: the host's file, copied into each engine container at its start
     (lasts across restarts); live=True: the running container's copy (gone with the container)."""
     bad = sorted(k for k in knobs if k not in ENGINE_KNOBS)
     if bad:
@@ -485,6 +486,13 @@ def set_engine(host: str, live: bool = False, **knobs) -> dict:
         knobs["fault"] = None
     if knobs.get("fault") not in (None, "hang", "generation-hang"):
         raise SimError(f"engine fault {knobs['fault']!r}: use hang, generation-hang or none")
+    if "spec_acceptance_rate" in knobs:
+        try:
+            knobs["spec_acceptance_rate"] = float(knobs["spec_acceptance_rate"])
+        except ValueError:
+            knobs["spec_acceptance_rate"] = -1.0
+        if not 0 <= knobs["spec_acceptance_rate"] <= 1:
+            raise SimError("spec_acceptance_rate: a share of draft tokens accepted, from 0 to 1")
     c = _host_row(host)["container"]
     where = ("docker", "exec", "-i", "vllm") if live else ()
     cur = _exec(c, *where, "cat", ENGINE_KNOB_FILE, check=False)

@@ -729,13 +729,13 @@ def server_url(server: HubServer) -> str:
     return f"http://{host}:{port}"
 
 
-def _import_generate_repo():
+def _import_generate():
     try:
-        from .model import generate_repo  # python3 -m sim.hub.server
+        from .model import generate  # python3 -m sim.hub.server
     except ImportError:  # python3 path/to/server.py: model.py sits next to this file
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from model import generate_repo  # type: ignore[no-redef]
-    return generate_repo
+        from model import generate  # type: ignore[no-redef]
+    return generate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     for repo_id in args.generate:
         dest = args.data / repo_id
         if not (dest.is_dir() and any(dest.iterdir())):
-            _import_generate_repo()(dest, shards=args.shards, shard_mb=args.shard_mb, seed=args.seed)
+            _import_generate()(repo_id, dest, shards=args.shards, shard_mb=args.shard_mb, seed=args.seed)
     server = make_server(args.data, args.host, args.port, log=not args.quiet)
     for repo in server.state.repos.values():  # type: ignore[attr-defined]
         sys.stderr.write(f"serving {repo.repo_id} @ {repo.commit} ({len(repo.files)} files, {repo.total_size} bytes)\n")

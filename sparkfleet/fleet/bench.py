@@ -25,6 +25,15 @@ after the run. Given a roofline (the plan's fit: its decode bound for the
 inventory's model, memory and bandwidth settings, or ``--roofline``), the report says how much
 of it single-stream decode reaches.
 
+With speculative decoding the server exports vLLM's counters
+``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos`` (by
+``position``; vllm/v1/spec_decode/metrics.py, ``_total`` as Prometheus
+counters). Over the run: acceptance rate = accepted / draft tokens, mean
+accepted length = 1 + accepted / drafts (tokens per target step, the bonus
+token included), and per position accepted / drafts. A step that accepts k
+drafts emits k + 1 tokens, so decode may exceed the plain roofline.
+
 Requests ask for exactly ``max_tokens`` tokens (``ignore_eos``, as
 ``vllm bench serve`` does), so every level generates the same work. Only the
 given URL is contacted (plus the hub, for the roofline, when an inventory is
@@ -50,7 +59,8 @@ from pathlib import Path
 
 import requests
 
-from sparkfleet.fleet.metrics import read_metrics
+from sparkfleet.fleet.metrics import read_by_label, read_metrics
+from sparkfleet.fleet.status import api_headers
 from sparkfleet.tables import console as _console
 from sparkfleet.tables import print_table as _print_table
 
@@ -73,6 +83,10 @@ QUESTION = "Story {n}: tell the story of a lighthouse keeper on a small northern
 
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts")
+SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens")
+SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens")
+SPEC_PER_POS = ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos")
 
 
 class BenchError(RuntimeError):
@@ -123,14 +137,47 @@ def parse_prefix_cache(text: str) -> dict | None:
     return {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries else None}
 
 
-def _read_prefix_cache(root: str, api_key: str | None) -> dict | None:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def parse_spec_decode(text: str) -> dict | None:
+    """{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position"} from Prometheus text (summed
+    over labels); None when the server does no speculative decoding (vLLM registers the counters only then)."""
+    sums = read_metrics(text)
+    drafts, draft_tokens, accepted = (next((sums[n] for n in names if n in sums), None)
+                                      for names in (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED))
+    if drafts is None or draft_tokens is None or accepted is None:
+        return None
+    per_pos = next((found for found in (read_by_label(text, n, "position") for n in SPEC_PER_POS) if found), {})
+    return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "accepted_per_position": [per_pos[k] for k in sorted(per_pos, key=int)]}
+
+
+def _scrape(root: str, api_key: str | None) -> str | None:
+    """The server's /metrics text, or None when it cannot be read (the report then says so)."""
     try:
-        reply = requests.get(f"{root}/metrics", headers=headers, timeout=10)
+        reply = requests.get(f"{root}/metrics", headers=api_headers(api_key), timeout=10)
         reply.raise_for_status()
     except requests.RequestException:
         return None
-    return parse_prefix_cache(reply.text)
+    return reply.text
+
+
+def spec_decode_report(before: dict | None, after: dict | None) -> dict | None:
+    """Speculative decoding during the run (after - before): acceptance rate, mean accepted length, per position."""
+    if not (before and after):
+        return None
+    drafts = after["drafts"] - before["drafts"]
+    draft_tokens = after["draft_tokens"] - before["draft_tokens"]
+    accepted = after["accepted_tokens"] - before["accepted_tokens"]
+    base = before["accepted_per_position"] or [0.0] * len(after["accepted_per_position"])
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "num_speculative_tokens": round(draft_tokens / drafts) if drafts else None,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_per_position": ([(a - b) / drafts for a, b in zip(after["accepted_per_position"], base)]
+                                    if drafts else []),
+    }
 
 
 def _prefix_cache_report(before: dict | None, after: dict | None) -> dict:
@@ -259,14 +306,14 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
     if "error" in warm:
         raise BenchError(f"{root}: the warm-up request failed: {warm['error']}")
 
-    before = _read_prefix_cache(root, api_key)
+    before = _scrape(root, api_key)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results, n = [], 1
     for c in levels:
         count = requests_per_level or max(4, 2 * c)
         results.append(_level(client, model, c, count, max_tokens, extra_body, n))
         n += count
-    after = _read_prefix_cache(root, api_key)
+    after = _scrape(root, api_key)
 
     single = [rate for level in results if level["concurrency"] == 1 for rate in level["_decode_rates"]]
     for level in results:
@@ -286,7 +333,8 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         "single_stream_decode_tokens_per_s": single_stream,
         "roofline_tokens_per_s": roofline,
         "decode_vs_roofline": single_stream / roofline if single_stream and roofline else None,
-        "prefix_cache": _prefix_cache_report(before, after),
+        "prefix_cache": _prefix_cache_report(*(parse_prefix_cache(t) if t else None for t in (before, after))),
+        "speculative_decoding": spec_decode_report(*(parse_spec_decode(t) if t else None for t in (before, after))),
     }
 
 
@@ -337,6 +385,10 @@ def _f(value, fmt: str = ".1f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _pct_of(share: float | None) -> float | None:
+    return None if share is None else share * 100
+
+
 def print_table(result: dict, console=None) -> None:
     """The run as a table, then single-stream decode, roofline and prefix cache."""
     console = console or _console()
@@ -357,11 +409,21 @@ def print_table(result: dict, console=None) -> None:
                   "req tok/s p50", "aggregate tok/s"), rows, justify="right", out=console)
     single, roof = result["single_stream_decode_tokens_per_s"], result["roofline_tokens_per_s"]
     line = f"single-stream decode: {_f(single)} tokens/s"
+    spec = result.get("speculative_decoding")
     if roof:
         line += f"; roofline {roof:.1f} tokens/s; measured / roofline = {_f(result['decode_vs_roofline'], '.0%')}"
+        if spec:
+            line += " (speculative decoding may exceed the plain roofline: a step emits 1 + its accepted drafts)"
     elif single is None:
         line += " (no concurrency-1 level)"
     console.print(line)
+    if spec:
+        console.print(
+            f"speculative decoding: acceptance rate {_f(_pct_of(spec['acceptance_rate']))} % of "
+            f"{_f(spec['num_speculative_tokens'], 'd')} draft tokens per step, mean accepted length "
+            f"{_f(spec['mean_acceptance_length'], '.2f')} tokens per step, per position "
+            f"{' / '.join(f'{p * 100:.0f} %' for p in spec['acceptance_per_position']) or '-'} "
+            f"({_f(spec['drafts'], '.0f')} drafts during the run, from /metrics)")
     cache = result["prefix_cache"]
     if cache["before"] is None or cache["after"] is None:
         console.print("prefix cache: no vllm:prefix_cache_* counters in /metrics")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import shlex
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.release.services import ENDPOINTS
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
 GROUP = "front_door"  # the inventory group whose hosts run a front door
@@ -51,13 +53,33 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Route:
+    """A RAG service's model behind the front door: the hosts serving it, found by the `model` of a request's
+    body (the OpenAI API's own routing key, the same on /v1/embeddings, /v1/rerank and /v1/score; a path
+    would tie one endpoint to one model, and two embedding models could not share /v1/embeddings)."""
+
+    backend: str  # HAProxy's backend name
+    served_name: str
+    kind: str
+    backends: tuple[Backend, ...]
+
+    @property
+    def check(self) -> tuple[str, str]:
+        """(uri, body) of its health check: the service's own request, as the converge's gate sends it."""
+        body = {"model": self.served_name, **({"input": "ping"} if self.kind == "embedding" else
+                                              {"query": "ping", "documents": ["ping"]})}
+        return ENDPOINTS[self.kind], json.dumps(body, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
 class FrontDoor:
-    """What one front door host serves: its settings and the engines behind it."""
+    """What one front door host serves: its settings, the engines behind it and the RAG services' routes."""
 
     host: str
     settings: Settings
     backends: tuple[Backend, ...]
     api_key: str
+    routes: tuple[Route, ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -67,7 +89,7 @@ class FrontDoor:
         return render._templates.get_template("front-door.haproxy.cfg.j2").render(
             s=self.settings, backends=self.backends, tls=self.tls, tls_pem=TLS_PEM, socket=SOCKET,
             state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP, backend=BACKEND,
-            bufsize=BUFSIZE, check=CHECK)
+            bufsize=BUFSIZE, check=CHECK, routes=self.routes)
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
@@ -133,10 +155,29 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
                         "clients must never hold the engines' key")
     if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
         problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
+    routes, kinds = _routes(backends)
+    problems += [f"{host}: services named {served!r} behind this front door are of different kinds "
+                 f"({' and '.join(sorted(k))}): give each kind its own served_model_name"
+                 for served, k in kinds.items() if len(k) > 1]
     if problems:
         raise SettingsError(problems)
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
-                     keys.pop())
+                     keys.pop(), routes)
+
+
+def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[str]]]:
+    """One route per served name of the RAG services on the front door's hosts, with every host serving it;
+    and the kinds seen under each served name (one route serves one kind)."""
+    hosts: dict[str, list[Backend]] = {}
+    kinds: dict[str, set[str]] = {}
+    for p in backends:
+        for svc in p.services:
+            served = svc.service.served_model_name
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, svc.service.api_port))
+            kinds.setdefault(served, set()).add(svc.kind)
+    routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found))
+                   for n, (served, found) in enumerate(sorted(hosts.items())))
+    return routes, kinds
 
 
 def front_door_url(s: Settings, data: dict) -> str:

@@ -13,7 +13,19 @@ from pyinfra_cli.inventory import make_inventory
 from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.plan import HostPlan, plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.release.settings import USER_SET_KEY, SettingsError
+
+
+def host_data(host) -> dict:
+    """The host's merged data, plus (USER_SET_KEY) the keys that `--data`, its inventory entry or its groups set.
+
+    The "all" layer (group_data/all.py and the inventory's all-data) is left out of that list: it holds the
+    defaults, so there only a value that differs from the default counts as set (settings.user_set).
+    """
+    inventory = host.inventory
+    named = {*host.data.override_datas, *inventory.get_override_data(), *inventory.get_host_data(host.name),
+             *inventory.get_groups_data(host.groups)}
+    return {**host.data.dict(), USER_SET_KEY: sorted(named)}
 
 
 def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str, dict]]:
@@ -22,7 +34,7 @@ def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str,
         raise FileNotFoundError(f"no inventory file at {inventory_path}")
     with ctx_state.use(State()):
         inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT))
-    hosts = [(h.name, h.data.dict()) for h in inventory]
+    hosts = [(h.name, host_data(h)) for h in inventory]
     if limit:
         hosts = [(n, d) for n, d in hosts if n == limit or limit in inventory.get_host(n).groups]
         if not hosts:
@@ -39,12 +51,15 @@ def plan_for(state, host) -> HostPlan:
     try:
         plans = getattr(state, "sparkfleet_plans", None)
         if plans is None:
-            plans = {p.name: p for p in plan_hosts([(h.name, h.data.dict()) for h in state.inventory],
+            plans = {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
                                                     resolve=hub_resolver)}
             state.sparkfleet_plans = plans
         plan = plans[host.name]
         if plan.manifest is None:
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
+        unresolved = [f"{host.name}: service {svc.name!r}: {svc.hub_error}" for svc in plan.services if not svc.manifest]
+        if unresolved:
+            raise SettingsError(unresolved)
     except SettingsError as exc:
         raise DeployRefused(f"invalid settings; no host was changed:\n{exc}") from None
     return plan

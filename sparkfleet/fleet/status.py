@@ -19,12 +19,17 @@ def api_url(s: Settings, data: dict) -> str | None:
     return f"http://{data.get('ssh_hostname', '')}:{s.api_port}"
 
 
+def api_headers(api_key: str | None) -> dict:
+    """The headers an engine's API key asks for (none without a key): status and bench send the same."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
     row = {"host": name, "url": api_url(s, data), "healthy": False, "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
         row["error"] = "API on loopback only: use `pytest tests/infra` (runs the checks on the host)"
         return row
-    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    headers = api_headers(s.api_key)
     try:
         health = requests.get(f"{row['url']}/health", timeout=5)
         models = requests.get(f"{row['url']}/v1/models", headers=headers, timeout=5)
@@ -72,4 +77,26 @@ def ssh_facts(host) -> dict:
     return {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
             "release_id": release.get("release_id"), "model_verified": verified,
             "unit_active": bool(units.get(paths.UNIT_NAME)),
-            "watchdog": watchdog_summary(host.get_fact(ServingProbe))}
+            "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release)}
+
+
+def services_status(host, release: dict) -> dict:
+    """Each RAG service of the installed release, asked on the host (its port may listen on loopback only):
+    {name: {kind, port, serving, detail}}. A record entry of the wrong shape counts as not serving."""
+    from sparkfleet.host.services import ServiceProbe
+
+    found = {}
+    for name, svc in sorted((release.get("services") or {}).items()):
+        try:
+            probe = host.get_fact(ServiceProbe, port=int(svc["api_port"]), served_name=str(svc["served_model_name"]),
+                                  kind=str(svc["kind"]), api_host=str(release.get("api_host", "127.0.0.1")))
+        except (KeyError, TypeError, ValueError):
+            probe = {"serving": False, "detail": "unreadable entry in the release record"}
+        found[name] = {"kind": svc.get("kind"), "port": svc.get("api_port"), **probe}
+    return found
+
+
+def services_cell(services: dict) -> str:
+    """The `status` table's services column: each service, its port, and whether it answers."""
+    return ", ".join(f"{name}:{svc['port']} " + ("answers" if svc["serving"] else f"[red]NOT answering[/] "
+                                                  f"({svc['detail'][:80]})") for name, svc in services.items()) or "-"

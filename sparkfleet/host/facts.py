@@ -173,6 +173,28 @@ class DockerState(FactBase[dict]):
         return {"installed": values.get("installed") == "yes", "active": values.get("active") == "active"}
 
 
+def parse_docker_version(lines: list[str]) -> tuple[int, int] | Unreadable:
+    """The daemon's (major, minor) from `docker version --format {{.Server.Version}}`: "28.1.1" and
+    Debian's "20.10.24+dfsg1" read as (28, 1) and (20, 10); anything else (a daemon that did not answer) is
+    unreadable."""
+    text = lines[0].strip() if lines else ""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:[.+~-][\w.+~-]*)?", text)
+    if not match:
+        return Unreadable("docker version (the daemon's)", f"reads {text[:60]!r}, not a version")
+    return int(match[1]), int(match[2])
+
+
+class DockerServerVersion(FactBase):
+    """The Docker daemon's version, which decides how it takes CDI devices. pyinfra's DockerVersion reads
+    the CLI's free-text `docker --version`, which is not the daemon's."""
+
+    def command(self):
+        return "docker version --format '{{.Server.Version}}' 2>&1 || true"
+
+    def process(self, output):
+        return parse_docker_version(output)
+
+
 def parse_python_version(lines: list[str]) -> str | None | Unreadable:
     text = lines[0].strip() if lines else "none"
     if text == "none":

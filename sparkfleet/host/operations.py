@@ -199,16 +199,19 @@ def local_api_host(api_host: str) -> str:
 
 
 @operation(is_idempotent=False)
-def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str):
-    """The service answers: /health, /v1/models, a chat completion, a tool call. Else the journal."""
+def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str,
+                kind: str = "chat", unit: str = paths.UNIT_NAME):
+    """The service answers: /health, /v1/models, a chat completion and a tool call (a pooling service:
+    its embeddings or rerank request). Else the journal."""
     check = StringCommand(
         f"PYTHONPATH={shlex.quote(runtime)}", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
         "--host", QuoteString(local_api_host(api_host)), "--port", str(port),
         "--served-name", QuoteString(served_name), "--timeout", str(timeout_s),
-        "--env-file", paths.ENGINE_ENV, "--unit", paths.UNIT_NAME, *(["--tools"] if tools else []),
+        "--env-file", paths.ENGINE_ENV, "--unit", QuoteString(unit),
+        *(["--kind", QuoteString(kind)] if kind != "chat" else []), *(["--tools"] if tools else []),
     )
-    yield StringCommand(check, f"|| {{ echo '--- last 50 lines of {paths.UNIT_NAME}:' >&2; "
-                        f"journalctl -u {paths.UNIT_NAME} -n 50 --no-pager >&2; exit 1; }}")
+    yield StringCommand(check, f"|| {{ echo '--- last 50 lines of {unit}:' >&2; "
+                        f"journalctl -u {shlex.quote(unit)} -n 50 --no-pager >&2; exit 1; }}")
 
 
 _GATES = "sparkfleet_health_gates"

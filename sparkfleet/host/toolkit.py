@@ -1,12 +1,13 @@
 """The NVIDIA Container Toolkit on a host: keep a shipped one that is new enough (DGX OS ships it),
-keep a CDI spec current for the driver, and prove a container started like the engine sees the GPU."""
+keep a CDI spec current for the driver, let Docker take CDI devices, and prove a container started like
+the engine sees the GPU."""
 
 from __future__ import annotations
 
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import FileContents
@@ -14,11 +15,42 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt
 
 from sparkfleet.host import paths
+from sparkfleet.host.facts import DockerServerVersion, Unreadable, read_json_object
 
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 CDI_UNIT = "sparkfleet-cdi.service"
 CDI_STAMP = "/var/lib/sparkfleet/cdi-driver"  # the driver version the spec was generated for
 CDI_GENERATE = f"/usr/bin/nvidia-ctk cdi generate --output={CDI_SPEC}"
+DOCKER_CDI_MIN = (25, 0)  # the first Docker whose `docker run --device` takes a CDI name
+DOCKER_CDI_DEFAULT = (28, 2)  # the first Docker with CDI on by default; 25 to 28.1 need features.cdi
+
+# Run by the host's python3 when daemon.json lacks "features": {"cdi": true}: at that moment, so it merges
+# into what `nvidia-ctk runtime configure` may have written earlier in the same run. Every other key (and
+# every other feature) is kept, the file's mode too; a file that is not a JSON object is refused, untouched.
+# (`nvidia-ctk runtime configure --cdi.enabled` would replace the whole "features" object.)
+CDI_FEATURE_MERGE = """
+import json, os, sys
+path = sys.argv[1]
+refuse = ": fix it by hand; sparkfleet will not overwrite it"
+try:
+    text = open(path).read()
+except FileNotFoundError:
+    text = "{}"
+try:
+    daemon = json.loads(text)
+except ValueError as exc:
+    sys.exit(f"{path}: not valid JSON ({exc}){refuse}")
+features = daemon.get("features", {}) if isinstance(daemon, dict) else None
+if not isinstance(features, dict):
+    sys.exit(f"{path}: not a JSON object with an object features{refuse}")
+if features.get("cdi") is not True:
+    daemon["features"] = {**features, "cdi": True}
+    with open(path + ".sparkfleet", "w") as f:
+        f.write(json.dumps(daemon, indent=4) + chr(10))
+    if os.path.exists(path):
+        os.chmod(path + ".sparkfleet", os.stat(path).st_mode & 0o7777)
+    os.replace(path + ".sparkfleet", path)
+"""
 
 
 def installed_toolkit(packages: dict) -> str | None:
@@ -66,6 +98,46 @@ def cdi_spec_current(driver: str | None):
         host.noop(f"CDI spec current for driver {driver}")
         return
     yield f"systemctl start {CDI_UNIT}"
+
+
+def docker_cdi_support(version: tuple[int, int]) -> str:
+    """How a Docker daemon takes `--device nvidia.com/gpu=all`: "default" (28.2 and newer), "feature" (25 to
+    28.1: only with "features": {"cdi": true} in daemon.json) or "none" (older: no CDI devices at all)."""
+    if version >= DOCKER_CDI_DEFAULT:
+        return "default"
+    return "feature" if version >= DOCKER_CDI_MIN else "none"
+
+
+@operation()
+def docker_takes_cdi_devices():
+    """gpu_device_mode "cdi": the daemon accepts `--device nvidia.com/gpu=all`. Docker 25 to 28.1 get
+    features.cdi merged into daemon.json (their other keys kept); a host with an older Docker fails here."""
+    version = host.get_fact(DockerServerVersion)
+    if isinstance(version, Unreadable):
+        raise OperationError(version.line(host.name))
+    major, minor = version
+    shown = f"{major}.{minor}"
+    support = docker_cdi_support((major, minor))
+    if support == "none":  # this host fails here (pyinfra names it); the others go on
+        yield StringCommand("echo", QuoteString(f"Docker {shown} cannot give a container a CDI device (gpu_device_mode "
+                                                "\"cdi\" needs Docker 25 or newer): upgrade Docker on this host, "
+                                                "or set gpu_device_mode = \"runtime\""), ">&2; exit 1")
+        return
+    if support == "default":
+        host.noop(f"Docker {shown} takes CDI devices by default")
+        return
+    daemon = read_json_object(host, paths.DAEMON_JSON)
+    if daemon.unreadable:
+        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: {daemon.unreadable.problem}: fix it by hand; "
+                             "sparkfleet will not overwrite it")
+    features = (daemon.value or {}).get("features", {})
+    if not isinstance(features, dict):
+        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: \"features\" is a JSON {type(features).__name__},"
+                             " not an object: fix it by hand; sparkfleet will not overwrite it")
+    if features.get("cdi") is True:
+        host.noop(f"Docker {shown} has features.cdi on")
+        return
+    yield StringCommand("python3 -c", QuoteString(CDI_FEATURE_MERGE), paths.DAEMON_JSON)
 
 
 def gpu_check_command(image: str, gpu_options: tuple[str, ...]) -> StringCommand:

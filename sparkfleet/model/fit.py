@@ -18,14 +18,20 @@ once, the KV cache of the context and the linear state; a Spark's unified
 memory moves about 273 GB/s, so ``tokens/s <= bandwidth / bytes per token``.
 It is an upper bound: measured decode is lower (kernels, launches, sampling).
 
+With speculative decoding (vLLM's "mtp" method) the draft's KV cache and
+linear states are counted too (see :func:`fit_report`).
+
 Public API: :func:`fit_report` -> :class:`FitReport`, :func:`check_fit`,
-:func:`linear_state_bytes`, :func:`kv_bytes_per_token`, :func:`param_counts`.
+:func:`linear_state_bytes`, :func:`kv_bytes_per_token`, :func:`param_counts`,
+:func:`draft_weight_bytes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from sparkfleet.model.config import mtp_layers
 
 __all__ = [
     "ACTIVATION_RESERVE_BYTES",
@@ -38,6 +44,7 @@ __all__ = [
     "FitReport",
     "ParamCounts",
     "check_fit",
+    "draft_weight_bytes",
     "fit_report",
     "kv_bytes_per_token",
     "linear_state_bytes",
@@ -242,6 +249,65 @@ def _attn_output_gate(config: dict, text: dict) -> bool:
     return model_type.startswith(("qwen3_next", "qwen3_5"))
 
 
+def _attention_params(config: dict) -> tuple[int, int]:
+    """(narrow, wide) parameters of one full-attention layer."""
+    text = _text(config)
+    hidden = int(_require(text, "hidden_size"))
+    heads = int(_require(text, "num_attention_heads"))
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = _head_dim(text)
+    q_out = heads * head_dim * (2 if _attn_output_gate(config, text) else 1)
+    kv_out = kv_heads * head_dim
+    narrow = hidden * q_out + 2 * hidden * kv_out + heads * head_dim * hidden
+    # Qwen3-family attention normalises q and k per head (q_norm, k_norm: head_dim each).
+    wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
+    if text.get("attention_bias"):
+        wide += q_out + 2 * kv_out
+    return narrow, wide
+
+
+def _mlp_params(text: dict) -> tuple[int, int, int]:
+    """(total narrow, active narrow, wide) parameters of one MLP: MoE or dense."""
+    hidden = int(_require(text, "hidden_size"))
+    experts = int(text.get("num_experts") or 0)
+    if not experts:
+        dense = 3 * hidden * int(_require(text, "intermediate_size"))
+        return dense, dense, 0
+    expert = 3 * hidden * int(_require(text, "moe_intermediate_size"))
+    shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
+    shared = 3 * hidden * shared_inter
+    router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
+    top_k = int(_require(text, "num_experts_per_tok"))
+    return experts * expert + shared, top_k * expert + shared, router
+
+
+def draft_weight_bytes(config: dict) -> int:
+    """Bytes of the checkpoint's MTP draft layers (what vLLM's "mtp" method loads from the same files).
+
+    One MTP layer of Qwen3.5 (Qwen3-Next style): a projection of [embedding; hidden]
+    (fc, 2 x hidden -> hidden), two pre-projection norms, one full-attention
+    decoder layer with the model's MoE MLP, and a final norm; it shares the
+    target's embedding and lm_head (mtp_use_dedicated_embeddings = false).
+    Attention and expert matmuls are stored like the target's (FP8 when the
+    checkpoint is), fc and norms in the model dtype. Qwen3.5-35B-A3B-FP8:
+    attention 27,262,976 + experts/shared 808,452,096 = 835,715,072 FP8 bytes;
+    fc 8,388,608 + router 524,288 + shared gate 2,048 + q/k norms 512 + norms
+    5 x 2,048 = 8,925,696 bf16 parameters = 17,851,392 bytes; together
+    853,566,464 bytes (0.79 GiB).
+    """
+    text = _text(config)
+    layers = mtp_layers(config)
+    if not layers:
+        return 0
+    hidden = int(_require(text, "hidden_size"))
+    attn_narrow, attn_wide = _attention_params(config)
+    mlp_narrow, _, mlp_wide = _mlp_params(text)
+    narrow = attn_narrow + mlp_narrow
+    wide = attn_wide + mlp_wide + 2 * hidden * hidden + 5 * hidden
+    wide_bytes = _model_dtype_bytes(config)
+    return layers * (narrow * (_quantized_bytes(config) or wide_bytes) + wide * wide_bytes)
+
+
 def param_counts(config: dict) -> ParamCounts:
     """Total and per-token active parameters of the text model.
 
@@ -275,23 +341,13 @@ def param_counts(config: dict) -> ParamCounts:
     text = _text(config)
     hidden = int(_require(text, "hidden_size"))
     vocab = int(_require(text, "vocab_size"))
-    heads = int(_require(text, "num_attention_heads"))
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = _head_dim(text)
     layers = int(_require(text, "num_hidden_layers"))
     full, linear = _layer_counts(text)
     other = layers - full - linear
     if other:
         raise ValueError(f"config.json has {other} layers neither full_attention nor linear_attention")
 
-    # Full attention.
-    q_out = heads * head_dim * (2 if _attn_output_gate(config, text) else 1)
-    kv_out = kv_heads * head_dim
-    attn_narrow = hidden * q_out + 2 * hidden * kv_out + heads * head_dim * hidden
-    # Qwen3-family attention normalises q and k per head (q_norm, k_norm: head_dim each).
-    attn_wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
-    if text.get("attention_bias"):
-        attn_wide += q_out + 2 * kv_out
+    attn_narrow, attn_wide = _attention_params(config)
 
     # Linear attention (Gated DeltaNet).
     lin_narrow = lin_wide = 0
@@ -310,21 +366,7 @@ def param_counts(config: dict) -> ParamCounts:
             + v_dim  # gated RMSNorm
         )
 
-    # MLP: MoE or dense.
-    experts = int(text.get("num_experts") or 0)
-    if experts:
-        expert = 3 * hidden * int(_require(text, "moe_intermediate_size"))
-        shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
-        shared = 3 * hidden * shared_inter
-        router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
-        top_k = int(_require(text, "num_experts_per_tok"))
-        mlp_total_narrow = experts * expert + shared
-        mlp_active_narrow = top_k * expert + shared
-        mlp_wide = router
-    else:
-        dense = 3 * hidden * int(_require(text, "intermediate_size"))
-        mlp_total_narrow = mlp_active_narrow = dense
-        mlp_wide = 0
+    mlp_total_narrow, mlp_active_narrow, mlp_wide = _mlp_params(text)
 
     norms = 2 * hidden * layers + hidden
     per_layer_narrow = full * attn_narrow + linear * lin_narrow
@@ -368,8 +410,8 @@ class FitReport:
     estimated_weights_bytes: int  # from the parameter count: a cross-check of weights_bytes
     reserve_bytes: int  # activations + CUDA graphs (RESERVE_BYTES)
     kv_memory_bytes: int  # budget - weights - reserve; negative when the weights do not fit
-    kv_bytes_per_token: int
-    linear_state_bytes: int  # one sequence's linear-attention state, x linear_state_copies
+    kv_bytes_per_token: int  # the target model's full-attention layers
+    linear_state_bytes: int  # one sequence's linear-attention states: x linear_state_copies x (1 + draft tokens)
     largest_context: int  # longest ONE sequence that fits, capped at max_position_embeddings
     fits: bool  # one sequence of max_model_len fits (and max_model_len <= max_position_embeddings)
     seqs_at_max_model_len: int  # sequences of max_model_len tokens that fit (memory only)
@@ -380,6 +422,21 @@ class FitReport:
     decode_bytes_per_token_at_context: int
     decode_tokens_per_s_at_0: float
     decode_tokens_per_s_at_context: float
+    # Speculative decoding with the checkpoint's MTP layers (all 0 without it).
+    num_speculative_tokens: int = 0
+    draft_layers: int = 0
+    draft_weights_bytes: int = 0  # the MTP layers' weights: inside weights_bytes (the same safetensors)
+    draft_kv_bytes_per_token: int = 0  # the MTP layers' attention KV, beside the target's
+
+    @property
+    def kv_bytes_per_token_total(self) -> int:
+        """What one more token of context costs: the target's KV and the draft layers' KV."""
+        return self.kv_bytes_per_token + self.draft_kv_bytes_per_token
+
+    @property
+    def draft_memory_bytes(self) -> int:
+        """The draft's share of memory at max_model_len: its weights and one sequence's draft KV."""
+        return self.draft_weights_bytes + self.max_model_len * self.draft_kv_bytes_per_token
 
     def concurrency(self, seqs: int) -> int:
         """Sequences vLLM will run at once: what fits, capped by max_num_seqs when set."""
@@ -390,7 +447,8 @@ class FitReport:
         return self.bandwidth_bytes_per_s / (self.decode_bytes_per_token_at_0 + context * self.kv_bytes_per_token)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "kv_bytes_per_token_total": self.kv_bytes_per_token_total,
+                "draft_memory_bytes": self.draft_memory_bytes}
 
 
 def _seqs(kv_memory: int, tokens: int, kv_per_token: int, state: int) -> int:
@@ -415,6 +473,7 @@ def fit_report(
     context: int = SHORT_CONTEXT_TOKENS,
     reserve_bytes: int = RESERVE_BYTES,
     linear_state_copies: int = 1,
+    num_speculative_tokens: int = 0,
 ) -> FitReport:
     """Plan the fit of `config` with `weights_bytes` of weights on one host.
 
@@ -422,6 +481,20 @@ def fit_report(
     `linear_state_copies`: linear-attention states held per sequence; 1 is
     the floor, prefix caching keeps more (the reference: "doubled or more").
     The roofline reads one copy whatever this is.
+
+    `num_speculative_tokens` > 0: vLLM's "mtp" speculative decoding with the
+    checkpoint's own MTP layers. What the draft costs:
+    - its weights (:func:`draft_weight_bytes`) are mtp.* tensors of the same
+      safetensors, so `weights_bytes` (the files' total) already counts them;
+      without speculative decoding vLLM skips them, and the plain plan is
+      conservative by that much;
+    - each MTP layer is a full-attention layer with its own KV cache: per
+      token 2 x KV heads x head_dim x dtype bytes each (2,048 for Qwen3.5);
+    - vLLM keeps one linear-attention state per draft position besides the
+      running one (MambaSpec.num_speculative_blocks), so a sequence's linear
+      state is (1 + num_speculative_tokens) times larger.
+    The roofline stays the plain one: a step of the target that accepts k
+    drafts emits k + 1 tokens, so measured decode may exceed it.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {gpu_memory_utilization}")
@@ -431,14 +504,20 @@ def fit_report(
     full, linear = _layer_counts(text)
     kv_per_token = kv_bytes_per_token(config, kv_cache_dtype)
     state_one = linear_state_bytes(config)
-    state = state_one * linear_state_copies
+    state = state_one * linear_state_copies * (1 + num_speculative_tokens)
+    draft_layers = mtp_layers(config) if num_speculative_tokens else 0
+    if num_speculative_tokens and not draft_layers:
+        raise ValueError("config.json has no MTP layer (mtp_num_hidden_layers): cannot plan MTP speculative decoding")
+    draft_kv = draft_layers * 2 * int(text.get("num_key_value_heads") or _require(text, "num_attention_heads")) \
+        * _head_dim(text) * _kv_dtype_bytes(config, kv_cache_dtype)
+    kv_all = kv_per_token + draft_kv
     params = param_counts(config)
     wide_bytes = _model_dtype_bytes(config)
     narrow_bytes = _quantized_bytes(config) or wide_bytes
 
     budget = int(memory_bytes * gpu_memory_utilization)
     kv_memory = budget - int(weights_bytes) - reserve_bytes
-    largest = _largest_uncapped(kv_memory, kv_per_token, state)
+    largest = _largest_uncapped(kv_memory, kv_all, state)
 
     active_weight_bytes = params.active_narrow * narrow_bytes + params.active_wide * wide_bytes
     at_0 = active_weight_bytes + state_one
@@ -465,13 +544,17 @@ def fit_report(
         linear_state_bytes=state,
         largest_context=min(largest, max_pos),
         fits=largest >= max_model_len <= max_pos,
-        seqs_at_max_model_len=_seqs(kv_memory, max_model_len, kv_per_token, state),
-        seqs_at_8192=_seqs(kv_memory, SHORT_CONTEXT_TOKENS, kv_per_token, state),
+        seqs_at_max_model_len=_seqs(kv_memory, max_model_len, kv_all, state),
+        seqs_at_8192=_seqs(kv_memory, SHORT_CONTEXT_TOKENS, kv_all, state),
         active_weight_bytes_per_token=active_weight_bytes,
         decode_bytes_per_token_at_0=at_0,
         decode_bytes_per_token_at_context=at_ctx,
         decode_tokens_per_s_at_0=bandwidth / at_0,
         decode_tokens_per_s_at_context=bandwidth / at_ctx,
+        num_speculative_tokens=num_speculative_tokens,
+        draft_layers=draft_layers,
+        draft_weights_bytes=draft_weight_bytes(config) if draft_layers else 0,
+        draft_kv_bytes_per_token=draft_kv,
     )
 
 
@@ -489,11 +572,11 @@ def check_fit(report: FitReport) -> str | None:
     (`release_problems`), not this one.
     """
     max_model_len = report.max_model_len
-    need = max_model_len * report.kv_bytes_per_token + report.linear_state_bytes
+    need = max_model_len * report.kv_bytes_per_token_total + report.linear_state_bytes
     if need <= report.kv_memory_bytes:
         return None
     left = max(0, report.kv_memory_bytes)
-    largest = _largest_uncapped(report.kv_memory_bytes, report.kv_bytes_per_token, report.linear_state_bytes)
+    largest = _largest_uncapped(report.kv_memory_bytes, report.kv_bytes_per_token_total, report.linear_state_bytes)
     suggest = min(largest, report.max_position_embeddings) // SUGGESTION_GRANULARITY * SUGGESTION_GRANULARITY
     after = (
         f"after weights ({_gib(report.weights_bytes)}) and the activation/CUDA-graph reserve "

@@ -29,6 +29,7 @@ OWNED_DESTS = {
     "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
     "attention_backend": "attention_backend", "limit_mm_per_prompt": "limit_mm_per_prompt",
     "kv_cache_dtype": "kv_cache_dtype", "max_num_seqs": "max_num_seqs", "tensor_parallel_size": "tensor_parallel_size",
+    "speculative_config": "speculative_method",
 }
 
 
@@ -123,4 +124,8 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
         args += ["--max-num-seqs", str(s.max_num_seqs)]
     if s.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.speculative_method:
+        # vLLM's SpeculativeConfig: "mtp" drafts with the checkpoint's own MTP layers (model left unset).
+        args += ["--speculative-config", json.dumps({"method": s.speculative_method,
+                                                     "num_speculative_tokens": s.num_speculative_tokens})]
     return args + list(s.extra_engine_args)

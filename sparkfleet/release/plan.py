@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.host import paths
-from sparkfleet.model.config import KNOWN_CONFIGS, ModelShape, model_shape
+from sparkfleet.model.config import ModelShape, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
     FitReport,
@@ -20,8 +20,10 @@ from sparkfleet.model.fit import (
     fit_report,
 )
 from sparkfleet.model.manifest import Manifest
+from sparkfleet.model.recipes import known_model
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table
+from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
 # how the engine container gets the GPU: the legacy runtime hook (can lose it on a daemon-reload) or CDI
@@ -34,11 +36,13 @@ class HostPlan:
     settings: Settings
     manifest: Manifest | None
     hub_error: str | None
-    shape: ModelShape
+    shape: ModelShape | None  # None: no hub answer and no recipe knows the model
     engine_args: list[str] = field(default_factory=list)
-    config: dict | None = None  # the model's config.json (or the known copy when the hub is out of reach)
+    config: dict | None = None  # the model's config.json (or the recipe's copy when the hub is out of reach)
+    known_weight_bytes: int | None = None  # the recipe catalogue's safetensors total (offline plans)
     lan_address: str = ""
     peer_urls: list[str] = field(default_factory=list)  # other hosts sharing this model, seed first
+    services: list[ServicePlan] = field(default_factory=list)  # pooling models beside the chat model (RAG)
 
     @property
     def model_role(self) -> str:
@@ -48,17 +52,45 @@ class HostPlan:
         return "peer" if self.peer_urls else "hub"
 
     @property
+    def weights_source(self) -> str | None:
+        """Where the fit's weight bytes come from: "manifest" (the hub's exact sizes), "recipe", or None."""
+        if self.manifest:
+            return "manifest"
+        return "recipe" if self.known_weight_bytes else None
+
+    @property
+    def unknown(self) -> str | None:
+        """What this plan cannot know (no hub answer and no recipe for the model), or None."""
+        if self.config and self.weights_source:
+            return None
+        return (f"{self.hub_error or 'not resolved'}, and no recipe in the catalogue knows "
+                f"{self.settings.model_repo}: its config.json (KV bytes per token, context limit, MTP layers) and "
+                f"weight bytes are unknown, so there is no memory fit and no roofline; plan with the hub "
+                f"reachable, or add a recipe (recipes/*.toml)")
+
+    @property
+    def speculative_tokens(self) -> int:
+        """Draft tokens per step the fit counts: speculative_method "mtp" on a model with MTP layers, else 0."""
+        s = self.settings
+        has_draft = bool(self.shape and self.shape.mtp_layers)
+        return (s.num_speculative_tokens or 0) if s.speculative_method == "mtp" and has_draft else 0
+
+    @property
     def fit(self) -> FitReport | None:
-        """Memory and speed of this release on a host: needs the manifest's weight bytes."""
-        if not (self.config and self.manifest):
+        """Memory and speed of this release on a host: the manifest's weight bytes, else the recipe's."""
+        if not (self.config and self.weights_source):
             return None
         s = self.settings
-        weights = sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors"))
-        return fit_report(self.config, weights or self.manifest.total_bytes,
+        if self.manifest:
+            weights = sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors"))
+            weights = weights or self.manifest.total_bytes
+        else:
+            weights = self.known_weight_bytes
+        return fit_report(self.config, weights,
                           memory_bytes=int(s.host_memory_gb * 1e9), gpu_memory_utilization=s.gpu_memory_utilization,
                           max_model_len=min(s.max_model_len, self.shape.max_position_embeddings),
                           kv_cache_dtype=s.kv_cache_dtype, max_num_seqs=s.max_num_seqs,
-                          bandwidth=s.memory_bandwidth_gbs * 1e9)
+                          bandwidth=s.memory_bandwidth_gbs * 1e9, num_speculative_tokens=self.speculative_tokens)
 
     @property
     def share_url(self) -> str:
@@ -69,34 +101,40 @@ class HostPlan:
         pin = self.manifest.dir_name if self.manifest else f"{self.settings.model_repo.replace('/', '--')}@unresolved"
         return f"{self.settings.model_root}/{pin}"
 
+    def _release_body(self, with_services: bool) -> dict:
+        return {
+            "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
+            "image": self.settings.engine_image,
+            "args": self.engine_args,
+            "docker": self.docker_options,
+            **({"services": [svc.identity() for svc in self.services]} if with_services and self.services else {}),
+        }
+
     @property
     def release_id(self) -> str | None:
-        """Same inputs, same id: model content, image, engine arguments, container options."""
+        """Same inputs, same id: model content, image, engine arguments, container options, and each service's."""
         if not self.manifest:
             return None
-        body = json.dumps(
-            {
-                "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
-                "image": self.settings.engine_image,
-                "args": self.engine_args,
-                "docker": self.docker_options,
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(body.encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._release_body(True), sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def chat_release_id(self) -> str | None:
+        """The chat model's part of the release: what its unit names, so adding a service never restarts it."""
+        if not self.manifest:
+            return None
+        return hashlib.sha256(json.dumps(self._release_body(False), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def docker_options(self) -> list[str]:
-        s = self.settings
-        network = ["--network", "host"] if s.docker_network == "host" else [
-            "--network", s.docker_network, "--publish", f"{s.api_port}:{s.api_port}"]
-        options = [*GPU_OPTIONS[s.gpu_device_mode], "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
-                   "--volume", f"{self.model_dir}:{self.model_dir}:ro"]
-        if s.privileged:
-            options.append("--privileged")
-        if s.seccomp_unconfined:
-            options += ["--security-opt", "seccomp=unconfined"]
-        return options
+        return docker_options(self.settings, self.model_dir, self.settings.api_port)
+
+    def render_service_unit(self, svc: ServicePlan) -> str:
+        return render.service_unit(self, svc)
+
+    @property
+    def memory_plan(self) -> dict:
+        """The host's one memory plan: the chat's share and every service's, against gpu_memory_budget."""
+        return memory_plan(self.settings, {svc.name: svc.service.gpu_memory_utilization for svc in self.services})
 
     def render_unit(self) -> str:
         return render.unit(self)
@@ -129,6 +167,7 @@ class HostPlan:
             "api_port": s.api_port,
             "health_timeout_s": s.health_timeout_s,
             "tools": s.enable_auto_tool_choice,
+            **({"services": {svc.name: svc.record() for svc in self.services}} if self.services else {}),
         }
         if installed.get("release_id") in (None, self.release_id):
             previous = installed.get("previous")
@@ -138,7 +177,12 @@ class HostPlan:
         for directory in [(previous or {}).get("model_dir"), *installed.get("model_history", [])]:
             if directory and directory not in history:
                 history.append(directory)
-        return {**current, "previous": previous, "model_history": history[: self.settings.keep_releases]}
+        record = {**current, "previous": previous, "model_history": history[: self.settings.keep_releases]}
+        service_dirs = [svc.model_dir for svc in self.services]
+        for kept in (previous or {}).get("services", {}).values():
+            if kept.get("model_dir") and kept["model_dir"] not in service_dirs:
+                service_dirs.append(kept["model_dir"])  # the previous release's, for a rollback
+        return {**record, "service_model_dirs": service_dirs} if service_dirs else record
 
     def to_dict(self) -> dict:
         return {
@@ -153,10 +197,35 @@ class HostPlan:
             "model_source": self.model_role,
             "peers": self.peer_urls,
             "hub_error": self.hub_error,
+            "recipe": self.settings.recipe,
+            "speculative": ({"method": self.settings.speculative_method,
+                             "num_speculative_tokens": self.settings.num_speculative_tokens}
+                            if self.settings.speculative_method else None),
+            "weights_source": self.weights_source,
             "fit": self.fit.to_dict() if self.fit else None,
+            "unknown": self.unknown,
             "reference_decode_tokens_per_s": REFERENCE_DECODE_TOKENS_PER_S,
             "unit": self.render_unit(),
+            "services": [{"name": svc.name, **svc.record(), "hub_error": svc.hub_error,
+                          "fit": svc.fit(int(self.settings.host_memory_gb * 1e9)).to_dict(),
+                          "docker_options": svc.docker_options, "unit_text": self.render_service_unit(svc)}
+                         for svc in self.services],
+            "memory_plan": self.memory_plan,
         }
+
+
+def docker_options(s: Settings, model_dir: str, port: int) -> list[str]:
+    """`docker run` options of one engine container (the chat model's or a service's): GPU, network, the
+    root-only env file, its model directory read-only."""
+    network = ["--network", "host"] if s.docker_network == "host" else [
+        "--network", s.docker_network, "--publish", f"{port}:{port}"]
+    options = [*GPU_OPTIONS[s.gpu_device_mode], "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
+               "--volume", f"{model_dir}:{model_dir}:ro"]
+    if s.privileged:
+        options.append("--privileged")
+    if s.seccomp_unconfined:
+        options += ["--security-opt", "seccomp=unconfined"]
+    return options
 
 
 def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str]) -> list[str]:
@@ -177,6 +246,15 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
             f"{name}: api_host={s.api_host!r} serves the API beyond this machine with no api_key: "
             f"set api_key, or api_host = \"127.0.0.1\", or allow_unauthenticated_api = True to accept the risk"
         )
+    if s.speculative_method and not s.num_speculative_tokens:
+        problems.append(f"{name}: speculative_method={s.speculative_method!r} needs num_speculative_tokens "
+                        f"(the MTP recipe measured 2): set num_speculative_tokens = 2")
+    if s.num_speculative_tokens and not s.speculative_method:
+        problems.append(f"{name}: num_speculative_tokens={s.num_speculative_tokens} without speculative_method: "
+                        f"set speculative_method = \"mtp\" or remove num_speculative_tokens")
+    if shape and s.speculative_method == "mtp" and not shape.mtp_layers:
+        problems.append(f"{name}: speculative_method=\"mtp\" but {s.model_repo} has no MTP layer "
+                        f"(mtp_num_hidden_layers in its config.json): remove speculative_method")
     if s.enable_auto_tool_choice and not s.tool_call_parser:
         problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
     if s.tensor_parallel_size > 1:
@@ -198,20 +276,23 @@ Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]
 
 
 def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
-    """The resolver of an offline plan: nothing is asked, the known config stands in."""
+    """The resolver of an offline plan: nothing is asked, the recipe catalogue's facts stand in."""
     return None, None, "not resolved (offline plan)"
 
 
 def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
-          hub_error: str | None) -> tuple[HostPlan, list[str]]:
+          hub_error: str | None, resolve: Resolver | None = None,
+          known_weight_bytes: int | None = None) -> tuple[HostPlan, list[str]]:
     shape = model_shape(config) if config else None
-    plan = HostPlan(name, s, manifest, hub_error, shape, config=config)
+    plan = HostPlan(name, s, manifest, hub_error, shape, config=config, known_weight_bytes=known_weight_bytes)
     plan.engine_args = engine_args(s, plan.model_dir)
     problems = release_problems(name, s, shape, plan.engine_args)
     refusal = plan.fit and check_fit(plan.fit)
     if refusal:
         problems.append(f"{name}: {refusal}")
-    return plan, problems
+    plan.services, found = plan_services(name, s, lambda model_dir, port: docker_options(s, model_dir, port),
+                                         resolve)
+    return plan, problems + found
 
 
 def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -> list[HostPlan]:
@@ -230,7 +311,8 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -
         except SettingsError as exc:
             problems += exc.problems
             continue
-        problems += _plan(name, s, None, KNOWN_CONFIGS.get(s.model_repo), None)[1]
+        known = known_model(s.model_repo)
+        problems += _plan(name, s, None, known and known.config, None)[1]
         parsed.append((name, s))
     if problems:
         raise SettingsError(problems)
@@ -238,11 +320,9 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -
     plans = []
     for name, s in parsed:
         manifest, config, hub_error = (resolve or _resolve)(s)
-        config = config or KNOWN_CONFIGS.get(s.model_repo)
-        if config is None:
-            problems.append(f"{name}: {hub_error}")
-            continue
-        plan, found = _plan(name, s, manifest, config, hub_error)
+        known = known_model(s.model_repo)
+        plan, found = _plan(name, s, manifest, config or (known and known.config), hub_error, resolve,
+                            known and known.weight_bytes)
         plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
         problems += found
         plans.append(plan)

@@ -53,15 +53,33 @@ def _lines(args: list[str]) -> list[str]:
     return [" ".join(systemd_quote(a) for a in pair) for pair in _pairs(args)]
 
 
-def unit(plan) -> str:
+def _engine_unit(plan, served_name: str, share: float, container: str, docker_options: list[str],
+                 args: list[str]) -> str:
     return _templates.get_template("sparkfleet-vllm.service.j2").render(
         s=plan.settings,
-        release_id=plan.release_id or "unresolved",
+        served_name=served_name,
+        share=share,
+        container=container,
+        release_id=plan.chat_release_id or "unresolved",
         release_file=paths.RELEASE_FILE,
         bin_dir=paths.BIN_DIR,
-        docker_options=_lines(plan.docker_options),
-        engine_args=_lines(plan.engine_args),
+        docker_options=_lines(docker_options),
+        engine_args=_lines(args),
     )
+
+
+def unit(plan) -> str:
+    """The chat model's unit: it names the chat's part of the release, so a service added or dropped
+    leaves it (and the running model) alone."""
+    s = plan.settings
+    return _engine_unit(plan, s.served_model_name, s.gpu_memory_utilization, s.container_name, plan.docker_options,
+                        plan.engine_args)
+
+
+def service_unit(plan, svc) -> str:
+    """A service's unit (sparkfleet-vllm-<name>.service): the same engine image, env file and memory check."""
+    return _engine_unit(plan, svc.service.served_model_name, svc.service.gpu_memory_utilization, svc.container,
+                        svc.docker_options, svc.engine_args)
 
 
 def share_unit(s, lan_address: str) -> str:

@@ -28,13 +28,18 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
 )
 
 from sparkfleet import DEFAULTS_FILE
+from sparkfleet.model.recipes import catalogue
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")
+# In a host's data: the keys its inventory entry, its groups or `--data` set (fleet.inventory.host_data
+# adds it); they win over the recipe even where they equal a default.
+USER_SET_KEY = "_sparkfleet_user_set"
 
 
 class SettingsError(ValueError):
@@ -169,6 +174,30 @@ def _secret():
     return Field(repr=False, json_schema_extra={"secret": True})
 
 
+ServiceName = Annotated[str, _grammar(r"[a-z][a-z0-9-]{0,30}", "a service name: lower-case letters, digits and '-', "
+                                                              "starting with a letter, at most 31 characters")]
+
+
+class Service(BaseModel):
+    """One pooling model beside the chat model (embeddings, rerank): a service entry over its recipe's settings.
+
+    Each key left out comes from the recipe (`recipes/<recipe>.toml`, [settings]); the planner merges the two
+    and checks the result, so only `recipe` is required here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, hide_input_in_errors=True)
+
+    recipe: Name
+    model_repo: RepoId | None = None
+    model_revision: Revision | None = None
+    served_model_name: ServedName | None = None
+    api_port: int | None = Field(default=None, ge=1, le=65535)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    hf_overrides: dict[Name, JsonValue] | None = None  # vLLM's --hf-overrides: config.json keys, as JSON
+    extra_engine_args: list[Text] = []
+
+
 class Settings(BaseModel):
     """Every setting sparkfleet reads; the defaults live in group_data/all.py (see `defaults`)."""
 
@@ -186,6 +215,7 @@ class Settings(BaseModel):
     toolkit_version: DebVersion | None
     min_toolkit_version: DebVersion
 
+    recipe: Annotated[Text, _grammar(r"[a-z0-9][a-z0-9.-]*", "a recipe name (lowercase letters, digits, . -)")]
     model_hub: Literal["modelscope", "huggingface"]
     model_repo: RepoId
     model_revision: Revision
@@ -220,8 +250,13 @@ class Settings(BaseModel):
     kv_cache_dtype: Name
     max_num_seqs: int | None = Field(gt=0)
     tensor_parallel_size: int = Field(ge=1)
+    speculative_method: Literal["mtp"] | None  # the model's own MTP layer(s) draft; None: no speculative decoding
+    num_speculative_tokens: int | None = Field(ge=1, le=8)
     extra_engine_args: list[Text]
     engine_env: dict[EnvName, Text] = _secret()
+
+    services: dict[ServiceName, Service]
+    gpu_memory_budget: float = Field(gt=0, le=1)
 
     host_memory_gb: float = Field(gt=0)
     memory_bandwidth_gbs: float = Field(gt=0)
@@ -271,9 +306,10 @@ def defaults() -> dict[str, Any]:
             if not key.startswith("_") and not isinstance(value, ModuleType)}
 
 
-def _did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, Settings.model_fields, n=1, cutoff=0.6)
-    return f"did you mean `{close[0]}`?" if close else "see group_data/all.py for the known settings"
+def _did_you_mean(key: str, known=Settings.model_fields,
+                  fallback: str = "see group_data/all.py for the known settings") -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"did you mean `{close[0]}`?" if close else fallback
 
 
 def _is_connection_key(key: str) -> bool:
@@ -288,19 +324,50 @@ def _problem(host_name: str, err: dict) -> str:
     """
     setting, *inside = err["loc"]
     key = str(setting) + "".join(f"[{part!r}]" if part != "[key]" else " (key)" for part in inside)
+    if err["type"] == "extra_forbidden" and setting == "services" and len(inside) == 2:
+        return (f"{host_name}: unknown key `{inside[1]}` in service {inside[0]!r} (setting `services`): "
+                f"{_did_you_mean(str(inside[1]), Service.model_fields, 'a service knows ' + ', '.join(Service.model_fields))}")
     if err["type"] == "extra_forbidden":
         return f"{host_name}: unknown setting `{key}`: {_did_you_mean(key)}"
     if err["type"] == "missing":
-        return f"{host_name}: setting `{key}` is missing: set it in group_data/all.py"
+        return f"{host_name}: setting `{key}` is missing: set it in {'that entry' if inside else 'group_data/all.py'}"
     shown = "" if setting in SECRET_SETTINGS or inside else f" = {err['input']!r}"
     reason = err["msg"].removeprefix("Value error, ")
     return f"{host_name}: setting `{key}`{shown} is invalid: {reason}; fix it in the inventory or group_data"
 
 
+def user_set(data: dict[str, Any]) -> dict[str, Any]:
+    """The settings of `data` that the user set: named in USER_SET_KEY, unknown to the defaults, or not equal to
+    the default (group_data/all.py is merged into every host's data, so an equal value there is the default)."""
+    base, named = defaults(), set(data.get(USER_SET_KEY, ()))
+    return {k: v for k, v in data.items() if not _is_connection_key(k)
+            and (k in named or k not in base or v != base[k])}
+
+
+def _recipe_settings(host_name: str, name: Any) -> dict[str, Any]:
+    """The chat recipe's settings; a name that is not a string is left to the `recipe` type to refuse."""
+    if not isinstance(name, str):
+        return {}
+    known = catalogue()
+    fix = f"choose one of: {', '.join(n for n, r in sorted(known.items()) if r.kind == 'chat')}"
+    if name not in known:
+        raise SettingsError([f"{host_name}: setting `recipe` = {name!r} is invalid: no such recipe in the "
+                             f"catalogue (recipes/); {fix}"])
+    if known[name].kind != "chat":
+        raise SettingsError([f"{host_name}: setting `recipe` = {name!r} is invalid: its kind is {known[name].kind!r}, "
+                             f"and a host's recipe is a chat recipe (services take the others); {fix}"])
+    return known[name].settings
+
+
 def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
-    """Build one host's Settings from its merged pyinfra data over the defaults, or raise SettingsError."""
-    own = {k: v for k, v in data.items() if not _is_connection_key(k)}
+    """Build one host's Settings, or raise SettingsError.
+
+    Precedence, lowest first: group_data/all.py's defaults < the chosen recipe's settings < what the user
+    set (see `user_set`) in the inventory, a group's data or `--data`.
+    """
+    own = user_set(data)
+    chosen = _recipe_settings(host_name, own.get("recipe", defaults().get("recipe")))
     try:
-        return Settings(**{**defaults(), **own})
+        return Settings(**{**defaults(), **chosen, **own})
     except ValidationError as exc:
         raise SettingsError([_problem(host_name, err) for err in exc.errors()]) from None

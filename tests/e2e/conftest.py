@@ -30,9 +30,9 @@ class Converge:
         return bool(self.failed.get(host))
 
 
-def converge(*extra: str, timeout: float = 1500) -> Converge:
-    """`pyinfra -y --json inventory/sim.py deploy.py`, as a user runs it; results per host."""
-    proc = subprocess.run([str(ROOT / ".venv/bin/pyinfra"), "-y", "--json", INVENTORY, "deploy.py", *extra],
+def converge(*extra: str, timeout: float = 1500, inventory: str = INVENTORY) -> Converge:
+    """`pyinfra -y --json inventory/sim.py deploy.py` (or another inventory), as a user runs it; results per host."""
+    proc = subprocess.run([str(ROOT / ".venv/bin/pyinfra"), "-y", "--json", inventory, "deploy.py", *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     changed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})
     failed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})

@@ -18,7 +18,7 @@ from .conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 # What a clean clone hands to `pip install .` (tests, tools and the simulator stay out).
-SOURCES = ("pyproject.toml", "README.md", "sparkfleet", "tasks", "templates", "files", "group_data")
+SOURCES = ("pyproject.toml", "README.md", "sparkfleet", "tasks", "templates", "files", "group_data", "recipes")
 
 
 @pytest.fixture(scope="module")

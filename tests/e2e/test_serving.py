@@ -1,19 +1,23 @@
 """Serving, not just running: the watchdog and the converge heal an engine that stops answering,
-leave a healthy or slowly starting one alone, and name a lost GPU. Default watchdog settings
-(a probe every 30 s, a restart after 3 failures)."""
+leave a healthy (five minutes) or slowly starting one alone, give up on one that crashes on every
+start, and name a lost GPU; CDI mode is refused on a Docker without CDI. Default watchdog settings
+(a probe every 30 s, a restart after 3 failures) but for the crash test's own quick one."""
 
 import json
+import re
 import time
 
 import pytest
 
 from sim import fleet
 
-from .conftest import HOSTS, api_port, converge, ssh, started_at
+from .conftest import HOSTS, api_port, converge, sparkfleet, ssh, started_at, variant
 
 pytestmark = pytest.mark.e2e
 
 HEAL_WITHIN_S = 180
+QUICK_WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 1, "watchdog_max_restarts": 2,
+                  "watchdog_window_s": 600, "health_timeout_s": 300}
 
 
 def watchdog_state(state, host) -> dict:
@@ -34,14 +38,14 @@ def answers(state, host) -> bool:
         return False
 
 
-def wait_until(check, timeout_s, step_s=3.0) -> float:
-    """Seconds until check() held; AssertionError past timeout_s."""
+def wait_until(check, timeout_s, step_s=3.0, explain=None) -> float:
+    """Seconds until check() held; AssertionError past timeout_s (with explain()'s text, if given)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if check():
             return time.monotonic() - t0
         time.sleep(step_s)
-    raise AssertionError(f"not within {timeout_s} s")
+    raise AssertionError(f"not within {timeout_s} s" + (f": {explain()}" if explain else ""))
 
 
 def started_or_none(state, host) -> str | None:
@@ -133,6 +137,38 @@ def test_slow_start_is_not_killed_and_a_healthy_fleet_is_left_alone(serving_flee
     assert "is starting" in journal
 
 
+LEFT_ALONE_S = 300
+DEFAULT_WATCHDOG = {"interval_s": 30, "failures": 3, "max_restarts": 3, "window_s": 1800, "start_timeout_s": 1800,
+                    "enabled": True}
+
+
+def test_a_healthy_fleet_left_alone_for_five_minutes_is_never_restarted(serving_fleet):
+    """Five minutes, default watchdog settings, nobody touching anything: every probe answers, no host is
+    restarted, by the watchdog or by systemd (container start times and the unit's restart count unchanged)."""
+    state = serving_fleet
+    for host in HOSTS:
+        config = json.loads(ssh(state, host, "cat /etc/sparkfleet/watchdog.json"))
+        assert {key: config[key] for key in DEFAULT_WATCHDOG} == DEFAULT_WATCHDOG, (host, config)
+
+    def snapshot():
+        return {h: {"started": started_at(state, h), "restarts_total": watchdog_state(state, h).get("restarts_total", 0),
+                    "systemd_restarts": ssh(state, h, "systemctl show -p NRestarts --value sparkfleet-vllm.service")}
+                for h in HOSTS}
+
+    before = snapshot()
+    probes = {h: watchdog_state(state, h)["probes"] for h in HOSTS}
+    since = {h: ssh(state, h, "date +%s") for h in HOSTS}
+    time.sleep(LEFT_ALONE_S)
+    assert snapshot() == before
+    for host in HOSTS:
+        now = watchdog_state(state, host)
+        assert now["probes"] - probes[host] >= LEFT_ALONE_S // 30 - 1, (host, probes[host], now)
+        assert (now["last_result"], now["consecutive_failures"], now["gave_up"]) == ("ok", 0, False), (host, now)
+        journal = ssh(state, host, f"journalctl -u sparkfleet-watchdog.service --since @{since[host]} -p warning "
+                                   "--no-pager -q -o cat")
+        assert journal == "", (host, journal)
+
+
 def unit_state(state, host) -> str:
     return ssh(state, host, "systemctl is-active sparkfleet-vllm.service", check=False)
 
@@ -160,3 +196,72 @@ def test_a_first_start_needs_a_container_that_sees_the_gpu(serving_fleet):
     assert healed.returncode == 0, healed.output[-3000:]
     assert answers(state, "spark-3") and unit_state(state, "spark-3") == "active"
     assert {h: started_at(state, h) for h in others} == others
+
+
+def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(serving_fleet, tmp_path):
+    """spark-2 gets a quick watchdog of its own (a probe every 5 s, a restart after 1 failure, 2 restarts in
+    10 minutes) while it serves; then its engine exits on every start. The converge fails naming it,
+    systemd's start limit leaves the unit `failed`, the watchdog gives up, `status` says so and exits 1.
+    Once the fault is cleared, one converge of the default inventory heals it.
+
+    The quick settings land before the fault on purpose: a converge that finds the engine between two
+    crashes starts it, and its health gate fails, which stops that host before the watchdog stage, so the
+    host's watchdog keeps the settings it had (with the defaults, giving up takes over 6 minutes)."""
+    state = serving_fleet
+    quick = variant(tmp_path, "quick-watchdog", {}, {"spark-2": QUICK_WATCHDOG})
+    others = {h: started_at(state, h) for h in ("spark-1", "spark-3")}
+    ready = converge(inventory=quick)
+    assert ready.returncode == 0, ready.output[-3000:]
+    assert [h for h in HOSTS if "Watchdog | Watchdog settings" in ready.changed[h]] == ["spark-2"], ready.changed
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 5
+    fleet.set_engine("spark-2", crash_on_start=True)
+    try:
+        ssh(state, "spark-2", "systemctl restart sparkfleet-vllm.service")
+        broken = converge(inventory=quick)
+        assert broken.returncode != 0
+        assert [h for h in HOSTS if broken.host_failed(h)] == ["spark-2"], broken.failed
+        assert "spark-2" in broken.output and "sparkfleet-vllm.service" in broken.output
+        wait_until(lambda: unit_state(state, "spark-2") == "failed" and watchdog_state(state, "spark-2").get("gave_up"),
+                   300, step_s=5, explain=lambda: ssh(state, "spark-2", "systemctl status --no-pager "
+                                                      "sparkfleet-vllm.service; cat /var/lib/sparkfleet/watchdog.json",
+                                                      check=False))
+        gave_up = watchdog_state(state, "spark-2")
+        assert gave_up["last_action"] == "gave-up" and len(gave_up["restarts"]) == 2, gave_up
+        journal = ssh(state, "spark-2", "journalctl -u sparkfleet-watchdog.service -p err --no-pager -n 5")
+        assert "GAVE UP: 2 restarts in 600 s did not heal sparkfleet-vllm.service" in journal, journal
+        report = sparkfleet("status", quick, "--json", timeout=300)
+        assert report.returncode == 1, report.stderr[-2000:]
+        rows = {row["host"]: row for row in json.loads(report.stdout)["hosts"]}
+        assert [h for h in HOSTS if not rows[h]["healthy"]] == ["spark-2"], rows
+        assert rows["spark-2"]["ssh"]["watchdog"]["gave_up"] is True
+        assert rows["spark-2"]["error"].startswith("watchdog gave up after 2 restarts"), rows["spark-2"]["error"]
+        table = sparkfleet("status", quick, timeout=300)
+        assert table.returncode == 1 and "GAVE UP" in table.stdout + table.stderr, table.stdout[-3000:]
+    finally:  # repaired even when an assertion above failed: the default inventory's watchdog settings again
+        fleet.set_engine("spark-2", crash_on_start=False)
+        healed = converge()  # the engine restarted and gated
+    assert healed.returncode == 0, healed.output[-3000:]
+    assert answers(state, "spark-2") and unit_state(state, "spark-2") == "active"
+    assert [h for h in HOSTS if "Service | Start limit of a failed unit reset (a converge tries again)"
+            in healed.changed[h]] == ["spark-2"], healed.changed
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 30
+    wait_until(lambda: watchdog_state(state, "spark-2")["gave_up"] is False, 60)  # its next probe answers
+    assert {h: started_at(state, h) for h in others} == others
+
+
+def test_cdi_mode_on_a_docker_older_than_25_is_refused_naming_the_fix(serving_fleet, tmp_path):
+    """The sim hosts run Debian's Docker 20.10, which has no CDI devices: gpu_device_mode "cdi" on spark-1
+    stops it in the toolkit stage with one line naming the fix, before daemon.json or the unit is touched;
+    the other hosts converge as before (nothing to change)."""
+    state = serving_fleet
+    before = {h: (started_at(state, h), ssh(state, h, "cat /etc/docker/daemon.json")) for h in HOSTS}
+    refused = converge(inventory=variant(tmp_path, "cdi-on-spark-1", {}, {"spark-1": {"gpu_device_mode": "cdi"}}))
+    assert refused.returncode != 0
+    assert [h for h in HOSTS if refused.host_failed(h)] == ["spark-1"], refused.failed
+    assert refused.failed["spark-1"][0].endswith("Docker takes CDI devices (features.cdi before 28.2)")
+    line = ('Docker 20.10 cannot give a container a CDI device (gpu_device_mode "cdi" needs Docker 25 or newer): '
+            'upgrade Docker on this host, or set gpu_device_mode = "runtime"')
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", refused.output)
+    assert [h for h in HOSTS if f"[{h}] {line}" in shown] == ["spark-1"], shown[-3000:]
+    assert not any(refused.changed.values()), refused.changed
+    assert {h: (started_at(state, h), ssh(state, h, "cat /etc/docker/daemon.json")) for h in HOSTS} == before

@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import requests
 
-from sparkfleet.model.config import KNOWN_CONFIGS
+from sparkfleet.model.recipes import known_model
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def qwen35_config() -> dict:
     4th), 16 heads, 2 KV heads, head_dim 256, hidden 2048, 256 experts of 512 (8 active + 1
     shared of 512), vocab 248,320, max_position_embeddings 262,144.
     """
-    config = copy.deepcopy(KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"])
+    config = copy.deepcopy(known_model("Qwen/Qwen3.5-35B-A3B-FP8").config)
     config["vision_config"] = {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152}
     return config
 

@@ -140,4 +140,6 @@ def test_roofline_is_the_plans_fit_at_the_runs_context(monkeypatch):
     assert bench._roofline("spark-a", host_data(), 512) == pytest.approx(76.71, abs=0.005)
     assert bench._roofline("spark-a", host_data(memory_bandwidth_gbs=200), 512) == pytest.approx(56.20, abs=0.005)
     monkeypatch.setattr(hubs, "hub_resolver", lambda s: (None, None, "hub down"))
-    assert bench._roofline("spark-a", host_data(), 512) is None
+    # Offline, the recipe catalogue knows the default model: the same roofline (it reads no weight total).
+    assert bench._roofline("spark-a", host_data(), 512) == pytest.approx(76.71, abs=0.005)
+    assert bench._roofline("spark-a", host_data(model_repo="Acme/Unknown-7B"), 512) is None

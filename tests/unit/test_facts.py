@@ -4,6 +4,7 @@ output a parser does not understand is an `Unreadable` naming its source, never 
 import pytest
 
 from sparkfleet.host.facts import (
+    DockerServerVersion,
     DockerState,
     JsonFile,
     JsonObject,
@@ -12,6 +13,7 @@ from sparkfleet.host.facts import (
     Unreadable,
     history_problem,
     json_object,
+    parse_docker_version,
     parse_free_bytes,
     parse_meminfo,
     parse_model_dirs,
@@ -182,6 +184,25 @@ def test_docker_state_reads_anything_unexpected_as_no():
     assert DockerState().process(["installed=yes", "active=active"]) == {"installed": True, "active": True}
     assert DockerState().process(["installed=yes", "active=activating"]) == {"installed": True, "active": False}
     assert DockerState().process(["garbage"]) == {"installed": False, "active": False}
+
+
+def test_docker_version_is_the_daemons_major_and_minor():
+    assert DockerServerVersion().command() == "docker version --format '{{.Server.Version}}' 2>&1 || true"
+    assert DockerServerVersion().process(["28.1.1"]) == (28, 1)
+    assert parse_docker_version(["20.10.24+dfsg1"]) == (20, 10)  # Debian 12's Docker package
+    assert parse_docker_version(["25.0.0-rc.1"]) == (25, 0)
+    assert parse_docker_version(["28.2.2"]) == (28, 2)
+
+
+@pytest.mark.parametrize("lines, shown", [
+    ([], "''"),
+    (["Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"],
+     "'Cannot connect to the Docker daemon at unix:///var/run/docke'"),
+    (["28"], "'28'"),
+    (["28.1.1; rm -rf /"], "'28.1.1; rm -rf /'"),
+])
+def test_docker_version_unreadable(lines, shown):
+    assert parse_docker_version(lines) == Unreadable("docker version (the daemon's)", f"reads {shown}, not a version")
 
 
 def test_runtime_path():

@@ -236,9 +236,9 @@ STRING_SETTINGS = {
     "hub_token": SECRET, "lan_address": "spark-a.lan", "controller_model_dir": "/srv/models",
     "engine_image_archive": "/srv/vllm.tar", "api_key": SECRET, "controller_api_url": "http://127.0.0.1:8000",
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",
-    "front_door_tls_key": "/srv/tls/door.key",
+    "front_door_tls_key": "/srv/tls/door.key", "speculative_method": "mtp",
 }
-ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users"}
+ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services"}
 
 
 def test_the_sweep_covers_every_string_setting():

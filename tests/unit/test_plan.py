@@ -169,13 +169,13 @@ def test_release_record_keeps_current_and_previous(local_hub):
 @pytest.fixture
 def full_size_model():
     """A resolver answering the default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
-    from sparkfleet.model.config import KNOWN_CONFIGS
+    from sparkfleet.model.recipes import known_model
     from sparkfleet.model.manifest import Manifest, ManifestFile
 
     files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
                   for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)
     manifest = Manifest("modelscope", "Qwen/Qwen3.5-35B-A3B-FP8", "master", "f" * 40, files)
-    return lambda settings: (manifest, KNOWN_CONFIGS["Qwen/Qwen3.5-35B-A3B-FP8"], None)
+    return lambda settings: (manifest, known_model("Qwen/Qwen3.5-35B-A3B-FP8").config, None)
 
 
 def test_default_release_fits_a_spark(full_size_model):

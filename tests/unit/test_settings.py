@@ -115,7 +115,7 @@ def test_a_default_file_without_a_setting_names_it(tmp_path, monkeypatch):
     from sparkfleet.release import settings
 
     partial = tmp_path / "all.py"
-    partial.write_text("\n".join(f"{k} = {v!r}" for k, v in DEFAULTS.items() if k != "served_model_name"))
+    partial.write_text("\n".join(f"{k} = {v!r}" for k, v in DEFAULTS.items() if k != "container_name"))
     monkeypatch.setattr(settings, "DEFAULTS_FILE", partial)
     settings.defaults.cache_clear()
     try:
@@ -124,4 +124,4 @@ def test_a_default_file_without_a_setting_names_it(tmp_path, monkeypatch):
     finally:
         settings.defaults.cache_clear()
     assert caught.value.problems == [
-        "spark-a: setting `served_model_name` is missing: set it in group_data/all.py"]
+        "spark-a: setting `container_name` is missing: set it in group_data/all.py"]

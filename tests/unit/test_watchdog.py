@@ -30,6 +30,9 @@ CASES = Path(__file__).parent / "operations"
 
 
 def load_watchdog():
+    """The script by path; its sibling module sparkfleet_host is registered first, as the hosts' bin dir has it."""
+    import sparkfleet.host.shared  # noqa: F401  (registers sparkfleet_host in sys.modules)
+
     loader = importlib.machinery.SourceFileLoader("sparkfleet_watchdog", str(ROOT / "files" / "sparkfleet-watchdog"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
@@ -144,6 +147,21 @@ def test_probe_against_the_stand_in_engine(engine, tmp_path):
     result = wd.probe({**cfg, "env_file": str(wrong_key)})
     assert (result["failed"], result["detail"]) == ("chat", "1-token chat completion: HTTP 401, 0 tokens")
     assert wd.probe(cfg)["serving"] is True
+
+
+def test_the_helpers_read_env_files_one_way(tmp_path):
+    """read_env_file (files/sparkfleet_host.py) serves the watchdog, the health gate and the fetch."""
+    from sparkfleet.host.shared import host_module
+
+    env = tmp_path / "engine.env"
+    env.write_text("# Managed by sparkfleet\n\nVLLM_API_KEY=sk-a=b c\n  # an indented comment\nSIM_X = 1\nnot a pair\n")
+    assert host_module.read_env_file(env) == {"VLLM_API_KEY": "sk-a=b c", "SIM_X": " 1"}
+    assert host_module.read_env_file(tmp_path / "absent.env") == {}
+    assert host_module.read_env_file(tmp_path) == {}  # a directory: unreadable, no key
+    scripts = {name: (ROOT / "files" / name).read_text() for name in
+               ("sparkfleet-watchdog", "sparkfleet-health", "sparkfleet-fetch")}
+    assert {name: "read_env_file(" in text and "read_text().splitlines()" not in text
+            for name, text in scripts.items()} == dict.fromkeys(scripts, True)
 
 
 def test_gpu_check_names_a_lost_gpu(monkeypatch):

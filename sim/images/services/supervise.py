@@ -17,7 +17,9 @@ HUB_EXTRA = os.environ.get("SPARKFLEET_HUB_ARGS", "").split()
 
 SERVICES = {
     "hub": ["python3", "/opt/sparkfleet-sim/hub/server.py", "--host", "0.0.0.0",
-            "--port", "8080", "--data", HUB_DATA, "--generate", HUB_REPO, *HUB_EXTRA],
+            "--port", "8080", "--data", HUB_DATA, "--generate", HUB_REPO, *HUB_EXTRA,
+            # the RAG services' small models (recipes/qwen3-embedding-0.6b.toml, qwen3-reranker-0.6b.toml)
+            "--generate", "Qwen/Qwen3-Embedding-0.6B", "--generate", "Qwen/Qwen3-Reranker-0.6B"],
     "apt": ["python3", "-m", "http.server", "8081", "--bind", "0.0.0.0",
             "--directory", "/srv/apt"],
     "registry": ["docker-registry", "serve", "/etc/docker/registry/sparkfleet.yml"],

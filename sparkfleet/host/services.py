@@ -1,0 +1,99 @@
+"""RAG services on a host: their memory plan file, dropped services removed, and every converge's probe.
+
+A service is a vLLM unit `sparkfleet-vllm-<name>.service` running container `vllm-<name>`; the names follow
+the settings grammar ([a-z][a-z0-9-]*), so they are safe unquoted, and anything read back from the host
+that does not match it is ignored, never acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+
+from sparkfleet.host import paths
+from sparkfleet.host.operations import health_gate, local_api_host
+
+SYSTEMD_DIR = "/etc/systemd/system"
+MEMORY_PLAN = f"{paths.CONFIG_DIR}/memory.json"  # what sparkfleet-memcheck reads: every unit's share
+_SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
+
+
+def memory_plan_file(plan) -> dict:
+    """The host's memory plan as the pre-start check reads it: the budget and each engine unit's share."""
+    units = {paths.UNIT_NAME: plan.settings.gpu_memory_utilization}
+    units.update({svc.unit: svc.service.gpu_memory_utilization for svc in plan.services})
+    return {"budget": plan.settings.gpu_memory_budget, "units": units}
+
+
+class ServiceUnits(FactBase[list]):
+    """The service units installed on the host (file names matching the service grammar, sorted)."""
+
+    def command(self):
+        return f"ls -1 {SYSTEMD_DIR} 2>/dev/null || true"
+
+    def process(self, output):
+        return sorted(line for line in output if _SERVICE_UNIT.fullmatch(line))
+
+
+@operation()
+def services_pruned(keep: list[str]):
+    """Units of services no longer in the settings: stopped, disabled, their unit file and container gone."""
+    stale = [unit for unit in host.get_fact(ServiceUnits) if unit not in keep]
+    if not stale:
+        host.noop("no dropped service")
+        return
+    for unit in stale:
+        container = "vllm-" + _SERVICE_UNIT.fullmatch(unit).group(1)
+        yield f"systemctl disable --now {unit} || true"
+        yield f"docker rm -f {container} >/dev/null 2>&1 || true"
+        yield f"rm -f {SYSTEMD_DIR}/{unit}"
+    yield "systemctl daemon-reload"
+
+
+class ServiceProbe(FactBase[dict]):
+    """One quick health check of a service (its /health, /v1/models and its request) with the runtime bundle."""
+
+    def command(self, port: int, served_name: str, kind: str, api_host: str):
+        check = " ".join([
+            f"PYTHONPATH=\"$({paths.NEWEST_RUNTIME_COMMAND})\"", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
+            "--host", shlex.quote(local_api_host(api_host)), "--port", str(port),
+            "--served-name", shlex.quote(served_name), "--kind", shlex.quote(kind), "--timeout", "15",
+            "--env-file", paths.ENGINE_ENV])
+        return f"out=$({check} 2>&1); rc=$?; printf '%s\\n' \"$out\" | tail -1; echo \"rc=$rc\""
+
+    def process(self, output):
+        detail = output[-2] if len(output) > 1 else ""
+        return {"serving": output[-1:] == ["rc=0"], "detail": detail[-300:]}
+
+
+class UnitStarting(FactBase[bool]):
+    """The unit is starting (its ExecStartPre or the image pull): wait for it, never restart it."""
+
+    def command(self, unit: str):
+        return f"systemctl is-active {shlex.quote(unit)} || true"
+
+    def process(self, output):
+        return output == ["activating"]
+
+
+@operation()
+def service_serving(unit: str, served_name: str, kind: str, api_host: str, port: int, timeout_s: int,
+                    runtime: str):
+    """A service answers now (serving means answering, not running); else it is restarted and gated."""
+    probe = host.get_fact(ServiceProbe, port=port, served_name=served_name, kind=kind, api_host=api_host)
+    if probe["serving"]:
+        host.noop(f"{unit} answers its {kind} request")
+        return
+    if not host.get_fact(UnitStarting, unit=unit):
+        yield StringCommand("echo", QuoteString(f"{unit} not serving: {probe['detail']}"[:400]), ">&2;",
+                            "systemctl reset-failed", unit, "2>/dev/null;", "systemctl restart", unit)
+    yield from health_gate._inner(served_name=served_name, api_host=api_host, port=port, tools=False,
+                                  timeout_s=timeout_s, runtime=runtime, kind=kind, unit=unit)
+
+
+def memory_plan_json(plan) -> str:
+    return json.dumps(memory_plan_file(plan), indent=1, sort_keys=True) + "\n"

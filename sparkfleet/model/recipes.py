@@ -1,0 +1,130 @@
+"""The recipe catalogue: reviewed, named releases (model, revision policy, engine flags, known facts).
+
+One TOML file per recipe in `recipes/` (installed: `sparkfleet/recipes/`),
+named `<name>.toml`. A recipe carries what `plan` needs when no hub answers
+(the model's config.json facts and the exact weight bytes) and where its
+numbers come from. Its `settings` are validated where they are applied (a
+chat recipe by `parse_settings`, a service recipe by the service planner),
+not here: this module only reads the files and checks their shape.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from sparkfleet import RECIPES_DIR
+
+__all__ = ["KINDS", "ModelFacts", "Recipe", "catalogue", "known_model", "recipe"]
+
+KINDS = ("chat", "embedding", "reranker")
+_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known about a model without asking its hub."""
+
+    repo: str
+    weight_bytes: int  # sum of the *.safetensors file sizes the hub lists
+    config: dict  # the config.json facts the planner reads (text_config nested as in the real file)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    kind: str
+    summary: str
+    settings: dict
+    model: ModelFacts
+    measured: dict = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"recipe file {path.name}: cannot be read: {exc}") from None
+
+
+def _merged(path: Path, seen: tuple[str, ...] = ()) -> dict:
+    """The file over the recipe it `extends` (same folder): [settings] and [measured] merged key by key, the
+    model facts inherited when the file has none; `summary` and `sources` are the file's own."""
+    data = _read(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not _NAME.fullmatch(parent) or parent in seen + (path.stem,):
+        raise ValueError(f"recipe file {path.name}: `extends` must name another recipe of the folder, without a cycle")
+    if not (path.parent / f"{parent}.toml").is_file():
+        raise ValueError(f"recipe file {path.name}: `extends` names {parent!r}, which has no {parent}.toml")
+    base = _merged(path.parent / f"{parent}.toml", seen + (path.stem,))
+    for key in ("settings", "measured"):
+        if isinstance(base.get(key, {}), dict) and isinstance(data.get(key, {}), dict):
+            data[key] = {**base.get(key, {}), **data.get(key, {})}
+    data.setdefault("model", base.get("model"))
+    return {**{k: v for k, v in base.items() if k not in ("sources", "summary")}, **data}
+
+
+def _parse(path: Path) -> Recipe:
+    """One recipe file, or ValueError naming the file and what is wrong with it.
+
+    `extends = "<name>"` takes the other recipe's settings, measured figures and
+    model facts, under this file's own (its `measured` replaces key by key).
+    """
+    where = f"recipe file {path.name}"
+    data = _merged(path)
+    name = data.get("name")
+    if name != path.stem or not _NAME.fullmatch(name or ""):
+        raise ValueError(f"{where}: `name` must equal the file name ({path.stem!r}) and be lowercase [a-z0-9.-]")
+    if data.get("kind") not in KINDS:
+        raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}")
+    model = data.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("repo"), str):
+        raise ValueError(f"{where}: needs a [model] table with `repo`")
+    weight_bytes = model.get("weight_bytes")
+    if not isinstance(weight_bytes, int) or isinstance(weight_bytes, bool) or weight_bytes <= 0:
+        raise ValueError(f"{where}: [model] `weight_bytes` must be a positive integer (bytes of the *.safetensors)")
+    for key, kind in (("settings", dict), ("measured", dict), ("sources", list), ("summary", str)):
+        if not isinstance(data.get(key, kind()), kind):
+            raise ValueError(f"{where}: `{key}` must be a {kind.__name__}")
+    if not isinstance(model.get("config", {}), dict):
+        raise ValueError(f"{where}: [model.config] must be a table")
+    return Recipe(
+        name=name,
+        kind=data["kind"],
+        summary=data.get("summary", ""),
+        settings=dict(data.get("settings", {})),
+        model=ModelFacts(repo=model["repo"], weight_bytes=weight_bytes, config=dict(model.get("config", {}))),
+        measured=dict(data.get("measured", {})),
+        sources=list(data.get("sources", [])),
+    )
+
+
+@lru_cache(maxsize=4)
+def _load(directory: Path) -> dict[str, Recipe]:
+    return {r.name: r for r in map(_parse, sorted(directory.glob("*.toml")))}
+
+
+def catalogue(directory: Path = RECIPES_DIR) -> dict[str, Recipe]:
+    """Every recipe by name (read once per directory)."""
+    return dict(_load(Path(directory)))
+
+
+def recipe(name: str, directory: Path = RECIPES_DIR) -> Recipe:
+    """The named recipe, or ValueError listing the catalogue."""
+    known = catalogue(directory)
+    if name not in known:
+        raise ValueError(f"no recipe named {name!r}; the catalogue has: {', '.join(sorted(known)) or 'nothing'}")
+    return known[name]
+
+
+def known_model(repo: str, directory: Path = RECIPES_DIR) -> ModelFacts | None:
+    """The offline facts of a model repository: from the first recipe (by name) that serves it, preferring one
+    that carries its config.json facts."""
+    facts = [r.model for r in catalogue(directory).values() if r.model.repo == repo]
+    return next((f for f in facts if f.config), facts[0] if facts else None)

@@ -1,0 +1,257 @@
+"""RAG services beside the chat model: pooling models (embeddings, rerank) in their own vLLM units and ports.
+
+A host's `services` setting names each service and its recipe (recipes/<name>.toml, kind "embedding" or
+"reranker"); an entry's keys override the recipe's [settings]. Everything here is pure planning: the
+merged settings, the engine arguments, the fit of each service in its share, and ONE memory plan per
+host: the chat model's and every service's gpu_memory_utilization must sum within gpu_memory_budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from sparkfleet.model.config import model_shape
+from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
+from sparkfleet.model.manifest import Manifest
+from sparkfleet.model.recipes import Recipe, recipe
+from sparkfleet.release.engine import SECRET_FLAGS, flag_table
+from sparkfleet.release.settings import Service, Settings
+
+# How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
+# model by itself, so `--runner auto` would generate; `--convert embed` makes it an embedding model. The
+# reranker's recipe loads it as Qwen3ForSequenceClassification (hf_overrides), a pooling model already.
+POOLING_ARGS = {"embedding": ("--runner", "pooling", "--convert", "embed"), "reranker": ("--runner", "pooling")}
+KINDS = tuple(POOLING_ARGS)
+# vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
+SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
+                 "port": "`api_port`", "max_model_len": "`max_model_len`",
+                 "gpu_memory_utilization": "`gpu_memory_utilization`", "runner": "the recipe's kind",
+                 "convert": "the recipe's kind", "hf_overrides": "`hf_overrides`"}
+# A 0.6B pooling model's activations and CUDA graphs take far less than the chat model's 3 GiB reserve.
+SERVICE_RESERVE_BYTES = 1 * GIB
+# The request each health gate and probe sends: served under /v1, where vLLM's API key applies (vLLM's
+# middleware guards /v1 paths only: /rerank and /score answer without the key).
+ENDPOINTS = {"embedding": "/v1/embeddings", "reranker": "/v1/rerank"}
+REQUIRED = ("model_repo", "model_revision", "served_model_name", "api_port", "gpu_memory_utilization")
+
+
+def unit_name(name: str) -> str:
+    return f"sparkfleet-vllm-{name}.service"
+
+
+def container_name(name: str) -> str:
+    return f"vllm-{name}"
+
+
+@dataclass
+class ServicePlan:
+    """One service of one host: its merged settings, model, engine arguments and fit."""
+
+    name: str
+    recipe: Recipe
+    service: Service  # the recipe's settings under the entry's: every REQUIRED key set
+    model_root: str
+    manifest: Manifest | None = None
+    config: dict | None = None
+    hub_error: str | None = None
+    engine_args: list[str] = field(default_factory=list)
+    docker_options: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.recipe.kind
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.name)
+
+    @property
+    def container(self) -> str:
+        return container_name(self.name)
+
+    @property
+    def model_dir(self) -> str:
+        pin = self.manifest.dir_name if self.manifest else f"{self.service.model_repo.replace('/', '--')}@unresolved"
+        return f"{self.model_root}/{pin}"
+
+    @property
+    def weight_bytes(self) -> int:
+        """The manifest's exact safetensors bytes when the hub answered, else the recipe's figure."""
+        if self.manifest:
+            return sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors")) or \
+                self.manifest.total_bytes
+        return self.recipe.model.weight_bytes
+
+    def fit(self, memory_bytes: int) -> FitReport:
+        config = self.config or self.recipe.model.config
+        max_len = self.service.max_model_len or model_shape(config).max_position_embeddings
+        return fit_report(config, self.weight_bytes, memory_bytes=memory_bytes,
+                          gpu_memory_utilization=self.service.gpu_memory_utilization, max_model_len=max_len,
+                          reserve_bytes=SERVICE_RESERVE_BYTES)
+
+    def identity(self) -> dict:
+        """What makes this service's part of the release: same inputs, same release id."""
+        return {"name": self.name, "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin,
+                                             self.manifest.digest] if self.manifest else None,
+                "args": self.engine_args, "docker": self.docker_options}
+
+    def record(self) -> dict:
+        """This service in /etc/sparkfleet/release.json: what status, testinfra and a rollback read."""
+        return {"kind": self.kind, "recipe": self.recipe.name, "unit": self.unit, "container": self.container,
+                "model_dir": self.model_dir, "manifest": self.manifest.summary() if self.manifest else None,
+                "served_model_name": self.service.served_model_name, "api_port": self.service.api_port,
+                "endpoint": ENDPOINTS[self.kind], "gpu_memory_utilization": self.service.gpu_memory_utilization,
+                "engine_args": self.engine_args}
+
+
+def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | None, list[str]]:
+    """(recipe, the entry over the recipe's settings, problems) of one service."""
+    entry = s.services[name]
+    where = f"{host}: service {name!r} (setting `services`)"
+    try:
+        chosen = recipe(entry.recipe)
+    except ValueError as exc:
+        return None, None, [f"{where}: {exc}"]
+    if chosen.kind not in KINDS:
+        return None, None, [f"{where}: recipe {chosen.name!r} is a {chosen.kind} recipe; a service serves "
+                            f"one of kind {' or '.join(KINDS)}"]
+    try:
+        service = Service(**{**chosen.settings, **entry.model_dump(exclude_unset=True), "recipe": chosen.name})
+    except ValidationError as exc:
+        return None, None, [f"{where}: `{'.'.join(map(str, err['loc']))}` from recipe {chosen.name!r} or the "
+                            f"entry is invalid: {err['msg']}" for err in exc.errors()]
+    missing = [key for key in REQUIRED if getattr(service, key) is None]
+    if missing:
+        return None, None, [f"{where}: set {', '.join(f'`{k}`' for k in missing)} (recipe {chosen.name!r} "
+                            f"does not)"]
+    return chosen, service, []
+
+
+def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> list[str]:
+    """`vllm serve MODEL_DIR ...` of one service: the host's listen address, the service's own port and share."""
+    args = [model_dir, "--served-model-name", service.served_model_name, "--host", s.api_host,
+            "--port", str(service.api_port), "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}"]
+    if service.max_model_len:
+        args += ["--max-model-len", str(service.max_model_len)]
+    args += POOLING_ARGS[kind]
+    if service.hf_overrides:
+        args += ["--hf-overrides", json.dumps(service.hf_overrides, sort_keys=True, separators=(",", ":"))]
+    return args + list(service.extra_engine_args)
+
+
+def args_problems(where: str, s: Settings, service: Service, args: list[str]) -> list[str]:
+    """Every flag checked against the pinned vLLM's table; no flag a service setting owns in extra_engine_args."""
+    try:
+        table = flag_table(s.vllm_version)
+    except ValueError:
+        return []  # the chat model's check already names the missing table
+    problems = [f"{where}: {p}" for p in table.problems(args)]
+    for arg in service.extra_engine_args:
+        if not arg.startswith("-"):
+            continue
+        flag = arg.split("=", 1)[0]
+        dest = table.flags.get(flag, {}).get("dest")
+        named = "--" + flag.removeprefix("--").replace("_", "-")  # vLLM reads --api_key as --api-key
+        if named in SECRET_FLAGS:
+            problems.append(f"{where}: extra_engine_args: `{flag}` would put a secret in the world-readable unit: "
+                            f"{SECRET_FLAGS[named]}")
+        elif dest in SERVICE_DESTS:
+            problems.append(f"{where}: extra_engine_args: `{flag}` is set by sparkfleet from "
+                            f"{SERVICE_DESTS[dest]}: set that key of the service instead")
+    return problems
+
+
+def min_share(report: FitReport) -> float:
+    """The smallest gpu_memory_utilization (in hundredths) that holds the weights, the reserve and one
+    sequence of max_model_len."""
+    need = report.weights_bytes + report.reserve_bytes + report.max_model_len * report.kv_bytes_per_token
+    return math.ceil(need / report.memory_bytes * 100) / 100
+
+
+def memory_plan(s: Settings, shares: dict[str, float]) -> dict:
+    """The host's one memory plan: the chat's share and each service's, their sum against the budget."""
+    memory = s.host_memory_gb * 1e9
+    rows = {"chat": s.gpu_memory_utilization, **shares}
+    total = round(sum(rows.values()), 6)
+    return {"budget": s.gpu_memory_budget, "total": total, "fits": total <= s.gpu_memory_budget + 1e-9,
+            "shares": {name: {"share": share, "bytes": int(share * memory)} for name, share in rows.items()}}
+
+
+def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:
+    """The refusal of an oversubscribed host: every share, and the numbers that fit."""
+    shares = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)" for name, row in plan["shares"].items())
+    services = round(plan["total"] - s.gpu_memory_utilization, 6)
+    fits = ", ".join(f"{name} needs >= {need:g}" for name, need in needs.items())
+    return (f"{host}: the host's GPU memory is oversubscribed: gpu_memory_utilization shares sum to "
+            f"{plan['total']:g} > gpu_memory_budget {s.gpu_memory_budget:g}: {shares}. What fits: {fits}; "
+            f"beside the services' {services:g} the chat gets <= {round(s.gpu_memory_budget - services, 6):g} "
+            f"(gpu_memory_utilization); lower a share or move a service to another host")
+
+
+def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:
+    """Each service's port distinct from every other port of the host: the chat API, the peer share, the front
+    door and the other services (the front door checks its own port against the others on its hosts)."""
+    taken = {"api_port": s.api_port, "peer_port": s.peer_port, "front_door_port": s.front_door_port}
+    owners: dict[int, list[str]] = {}
+    for owner, port in [*taken.items(), *((f"services[{n!r}].api_port", p) for n, p in ports.items())]:
+        owners.setdefault(port, []).append(owner)
+    return [f"{host}: port {port} is taken by {' and '.join(names)}: give each its own port"
+            for port, names in owners.items() if len(names) > 1 and any(n.startswith("services") for n in names)]
+
+
+Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]
+
+
+def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], list[str]],
+                  resolve: Resolver | None = None) -> tuple[list[ServicePlan], list[str]]:
+    """Each service of a host planned (its model asked of `resolve` when given), and every problem found:
+    settings, flags, ports, each service's fit in its share and the host's memory plan."""
+    plans, problems = [], []
+    for name in s.services:
+        chosen, service, found = merged(host, name, s)
+        problems += found
+        if not service:
+            continue
+        plan = ServicePlan(name, chosen, service, s.model_root)
+        if resolve:
+            plan.manifest, plan.config, plan.hub_error = resolve(
+                s.model_copy(update={"model_repo": service.model_repo, "model_revision": service.model_revision}))
+        plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
+        plan.docker_options = docker_options(plan.model_dir, service.api_port)
+        where = f"{host}: service {name!r}"
+        problems += args_problems(where, s, service, plan.engine_args)
+        refusal = check_fit(plan.fit(int(s.host_memory_gb * 1e9)))
+        if refusal:
+            problems.append(f"{where}: {refusal} (its share: services[{name!r}].gpu_memory_utilization)")
+        plans.append(plan)
+    problems += port_problems(host, s, {p.name: p.service.api_port for p in plans})
+    memory = memory_plan(s, {p.name: p.service.gpu_memory_utilization for p in plans})
+    if not memory["fits"]:
+        memory_bytes = int(s.host_memory_gb * 1e9)
+        problems.append(oversubscribed(host, s, memory, {p.name: min_share(p.fit(memory_bytes)) for p in plans}))
+    return plans, problems
+
+
+def plan_rows(plan) -> list[tuple[str, str]]:
+    """`plan`'s rows for a host with services: the one memory plan, then each service's share and fit."""
+    if not plan.services:
+        return []
+    memory, gib = plan.memory_plan, 1024**3
+    shares = " + ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)"
+                        for name, row in memory["shares"].items())
+    rows = [("memory plan", f"{shares} = {memory['total']:g} of gpu_memory_budget {memory['budget']:g}")]
+    for svc in plan.services:
+        fit = svc.fit(int(plan.settings.host_memory_gb * 1e9))
+        source = "the hub's manifest" if svc.manifest else f"recipe {svc.recipe.name}, offline"
+        rows.append((f"service {svc.name}", (
+            f"{svc.kind} {svc.service.served_model_name} on port {svc.service.api_port} ({svc.unit}); share "
+            f"{svc.service.gpu_memory_utilization:g}: weights {fit.weights_bytes / gib:.2f} GiB ({source}) + reserve "
+            f"{fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.2f} GiB at {fit.kv_bytes_per_token:,} "
+            f"B/token: largest context {fit.largest_context:,} (max_model_len {fit.max_model_len:,}); "
+            f"{' '.join(svc.engine_args[1:])}")))
+    return rows

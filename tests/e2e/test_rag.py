@@ -1,0 +1,127 @@
+"""RAG beside the chat model on one Spark: an embedding model and a reranker in their own vLLM units and
+ports, converged with the chat model, answering, idempotent, refused when oversubscribed, and removed
+when dropped from the settings."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+from openai import OpenAI
+
+from tests.e2e.conftest import HOSTS, ROOT, converge, sparkfleet, ssh, started_at, variant
+
+HOST = "spark-1"
+SERVICES = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
+UNITS = ("sparkfleet-vllm-embed.service", "sparkfleet-vllm-rerank.service")
+
+
+@contextlib.contextmanager
+def tunnel(state: dict, host: str, remote_port: int):
+    """127.0.0.1:<free port> on the controller forwarded over SSH to the host's loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = s.getsockname()[1]
+    port = next(h["ssh_port"] for h in state["hosts"] if h["name"] == host)
+    proc = subprocess.Popen(["ssh", "-N", "-i", state["ssh_key"], "-p", str(port), "-o", "StrictHostKeyChecking=no",
+                             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                             "-o", "ExitOnForwardFailure=yes",
+                             "-L", f"127.0.0.1:{local}:127.0.0.1:{remote_port}", "root@127.0.0.1"])
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", local), timeout=1):
+                break
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def installed_services(state: dict, host: str) -> str:
+    return ssh(state, host, "ls /etc/systemd/system | grep '^sparkfleet-vllm-' || true; "
+                            "docker ps --format '{{.Names}}' | grep '^vllm-' || true")
+
+
+def status_of_services(inventory: str) -> tuple[int, dict]:
+    """`sparkfleet status --json`: its exit status and whether each service of HOST answers."""
+    proc = sparkfleet("status", inventory, "--json")
+    row = next(r for r in json.loads(proc.stdout)["hosts"] if r["host"] == HOST)
+    return proc.returncode, {name: svc["serving"] for name, svc in row["ssh"]["services"].items()}
+
+
+def test_oversubscribed_host_is_refused_by_plan_with_each_share(sim_fleet, tmp_path):
+    greedy = {**SERVICES, "embed": {"recipe": "qwen3-embedding-0.6b", "gpu_memory_utilization": 0.7}}
+    proc = sparkfleet("plan", variant(tmp_path, "greedy", {}, {HOST: {"services": greedy}}))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "gpu_memory_utilization shares sum to 1.03 > gpu_memory_budget 0.95" in out
+    assert "chat 0.3 (38.4 GB), embed 0.7 (89.6 GB), rerank 0.03 (3.8 GB)" in out
+    assert "embed needs >= 0.03, rerank needs >= 0.03" in out and "the chat gets <= 0.22" in out
+    assert installed_services(sim_fleet, HOST) == ""  # a plan touches no host
+
+
+def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
+    state = converged_fleet
+    rag = variant(tmp_path, "rag", {}, {HOST: {"services": SERVICES}})
+    chat_started = started_at(state, HOST)
+    try:
+        first = converge(inventory=rag)
+        assert first.returncode == 0 and not any(first.failed.values()), first.output[-5000:]
+        assert "Service | Service embed (embedding, port 8001) enabled and running" in first.changed[HOST], \
+            first.changed[HOST]
+        assert started_at(state, HOST) == chat_started  # adding services leaves the chat model running
+
+        record = json.loads(ssh(state, HOST, "cat /etc/sparkfleet/release.json"))
+        assert {name: (svc["unit"], svc["api_port"], svc["kind"]) for name, svc in record["services"].items()} == {
+            "embed": ("sparkfleet-vllm-embed.service", 8001, "embedding"),
+            "rerank": ("sparkfleet-vllm-rerank.service", 8002, "reranker")}
+        memory = json.loads(ssh(state, HOST, "cat /etc/sparkfleet/memory.json"))
+        assert memory == {"budget": 0.95, "units": {"sparkfleet-vllm.service": 0.3,
+                                                    "sparkfleet-vllm-embed.service": 0.03,
+                                                    "sparkfleet-vllm-rerank.service": 0.03}}
+
+        with tunnel(state, HOST, 8001) as embed_url, tunnel(state, HOST, 8002) as rerank_url:
+            client = OpenAI(base_url=f"{embed_url}/v1", api_key="sim-key", max_retries=0)
+            reply = client.embeddings.create(model="Qwen3-Embedding-0.6B",
+                                             input=["where is the office printer", "the printer is on floor two"])
+            assert [len(item.embedding) for item in reply.data] == [1024, 1024]  # the config's hidden_size
+            assert reply.usage.prompt_tokens == 11
+            ranked = requests.post(f"{rerank_url}/v1/rerank", headers={"Authorization": "Bearer sim-key"}, json={
+                "model": "Qwen3-Reranker-0.6B", "query": "office printer floor",
+                "documents": ["the canteen opens at noon", "the office printer is on floor two"]}, timeout=30)
+            assert ranked.status_code == 200, ranked.text
+            assert [r["index"] for r in ranked.json()["results"]] == [1, 0]
+            assert requests.post(f"{rerank_url}/v1/rerank", json={"query": "q", "documents": ["d"]},
+                                 timeout=30).status_code == 401  # the API key guards the services too
+            assert requests.post(f"{embed_url}/v1/chat/completions", headers={"Authorization": "Bearer sim-key"},
+                                 json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30).status_code == 404
+
+        again = converge(inventory=rag)
+        assert again.returncode == 0, again.output[-5000:]
+        assert {h: again.changed[h] for h in HOSTS} == {h: [] for h in HOSTS}
+
+        assert status_of_services(rag) == (0, {"embed": True, "rerank": True})
+        infra = subprocess.run([sys.executable, "-m", "pytest", "tests/infra/test_services.py", "--inventory", rag,
+                                "--limit", HOST, "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=600)
+        assert infra.returncode == 0 and "5 passed" in infra.stdout, infra.stdout[-3000:]
+
+        ssh(state, HOST, "systemctl stop sparkfleet-vllm-rerank.service")  # a service that stopped answering
+        assert status_of_services(rag) == (1, {"embed": True, "rerank": False})
+        healed = converge(inventory=rag)
+        assert healed.returncode == 0 and not any(healed.failed.values()), healed.output[-5000:]
+        assert healed.changed[HOST] == ["Service | Service rerank (reranker, port 8002) enabled and running",
+                                        "Health gate | Qwen3-Reranker-0.6B answers on port 8002"], healed.changed
+        assert status_of_services(rag) == (0, {"embed": True, "rerank": True})
+    finally:
+        back = converge()
+    assert back.returncode == 0 and not any(back.failed.values()), back.output[-5000:]
+    assert installed_services(state, HOST) == ""  # dropped services: units stopped and removed
+    assert started_at(state, HOST) == chat_started

@@ -1,0 +1,46 @@
+"""A converged Spark's RAG services (the `services` setting): each unit, port, verified model and answer.
+A host without services passes trivially; one with a service left over from an older setting fails."""
+
+import json
+import shlex
+
+from sparkfleet.host import paths
+from sparkfleet.host.shared import host_module
+
+
+def test_no_unit_of_a_dropped_service_is_left(spark):
+    installed = spark.host.check_output("ls /etc/systemd/system | grep '^sparkfleet-vllm-' || true").split()
+    assert sorted(installed) == sorted(svc.unit for svc in spark.plan.services)
+
+
+def test_each_service_unit_is_the_plans_and_runs(spark):
+    for svc in spark.plan.services:
+        assert spark.host.file(f"/etc/systemd/system/{svc.unit}").content_string == spark.plan.render_service_unit(svc)
+        service = spark.host.service(svc.unit)
+        assert service.is_enabled and service.is_running, svc.unit
+
+
+def test_each_service_listens_on_its_own_port(spark):
+    for svc in spark.plan.services:
+        assert spark.host.socket(f"tcp://{spark.s.api_host}:{svc.service.api_port}").is_listening, svc.name
+
+
+def test_each_service_model_has_the_manifest_hashes(spark):
+    for svc in spark.plan.services:
+        seen = json.loads(spark.host.check_output(
+            f"python3 {paths.BIN_DIR}/sparkfleet_host.py {shlex.quote(svc.model_dir)}"))
+        assert host_module.files_needing_work(svc.manifest.entries, seen["record"], seen["files"]) == [], svc.name
+        assert host_module.extras(svc.manifest.entries, seen["files"], seen["others"]) == [], svc.name
+
+
+def test_each_service_answers_its_request(spark):
+    """The health gate's own check on the host: embeddings through the openai client, or /v1/rerank."""
+    runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
+    for svc in spark.plan.services:
+        out = spark.host.check_output(
+            f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {svc.service.api_port} "
+            f"--served-name {shlex.quote(svc.service.served_model_name)} --kind {svc.kind} --timeout 30 "
+            f"--env-file {paths.ENGINE_ENV}")
+        report = json.loads(out.splitlines()[-1])
+        assert report["models"] == [svc.service.served_model_name]
+        assert report.get("embedding_dims") or len(report.get("rerank", [])) == 2, report
