@@ -9,8 +9,8 @@ import sys
 from rich.syntax import Syntax
 
 from sparkfleet.fleet.inventory import load_hosts
-from sparkfleet.model.recipes import catalogue
 from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.model.recipes import catalogue
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
 from sparkfleet.release.settings import USER_SET_KEY, SettingsError

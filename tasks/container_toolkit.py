@@ -9,13 +9,14 @@ from pyinfra.operations import apt, files, server, systemd
 from sparkfleet import TEMPLATES_DIR
 from sparkfleet.host import paths
 from sparkfleet.host.facts import NvidiaSmi
-from sparkfleet.host.operations import apt_keyring, docker_nvidia_runtime
+from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (
     CDI_GENERATE,
     CDI_STAMP,
     CDI_UNIT,
     cdi_spec_current,
     container_sees_gpu,
+    docker_nvidia_runtime,
     docker_takes_cdi_devices,
     toolkit_at_least,
 )

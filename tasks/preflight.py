@@ -23,18 +23,25 @@ from sparkfleet.host.preflight import HostFacts, preflight_problems
 from sparkfleet.release.plan import HostPlan
 
 
+def files_to_fetch(manifest, model_dir: str):
+    """(what the host holds in model_dir, the bytes still to download there): the free-disk check covers the
+    chat model and every service's."""
+    state = host.get_fact(ModelFiles, model_dir=model_dir, record=VERIFIED_RECORD)
+    needed = [] if isinstance(state, Unreadable) else files_needing_work(manifest, state["record"], state["files"])
+    return state, missing_bytes(manifest, needed)
+
+
 @deploy("Preflight")
 def preflight(plan: HostPlan) -> HostFacts | None:
     s = plan.settings
-    model_state = host.get_fact(ModelFiles, model_dir=plan.model_dir, record=VERIFIED_RECORD)
-    needed = [] if isinstance(model_state, Unreadable) else files_needing_work(
-        plan.manifest, model_state["record"], model_state["files"])
+    model_state, chat_bytes = files_to_fetch(plan.manifest, plan.model_dir)
+    service_bytes = sum(files_to_fetch(svc.manifest, svc.model_dir)[1] for svc in plan.services)
     facts = HostFacts(
         arch=host.get_fact(Arch),
         gpu=host.get_fact(NvidiaSmi),
         meminfo=host.get_fact(MemInfo),
         free_bytes=host.get_fact(FreeBytes, path=s.model_root),
-        needed_bytes=missing_bytes(plan.manifest, needed),
+        needed_bytes=chat_bytes + service_bytes,
         docker=host.get_fact(DockerState),
         python=host.get_fact(PythonVersion),
         model_files=model_state,

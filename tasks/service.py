@@ -13,8 +13,13 @@ from sparkfleet.host.operations import (
     secret_file,
 )
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.host.services import (
+    MEMORY_PLAN,
+    SYSTEMD_DIR,
+    memory_plan_json,
+    services_pruned,
+)
 from sparkfleet.host.serving import start_limit_cleared
-from sparkfleet.host.services import MEMORY_PLAN, SYSTEMD_DIR, memory_plan_json, services_pruned
 from sparkfleet.release.plan import HostPlan
 
 

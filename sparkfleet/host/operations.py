@@ -63,19 +63,6 @@ def apt_keyring(src: str, dest: str, fingerprint: str):
 
 
 @operation()
-def docker_nvidia_runtime():
-    """daemon.json names the nvidia runtime; nvidia-ctk merges it, keeping every other key."""
-    daemon = read_json_object(host, paths.DAEMON_JSON)
-    if daemon.unreadable:
-        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: {daemon.unreadable.problem}: fix it by hand; "
-                             "sparkfleet will not overwrite it")
-    if "nvidia" in ((daemon.value or {}).get("runtimes") or {}):
-        host.noop("docker already has the nvidia runtime")
-        return
-    yield "nvidia-ctk runtime configure --runtime=docker"
-
-
-@operation()
 def image_loaded(image: str, archive: str):
     """The engine image present in the host's Docker, loaded from a controller-side archive if missing."""
     # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.

@@ -100,6 +100,25 @@ def cdi_spec_current(driver: str | None):
     yield f"systemctl start {CDI_UNIT}"
 
 
+def daemon_json() -> dict:
+    """The host's daemon.json as an object ({} when absent); one that is not a JSON object stops the host:
+    sparkfleet merges into a user's daemon.json, it never overwrites one it cannot read."""
+    daemon = read_json_object(host, paths.DAEMON_JSON)
+    if daemon.unreadable:
+        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: {daemon.unreadable.problem}: fix it by hand; "
+                             "sparkfleet will not overwrite it")
+    return daemon.value or {}
+
+
+@operation()
+def docker_nvidia_runtime():
+    """daemon.json names the nvidia runtime; nvidia-ctk merges it, keeping every other key."""
+    if "nvidia" in (daemon_json().get("runtimes") or {}):
+        host.noop("docker already has the nvidia runtime")
+        return
+    yield "nvidia-ctk runtime configure --runtime=docker"
+
+
 def docker_cdi_support(version: tuple[int, int]) -> str:
     """How a Docker daemon takes `--device nvidia.com/gpu=all`: "default" (28.2 and newer), "feature" (25 to
     28.1: only with "features": {"cdi": true} in daemon.json) or "none" (older: no CDI devices at all)."""
@@ -126,11 +145,7 @@ def docker_takes_cdi_devices():
     if support == "default":
         host.noop(f"Docker {shown} takes CDI devices by default")
         return
-    daemon = read_json_object(host, paths.DAEMON_JSON)
-    if daemon.unreadable:
-        raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: {daemon.unreadable.problem}: fix it by hand; "
-                             "sparkfleet will not overwrite it")
-    features = (daemon.value or {}).get("features", {})
+    features = daemon_json().get("features", {})
     if not isinstance(features, dict):
         raise OperationError(f"{host.name}: {paths.DAEMON_JSON}: \"features\" is a JSON {type(features).__name__},"
                              " not an object: fix it by hand; sparkfleet will not overwrite it")

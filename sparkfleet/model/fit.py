@@ -36,8 +36,8 @@ from sparkfleet.model.config import mtp_layers
 __all__ = [
     "ACTIVATION_RESERVE_BYTES",
     "CUDA_GRAPH_RESERVE_BYTES",
-    "RESERVE_BYTES",
     "REFERENCE_DECODE_TOKENS_PER_S",
+    "RESERVE_BYTES",
     "SPARK_BANDWIDTH_BYTES_PER_S",
     "SPARK_MEMORY_BYTES",
     "SUGGESTION_GRANULARITY",

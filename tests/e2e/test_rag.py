@@ -14,7 +14,15 @@ import time
 import requests
 from openai import OpenAI
 
-from tests.e2e.conftest import HOSTS, ROOT, converge, sparkfleet, ssh, started_at, variant
+from tests.e2e.conftest import (
+    HOSTS,
+    ROOT,
+    converge,
+    sparkfleet,
+    ssh,
+    started_at,
+    variant,
+)
 
 HOST = "spark-1"
 SERVICES = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}

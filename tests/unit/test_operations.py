@@ -14,7 +14,6 @@ from pyinfra_testing.util import FakeState, create_host
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
-    docker_nvidia_runtime,
     health_gate_results,
     old_models_removed,
     previous_release_restored,
@@ -23,11 +22,12 @@ from sparkfleet.host.operations import (
     rollback_problem,
     secret_file,
 )
+from sparkfleet.host.toolkit import docker_nvidia_runtime
 from sparkfleet.model.manifest import Manifest, ManifestFile
 
 CASES = Path(__file__).parent / "operations"
 
-TestDockerNvidiaRuntime = make_operation_tests("sparkfleet.host", "operations.docker_nvidia_runtime",
+TestDockerNvidiaRuntime = make_operation_tests("sparkfleet.host", "toolkit.docker_nvidia_runtime",
                                                CASES / "docker_nvidia_runtime")
 TestAptKeyring = make_operation_tests("sparkfleet.host", "operations.apt_keyring", CASES / "apt_keyring")
 TestRuntimeBundle = make_operation_tests("sparkfleet.host", "model_files.runtime_bundle", CASES / "runtime_bundle")

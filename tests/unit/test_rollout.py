@@ -1,7 +1,7 @@
 import pytest
 
-from sparkfleet.fleet.converge import HostResult
 from sparkfleet.fleet import rollout as rollout_module
+from sparkfleet.fleet.converge import HostResult
 from sparkfleet.fleet.rollout import batches, judge, rollout
 
 HOSTS = ["a", "b", "c", "d", "e"]

@@ -4,8 +4,8 @@ stand-in engine's pooling endpoints."""
 from __future__ import annotations
 
 import base64
-import shutil
 import json
+import shutil
 import struct
 import subprocess
 import sys
