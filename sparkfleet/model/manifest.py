@@ -102,3 +102,9 @@ class Manifest:
     def summary(self) -> dict:
         """to_dict without the file list: what plans and release records show."""
         return {**self.to_dict(), "files": len(self.files), "bytes": self.total_bytes}
+
+
+def model_dir(model_root: str, repo: str, manifest: Manifest | None) -> str:
+    """Where a model lives on a host: its pinned directory, or a placeholder until the hub resolves it."""
+    pin = manifest.dir_name if manifest else f"{repo.replace('/', '--')}@unresolved"
+    return f"{model_root}/{pin}"

@@ -19,7 +19,7 @@ from sparkfleet.model.fit import (
     check_fit,
     fit_report,
 )
-from sparkfleet.model.manifest import Manifest
+from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.model.recipes import known_model
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table
@@ -98,8 +98,7 @@ class HostPlan:
 
     @property
     def model_dir(self) -> str:
-        pin = self.manifest.dir_name if self.manifest else f"{self.settings.model_repo.replace('/', '--')}@unresolved"
-        return f"{self.settings.model_root}/{pin}"
+        return model_dir(self.settings.model_root, self.settings.model_repo, self.manifest)
 
     def _release_body(self, with_services: bool) -> dict:
         return {

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from sparkfleet.model.config import model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
-from sparkfleet.model.manifest import Manifest
+from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.model.recipes import Recipe, recipe
 from sparkfleet.release.engine import SECRET_FLAGS, flag_table
 from sparkfleet.release.settings import Service, Settings
@@ -76,8 +76,7 @@ class ServicePlan:
 
     @property
     def model_dir(self) -> str:
-        pin = self.manifest.dir_name if self.manifest else f"{self.service.model_repo.replace('/', '--')}@unresolved"
-        return f"{self.model_root}/{pin}"
+        return model_dir(self.model_root, self.service.model_repo, self.manifest)
 
     @property
     def weight_bytes(self) -> int:
