@@ -60,10 +60,13 @@ def restarts_total(state) -> dict:
 
 # The watchdog's restart window (30 minutes) outlives a test: restarts an earlier test caused (a hung
 # front-door backend, a rolled-back release) would make this test's restart wait out a backoff or give up.
-# Each test starts with an empty window, the timer stopped while the state file is edited.
+# Each test starts with an empty window, the timer stopped while the state file is edited, and no last result:
+# the fixture waits for a tick that saw the engine's current start serve (an "ok" from before an earlier test's
+# restart would leave that start unseen, so the watchdog would take a hang in it for a slow start).
 FORGET_RESTARTS = (
     f"systemctl stop {WATCHDOG_TIMER} {WATCHDOG_UNIT}; "
-    f"python3 -c 'import json, sys; p = sys.argv[1]; s = json.load(open(p)); s.update(restarts=[], gave_up=False); "
+    f"python3 -c 'import json, sys; p = sys.argv[1]; s = json.load(open(p)); "
+    f"s.update(restarts=[], gave_up=False, last_result=None); "
     f"json.dump(s, open(p, \"w\"))' {WATCHDOG_STATE}; systemctl start {WATCHDOG_TIMER}"
 )
 
@@ -94,8 +97,8 @@ def test_watchdog_heals_a_paused_and_a_generation_hung_engine_alone(serving_flee
     ssh(state, "spark-1", "docker pause vllm")
     fleet.set_engine("spark-2", live=True, fault="generation-hang")
     assert not answers(state, "spark-1") and not answers(state, "spark-2")
-    healed_1 = wait_until(lambda: answers(state, "spark-1"), HEAL_WITHIN_S)
-    healed_2 = wait_until(lambda: answers(state, "spark-2"), HEAL_WITHIN_S)
+    healed_1 = wait_until(lambda: answers(state, "spark-1"), HEAL_WITHIN_S, explain=lambda: watchdog_state(state, "spark-1"))
+    healed_2 = wait_until(lambda: answers(state, "spark-2"), HEAL_WITHIN_S, explain=lambda: watchdog_state(state, "spark-2"))
     after = restarts_total(state)
     assert after == {"spark-1": before["spark-1"] + 1, "spark-2": before["spark-2"] + 1,
                      "spark-3": before["spark-3"]}, (before, after, healed_1, healed_2)

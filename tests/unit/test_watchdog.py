@@ -87,6 +87,14 @@ def test_a_start_is_not_counted_until_it_answered_or_timed_out():
     assert ticks([HUNG] * 3, unit=slow)[0] == ["failing", "failing", "restart"]
 
 
+def test_a_start_whose_health_answered_is_over_even_if_no_probe_saw_it_serve():
+    # the engine loaded (/health 200) and hung its generation before any tick saw it serve: counted, not "starting"
+    fresh = {**UP, "started": STARTED + 1, "up_s": 100.0}
+    chat_hung = {"serving": False, "failed": "chat", "detail": "1-token chat completion: timed out", "gpu_visible": True}
+    actions, state = ticks([chat_hung] * 3, unit=fresh)
+    assert actions == ["failing", "failing", "restart"] and state["answered_start"] == STARTED + 1
+
+
 def test_activating_unit_is_starting_but_a_crash_loop_is_not():
     pulling = {**UP, "active": "activating", "sub": "start-pre", "up_s": None}
     assert ticks([HUNG], unit=pulling)[0] == ["starting"]
