@@ -3,7 +3,10 @@
     pyinfra inventory/office.py deploy.py
 
 Every host's settings are validated (and the model manifest resolved from the
-hub) before anything runs; a host that fails preflight is left untouched.
+hub) before anything runs; a host that fails preflight is left untouched, and
+so is every member of a tensor-parallel group when any member, or the fabric
+between them, fails it. A group's members each run a Ray node; its head runs
+the engine (tasks/service.py).
 """
 
 from pyinfra import host, state

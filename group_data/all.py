@@ -65,6 +65,14 @@ limit_mm_per_prompt = {"image": 0, "video": 0}  # multimodal profiling off
 kv_cache_dtype = "auto"  # "fp8" is refused for hybrid models such as Qwen3.5
 max_num_seqs = None  # None = vLLM's default
 tensor_parallel_size = 1
+# Two Sparks, one model (vLLM over Ray): list the members in every member's data (an inventory group's data is
+# the usual place), the head first, and set tensor_parallel_size to their count and each member's fabric_address.
+tensor_parallel_hosts = []  # e.g. ["spark-1", "spark-2"]; empty: a single host (tensor_parallel_size = 1)
+fabric_interface = "enp1s0f0np0"  # the ConnectX-7 port the members are cabled on (NCCL, Gloo, UCX and Ray use it)
+fabric_address = None  # this member's IPv4 address on the fabric; required for a member
+fabric_mtu = 9000  # preflight checks it (it is reported to fall back to 1500 after a reboot)
+ray_port = 6379  # the head's Ray port (GCS)
+ray_start_args = []  # more `ray start` arguments, e.g. ["--num-cpus", "4"]
 speculative_method = None  # "mtp": the model's own MTP layer drafts tokens (--speculative-config)
 num_speculative_tokens = None  # draft tokens per step with speculative_method (the MTP recipe: 2)
 extra_engine_args = []  # more vLLM flags, each checked against the flag table

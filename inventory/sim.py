@@ -42,6 +42,8 @@ _common = {
     "gpu_memory_utilization": 0.3,  # the sim hosts share 24 GiB
     # the vLLM stand-in's pace (sim/engine): the reference decode rate, a 100 ms first token
     "engine_env": {"SIM_TOKENS_PER_S": "50", "SIM_FIRST_TOKEN_DELAY_MS": "100"},
+    # Ray on a tensor_parallel_hosts member: one CPU and a 100 MB object store (the sim hosts share 2 cores)
+    "ray_start_args": ["--num-cpus", "1", "--object-store-memory", "100000000"],
 }
 
 sparks = [
@@ -51,6 +53,8 @@ sparks = [
             **_common,
             "ssh_port": _h["ssh_port"],
             "lan_address": _h["container"],  # how the other sim hosts reach it (peer model shares)
+            # its address on the sim's fabric network (enp1s0f0np0); used only by a tensor_parallel_hosts member
+            "fabric_address": _h.get("fabric_address"),  # absent in a state.json from before the fabric
             # where the controller reaches this host's API (127.0.0.1:<published port>)
             "controller_api_url": f"http://127.0.0.1:{_h['api_port']}",
         },

@@ -44,7 +44,15 @@ if [ -f "$PIDFILE" ]; then
 fi
 if [ -z "$running" ]; then
     echo "bootstrap: starting dockerd (log: $LOG)" >&2
-    setsid nohup "$DOCKERD" >>"$LOG" 2>&1 </dev/null &
+    # dockerd outlives this script: it must not inherit its caller's open files, above all the
+    # shared `flock /tmp/sim.lock` descriptor (a dockerd holding it would hold the lock forever)
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            n=${fd##*/}
+            if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi
+        done
+        exec setsid nohup "$DOCKERD" >>"$LOG" 2>&1 </dev/null
+    ) &
 fi
 for _ in $(seq 1 "$WAIT_S"); do
     if docker info >/dev/null 2>&1; then

@@ -33,7 +33,8 @@ def _with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[st
 
 def _plan(args) -> int:
     try:
-        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.host), args.data), resolve=hub_resolver)
+        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.host), args.data),
+                           resolve=None if args.offline else hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     if args.json:
@@ -42,7 +43,7 @@ def _plan(args) -> int:
     out = console()
     for plan in plans:
         rows = [("recipe", plan.settings.recipe), ("image", plan.settings.engine_image),
-                ("engine args", " ".join(plan.engine_args)), ("model dir", plan.model_dir)]
+                ("engine args", " ".join(plan.engine_args)), ("model dir", plan.model_dir)] + _group_rows(plan)
         if plan.manifest:
             m = plan.manifest.summary()
             rows += [("model", f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}"),
@@ -52,8 +53,21 @@ def _plan(args) -> int:
         rows += _fit_rows(plan) + plan_rows(plan)
         print_table(f"{plan.name}: release {plan.release_id or 'unresolved'}", ("key", "value"), rows,
                     header=False, out=out)
-        out.print(Syntax(plan.render_unit(), "ini", word_wrap=True))
+        units = ([plan.render_unit()] if plan.runs_engine else []) + ([plan.render_ray_unit()] if plan.group else [])
+        for text in units:
+            out.print(Syntax(text, "ini", word_wrap=True))
     return 0
+
+
+def _group_rows(plan) -> list[tuple[str, str]]:
+    """A group member's rows: its group, role and place on the fabric."""
+    group = plan.group
+    if not group:
+        return []
+    role = {"head": "head: Ray head and the group's vLLM", "worker": "worker: a Ray node; the head serves"}[plan.role]
+    return [("group", f"{group.name} ({group.size} Sparks, tensor parallel over Ray)"), ("role", role),
+            ("fabric", f"{group.address_of(plan.name)} on {group.interface} (MTU {group.mtu}); "
+                       f"Ray at {group.ray_address}")]
 
 
 def _fit_rows(plan) -> list[tuple[str, str]]:
@@ -63,11 +77,14 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
         return [("fit", f"[yellow]unknown: {plan.unknown}[/]")]
     gib = 1024**3
     source = {"manifest": "the hub's manifest", "recipe": f"recipe {plan.settings.recipe}, offline"}
+    n = fit.tensor_parallel_size
+    split = f"{fit.weights_bytes / gib:.1f} / {n} GPUs; " if n > 1 else ""
+    weights = f"weights {fit.weights_per_gpu_bytes / gib:.1f} ({split}{source[plan.weights_source]})"
     rows = [
-        ("memory", f"budget {fit.budget_bytes / gib:.1f} GiB = weights {fit.weights_bytes / gib:.1f}"
-                   f" ({source[plan.weights_source]}) + reserve {fit.reserve_bytes / gib:.1f}"
-                   f" + KV {fit.kv_memory_bytes / gib:.1f} GiB"),
-        ("KV cache", f"{fit.kv_bytes_per_token:,} B/token, linear state "
+        ("memory" + (" per member" if n > 1 else ""),
+         f"budget {fit.budget_bytes / gib:.1f} GiB = {weights} + reserve {fit.reserve_bytes / gib:.1f}"
+         f" + KV {fit.kv_memory_bytes / gib:.1f} GiB"),
+        ("KV cache" + (" per GPU" if n > 1 else ""), f"{fit.kv_bytes_per_token:,} B/token, linear state "
                      f"{fit.linear_state_bytes / 2**20:.1f} MiB/sequence; largest context "
                      f"{fit.largest_context:,}; {fit.seqs_at_max_model_len} sequences at "
                      f"{fit.max_model_len:,}, {fit.seqs_at_8192} at 8K"),
@@ -92,28 +109,30 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
 def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door import front_door_status, status_rows
-    from sparkfleet.fleet.status import host_status, services_cell, ssh_facts
+    from sparkfleet.fleet.rollout import load_whole_groups
+    from sparkfleet.fleet.status import (
+        fleet_rows,
+        host_cell,
+        host_row,
+        services_cell,
+        ssh_facts,
+    )
     from sparkfleet.host.serving import watchdog_cell
+    from sparkfleet.release.group import plan_groups
     from sparkfleet.release.settings import parse_settings
 
     try:
-        hosts = load_hosts(args.inventory, args.host)
-        settings = {name: parse_settings(name, data) for name, data in hosts}
+        hosts = dict(load_whole_groups(args.inventory, args.host))
+        settings = {name: parse_settings(name, data) for name, data in hosts.items()}
+        groups, problems = plan_groups(settings)
+        if problems:
+            raise SettingsError(problems)
     except INVALID as exc:
         return _invalid(exc)
-    facts = read_hosts(args.inventory, [name for name, _ in hosts], ssh_facts)
-    rows = []
-    for name, data in hosts:
-        row = host_status(name, settings[name], data, chat=args.chat)
-        row["ssh"] = facts[name]
-        row["healthy"] = row["healthy"] and facts[name] is not None and facts[name]["unit_active"] and all(
-            svc["serving"] for svc in facts[name]["services"].values())
-        problem = ((facts[name] or {}).get("watchdog") or {}).get("problem")
-        if problem:  # the watchdog gave up, or the engine container lost the GPU: a person must look
-            row["healthy"], row["error"] = False, problem + (f"; {row['error']}" if row["error"] else "")
-        if facts[name] is None:
-            row["error"] = "unreachable over SSH" + (f"; {row['error']}" if row["error"] else "")
-        rows.append(row)
+    facts = read_hosts(args.inventory, list(hosts),
+                       lambda h: ssh_facts(h, groups.get(h.name)))
+    rows = fleet_rows(list(hosts), groups, facts,
+                       lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
     door = front_door_status(args.inventory)  # None: the inventory has no front door
     if args.json:
         print(json.dumps({"hosts": rows, **({"front_door": door} if door else {})}, indent=2))
@@ -122,7 +141,7 @@ def _status(args) -> int:
         for row in rows:
             m, f = row["metrics"], row["ssh"] or {}
             table.append((
-                row["host"], f.get("driver") or "-", f.get("cuda") or "-", f.get("toolkit") or "-",
+                host_cell(row), f.get("driver") or "-", f.get("cuda") or "-", f.get("toolkit") or "-",
                 f.get("release_id") or "-", {True: "verified", False: "[red]NOT verified[/]"}.get(
                     f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
                 "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", watchdog_cell(f.get("watchdog")),
@@ -165,25 +184,33 @@ def _parse_data(items: list[str]) -> dict:
 
 def _rollout(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
-    from sparkfleet.fleet.rollout import batches, report_json, rollout
+    from sparkfleet.fleet.rollout import (
+        batches,
+        load_whole_groups,
+        members_of,
+        report_json,
+        rollout,
+        units,
+    )
     from sparkfleet.host.facts import read_json_object
     from sparkfleet.host.paths import RELEASE_FILE
 
     data = _parse_data(args.data)
     try:
-        hosts = load_hosts(args.inventory, args.limit)
+        hosts = load_whole_groups(args.inventory, args.limit)
         plans = plan_hosts(_with_data(hosts, args.data), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]
+    groups = members_of(plans)
     try:
-        batches(names, args.batch, args.canary)
+        batches(units(names, groups), args.batch, args.canary)
     except ValueError as exc:
         return _invalid(exc)
     installed = read_hosts(args.inventory, names, lambda h: read_json_object(h, RELEASE_FILE).value or {})
     releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
     reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
-                      max_fail=args.max_fail, data=data, log=lambda m: print(m, file=sys.stderr))
+                      max_fail=args.max_fail, data=data, groups=groups, log=lambda m: print(m, file=sys.stderr))
     _print_reports(reports, args.json)
     return 0 if report_json(reports)["ok"] else 1
 
@@ -191,16 +218,24 @@ def _rollout(args) -> int:
 def _rollback(args) -> int:
     from sparkfleet.fleet.converge import run_deploy
     from sparkfleet.fleet.front_door import FrontDoorRuntime
-    from sparkfleet.fleet.rollout import HostReport
+    from sparkfleet.fleet.rollout import (
+        HostReport,
+        load_whole_groups,
+        members_in_data,
+        units,
+    )
 
     try:
-        names = [name for name, _ in load_hosts(args.inventory, args.limit)]
-    except INVALID as exc:
+        hosts = load_whole_groups(args.inventory, args.limit)  # a group rolls back whole
+        names = [name for name, _ in hosts]
+        found = units(names, members_in_data(hosts))
+    except (*INVALID, ValueError) as exc:
         return _invalid(exc)
-    door = FrontDoorRuntime.of(args.inventory)  # none: no drain
-    door.drain(names, log=lambda m: print(m, file=sys.stderr))
+    door = FrontDoorRuntime.of(args.inventory)  # none: no drain; a group's backend is its head
+    door.drain([unit[0] for unit in found], log=lambda m: print(m, file=sys.stderr))
     results = run_deploy(args.inventory, names, deploy_file="rollback.py")
-    door.ready([n for n, r in results.items() if r.ok], log=lambda m: print(m, file=sys.stderr))
+    door.ready([unit[0] for unit in found if all(results[h].ok for h in unit)],
+               log=lambda m: print(m, file=sys.stderr))
     reports = [HostReport(n, None, None, "rolled back" if r.ok else "failed", detail="; ".join(r.failed))
                for n, r in results.items()]
     _print_reports(reports, args.json)
@@ -241,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--host", help="one host (or group) of the inventory")
     plan.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     plan.add_argument("--json", action="store_true")
+    plan.add_argument("--offline", action="store_true",
+                      help="ask no hub: the recipe catalogue's model facts stand in for the manifest")
     plan.set_defaults(func=_plan)
 
     status = sub.add_parser("status", help="each host's health, served model and load; non-zero if any is down")

@@ -1,9 +1,14 @@
 """Stage 5: after a change, the service must answer before the host counts as converged;
-only then are model directories beyond keep_releases removed."""
+only then are model directories beyond keep_releases removed.
+
+A tensor-parallel group's gate adds Ray: the head's cluster must see every member alive with one GPU, and each
+worker must see itself in it (a worker runs no engine: that is its gate)."""
 
 from pyinfra import host, state
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy, operation
 
+from sparkfleet.host import paths
+from sparkfleet.host.facts import RayCheck, ray_check_args
 from sparkfleet.host.operations import (
     health_gate,
     old_models_removed,
@@ -20,11 +25,38 @@ def gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int
     return meta
 
 
+@operation(is_idempotent=False)
+def ray_joined(address: str, node_ip: str, members: dict, wait_s: int):
+    """Ray sees every one of `members` alive with one GPU; else wait for them (a node restarting rejoins within
+    seconds) and fail naming each missing member, with the Ray unit's journal."""
+    check = host.get_fact(RayCheck, address=address, node_ip=node_ip, members=members)
+    if check["ok"]:
+        host.noop(f"Ray sees {check['detail']}")
+        return
+    unit = paths.RAY_UNIT_NAME
+    yield StringCommand("python3", paths.RAY_CHECK, *ray_check_args(address, node_ip, members), "--wait", str(wait_s),
+                        f"|| {{ echo '--- last 30 lines of {unit}:' >&2; journalctl -u {unit} -n 30 --no-pager >&2;"
+                        " exit 1; }")
+
+
+def ray_gate(plan):
+    """The head checks every member; a worker checks itself. Recorded like the engine's gate."""
+    group = plan.group
+    members = dict(zip(group.members, group.addresses)) if plan.role == "head" else {
+        plan.name: group.address_of(plan.name)}
+    meta = ray_joined(name=f"Ray sees {', '.join(members)} with 1 GPU each ({group.name})", address=group.ray_address,
+                      node_ip=group.address_of(plan.name), members=members, wait_s=plan.settings.health_timeout_s)
+    record_health_gate(state, host.name, meta)
+
+
 @deploy("Health gate")
 def health(plan, runtime: str, started, keep: list[str], services_started: dict | None = None):
     s = plan.settings
-    gate(s.served_model_name, s.api_host, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
-         _if=started.did_change)
+    if plan.runs_engine:
+        gate(s.served_model_name, s.api_host, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
+             _if=started.did_change)
+    if plan.group:
+        ray_gate(plan)
     for svc in plan.services:
         svc_started = (services_started or {})[svc.name]
         gate(svc.service.served_model_name, s.api_host, svc.service.api_port, False, s.health_timeout_s, runtime,

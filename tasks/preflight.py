@@ -1,14 +1,19 @@
-"""Stage 1: read the host, change nothing; a host that is not fit stops here."""
+"""Stage 1: read the host, change nothing; a host that is not fit stops here, and so does every member of a
+tensor-parallel group when any member, its fabric link or the pair's versions are not fit."""
 
 import shlex
 
-from pyinfra import host
+from gevent.event import AsyncResult
+from pyinfra import host, state
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import ConnectError
 from pyinfra.facts.server import Arch
 from pyinfra.operations import server
 
 from sparkfleet.host.facts import (
     DockerState,
+    FabricInterface,
+    FabricReach,
     FreeBytes,
     MemInfo,
     ModelFiles,
@@ -19,39 +24,100 @@ from sparkfleet.host.facts import (
 )
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.host.paths import RELEASE_FILE, VERIFIED_RECORD
-from sparkfleet.host.preflight import HostFacts, preflight_problems
+from sparkfleet.host.preflight import (
+    HostFacts,
+    MemberFacts,
+    pair_problems,
+    preflight_problems,
+)
 from sparkfleet.release.plan import HostPlan
 
 
-def files_to_fetch(manifest, model_dir: str):
+def files_to_fetch(target, manifest, model_dir: str):
     """(what the host holds in model_dir, the bytes still to download there): the free-disk check covers the
     chat model and every service's."""
-    state = host.get_fact(ModelFiles, model_dir=model_dir, record=VERIFIED_RECORD)
-    needed = [] if isinstance(state, Unreadable) else files_needing_work(manifest, state["record"], state["files"])
-    return state, missing_bytes(manifest, needed)
+    held = target.get_fact(ModelFiles, model_dir=model_dir, record=VERIFIED_RECORD)
+    needed = [] if isinstance(held, Unreadable) else files_needing_work(manifest, held["record"], held["files"])
+    return held, missing_bytes(manifest, needed)
+
+
+def once(key: str, name: str, compute):
+    """compute() for `name`, once per pyinfra run: pyinfra loads the deploy code of every host at the same time
+    (one greenlet each), so the first caller computes and the others wait for its result (kept on the state).
+    Every member of a group is judged by the one same reading."""
+    cache = getattr(state, key, None)
+    if cache is None:
+        cache = {}
+        setattr(state, key, cache)
+    if name not in cache:
+        cache[name] = AsyncResult()
+        try:
+            cache[name].set(compute())
+        except BaseException as exc:
+            cache[name].set_exception(exc)
+            raise
+    return cache[name].get()
+
+
+def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
+    """A host's facts and its own problems (a group member's are read by whichever member gets here first)."""
+
+    def read():
+        s = plan.settings
+        model_state, chat_bytes = files_to_fetch(target, plan.manifest, plan.model_dir)
+        service_bytes = sum(files_to_fetch(target, svc.manifest, svc.model_dir)[1] for svc in plan.services)
+        facts = HostFacts(
+            arch=target.get_fact(Arch),
+            gpu=target.get_fact(NvidiaSmi),
+            meminfo=target.get_fact(MemInfo),
+            free_bytes=target.get_fact(FreeBytes, path=s.model_root),
+            needed_bytes=chat_bytes + service_bytes,
+            docker=target.get_fact(DockerState),
+            python=target.get_fact(PythonVersion),
+            model_files=model_state,
+            release=read_json_object(target, RELEASE_FILE),
+        )
+        return facts, preflight_problems(target.name, s, facts)
+
+    return once("sparkfleet_preflight", target.name, read)
+
+
+def read_member(name: str, group) -> MemberFacts | None:
+    """What the pair preflight needs from one member; None when it cannot be read (not connected)."""
+    member = state.inventory.get_host(name)
+    if member in state.failed_hosts:
+        return None
+    try:
+        host_facts, own = read_host(member, state.sparkfleet_plans[name])
+        others = [address for other, address in zip(group.members, group.addresses) if other != name]
+        return MemberFacts(gpu=host_facts.gpu, fit=not own,
+                           link=member.get_fact(FabricInterface, interface=group.interface),
+                           reach=member.get_fact(FabricReach, interface=group.interface, addresses=others))
+    except ConnectError:
+        return None
+
+
+def read_group(group) -> list[str]:
+    """The pair preflight of the whole group: every member's own preflight, its fabric link, what it reaches."""
+
+    def read():
+        facts = {name: read_member(name, group) for name in group.members}
+        return pair_problems(group, {name: f for name, f in facts.items() if f is not None})
+
+    return once("sparkfleet_pair_preflight", group.name, read)
+
+
+def stop(lines: list[str], what: str):
+    """The host's one operation: print every problem and fail, so nothing after it runs on this host."""
+    server.shell(name=f"Preflight failed: {what} is left untouched",
+                 commands=["printf '%s\\n' " + " ".join(shlex.quote(p) for p in lines) + " >&2; exit 1"])
 
 
 @deploy("Preflight")
 def preflight(plan: HostPlan) -> HostFacts | None:
-    s = plan.settings
-    model_state, chat_bytes = files_to_fetch(plan.manifest, plan.model_dir)
-    service_bytes = sum(files_to_fetch(svc.manifest, svc.model_dir)[1] for svc in plan.services)
-    facts = HostFacts(
-        arch=host.get_fact(Arch),
-        gpu=host.get_fact(NvidiaSmi),
-        meminfo=host.get_fact(MemInfo),
-        free_bytes=host.get_fact(FreeBytes, path=s.model_root),
-        needed_bytes=chat_bytes + service_bytes,
-        docker=host.get_fact(DockerState),
-        python=host.get_fact(PythonVersion),
-        model_files=model_state,
-        release=read_json_object(host, RELEASE_FILE),
-    )
-    problems = preflight_problems(host.name, s, facts)
-    if problems:
-        server.shell(
-            name="Preflight failed: this host is left untouched",
-            commands=["printf '%s\\n' " + " ".join(shlex.quote(p) for p in problems) + " >&2; exit 1"],
-        )
+    facts, problems = read_host(host, plan)
+    group_lines = read_group(plan.group) if plan.group else []
+    if problems or group_lines:
+        stop(problems + group_lines, f"every member of {plan.group.name}" if plan.group else "this host")
         return None
     return facts

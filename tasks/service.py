@@ -1,4 +1,8 @@
-"""Stage 4: the systemd unit that runs vLLM in Docker; restarted only when something changed."""
+"""Stage 4: the systemd units that run vLLM in Docker; restarted only when something changed.
+
+A member of a tensor-parallel group runs a Ray node (sparkfleet-ray.service); only its head runs vLLM. pyinfra
+runs each operation on every host before the next one, so the Ray operations come before the vLLM unit's: every
+member's Ray node is up before the head's engine starts."""
 
 import io
 import json
@@ -6,6 +10,7 @@ import json
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
+from sparkfleet import FILES_DIR
 from sparkfleet.host import paths
 from sparkfleet.host.operations import (
     image_loaded,
@@ -23,10 +28,35 @@ from sparkfleet.host.serving import start_limit_cleared
 from sparkfleet.release.plan import HostPlan
 
 
+def unit_removed(unit_name: str, unit_path: str, why: str) -> None:
+    """A unit this host no longer runs: stopped, disabled, its file gone (nothing to do when it never had it)."""
+    systemd.service(name=f"{unit_name} stopped and disabled ({why})", service=unit_name, running=False,
+                    enabled=False)
+    removed = files.file(name=f"{unit_name} removed", path=unit_path, present=False)
+    systemd.daemon_reload(name=f"systemd reloaded without {unit_name}", _if=removed.did_change)
+
+
+def ray_node(plan: HostPlan, env_changed: bool) -> bool:
+    """A member's Ray node running (its unit, the Ray check helper); a host in no group runs none (one left from
+    when it was a member is removed). Returns whether the Ray node restarts: the head's engine restarts with it."""
+    if not plan.group:
+        unit_removed(paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH, "this host is in no tensor-parallel group")
+        return False
+    files.put(name="Helper sparkfleet-ray-check", src=str(FILES_DIR / "sparkfleet-ray-check"), dest=paths.RAY_CHECK,
+              mode="0755")
+    ray_unit = files.put(name=f"Ray unit ({plan.role} of {plan.group.name})", src=io.StringIO(plan.render_ray_unit()),
+                         dest=paths.RAY_UNIT_PATH, mode="0644")
+    start_limit_cleared(name="Start limit of a failed Ray unit reset", unit=paths.RAY_UNIT_NAME)
+    restarted = ray_unit.will_change or env_changed
+    systemd.service(name=f"Ray {plan.role} enabled and running", service=paths.RAY_UNIT_NAME, running=True,
+                    enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
+    return restarted
+
+
 @deploy("Service")
 def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetched: dict | None = None):
-    """Returns the service operation (its change means a (re)start), the model dirs to keep, and each RAG
-    service's start operation by name.
+    """Returns the service operation (its change means a (re)start; None on a worker, which runs no engine), the
+    model dirs to keep, and each RAG service's start operation by name.
 
     The installed release record comes from preflight, which stopped the host if
     it was not a readable JSON object: it is built on here, never guessed.
@@ -35,13 +65,15 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
     if s.engine_image_archive:
         image_loaded(name=f"Engine image {s.engine_image} (from the controller's archive if missing)",
                      image=s.engine_image, archive=s.engine_image_archive)
-    unit_text = plan.render_unit()
+    unit_text = plan.render_unit() if plan.runs_engine else None
     installed = facts.release.value or {}
+    new_units = {paths.UNIT_PATH: unit_text, paths.RAY_UNIT_PATH: plan.group and plan.render_ray_unit()}
     release_kept_for_rollback(name="Running release kept for rollback (without its secrets)",
                               installed_release=installed.get("release_id"), new_release=plan.release_id,
-                              unit_text=unit_text)
+                              unit_texts={path: text for path, text in new_units.items() if text})
     env = secret_file(name="Engine environment (root-only)", dest=paths.ENGINE_ENV, content=plan.render_engine_env())
-    unit = files.put(name="vLLM unit", src=io.StringIO(unit_text), dest=paths.UNIT_PATH, mode="0644")
+    unit = files.put(name="vLLM unit", src=io.StringIO(unit_text), dest=paths.UNIT_PATH,
+                     mode="0644") if plan.runs_engine else None
     record = plan.release_record(installed)
     files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
               dest=paths.RELEASE_FILE, mode="0644")
@@ -49,12 +81,18 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
                     keep=[svc.unit for svc in plan.services])
     files.put(name="Memory plan (every engine unit's share, the budget)", src=io.StringIO(memory_plan_json(plan)),
               dest=MEMORY_PLAN, mode="0644")
-    start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
-    started = systemd.service(
-        name="vLLM service enabled and running",
-        service=paths.UNIT_NAME, running=True, enabled=True,
-        restarted=unit.will_change or env.will_change or model_changed, daemon_reload=unit.will_change,
-    )
+    ray_restarted = ray_node(plan, env_changed=env.will_change)
+    if not plan.runs_engine:
+        unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
+        started = None
+    else:
+        start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
+        started = systemd.service(
+            name="vLLM service enabled and running",
+            service=paths.UNIT_NAME, running=True, enabled=True,
+            restarted=unit.will_change or env.will_change or model_changed or ray_restarted,
+            daemon_reload=unit.will_change,
+        )
     services_started = {}
     for svc in plan.services:
         svc_unit = files.put(name=f"Service {svc.name}: unit {svc.unit}",

@@ -1,6 +1,10 @@
 """Stage 6: keep the host serving. A watchdog timer probes the engine and restarts it (rate-limited);
 every converge probes it too and heals a host that does not answer, even when nothing changed. That
-check is the host's health gate when nothing changed: a rollout judges it like the gate after a change."""
+check is the host's health gate when nothing changed: a rollout judges it like the gate after a change.
+
+A worker of a tensor-parallel group runs no engine: its timer is off (one left from when it served alone
+would restart a unit that is gone). Its Ray unit restarts itself (Restart=always), the head's watchdog
+restarts the group's engine, and the health stage's Ray gate checks the worker on every converge."""
 
 import io
 import json
@@ -27,6 +31,10 @@ from sparkfleet.release.plan import HostPlan
 @deploy("Watchdog")
 def watchdog(plan: HostPlan, runtime: str, started):
     s = plan.settings
+    if not plan.runs_engine:
+        systemd.service(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
+                        service=WATCHDOG_TIMER, running=False, enabled=False)
+        return
     files.put(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
               mode="0755")
     files.put(name="Watchdog settings", src=io.StringIO(json.dumps(watchdog_config(s), indent=1, sort_keys=True)

@@ -18,6 +18,9 @@ Environment:
     SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
     SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
     SIM_SPEC_ACCEPTANCE_RATE  with --speculative-config: share of draft tokens accepted (0.7)
+    SIM_RAY_WAIT_S            with the Ray backend: seconds to wait for N GPU nodes before failing (300)
+    SIM_RAY_CHECK_S           with the Ray backend: seconds between checks of the nodes while serving (3)
+    RAY_ADDRESS               with the Ray backend: the cluster to join (HEAD:PORT; "auto" when unset)
     VLLM_API_KEY              API key when --api-key is not given
 
 Fault knobs: the knob file is JSON, e.g. {"fault": "hang", "crash_on_start":
@@ -33,6 +36,14 @@ re-read on every request, so it is set and cleared without a restart:
 --speculative-config '{"method": "mtp", "num_speculative_tokens": N}' each
 step emits 1 + the accepted drafts at the plain step rate (SIM_TOKENS_PER_S),
 and /metrics exports vLLM's vllm:spec_decode_* counters.
+
+With --distributed-executor-backend ray and --tensor-parallel-size N the
+stand-in joins the running Ray cluster as vLLM does (standin_ray.py, next to
+this file; Ray is imported only then): it loads nothing and binds no port until
+Ray gives it a placement group of N {"GPU": 1} bundles on N nodes, and exits 1
+when that does not happen within "ray_wait_s"; while serving, fewer than N alive
+GPU nodes make the engine dead for good (/health 503, requests 500) until it is
+restarted.
 """
 
 from __future__ import annotations
@@ -86,7 +97,8 @@ def knobs() -> dict:
     """The fault knobs now: SIM_* variables, overridden by the knob file (read every call)."""
     values = {"crash_on_start": os.environ.get("SIM_CRASH_ON_START") == "1",
               "load_delay_s": os.environ.get("SIM_LOAD_DELAY_S", "2"), "fault": None,
-              "spec_acceptance_rate": os.environ.get("SIM_SPEC_ACCEPTANCE_RATE", "0.7")}
+              "spec_acceptance_rate": os.environ.get("SIM_SPEC_ACCEPTANCE_RATE", "0.7"),
+              "ray_wait_s": os.environ.get("SIM_RAY_WAIT_S", "300")}
     try:
         with open(os.environ.get("SIM_KNOB_FILE", DEFAULT_KNOB_FILE)) as f:
             loaded = json.load(f)
@@ -437,6 +449,13 @@ class Engine:
         self.spec_credit = 0.0  # accepted drafts owed: keeps the accepted share at the knob, step by step
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
         self.spec_per_pos = [0] * cfg["num_speculative_tokens"]
+        self.dead: str | None = None  # why the engine died (a lost Ray node): it stays dead until restarted
+
+    def die(self, reason: str) -> None:
+        """What vLLM's engine core does when a Ray worker dies: log the error and fail from now on."""
+        self.dead = reason
+        log(f"EngineCore encountered a fatal error. {reason}", "ERROR")
+        log("Engine is dead: /health answers 503 and requests fail until vLLM is restarted.", "ERROR")
 
     def account_prompt(self, tokens: list[str]) -> None:
         with self.lock:
@@ -932,7 +951,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(401, {"error": "Unauthorized"})
         cfg = self.engine.cfg
         if path == "/health":
-            status = 503 if os.environ.get("SIM_FAIL_HEALTH") == "1" else 200
+            status = 503 if os.environ.get("SIM_FAIL_HEALTH") == "1" or self.engine.dead else 200
             return self._send(status, b"", "application/json")
         if path == "/metrics":
             return self._send(200, self.engine.metrics_text(),
@@ -961,6 +980,9 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if not self._authorised():
             return self._send(401, {"error": "Unauthorized"})
+        if self.engine.dead:
+            return self._send(500, error_body("EngineCore encountered an issue. See stack trace (above) for "
+                                              "the root cause.", "EngineDeadError", 500))
         task = self.engine.cfg.get("pooling")
         if task and path in POOLING_ROUTES[task]:  # a pooling model serves these, never chat (vLLM: 404)
             try:
@@ -1180,6 +1202,9 @@ def build_config(model: str, v: dict, table: dict) -> dict:
         "started": int(time.time()),
         "runner_values": {k: v.get(k) for k in ("runner", "convert", "hf_overrides")},
         "num_speculative_tokens": speculative_tokens(v.get("speculative_config")),
+        # GPUs (= nodes) to get from Ray; None: no Ray (vLLM's default executor on one GPU)
+        "ray_size": (1 if v.get("tensor_parallel_size") is None else v["tensor_parallel_size"])
+        if v.get("distributed_executor_backend") == "ray" else None,
     }
 
 
@@ -1201,6 +1226,28 @@ def speculative_tokens(spec) -> int:
         raise StartupError("ValueError", "num_speculative_tokens must be a positive integer with method "
                                          f"'{method}', got {n!r}")
     return n
+
+
+def join_ray(size: int, start: dict):
+    """vLLM's Ray executor start: wait for `size` GPUs on as many nodes (standin_ray.py), or StartupError."""
+    if size < 1:
+        raise StartupError("ValueError", f"tensor_parallel_size ({size}) must be at least 1")
+    try:
+        wait_s, check_s = float(start["ray_wait_s"]), float(os.environ.get("SIM_RAY_CHECK_S", "3"))
+    except (TypeError, ValueError) as e:
+        raise StartupError("ValueError", f"bad ray_wait_s knob or SIM_RAY_CHECK_S: {e}")
+    import standin_ray
+
+    log(f"Initializing a V1 LLM engine (v{VERSION}) with config: distributed_executor_backend=ray, "
+        f"tensor_parallel_size={size}")
+    cluster = standin_ray.RayCluster(size, log, wait_s, check_s)
+    t0 = time.monotonic()
+    try:
+        cluster.start()
+    except standin_ray.RayStartupError as e:
+        raise StartupError(*e.args) from None
+    log(f"Ray gave {size} GPU worker(s) in {time.monotonic() - t0:.1f} seconds")
+    return cluster
 
 
 def _on_sigterm(signum, frame):
@@ -1279,6 +1326,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"Pooling model: task {cfg['pooling']}, {cfg['hidden_size']} dimensions")
             log(f"Using max model len {max_len}")
             start = knobs()
+            cluster = None if cfg["ray_size"] is None else join_ray(cfg["ray_size"], start)
             try:
                 delay = float(start["load_delay_s"])
             except (TypeError, ValueError) as e:
@@ -1296,6 +1344,8 @@ def main(argv: list[str] | None = None) -> int:
             die_startup(e)
 
         engine = Engine(cfg)
+        if cluster:
+            cluster.watch(engine.die)
         handler = type("BoundHandler", (Handler,), {"engine": engine})
         try:
             server = Server((cfg["host"], cfg["port"]), handler)

@@ -25,6 +25,19 @@ def parse_faults(specs: list[str]) -> dict[str, dict]:
     return faults
 
 
+def parse_fabric(changes: list[str]) -> dict:
+    """["down", "mtu=1500"] -> {"up": False, "mtu": "1500"} (set_fabric checks the number)."""
+    out: dict = {}
+    for ch in changes:
+        if ch in ("up", "down"):
+            out["up"] = ch == "up"
+        elif ch.startswith("mtu="):
+            out["mtu"] = ch[4:]
+        else:
+            raise SimError(f"bad fabric change {ch!r}: use up, down or mtu=N")
+    return out
+
+
 def _value(v: str):
     low = v.lower()
     if low in ("true", "yes", "on"):
@@ -85,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="change the running engine container only (a restart clears it)")
     p = sub.add_parser("lose-gpu", help="the running engine container loses the GPU (a restart heals it)")
     p.add_argument("host")
+    p = sub.add_parser("fabric", help="the host's fabric link (enp1s0f0np0): show it, or fault it, e.g. "
+                                      "fabric spark-2 down, fabric spark-2 mtu=1500, fabric spark-2 up mtu=9000")
+    p.add_argument("host")
+    p.add_argument("changes", nargs="*", metavar="up|down|mtu=N")
     sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
     sub.add_parser("start-services", help="start it again")
     sub.add_parser("build", help="build the images only")
@@ -116,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "engine":
             knobs = parse_faults([f"{args.host}:{','.join(args.knobs)}"])[args.host]
             print(json.dumps(fleet.set_engine(args.host, live=args.live, **knobs), sort_keys=True))
+        elif args.cmd == "fabric":
+            print(json.dumps(fleet.set_fabric(args.host, **parse_fabric(args.changes)), sort_keys=True))
         elif args.cmd == "lose-gpu":
             fleet.lose_container_gpu(args.host)
         elif args.cmd == "stop-services":
@@ -130,6 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.cmd not in ("status", "set-gpu", "engine"):
+    if args.cmd not in ("status", "set-gpu", "engine", "fabric"):
         print(f"({args.cmd}: {time.monotonic() - t0:.1f}s)", file=sys.stderr)
     return 0

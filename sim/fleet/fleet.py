@@ -1,9 +1,12 @@
 """Bring the simulated fleet up and down: N systemd "Spark" containers and one
 services container (hub, apt repository, registry) on the docker network
-sparkfleet-sim. All state lives in .sim/ (state.json, the SSH key, caches).
+sparkfleet-sim; the Sparks also share sparkfleet-sim-fabric (MTU 9000, fixed
+addresses), their ConnectX-7 link. All state lives in .sim/ (state.json, the SSH
+key, caches).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -13,10 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import apt_repo, images
-from ._util import (CONFIG_LABEL, LABEL, REPO_ROOT, SIM_DIR, STATE_FILE, SimError, docker, free_port,
+from ._util import (CONFIG_LABEL, IMAGES_DIR, LABEL, REPO_ROOT, SIM_DIR, STATE_FILE, SimError, docker, free_port,
                     log, port_is_free, read_json, run, sha256_bytes, wait_for, write_json)
 
 NETWORK = "sparkfleet-sim"
+FABRIC_NETWORK = "sparkfleet-sim-fabric"
+# interface name, MTU and subnet of the fabric: the spark image's boot unit reads the same file
+FABRIC = read_json(IMAGES_DIR / "spark" / "rootfs" / "etc" / "sparkfleet-sim" / "fabric.json")
+FABRIC_SUBNET = ipaddress.ip_network(FABRIC["subnet"])
+FABRIC_DYNAMIC = list(FABRIC_SUBNET.subnets(1))[1]  # scratch hosts' addresses; fleet hosts' are fixed below it
+FABRIC_SCRIPT = "/usr/local/sbin/sparkfleet-sim-fabric"
 SERVICES = "sparkfleet-services"
 HUB_ALIAS, APT_ALIAS, REGISTRY_ALIAS = "sparkfleet-hub", "sparkfleet-apt", "sparkfleet-registry"
 HUB_PORT, APT_PORT, REGISTRY_PORT = 8080, 8081, 5000
@@ -29,7 +38,8 @@ DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "c
 GPU_FILE = "/etc/sparkfleet-sim/gpu.json"
 ENGINE_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"  # the stand-in engine's fault knobs (sim/engine)
 ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str),
-                "spec_acceptance_rate": (int, float, str)}  # speculative decoding: share of drafts accepted
+                "spec_acceptance_rate": (int, float, str),  # speculative decoding: share of drafts accepted
+                "ray_wait_s": (int, float, str)}  # Ray backend: seconds to wait for the GPU nodes before exit 1
 STOP_TIMEOUT = "30"
 # What this machine allows for a systemd container (no --privileged: the VM lacks CAP_SYS_RESOURCE).
 SYSTEMD_FLAGS = ["--cap-add=ALL", "--cap-drop=SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
@@ -68,6 +78,48 @@ def _inspect(name: str) -> dict | None:
 def _ensure_network() -> None:
     if docker("network", "inspect", NETWORK, check=False).returncode != 0:
         docker("network", "create", "--label", f"{LABEL}=1", NETWORK)
+
+
+def fabric_address(name: str) -> str | None:
+    """A fleet host's fixed fabric address (spark-N: the subnet's 10+N-th); None for other hosts."""
+    prefix, _, n = name.rpartition("-")
+    if prefix != "spark" or not n.isdigit() or not 1 <= int(n) <= 100:
+        return None
+    return str(FABRIC_SUBNET.network_address + 10 + int(n))
+
+
+def _fabric_options() -> list[str]:
+    return ["--label", f"{LABEL}=1", "--subnet", str(FABRIC_SUBNET), "--ip-range", str(FABRIC_DYNAMIC),
+            "--opt", f"com.docker.network.driver.mtu={FABRIC['mtu']}"]
+
+
+def _fabric_is_current(info: dict) -> bool:
+    ipam = (info.get("IPAM") or {}).get("Config") or [{}]
+    return (ipam[0].get("Subnet"), ipam[0].get("IPRange"), (info.get("Options") or {}).get(
+        "com.docker.network.driver.mtu"), (info.get("Labels") or {}).get(LABEL)) == \
+        (str(FABRIC_SUBNET), str(FABRIC_DYNAMIC), str(FABRIC["mtu"]), "1")
+
+
+def _ensure_fabric() -> None:
+    """The fabric network as configured; a stale one (other subnet or MTU) is removed with its containers."""
+    cp = docker("network", "inspect", FABRIC_NETWORK, check=False)
+    if cp.returncode == 0:
+        info = json.loads(cp.stdout)[0]
+        if _fabric_is_current(info):
+            return
+        attached = sorted(c["Name"] for c in (info.get("Containers") or {}).values())
+        log(f"{FABRIC_NETWORK} is stale: removing it{' and ' + ', '.join(attached) if attached else ''} "
+            "(volumes kept)")
+        if attached:
+            docker("rm", "-f", *attached, timeout=180)
+        docker("network", "rm", FABRIC_NETWORK)
+    docker("network", "create", *_fabric_options(), FABRIC_NETWORK)
+
+
+def _fabric_endpoint(info: dict) -> str | None:
+    """The container's address on the fabric network, None when it is not attached."""
+    net = (info.get("NetworkSettings", {}).get("Networks") or {}).get(FABRIC_NETWORK)
+    return (net or {}).get("IPAddress") or ((net or {}).get("IPAMConfig") or {}).get("IPv4Address") or None
 
 
 def _ensure_volume(name: str) -> None:
@@ -227,14 +279,16 @@ def _push_engine(registry_port: int) -> None:
 # --------------------------------------------------------------------------- hosts
 
 def _host_config_hash(name: str, image_hash: str, ssh_port: int, api_port: int) -> str:
-    return sha256_bytes("host-v1", name, image_hash, str(ssh_port), str(api_port), json.dumps(SYSTEMD_FLAGS))
+    return sha256_bytes("host-v2", name, image_hash, str(ssh_port), str(api_port), json.dumps(SYSTEMD_FLAGS),
+                        str(fabric_address(name)), json.dumps(FABRIC, sort_keys=True))
 
 
 def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role: str = "host") -> None:
+    """Create the host on both networks before its first boot (the boot unit names the fabric link), then start it."""
     c = container_name(name)
     for vol in (f"{c}-docker", f"{c}-data"):
         _ensure_volume(vol)
-    docker("run", "-d", "--name", c, "--hostname", name, "--network", NETWORK,
+    docker("create", "--name", c, "--hostname", name, "--network", NETWORK,
            "--label", f"{LABEL}=1", "--label", f"{LABEL}.role={role}", "--label", f"{LABEL}.host={name}",
            "--label", f"{CONFIG_LABEL}={_host_config_hash(name, image_hash, ssh_port, api_port)}",
            *SYSTEMD_FLAGS, "--restart", "unless-stopped", "--stop-timeout", STOP_TIMEOUT,
@@ -242,6 +296,9 @@ def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role:
            "-p", f"127.0.0.1:{ssh_port}:22", "-p", f"127.0.0.1:{api_port}:8000",
            "-p", "127.0.0.1::8080",  # a front door (group_data's front_door_port); `docker port` tells where
            images.SPARK_IMAGE, "/sbin/init")
+    fixed = fabric_address(name) if role == "host" else None
+    docker("network", "connect", *(["--ip", fixed] if fixed else []), FABRIC_NETWORK, c)
+    docker("start", c)
 
 
 def _system_state(c: str) -> str:
@@ -270,6 +327,10 @@ def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int]) -> dic
         log(f"{name}: image or config changed: recreating the container (volumes kept)")
         docker("rm", "-f", c)
         info = None
+    if info and _fabric_endpoint(info) != fabric_address(name):
+        log(f"{name}: not on {FABRIC_NETWORK} at {fabric_address(name)}: recreating the container (volumes kept)")
+        docker("rm", "-f", c)
+        info = None
     if info is None:
         log(f"{name}: creating (ssh 127.0.0.1:{ssh_port}, api 127.0.0.1:{api_port})")
         _create_host(name, image_hash, ssh_port, api_port)
@@ -279,7 +340,8 @@ def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int]) -> dic
             log(f"{name}: start failed: recreating")
             docker("rm", "-f", c)
             _create_host(name, image_hash, ssh_port, api_port)
-    return {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": c}
+    return {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": c,
+            "fabric_address": fabric_address(name)}
 
 
 def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
@@ -295,6 +357,7 @@ def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
         wait_host_ready(name, h["ssh_port"])
     _put_file(c, "/root/.ssh/authorized_keys", pubkey, "0600")
     _put_file(c, GPU_FILE, json.dumps(gpu, sort_keys=True) + "\n")
+    _exec(c, FABRIC_SCRIPT)  # the boot unit did it; again here: up() also repairs a fabric knob left set
 
 
 # --------------------------------------------------------------------------- public API
@@ -315,6 +378,7 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
     pubkey = key.with_suffix(".pub").read_text()
     prev = read_json(STATE_FILE, {}) or {}
     _ensure_network()
+    _ensure_fabric()
     ports = _ensure_services(prev.get("services", {}), hashes["services"], apt)
     _push_engine(ports["registry"])
 
@@ -354,6 +418,8 @@ def _make_state(host_rows: list[dict], ports: dict, apt: dict, key: Path) -> dic
         "registry": {"host": f"{REGISTRY_ALIAS}:{REGISTRY_PORT}", "controller": f"127.0.0.1:{ports['registry']}"},
         "image": images.ENGINE_IMAGE,
         "services": {"container": SERVICES, "network": NETWORK, **ports},
+        "fabric": {"network": FABRIC_NETWORK, "subnet": str(FABRIC_SUBNET), "interface": FABRIC["interface"],
+                   "mtu": FABRIC["mtu"]},
     }
 
 
@@ -383,8 +449,9 @@ def down() -> None:
     vols = docker("volume", "ls", "-q", "--filter", f"label={LABEL}", check=False).stdout.split()
     if vols:
         docker("volume", "rm", "-f", *vols, check=False)
-    if docker("network", "inspect", NETWORK, check=False).returncode == 0:
-        docker("network", "rm", NETWORK, check=False)
+    for net in (NETWORK, FABRIC_NETWORK):
+        if docker("network", "inspect", net, check=False).returncode == 0:
+            docker("network", "rm", net, check=False)
     STATE_FILE.unlink(missing_ok=True)
     log(f"fleet down in {time.monotonic() - t0:.1f}s")
 
@@ -404,7 +471,7 @@ def _host_row(host: str) -> dict:
     info = _inspect(container_name(host))
     if info and info["Config"]["Labels"].get(f"{LABEL}.role") in ("host", "scratch"):
         return {"name": host, "ssh_port": _published(info, 22), "api_port": _published(info, 8000),
-                "container": container_name(host)}
+                "container": container_name(host), "fabric_address": _fabric_endpoint(info)}
     raise SimError(f"no simulated host named {host!r}")
 
 
@@ -425,7 +492,7 @@ def start_scratch_host(name: str = "spark-scratch") -> dict:
     row = {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": container_name(name)}
     _finish_host(row, SSH_KEY.with_suffix(".pub").read_text(), dict(DEFAULT_GPU))
     write_known_hosts()
-    return row
+    return {**row, "fabric_address": _fabric_endpoint(_inspect(container_name(name)) or {})}
 
 
 def remove_host(name: str) -> None:
@@ -523,6 +590,68 @@ def lose_container_gpu(host: str) -> None:
     cp = _exec(c, "docker", "exec", "vllm", "python3", "-c", script, check=False)
     if cp.returncode != 0:
         raise SimError(f"{host}: no running engine container with a GPU: {cp.stderr.strip()}")
+
+
+def fabric_link(host: str) -> dict:
+    """The host's fabric interface as `ip` sees it inside the host: name, up, mtu, address."""
+    c = _host_row(host)["container"]
+    cp = _exec(c, "ip", "-j", "addr", "show", "dev", FABRIC["interface"], check=False)
+    if cp.returncode != 0:
+        raise SimError(f"{host}: no interface {FABRIC['interface']} (is the host up? `python -m sim up` "
+                       f"renames it): {cp.stderr.strip()}")
+    link = json.loads(cp.stdout)[0]
+    address = next((a["local"] for a in link.get("addr_info", []) if a.get("family") == "inet"), None)
+    return {"interface": link["ifname"], "up": "UP" in link.get("flags", []), "mtu": link["mtu"],
+            "address": address}
+
+
+def set_fabric(host: str, up: bool | None = None, mtu: int | None = None) -> dict:
+    """Fault knobs on the host's fabric link (a pulled cable, an MTU that fell back to 1500); a reboot or
+    `up()` restores the configured state (up, MTU 9000), as netplan does on a real Spark. Returns the link."""
+    c = _host_row(host)["container"]
+    name = FABRIC["interface"]
+    if mtu is not None:
+        if isinstance(mtu, bool) or not str(mtu).isdigit() or not 68 <= int(mtu) <= 65535:
+            raise SimError(f"fabric mtu {mtu!r}: a number of bytes from 68 to 65535, such as 1500 or 9000")
+        fabric_link(host)
+        _exec(c, "ip", "link", "set", "dev", name, "mtu", str(int(mtu)))
+    if up is not None:
+        fabric_link(host)
+        _exec(c, "ip", "link", "set", "dev", name, "up" if up else "down")
+    return fabric_link(host)
+
+
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                    "libnvidia-container1")
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_SOURCES = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+
+
+def install_toolkit(host: str, version: str = "1.18.1-1") -> bool:
+    """Install the stand-in NVIDIA Container Toolkit from the sim's apt repository as NVIDIA's guide does
+    (for sim checks that need `docker run --gpus` without a converge); False when it was there already."""
+    state, c = load_state(), _host_row(host)["container"]
+    if _exec(c, "sh", "-c", "command -v nvidia-container-runtime-hook", check=False).returncode == 0:
+        return False
+    repo = state["apt"]["repo_url"].format(arch="amd64")
+    sim_only = (f"-o Dir::Etc::sourcelist={TOOLKIT_SOURCES} -o Dir::Etc::sourceparts=- "
+                "-o APT::Get::List-Cleanup=0")
+    pins = " ".join(f"{p}={version}" for p in TOOLKIT_PACKAGES)
+    _exec(c, "sh", "-c", f"cp /etc/docker/daemon.json /etc/docker/daemon.json.sim-orig && "
+          f"curl -fsSL {state['apt']['key_url']} | gpg --dearmor --yes -o {TOOLKIT_KEYRING} && "
+          f"echo 'deb [signed-by={TOOLKIT_KEYRING}] {repo} /' > {TOOLKIT_SOURCES} && "
+          f"apt-get update -q {sim_only} && DEBIAN_FRONTEND=noninteractive apt-get install -y -q {pins} && "
+          "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker", timeout=300)
+    return True
+
+
+def remove_toolkit(host: str) -> None:
+    """Undo install_toolkit: purge the packages, restore daemon.json, restart docker."""
+    c = _host_row(host)["container"]
+    _exec(c, "sh", "-c", f"DEBIAN_FRONTEND=noninteractive apt-get purge -y -q {' '.join(TOOLKIT_PACKAGES)}; "
+          f"rm -f {TOOLKIT_SOURCES} {TOOLKIT_KEYRING}; "
+          "if [ -f /etc/docker/daemon.json.sim-orig ]; then mv /etc/docker/daemon.json.sim-orig "
+          "/etc/docker/daemon.json; fi; systemctl restart docker", timeout=300)
 
 
 def reboot(host: str) -> float:

@@ -8,7 +8,7 @@ skipped when an image with that name and hash exists.
   sparkfleet-sim/spark           FROM base: a simulated DGX Spark (sim/images/spark)
   sparkfleet-sim/services-root   docker import of a rootfs with python3 + docker-registry
   sparkfleet-sim/services        FROM services-root: hub + apt server + registry (sim/images/services)
-  ENGINE_IMAGE                   one-layer import: rootfs with python3 + the stand-in vLLM
+  ENGINE_IMAGE                   one-layer import: rootfs with python3 + Ray (pip) + the stand-in vLLM
 """
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def image_hash(name: str) -> str | None:
     return labels.get(HASH_LABEL)
 
 
-def _import(name: str, tarball: Path, h: str, extra: dict[str, tuple[bytes, int]] | None = None,
+def _import(name: str, tarballs: list[Path], h: str, extra: dict[str, tuple[bytes, int]] | None = None,
             changes: list[str] | None = None) -> None:
-    """docker import a rootfs tarball (plus extra files) as one layer."""
+    """docker import rootfs tarballs (laid one over the other) plus extra files as one layer."""
     cmd = ["docker", "import", "--change", f"LABEL {HASH_LABEL}={h}"]
     for c in changes or []:
         cmd += ["--change", c]
@@ -62,16 +62,21 @@ def _import(name: str, tarball: Path, h: str, extra: dict[str, tuple[bytes, int]
     errf = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errf)
     try:
-        if not extra:
-            with open(tarball, "rb") as f:
+        if len(tarballs) == 1 and not extra:
+            with open(tarballs[0], "rb") as f:
                 shutil.copyfileobj(f, proc.stdin, 1 << 20)
         else:
-            with tarfile.open(tarball, "r:") as src, tarfile.open(fileobj=proc.stdin, mode="w|") as dst:
-                dirs_done = set()
-                for m in src:
-                    dst.addfile(m, src.extractfile(m) if m.isreg() else None)
-                    dirs_done.add("./" + m.name.lstrip("./"))
-                for path, (data, mode) in sorted(extra.items()):
+            with tarfile.open(fileobj=proc.stdin, mode="w|") as dst:
+                dirs_done: set[str] = set()
+                for tarball in tarballs:
+                    with tarfile.open(tarball, "r:") as src:
+                        for m in src:
+                            m.name = "./" + m.name.removeprefix("./").strip("/")
+                            if m.isdir() and m.name in dirs_done:
+                                continue  # the first tarball's directory (the rootfs's) keeps its mode
+                            dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+                            dirs_done.add(m.name)
+                for path, (data, mode) in sorted((extra or {}).items()):
                     parts = path.strip("/").split("/")
                     for i in range(1, len(parts)):
                         d = "./" + "/".join(parts[:i])
@@ -86,6 +91,10 @@ def _import(name: str, tarball: Path, h: str, extra: dict[str, tuple[bytes, int]
         proc.stdin.close()
     except BrokenPipeError:
         pass
+    except BaseException:
+        proc.kill()  # never let docker import take a partial stream for a whole image (it carries the hash)
+        proc.wait()
+        raise
     if proc.wait() != 0:
         errf.seek(0)
         raise SimError(f"docker import {name} failed: {errf.read().decode(errors='replace')[-2000:]}")
@@ -105,7 +114,7 @@ def _ensure_imported(name: str, rootfs_name: str, packages: list[str]) -> str:
     if image_hash(name) != h:
         t0 = time.monotonic()
         tar = rootfs.rootfs_tarball(rootfs_name, packages)
-        _import(name, tar, h)
+        _import(name, [tar], h)
         log(f"imported {name} in {time.monotonic() - t0:.0f}s")
     return h
 
@@ -164,13 +173,15 @@ def engine_files() -> dict[str, tuple[bytes, int]]:
 
 def ensure_engine() -> str:
     files = engine_files()
-    h = sha256_bytes("engine-v1", rootfs.rootfs_key(rootfs.ENGINE_PACKAGES), json.dumps(ENGINE_ENTRYPOINT),
+    h = sha256_bytes("engine-v2", rootfs.rootfs_key(rootfs.ENGINE_PACKAGES), rootfs.pip_key(rootfs.ENGINE_PIP),
+                     json.dumps(ENGINE_ENTRYPOINT),
                      *[p + ":" + str(m) for p, (_, m) in sorted(files.items())],
                      *[d for _, (d, _) in sorted(files.items())])
     if image_hash(ENGINE_IMAGE) != h:
         t0 = time.monotonic()
-        tar = rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES)
-        _import(ENGINE_IMAGE, tar, h, extra=files,
+        tars = [rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES),
+                rootfs.pip_tarball("engine", rootfs.ENGINE_PIP)]
+        _import(ENGINE_IMAGE, tars, h, extra=files,
                 changes=[f"ENTRYPOINT {json.dumps(ENGINE_ENTRYPOINT)}", "CMD []",
                          "ENV PYTHONUNBUFFERED=1", "EXPOSE 8000"])
         log(f"built {ENGINE_IMAGE} in {time.monotonic() - t0:.0f}s")

@@ -4,11 +4,18 @@ The tarball is keyed by (suite, variant, package list): a changed list makes a
 new tarball; an unchanged one is reused (debootstrap is the slow step, ~90 s).
 No mirror is given: debootstrap uses its default and writes it to the
 rootfs's apt sources, which stay as debootstrap wrote them.
+
+Python packages for an image (Ray in the engine image) come from the package
+index through pip on the controller, installed for the rootfs's interpreter
+(`--target`, `--platform`, `--python-version`: wheels only), cached as a
+tarball that lays them under /usr/local like a pip inside the image would.
 """
 from __future__ import annotations
 
 import os
+import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,31 +29,64 @@ BASE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "ca-certificates", "curl", "gnupg", "iproute2", "procps", "kmod", "iptables",
     "docker.io", "containerd", "runc", "tini", "netbase", "xz-utils", "less",
+    "iputils-ping",  # a Spark (DGX OS) has ping: preflight checks the fabric peers with it
 ]
 # The services container: hub (python3), static apt server (python3), registry.
 SERVICES_PACKAGES = ["python3", "docker-registry", "ca-certificates", "netbase"]
-# The stand-in vLLM image: python3 only (kept small: nested vfs copies layers).
+# The stand-in vLLM image: python3 (kept small: nested vfs copies layers) + Ray core from pip.
 ENGINE_PACKAGES = ["python3"]
+RAY_VERSION = "2.60.0"  # vLLM's multi-node executor (--distributed-executor-backend ray)
+ENGINE_PIP = [f"ray=={RAY_VERSION}"]  # core only: no [default] (dashboard, metrics agents)
+PYTHON_VERSION = "3.11"  # bookworm's python3: the wheels must match it, not the controller's
+# Parts of Ray no simulated member runs (Java workers, the libraries, the dashboard's web UI): ~70 MB.
+PIP_TRIM = ["bin", "ray/jars", "ray/rllib", "ray/tune", "ray/train", "ray/serve", "ray/data", "ray/llm",
+            "ray/dashboard/client"]
+# Console scripts, written for the image's interpreter (pip's would name the controller's).
+PIP_SCRIPTS = {"ray": "ray.scripts.scripts"}
+SITE_DIR = f"usr/local/lib/python{PYTHON_VERSION}/dist-packages"  # on Debian python3's sys.path
 
 
 def rootfs_key(packages: list[str], variant: str = "minbase") -> str:
     return sha256_bytes(SUITE, variant, ",".join(sorted(packages)))[:16]
 
 
+def pip_key(requirements: list[str]) -> str:
+    return sha256_bytes("pip-v1", PYTHON_VERSION, platform.machine(), ",".join(sorted(requirements)),
+                        ",".join(PIP_TRIM), repr(sorted(PIP_SCRIPTS.items())))[:16]
+
+
+def pip_tarball(name: str, requirements: list[str]) -> Path:
+    """Return the path of a cached tarball of pip-installed packages (usr/local/...), building it when missing."""
+    def build(work: Path) -> tuple[Path, str]:
+        site = work / SITE_DIR
+        arch = platform.machine()
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+               "--only-binary=:all:", "--implementation", "cp", "--python-version", PYTHON_VERSION,
+               "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_28_{arch}",
+               "--platform", f"manylinux_2_17_{arch}", "--target", str(site), *requirements]
+        cp = run(cmd, check=False)
+        if cp.returncode != 0:
+            raise RuntimeError(f"pip install {' '.join(requirements)} for the {name} image failed:\n"
+                               f"{cp.stderr[-3000:]}")
+        for rel in PIP_TRIM:
+            shutil.rmtree(site / rel, ignore_errors=True)
+        bindir = work / "usr" / "local" / "bin"
+        bindir.mkdir(parents=True)
+        for script, module in PIP_SCRIPTS.items():
+            path = bindir / script
+            path.write_text(f"#!/usr/bin/python3\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+            path.chmod(0o755)
+        return work, "usr"
+
+    return _cached_tarball(f"pip-{name}", pip_key(requirements), build,
+                           f"pip {' '.join(requirements)} for python {PYTHON_VERSION} ({name}; ~10-30 s)")
+
+
 def rootfs_tarball(name: str, packages: list[str], variant: str = "minbase") -> Path:
     """Return the path of a cached rootfs tarball, building it when missing."""
-    key = rootfs_key(packages, variant)
-    out_dir = SIM_DIR / "rootfs"
-    out = out_dir / f"{name}-{key}.tar"
-    if out.exists():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    log(f"debootstrap {name} ({len(packages)} packages; slow, ~1-2 min)")
-    work = Path(tempfile.mkdtemp(prefix=f"rootfs-{name}-", dir=out_dir))
-    try:
+    def build(work: Path) -> tuple[Path, str]:
         root = work / "root"
-        cache = out_dir / f"debs-{name}"  # .debs kept for later rebuilds (one dir per name: parallel runs)
+        cache = SIM_DIR / "rootfs" / f"debs-{name}"  # .debs kept for later rebuilds (one dir per name: parallel runs)
         cache.mkdir(exist_ok=True)
         cmd = ["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}",
                f"--cache-dir={cache}", SUITE, str(root)]
@@ -56,17 +96,35 @@ def rootfs_tarball(name: str, packages: list[str], variant: str = "minbase") -> 
             tail = logf.read_text()[-3000:] if logf.exists() else cp.stderr[-3000:]
             raise RuntimeError(f"debootstrap {name} failed:\n{tail}")
         _trim(root)
+        return root, "."
+
+    return _cached_tarball(name, rootfs_key(packages, variant), build,
+                           f"debootstrap {name} ({len(packages)} packages; slow, ~1-2 min)")
+
+
+def _cached_tarball(name: str, key: str, build, what: str) -> Path:
+    """.sim/rootfs/NAME-KEY.tar, made when missing: build(work dir) -> (directory, what in it to tar);
+    the tarballs of NAME's older keys are removed."""
+    out_dir = SIM_DIR / "rootfs"
+    out = out_dir / f"{name}-{key}.tar"
+    if out.exists():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    log(what)
+    work = Path(tempfile.mkdtemp(prefix=f"build-{name}-", dir=out_dir))
+    try:
+        top, members = build(work)
         tmp = out.with_suffix(".tar.tmp")
-        run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(tmp), "."])
+        run(["tar", "--numeric-owner", "--xattrs", "-C", str(top), "-cf", str(tmp), members])
         os.replace(tmp, out)
-        # drop tarballs of older package lists for the same name
         for old in out_dir.glob(f"{name}-*.tar"):
-            if old != out:
+            if old != out and len(old.name) == len(out.name):  # NAME-KEY.tar, not another name's (pip-NAME-...)
                 old.unlink()
     finally:
         _umount_under(work)
         shutil.rmtree(work, ignore_errors=True)
-    log(f"debootstrap {name} done in {time.monotonic() - t0:.0f}s -> {out.name}")
+    log(f"{name} done in {time.monotonic() - t0:.0f}s -> {out.name}")
     return out
 
 

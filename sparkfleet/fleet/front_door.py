@@ -117,7 +117,8 @@ class FrontDoor:
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
-    """The front door on `host`: the backends are every host serving the same served_model_name.
+    """The front door on `host`: the backends are every host serving the same served_model_name; of a
+    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API).
 
     Raises SettingsError naming each problem: the backends must be reachable from
     another host (not loopback) and share one api_key, which only the front door
@@ -125,7 +126,8 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     """
     s = plans[host].settings
     problems = []
-    backends = sorted((p for p in plans.values() if p.settings.served_model_name == s.served_model_name),
+    backends = sorted((p for p in plans.values()
+                       if p.settings.served_model_name == s.served_model_name and p.role != "worker"),
                       key=lambda p: p.name)
     if not backends:
         problems.append(f"{host}: no host serves {s.served_model_name!r} behind this front door: "

@@ -2,6 +2,8 @@
 
 Never more than one batch is changing at a time; more than `max_fail` failed
 hosts halt the rollout, and the hosts not yet reached keep their release.
+A tensor-parallel group is one unit: its members share a batch, and a failed
+gate on any of them rolls every member back (one model runs on them all).
 """
 
 from __future__ import annotations
@@ -14,9 +16,61 @@ from dataclasses import asdict, dataclass
 from sparkfleet.fleet.converge import HostResult, run_deploy
 from sparkfleet.fleet.front_door import FrontDoorRuntime
 
+Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first
 
-def batches(hosts: list[str], batch: str = "1", canary: bool = False) -> list[list[str]]:
-    """Split hosts into batches: `batch` is a count ("2") or a share of the fleet ("25%")."""
+
+def members_of(plans) -> dict[str, Unit]:
+    """{member: its group's members, head first} from the plans (single hosts are not in it)."""
+    return {p.name: tuple(p.group.members) for p in plans if p.group}
+
+
+def members_in_data(hosts: list[tuple[str, dict]]) -> dict[str, Unit]:
+    """The same map read from the inventory's raw data, before any plan (to pick a --limit's whole group);
+    the plan validates these lists afterwards."""
+    return {name: tuple(data["tensor_parallel_hosts"]) for name, data in hosts if data.get("tensor_parallel_hosts")}
+
+
+def whole_groups(selected: list[str], inventory: list[str], groups: dict[str, Unit]) -> list[str]:
+    """`selected` plus every other member of their groups, in inventory order: one member is never
+    changed, rolled back or judged alone."""
+    wanted = {*selected, *(m for h in selected for m in groups.get(h, ()))}
+    return [h for h in inventory if h in wanted]
+
+
+def load_whole_groups(inventory: str, limit: str | None = None) -> list[tuple[str, dict]]:
+    """The inventory's hosts (load_hosts), a `limit` widened to the whole group of each member it names."""
+    from sparkfleet.fleet.inventory import load_hosts
+
+    everyone = load_hosts(inventory)
+    if not limit:
+        return everyone
+    chosen = whole_groups([name for name, _ in load_hosts(inventory, limit)], [name for name, _ in everyone],
+                          members_in_data(everyone))
+    return [(name, data) for name, data in everyone if name in chosen]
+
+
+def units(hosts: list[str], groups: dict[str, Unit]) -> list[Unit]:
+    """The rollout's units in `hosts` order: a single host alone, a group once (head first) where its
+    first member appears. Raises ValueError when a group is only partly in `hosts`."""
+    found: list[Unit] = []
+    for h in hosts:
+        unit = groups.get(h, (h,))
+        missing = [m for m in unit if m not in hosts]
+        if missing:
+            raise ValueError(f"{h}: its group {unit_name(unit)} is only partly selected ({', '.join(missing)} "
+                             "missing): roll out the whole group")
+        if unit not in found:
+            found.append(unit)
+    return found
+
+
+def unit_name(unit: Unit) -> str:
+    """A host's own name; a group's "head+worker" (the plan's TensorParallelGroup.name)."""
+    return "+".join(unit)
+
+
+def batches(hosts: list, batch: str = "1", canary: bool = False) -> list[list]:
+    """Split hosts (or units: see `units`) into batches: `batch` is a count ("2") or a share of the fleet ("25%")."""
     match = re.fullmatch(r"(\d+)(%?)", batch.strip())
     if not match or int(match[1]) == 0:
         raise ValueError(f"--batch {batch!r}: give a number of hosts (e.g. 2) or a percentage (e.g. 25%)")
@@ -33,6 +87,8 @@ class HostReport:
     result: str  # converged | unchanged | rolled back | failed | unreachable | not reached
     seconds: float = 0.0
     detail: str = ""
+    group: str | None = None  # the tensor-parallel group's name ("spark-1+spark-2") for its members
+    batch: int | None = None  # the batch it went in (1-based), None for a rollback run on its own
 
     @property
     def ok(self) -> bool:
@@ -47,42 +103,74 @@ def judge(result: HostResult) -> str:
     return "converged" if result.changed else "unchanged"
 
 
+def unit_reports(unit: Unit, results: dict[str, HostResult], releases: dict[str, tuple[str | None, str | None]],
+                 seconds: float, batch: int | None = None) -> list[HostReport]:
+    """Each member's report from its deploy result (a single host: one report)."""
+    group = unit_name(unit) if len(unit) > 1 else None
+    return [HostReport(h, releases[h][0], releases[h][1], judge(results[h]), seconds,
+                       "; ".join(results[h].failed), group, batch) for h in unit]
+
+
+def needs_rollback(unit: Unit, results: dict[str, HostResult]) -> list[str]:
+    """The members whose new release failed its health gate: any one rolls the whole unit back."""
+    return [h for h in unit if judge(results[h]) == "failed" and results[h].health_gate == "failed"]
+
+
+def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[str, HostResult],
+                releases: dict[str, tuple[str | None, str | None]]) -> None:
+    """Mark a unit's reports after its rollback: every member restored, or where it could not be."""
+    for report in reports:
+        result = back[report.host]
+        if not result.ok:
+            report.result = "failed"
+            report.detail = f"health gate failed ({', '.join(gate_failed)}) and rollback failed too: {result.failed}"
+            continue
+        report.result, report.new_release = "rolled back", releases[report.host][0]
+        if report.host in gate_failed:
+            report.detail = "new release failed its health gate; previous release restored and healthy"
+        else:
+            report.detail = (f"{', '.join(gate_failed)} failed the health gate of the group {report.group}; "
+                             "previous release restored on every member")
+
+
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
-            log=print) -> list[HostReport]:
-    """Drive deploy.py over `hosts` in batches; roll back hosts whose new release fails its health gate.
+            groups: dict[str, Unit] | None = None, log=print) -> list[HostReport]:
+    """Drive deploy.py over `hosts` in batches; roll back units whose new release fails its health gate.
 
-    `releases` maps each host to (its installed release id, the planned one).
+    `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
+    tensor-parallel group to its members (see `members_of`). Batches count units, and so does `max_fail`
+    (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
     """
     reports: list[HostReport] = []
     failures = 0
-    plan = batches(hosts, batch, canary)
+    plan = batches(units(hosts, groups or {}), batch, canary)
     door = FrontDoorRuntime.of(inventory)  # none: no drain
-    for number, group in enumerate(plan, 1):
+    for number, batch_units in enumerate(plan, 1):
+        batch_hosts = [h for unit in batch_units for h in unit]
         if failures > max_fail:
             reports += [HostReport(h, releases[h][0], releases[h][1], "not reached",
-                                   detail=f"halted: {failures} failed > --max-fail {max_fail}") for h in group]
+                                   detail=f"halted: {failures} failed > --max-fail {max_fail}",
+                                   group=unit_name(unit) if len(unit) > 1 else None, batch=number)
+                        for unit in batch_units for h in unit]
             continue
-        log(f"batch {number}/{len(plan)}: {', '.join(group)}")
+        log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
         started = time.monotonic()
-        door.drain(group, log)
-        results = run_deploy(inventory, group, data)
+        door.drain([unit[0] for unit in batch_units], log)
+        results = run_deploy(inventory, batch_hosts, data)
         seconds = round(time.monotonic() - started, 1)
-        for host in group:
-            result = results[host]
-            outcome = judge(result)
-            report = HostReport(host, releases[host][0], releases[host][1], outcome, seconds,
-                                "; ".join(result.failed))
-            if outcome == "failed" and result.health_gate == "failed":
-                back = run_deploy(inventory, [host], data, deploy_file="rollback.py")[host]
-                report.result = "rolled back" if back.ok else "failed"
-                report.new_release = releases[host][0] if back.ok else report.new_release
-                report.detail = ("new release failed its health gate; previous release restored and healthy"
-                                 if back.ok else f"health gate failed and rollback failed too: {back.failed}")
-            if not report.ok:
-                failures += 1
-            reports.append(report)
-        door.ready([r.host for r in reports[-len(group):] if r.ok or r.result == "rolled back"], log)  # failed: out
+        back_in = []
+        for unit in batch_units:
+            found = unit_reports(unit, results, releases, seconds, number)
+            gate_failed = needs_rollback(unit, results)
+            if gate_failed:
+                rolled_back(found, gate_failed, run_deploy(inventory, list(unit), data, deploy_file="rollback.py"),
+                            releases)
+            if all(r.ok or r.result == "rolled back" for r in found):
+                back_in.append(unit[0])  # failed: stays out
+            failures += not all(r.ok for r in found)
+            reports += found
+        door.ready(back_in, log)
     return reports
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import requests
 
 from sparkfleet.fleet.metrics import read_metrics
+from sparkfleet.host import paths
 from sparkfleet.release.settings import Settings
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -52,12 +53,95 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
     return row
 
 
-def ssh_facts(host) -> dict:
-    """What the host itself says: driver, CUDA, toolkit, release, verified model, unit state."""
+def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False) -> dict:
+    """One host's `status` row: its API (host_status) and what it says over SSH (facts: None when it did not
+    answer). Healthy: the API serves the model, the unit is active, every RAG service answers and the
+    watchdog has no problem for a person."""
+    row = host_status(name, s, data, chat=chat)
+    row["ssh"] = facts
+    row["healthy"] = row["healthy"] and facts is not None and facts["unit_active"] and all(
+        svc["serving"] for svc in facts["services"].values())
+    problem = ((facts or {}).get("watchdog") or {}).get("problem")
+    if problem:  # the watchdog gave up, or the engine container lost the GPU: a person must look
+        row["healthy"], row["error"] = False, problem + (f"; {row['error']}" if row["error"] else "")
+    if facts is None:
+        row["error"] = "unreachable over SSH" + (f"; {row['error']}" if row["error"] else "")
+    return row
+
+
+def ray_problems(group, check) -> list[str]:
+    """Why the head's Ray does not hold the whole group, one line each: fewer alive nodes than members, a
+    member's fabric address missing, a node without its GPU. `check` is what the head's Ray check printed
+    ({"alive_nodes": n, "gpus": [...], "addresses": [...]}, read back from a host: checked, not trusted)."""
+    if not isinstance(check, dict):
+        return [f"Ray check on {group.head} gave no answer"]
+    alive, gpus, addresses = check.get("alive_nodes"), check.get("gpus"), check.get("addresses")
+    if not (isinstance(alive, int) and isinstance(gpus, list) and isinstance(addresses, list)):
+        return [f"Ray check on {group.head} gave an unreadable answer"]
+    error = check.get("error")
+    problems = [f"Ray on {group.head}: {error[:200]}"] if isinstance(error, str) and error else []
+    missing = [f"{m} ({group.address_of(m)})" for m in group.members if group.address_of(m) not in addresses]
+    if alive < group.size or missing:
+        problems.append(f"Ray sees {min(alive, group.size)} of {group.size} nodes"
+                        + (f": {', '.join(missing)} not in it" if missing else ""))
+    without = [str(a) for a, g in zip(addresses, gpus) if not (isinstance(g, (int, float)) and g >= 1)]
+    if without or len(gpus) < len(addresses):
+        problems.append(f"Ray nodes without a GPU: {', '.join(without) or 'some'}")
+    return problems
+
+
+def group_row(group, head_row: dict, facts: dict[str, dict | None]) -> dict:
+    """A tensor-parallel group's one `status` row, named "spark-1+spark-2": the head's row (its API, its
+    release) with every member listed by role. Healthy only when the head serves, every member's Ray unit
+    is active and the head's Ray sees every member with its GPU; else `error` says why."""
+    members = [{"host": m, "role": "head" if m == group.head else "worker", "address": group.address_of(m),
+                "ssh": facts.get(m)} for m in group.members]
+    problems = [f"{m['host']} unreachable over SSH" for m in members[1:] if m["ssh"] is None]
+    problems += [f"{paths.RAY_UNIT_NAME} inactive on {m['host']}" for m in members
+                 if m["ssh"] is not None and not m["ssh"].get("ray_active")]
+    head = facts.get(group.head)
+    if head is not None:
+        problems += ray_problems(group, head.get("ray"))
+    reached = [m["ssh"] for m in members if m["ssh"] is not None]
+    ssh = None if head is None else {
+        **head, "unit_active": head["unit_active"] and len(reached) == len(members)
+        and all(f.get("ray_active") for f in reached),
+        "model_verified": None if len(reached) < len(members) else all(f["model_verified"] for f in reached)}
+    error = "; ".join(problems + ([f"{group.head}: {head_row['error']}"] if head_row.get("error") else []))
+    return {**head_row, "host": group.name, "group": group.name, "members": members, "ssh": ssh,
+            "healthy": head_row["healthy"] and not problems, "error": error or None}
+
+
+def fleet_rows(hosts: list[str], groups: dict, facts: dict[str, dict | None], row_of) -> list[dict]:
+    """`status`'s rows in inventory order: a single host's own (row_of(name) -> host_row), and one row per
+    group where its first member appears, from its head's row (a worker serves no API of its own).
+    `groups` maps each member to its TensorParallelGroup; `hosts` holds every member of each group;
+    `facts` is each host's ssh_facts (None: it did not answer)."""
+    rows, seen = [], set()
+    for name in hosts:
+        group = groups.get(name)
+        if group is None:
+            rows.append(row_of(name))
+        elif group.name not in seen:
+            seen.add(group.name)
+            rows.append(group_row(group, row_of(group.head), facts))
+    return rows
+
+
+def host_cell(row: dict) -> str:
+    """The `status` table's host column: a host's name; a group's name with each member's role."""
+    if not row.get("members"):
+        return row["host"]
+    roles = ", ".join(f"{m['role']} {m['host']}" for m in row["members"])
+    return f"{row['host']} ({roles})"
+
+
+def ssh_facts(host, group=None) -> dict:
+    """What the host itself says: driver, CUDA, toolkit, release, verified model, unit state; a group
+    member's Ray unit state too, and on a group's head what its Ray sees (the head's Ray check)."""
     from pyinfra.facts.deb import DebPackage
     from pyinfra.facts.systemd import SystemdStatus
 
-    from sparkfleet.host import paths
     from sparkfleet.host.facts import ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
     from sparkfleet.host.shared import host_module
@@ -73,11 +157,34 @@ def ssh_facts(host) -> dict:
         vouched = all(host_module.vouches(entry, files.get(path)) for path, entry in record.items())
         exact = not host_module.extras(record, files, state.get("others", {}))
         verified = bool(record) and len(record) == expected and vouched and exact
-    units = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME]) or {}
-    return {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
-            "release_id": release.get("release_id"), "model_verified": verified,
-            "unit_active": bool(units.get(paths.UNIT_NAME)),
-            "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release)}
+    units = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME, paths.RAY_UNIT_NAME]) or {}
+    facts = {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
+             "release_id": release.get("release_id"), "model_verified": verified,
+             "unit_active": bool(units.get(paths.UNIT_NAME)),
+             "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release)}
+    if group:
+        facts["ray_active"] = bool(units.get(paths.RAY_UNIT_NAME))
+    if group and group.head == host.name:
+        facts["ray"] = ray_check(host, group)
+    return facts
+
+
+def ray_check(host, group) -> dict | None:
+    """What the head's Ray sees (sparkfleet-ray-check asks its Ray container, no waiting): the helper's JSON
+    line, or None when it printed none. The helper exits 1 when a member is missing: its line still counts."""
+    import json
+
+    from pyinfra.api import StringCommand
+
+    from sparkfleet.host.facts import ray_check_args
+
+    args = ray_check_args(group.ray_address, group.address_of(host.name), dict(zip(group.members, group.addresses)))
+    _, output = host.run_shell_command(StringCommand("python3", paths.RAY_CHECK, *args, "2>/dev/null || true"),
+                                       print_output=False)
+    try:
+        return json.loads(output.stdout_lines[-1]) if output.stdout_lines else None
+    except ValueError:
+        return None
 
 
 def services_status(host, release: dict) -> dict:

@@ -8,6 +8,7 @@ server.Arch), sparkfleet uses it; a custom fact here says in its docstring what 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -324,3 +325,154 @@ class RuntimePath(FactBase[str]):
 
     def process(self, output):
         return output[0] if output else None
+
+
+@dataclass(frozen=True)
+class FabricLink:
+    """The fabric interface as `ip -j addr` shows it (exists False: no such interface on the host)."""
+
+    interface: str
+    exists: bool
+    admin_up: bool = False  # the UP flag: `ip link set IFACE up` was done
+    carrier: bool = False  # LOWER_UP, operstate UP (UNKNOWN with both flags for drivers that report no state)
+    mtu: int | None = None
+    addresses: tuple[str, ...] = ()  # its IPv4 addresses, without prefix length
+
+
+FABRIC_ABSENT = "@@sparkfleet-no-interface"
+_MAX_FACT_CHARS = 1_000_000  # more than any real `ip -j addr` of one interface: a bigger answer is not believed
+_MTU_RANGE = range(68, 65537)  # what Linux accepts on any interface
+
+
+def _ipv4_text(value) -> str | None:
+    """An IPv4 address as Python writes it back (a leading zero or a name is not one), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return value if str(ipaddress.IPv4Address(value)) == value else None
+    except ValueError:
+        return None
+
+
+def parse_fabric_link(lines: list[str], interface: str) -> FabricLink | Unreadable:
+    """`ip -j addr show dev IFACE`: one object for that interface, its flags, MTU and IPv4 addresses. Anything
+    else (an old `ip` without -j, another interface's name, a list of flags that is not one, an MTU Linux does
+    not allow, an inet entry that is not an IPv4 address) is unreadable."""
+    source = f"ip -j addr show dev {interface}"
+    text = "\n".join(lines).strip()
+    if text == FABRIC_ABSENT:
+        return FabricLink(interface, exists=False)
+    if len(text) > _MAX_FACT_CHARS:
+        return Unreadable(source, f"printed {len(text)} characters, more than one interface has")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return Unreadable(source, f"printed {text[:80]!r}, not JSON (iproute2 too old for -j?)")
+    link = value[0] if isinstance(value, list) and len(value) == 1 else None
+    if not isinstance(link, dict) or link.get("ifname") != interface:
+        return Unreadable(source, f"printed {text[:80]!r}, not one object for {interface}")
+    flags, mtu, infos = link.get("flags"), link.get("mtu"), link.get("addr_info", [])
+    if not (isinstance(flags, list) and all(isinstance(flag, str) for flag in flags)):
+        return Unreadable(source, "`flags` is not a list of names")
+    if type(mtu) is not int or mtu not in _MTU_RANGE:
+        return Unreadable(source, f"`mtu` reads {str(mtu)[:40]!r}, not an MTU Linux allows (68..65536)")
+    if not (isinstance(infos, list) and all(isinstance(info, dict) for info in infos)):
+        return Unreadable(source, "`addr_info` is not a list of objects")
+    addresses = []
+    for info in infos:
+        if info.get("family") != "inet":
+            continue
+        address = _ipv4_text(info.get("local"))
+        if address is None:
+            return Unreadable(source, f"an inet address reads {str(info.get('local'))[:40]!r}, not an IPv4 address")
+        addresses.append(address)
+    operstate = link.get("operstate")
+    carrier = "LOWER_UP" in flags and (operstate == "UP" or (operstate == "UNKNOWN" and "UP" in flags))
+    return FabricLink(interface, True, admin_up="UP" in flags, carrier=carrier, mtu=mtu, addresses=tuple(addresses))
+
+
+class FabricInterface(FactBase):
+    """The fabric interface's state, MTU and IPv4 addresses (pyinfra's NetworkDevices parses `ip addr` text for
+    every interface and reads no operstate); a missing interface is a FabricLink that does not exist."""
+
+    def command(self, interface: str):
+        self.interface = interface
+        return StringCommand("if [ -e", QuoteString(f"/sys/class/net/{interface}"), "]; then ip -j addr show dev",
+                             QuoteString(interface), "2>&1; else echo", FABRIC_ABSENT, "; fi")
+
+    def process(self, output):
+        return parse_fabric_link(output, self.interface)
+
+
+REACH_NO_PING = "@@sparkfleet-no-ping"
+
+
+def parse_fabric_reach(lines: list[str], addresses: list[str]) -> dict[str, bool] | Unreadable:
+    """Which of `addresses` answered a ping: a line `ADDRESS ok|failed` per address asked about; a line
+    about any other address is ignored, and an address with no line counts as not answering."""
+    if REACH_NO_PING in lines:
+        return Unreadable("ping", "not installed: apt-get install iputils-ping")
+    answered = {}
+    for line in lines:
+        address, _, verdict = line.strip().partition(" ")
+        if address in addresses and verdict in ("ok", "failed"):
+            answered[address] = verdict == "ok"
+    return {address: answered.get(address, False) for address in addresses}
+
+
+class FabricReach(FactBase):
+    """Whether each address answers one ping sent out of the fabric interface (`ping -I`): a member reaches
+    the others over the link, not over the office LAN. pyinfra has no reachability fact."""
+
+    def command(self, interface: str, addresses: list[str]):
+        self.addresses = [a for a in addresses if _ipv4_text(a)]
+        pings = [StringCommand("if ping -c 1 -W 2 -I", QuoteString(interface), QuoteString(address),
+                               ">/dev/null 2>&1; then echo", QuoteString(f"{address} ok"), "; else echo",
+                               QuoteString(f"{address} failed"), "; fi;") for address in self.addresses]
+        return StringCommand("if ! command -v ping >/dev/null; then echo", REACH_NO_PING, "; exit 0; fi;", *pings)
+
+    @staticmethod
+    def default():
+        return {}
+
+    def process(self, output):
+        return parse_fabric_reach(output, self.addresses)
+
+
+def parse_ray_check(lines: list[str]) -> dict:
+    """sparkfleet-ray-check's JSON line: {"ok", "detail"}. Anything else (no helper yet, no Ray container, a
+    broken line) is not ok: the converge then runs the check itself, which names what is missing."""
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        value = None
+    missing = value.get("missing") if isinstance(value, dict) else None
+    alive = value.get("alive_nodes") if isinstance(value, dict) else None
+    if not (isinstance(missing, list) and all(isinstance(m, str) for m in missing) and type(alive) is int):
+        return {"ok": False, "detail": f"sparkfleet-ray-check printed {' '.join(lines)[-200:]!r}"}
+    return {"ok": not missing, "detail": "; ".join(missing)[:400] or f"{alive} alive nodes, 1 GPU each"}
+
+
+class RayCheck(FactBase[dict]):
+    """Whether the group's Ray cluster sees each of `members` ({name: fabric address}) alive with one GPU, asked
+    from this member's Ray container once, without waiting (pyinfra has no Ray fact)."""
+
+    def command(self, address: str, node_ip: str, members: dict):
+        return StringCommand(
+            "if [ -x", paths.RAY_CHECK, "]; then python3", paths.RAY_CHECK, *ray_check_args(address, node_ip, members),
+            "2>/dev/null; else echo '{}'; fi; true")
+
+    @staticmethod
+    def default():
+        return {"ok": False, "detail": "no answer"}
+
+    def process(self, output):
+        return parse_ray_check(output)
+
+
+def ray_check_args(address: str, node_ip: str, members: dict) -> list:
+    """sparkfleet-ray-check's arguments, each quoted."""
+    args = ["--address", QuoteString(address), "--node-ip", QuoteString(node_ip)]
+    for name, member_address in members.items():
+        args += ["--member", QuoteString(f"{name}={member_address}")]
+    return args

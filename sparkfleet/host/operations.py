@@ -136,16 +136,23 @@ _SECRET_LINE = shlex.quote(f"^{paths.ENGINE_ENV_SECRET}=")
 
 
 @operation()
-def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_text: str):
-    """Before a new release replaces the running one, keep the running one's unit, settings and
-    record aside (rollback needs no download). Its secrets are not kept: a rollback takes
-    today's secrets, from the inventory, never an older one."""
-    if installed_release in (None, new_release) or host.get_fact(Sha1File, path=paths.UNIT_PATH) in (
-            None, _sha1(unit_text)):
+def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_texts: dict[str, str]):
+    """Before a new release replaces the running one, keep the running one's units (the vLLM unit, a member's Ray
+    unit: whichever it runs), settings and record aside (rollback needs no download). Its secrets are not kept: a
+    rollback takes today's secrets, from the inventory, never an older one.
+
+    `unit_texts` are the new release's unit files by path: where every live unit already is the new one (or is
+    gone), an earlier run of this release replaced it, and the kept copy is not overwritten with the new one."""
+    live = {path: host.get_fact(Sha1File, path=path) for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)}
+    live = {path: sha1 for path, sha1 in live.items() if sha1}
+    replaced = all(path in unit_texts and sha1 == _sha1(unit_texts[path]) for path, sha1 in live.items())
+    if installed_release in (None, new_release) or replaced:
         host.noop("no running release is being replaced")
         return
+    kept_units = [f"{paths.PREVIOUS_DIR}/{Path(path).name}" for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)]
     yield StringCommand(
-        "mkdir -p", paths.PREVIOUS_DIR, "&& cp -p", paths.UNIT_PATH, paths.RELEASE_FILE, paths.PREVIOUS_DIR + "/",
+        "mkdir -p", paths.PREVIOUS_DIR, "&& rm -f", *kept_units, "&& cp -p", *live, paths.RELEASE_FILE,
+        paths.PREVIOUS_DIR + "/",
         "&& ( umask 077 && { grep -v", _SECRET_LINE, paths.ENGINE_ENV, "|| [ $? -eq 1 ]; } >", _KEPT_ENV, ")",
     )
 
@@ -163,14 +170,37 @@ def previous_release_restored(previous: dict, current: dict):
     gone = f"{host.name}: the previous model directory {previous['model_dir']} is gone: roll forward instead"
     yield StringCommand("test -d", QuoteString(previous["model_dir"]), "|| { echo", QuoteString(gone),
                         ">&2; exit 1; }")
-    for live in (paths.UNIT_PATH, paths.RELEASE_FILE):
-        kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
-        yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
+    live = paths.RELEASE_FILE
+    kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
+    yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
     live, kept = paths.ENGINE_ENV, _KEPT_ENV
     yield (f"( umask 077 && {{ grep -v {_SECRET_LINE} {live} || [ $? -eq 1 ]; }} > {kept}.swap"
            f" && {{ grep {_SECRET_LINE} {live} || [ $? -eq 1 ]; cat {kept}; }} > {live}.new )"
            f" && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
-    yield f"systemctl daemon-reload && systemctl restart {paths.UNIT_NAME}"
+    yield from units_restored(previous.get("role", "single"), host.name)
+
+
+# The units a release of each role runs, in start order: a member's Ray node before the head's engine.
+ROLE_UNITS = {"single": (paths.UNIT_NAME,), "head": (paths.RAY_UNIT_NAME, paths.UNIT_NAME),
+              "worker": (paths.RAY_UNIT_NAME,)}
+
+
+def units_restored(role: str, name: str) -> list[str]:
+    """Commands putting back the units of a kept release of `role` ("single", "head" or "worker"): a kept unit
+    file swaps with the live one (which may be absent: a host that joined or left a group); a unit the kept
+    release does not run is set aside (a second rollback returns it), stopped and disabled; the others restart."""
+    wanted = ROLE_UNITS[role]
+    commands = []
+    for unit, live in ((paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH), (paths.UNIT_NAME, paths.UNIT_PATH)):
+        kept = f"{paths.PREVIOUS_DIR}/{unit}"
+        if unit in wanted:
+            missing = shlex.quote(f"{name}: {kept} is missing: nothing to roll back to; roll forward instead")
+            commands.append(f"{{ [ -e {kept} ] || {{ echo {missing} >&2; exit 1; }}; }} && "
+                            f"{{ [ ! -e {live} ] || mv -f {live} {kept}.swap; }} && mv -f {kept} {live} && "
+                            f"{{ [ ! -e {kept}.swap ] || mv -f {kept}.swap {kept}; }}")
+        else:
+            commands.append(f"if [ -e {live} ]; then systemctl disable --now {unit} && mv -f {live} {kept}; fi")
+    return commands + ["systemctl daemon-reload", *(f"systemctl enable {u} && systemctl restart {u}" for u in wanted)]
 
 
 def rollback_problem(previous: dict | None, source: str) -> Unreadable | None:

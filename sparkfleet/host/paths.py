@@ -4,6 +4,10 @@ from sparkfleet.host.shared import host_module
 
 UNIT_NAME = "sparkfleet-vllm.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+RAY_UNIT_NAME = "sparkfleet-ray.service"  # a tensor-parallel member's Ray node (head or worker)
+RAY_UNIT_PATH = f"/etc/systemd/system/{RAY_UNIT_NAME}"
+RAY_CONTAINER = "sparkfleet-ray"
+RAY_DIR = "/var/lib/sparkfleet/ray"  # Ray's /tmp/ray in both containers: the head's vLLM reaches the raylet's sockets
 SHARE_UNIT_NAME = "sparkfleet-share.service"
 SHARE_UNIT_PATH = f"/etc/systemd/system/{SHARE_UNIT_NAME}"
 CONFIG_DIR = "/etc/sparkfleet"
@@ -33,3 +37,4 @@ TOOLKIT_PACKAGES = (
     "libnvidia-container-tools",
     "libnvidia-container1",
 )
+RAY_CHECK = f"{BIN_DIR}/sparkfleet-ray-check"  # on a member: which Ray nodes are alive, with how many GPUs

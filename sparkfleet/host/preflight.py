@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkfleet.host.facts import JsonObject, Unreadable, history_problem
+from sparkfleet.host.facts import FabricLink, JsonObject, Unreadable, history_problem
 from sparkfleet.host.nvidia_smi import GpuReport, at_least
 from sparkfleet.release.settings import Settings
 
@@ -67,4 +67,82 @@ def preflight_problems(name: str, s: Settings, f: HostFacts) -> list[str]:
         refuse("Docker", "docker.service not active", "running", "systemctl enable --now docker")
     if not f.python:
         refuse("python3", "not installed", "python3 >= 3.10", "apt-get install python3 (DGX OS ships it)")
+    return problems
+
+
+@dataclass(frozen=True)
+class MemberFacts:
+    """What the pair preflight reads from one member of a tensor-parallel group."""
+
+    gpu: GpuReport
+    link: FabricLink | Unreadable
+    reach: dict[str, bool] | Unreadable  # each other member's fabric address -> answered a ping over the link
+    fit: bool = True  # passed its own (single-host) preflight
+
+
+def link_problems(name: str, address: str, group, link: FabricLink | Unreadable) -> tuple[list[str], bool]:
+    """A member's fabric interface: its problems, and whether it can carry a ping (exists, up, has the
+    member's address; a wrong MTU does not stop a small ping)."""
+    iface = group.interface
+    if isinstance(link, Unreadable):
+        return [link.line(name)], False
+    if not link.exists:
+        return [(f"{name}: fabric interface {iface}: not found on the host: cable the ConnectX-7 port and set "
+                 f"fabric_interface to its name (`ip link` lists them)")], False
+    problems = []
+    if not link.admin_up:
+        problems.append(f"{name}: fabric interface {iface}: down: `ip link set {iface} up` and persist it (netplan)")
+    elif not link.carrier:
+        problems.append(f"{name}: fabric interface {iface}: up but no link (no carrier): check the cable and the "
+                        f"peer's port")
+    if address not in link.addresses:
+        found = ", ".join(link.addresses) or "no IPv4 address"
+        problems.append(f"{name}: fabric interface {iface}: has {found}, not its fabric_address {address}: add "
+                        f"{address} to {iface} (netplan) or correct fabric_address")
+    carries = not problems
+    if link.mtu != group.mtu:
+        problems.append(f"{name}: fabric interface {iface}: MTU {link.mtu}, required {group.mtu}: set the MTU to "
+                        f"{group.mtu} on {iface} and persist it (netplan); it falls back to 1500 after some reboots")
+    return problems, carries
+
+
+def _same_across(group, facts: dict[str, MemberFacts], what: str, read) -> list[str]:
+    """One line per member whose `what` differs from the head's (a member without a reading is skipped:
+    its own preflight names that)."""
+    head_value = read(facts[group.head].gpu)
+    if head_value is None:
+        return []
+    return [f"{name}: {what} {read(facts[name].gpu)}, the head {group.head} has {head_value}: every member of "
+            f"{group.name} needs the same (upgrade the older one and reboot)"
+            for name in group.members[1:] if read(facts[name].gpu) not in (None, head_value)]
+
+
+def pair_problems(group, facts: dict[str, MemberFacts]) -> list[str]:
+    """Why a tensor-parallel group may not be changed, one line each naming the member; [] when every member
+    is fit, its fabric interface is up with the group's MTU and its own address, every member answers every
+    other over that interface, and the driver and CUDA versions agree. A member whose link cannot carry a
+    ping is not also reported as unreachable: the link is the one problem."""
+    missing = [name for name in group.members if name not in facts]
+    if missing:
+        return [f"{name}: its facts could not be read (not connected?): no member of {group.name} is changed"
+                for name in missing]
+    problems, carries = [], {}
+    for name, address in zip(group.members, group.addresses):
+        if not facts[name].fit:
+            problems.append(f"{name}: failed its own preflight: no member of {group.name} is changed")
+        found, carries[name] = link_problems(name, address, group, facts[name].link)
+        problems += found
+    for name in group.members:
+        reach = facts[name].reach
+        if not carries[name]:
+            continue
+        if isinstance(reach, Unreadable):
+            problems.append(reach.line(name))
+            continue
+        problems += [f"{name}: cannot reach {other} at {group.address_of(other)} over {group.interface} (ping): "
+                     f"check the cable, both ports' addresses and a firewall"
+                     for other in group.members if other != name and carries[other]
+                     and not reach.get(group.address_of(other), False)]
+    problems += _same_across(group, facts, "NVIDIA driver", lambda gpu: gpu.driver)
+    problems += _same_across(group, facts, "CUDA version", lambda gpu: gpu.cuda)
     return problems

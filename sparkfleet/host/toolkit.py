@@ -170,13 +170,15 @@ def gpu_check_command(image: str, gpu_options: tuple[str, ...]) -> StringCommand
 
 @operation()
 def container_sees_gpu(image: str, gpu_options: tuple[str, ...], pull: bool):
-    """Before a first start (the unit not active): a container started like the engine lists the GPU.
+    """Before a first start (no GPU unit active): a container started like the engine lists the GPU.
 
     The engine image is pulled here when missing (the unit would pull it first thing anyway); with
     engine_image_archive it is loaded only in the service stage, so the health gate checks it then.
-    Once the engine runs, its own container is the one checked (the watchdog's probe)."""
-    if host.get_fact(SystemdStatus, services=[paths.UNIT_NAME]).get(paths.UNIT_NAME):
-        host.noop("the engine runs: the watchdog checks the GPU in its container")
+    Once the engine runs, its own container is the one checked (the watchdog's probe); on a group's worker,
+    its Ray node's (the Ray check counts its GPU)."""
+    running = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME, paths.RAY_UNIT_NAME])
+    if running.get(paths.UNIT_NAME) or running.get(paths.RAY_UNIT_NAME):
+        host.noop("a GPU container runs: the watchdog or the Ray check sees its GPU")
         return
     # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
     if not host.get_fact(DockerImage, object_id=shlex.quote(image)):

@@ -21,6 +21,12 @@ It is an upper bound: measured decode is lower (kernels, launches, sampling).
 With speculative decoding (vLLM's "mtp" method) the draft's KV cache and
 linear states are counted too (see :func:`fit_report`).
 
+With tensor parallelism over N Sparks (one GPU each, vLLM over Ray) every
+figure is per GPU: each member holds weights / N, the KV heads are split
+over the N GPUs (see :func:`kv_bytes_per_token`), and each member has its
+own budget; a model that fits no single Spark is refused with the number of
+Sparks that it needs (:func:`sparks_needed_problem`, :func:`check_fit`).
+
 Public API: :func:`fit_report` -> :class:`FitReport`, :func:`check_fit`,
 :func:`linear_state_bytes`, :func:`kv_bytes_per_token`, :func:`param_counts`,
 :func:`draft_weight_bytes`.
@@ -49,6 +55,7 @@ __all__ = [
     "kv_bytes_per_token",
     "linear_state_bytes",
     "param_counts",
+    "sparks_needed_problem",
 ]
 
 GIB = 1024**3
@@ -88,6 +95,9 @@ REFERENCE_DECODE_TOKENS_PER_S = 50.3
 # the suggestion is a round number that still fits.
 SUGGESTION_GRANULARITY = 1024
 
+# The most Sparks a plan considers for one model (the stacked-Sparks playbooks stop well below).
+MAX_SPARKS = 8
+
 # The short context the report counts concurrent sequences at.
 SHORT_CONTEXT_TOKENS = 8192
 
@@ -117,12 +127,15 @@ def _model_dtype_bytes(config: dict) -> int:
     return _DTYPE_BYTES.get(str(dtype or "bfloat16").removeprefix("torch."), 2)
 
 
-def _quantized_bytes(config: dict) -> int | None:
-    """Bytes per quantized weight, or None when the checkpoint is not quantized."""
+def _quantized_bytes(config: dict) -> float | None:
+    """Bytes per quantized weight (AWQ/GPTQ: `bits` / 8, 0.5 at 4 bits; group scales not counted), or None
+    when the checkpoint is not quantized."""
     quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return 1
+    if method in ("awq", "gptq", "compressed-tensors") and quant.get("bits"):
+        return int(quant["bits"]) / 8
     return None
 
 
@@ -155,17 +168,28 @@ def _kv_dtype_bytes(config: dict, kv_cache_dtype: str) -> int:
 # --------------------------------------------------------------------------
 
 
-def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto") -> int:
-    """KV cache bytes per token: 2 (K and V) x full-attention layers x KV heads x head_dim x dtype bytes.
+def _kv_heads_per_gpu(text: dict, tensor_parallel_size: int) -> int:
+    """KV heads one GPU stores: vLLM splits them over the GPUs when there are at least as many heads as GPUs,
+    and otherwise replicates one head on each GPU (max(1, heads // N))."""
+    kv_heads = int(text.get("num_key_value_heads") or _require(text, "num_attention_heads"))
+    return max(1, kv_heads // tensor_parallel_size)
+
+
+def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
+    """KV cache bytes per token on one GPU: 2 (K and V) x full-attention layers x KV heads per GPU x head_dim x
+    dtype bytes.
 
     Only full-attention layers store KV; linear-attention layers keep a fixed
     state instead (:func:`linear_state_bytes`). Qwen3.5-35B-A3B:
     2 x 10 x 2 x 256 x 2 = 20,480 bytes/token in bf16, 10,240 with fp8.
+    Over N GPUs each stores num_key_value_heads / N heads when num_key_value_heads >= N,
+    else one replicated head: Qwen3-235B-A22B (94 layers, 4 KV heads of 128)
+    2 x 94 x 4 x 128 x 2 = 192,512 bytes/token on one GPU, 96,256 per GPU on 2,
+    48,128 on 4, and still 48,128 on 8 (4 heads cannot be split 8 ways).
     """
     text = _text(config)
     full, _ = _layer_counts(text)
-    heads = int(_require(text, "num_attention_heads"))
-    kv_heads = int(text.get("num_key_value_heads") or heads)
+    kv_heads = _kv_heads_per_gpu(text, tensor_parallel_size)
     return 2 * full * kv_heads * _head_dim(text) * _kv_dtype_bytes(config, kv_cache_dtype)
 
 
@@ -305,7 +329,7 @@ def draft_weight_bytes(config: dict) -> int:
     narrow = attn_narrow + mlp_narrow
     wide = attn_wide + mlp_wide + 2 * hidden * hidden + 5 * hidden
     wide_bytes = _model_dtype_bytes(config)
-    return layers * (narrow * (_quantized_bytes(config) or wide_bytes) + wide * wide_bytes)
+    return int(layers * (narrow * (_quantized_bytes(config) or wide_bytes) + wide * wide_bytes))
 
 
 def param_counts(config: dict) -> ParamCounts:
@@ -427,6 +451,10 @@ class FitReport:
     draft_layers: int = 0
     draft_weights_bytes: int = 0  # the MTP layers' weights: inside weights_bytes (the same safetensors)
     draft_kv_bytes_per_token: int = 0  # the MTP layers' attention KV, beside the target's
+    # Tensor parallelism: the figures above are per GPU (one Spark each) when this is > 1.
+    tensor_parallel_size: int = 1
+    weights_per_gpu_bytes: int = 0  # weights_bytes / tensor_parallel_size: what each member loads
+    sparks_needed: int | None = 1  # the fewest Sparks (up to MAX_SPARKS) on which max_model_len fits; None: none
 
     @property
     def kv_bytes_per_token_total(self) -> int:
@@ -474,6 +502,7 @@ def fit_report(
     reserve_bytes: int = RESERVE_BYTES,
     linear_state_copies: int = 1,
     num_speculative_tokens: int = 0,
+    tensor_parallel_size: int = 1,
 ) -> FitReport:
     """Plan the fit of `config` with `weights_bytes` of weights on one host.
 
@@ -495,6 +524,14 @@ def fit_report(
       state is (1 + num_speculative_tokens) times larger.
     The roofline stays the plain one: a step of the target that accepts k
     drafts emits k + 1 tokens, so measured decode may exceed it.
+
+    `tensor_parallel_size` N > 1: N Sparks, one GPU each, and every memory
+    figure is one member's: the budget is each member's own, the weights are
+    weights_bytes / N, the KV cache per token counts the KV heads one GPU keeps
+    (:func:`kv_bytes_per_token`) and the linear-attention heads split N ways.
+    The roofline reads one member's share of the active weights at one
+    member's bandwidth; the all-reduces over the fabric are not counted, so it
+    is a looser upper bound than on one Spark.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {gpu_memory_utilization}")
@@ -502,25 +539,36 @@ def fit_report(
     max_pos = int(_require(text, "max_position_embeddings"))
     max_model_len = int(max_model_len or max_pos)
     full, linear = _layer_counts(text)
-    kv_per_token = kv_bytes_per_token(config, kv_cache_dtype)
-    state_one = linear_state_bytes(config)
-    state = state_one * linear_state_copies * (1 + num_speculative_tokens)
     draft_layers = mtp_layers(config) if num_speculative_tokens else 0
     if num_speculative_tokens and not draft_layers:
         raise ValueError("config.json has no MTP layer (mtp_num_hidden_layers): cannot plan MTP speculative decoding")
-    draft_kv = draft_layers * 2 * int(text.get("num_key_value_heads") or _require(text, "num_attention_heads")) \
-        * _head_dim(text) * _kv_dtype_bytes(config, kv_cache_dtype)
+    budget = int(memory_bytes * gpu_memory_utilization)
+
+    def per_gpu(n: int) -> tuple[int, int, int, int, int]:
+        """(weights, KV memory, target KV per token, draft KV per token, linear state) of one GPU of n."""
+        kv_token = kv_bytes_per_token(config, kv_cache_dtype, n)
+        draft = draft_layers * 2 * _kv_heads_per_gpu(text, n) * _head_dim(text) * _kv_dtype_bytes(config,
+                                                                                             kv_cache_dtype)
+        state = linear_state_bytes(config) * linear_state_copies * (1 + num_speculative_tokens) // n
+        weights = -(-int(weights_bytes) // n)
+        return weights, budget - weights - reserve_bytes, kv_token, draft, state
+
+    def fits(n: int) -> bool:
+        _, kv_memory_n, kv_token, draft, state = per_gpu(n)
+        return max_model_len <= max_pos and _largest_uncapped(kv_memory_n, kv_token + draft, state) >= max_model_len
+
+    heads = int(_require(text, "num_attention_heads"))
+    needed = next((n for n in range(1, MAX_SPARKS + 1) if heads % n == 0 and fits(n)), None)
+    weights_gpu, kv_memory, kv_per_token, draft_kv, state = per_gpu(tensor_parallel_size)
+    state_one = linear_state_bytes(config) // tensor_parallel_size
     kv_all = kv_per_token + draft_kv
     params = param_counts(config)
     wide_bytes = _model_dtype_bytes(config)
     narrow_bytes = _quantized_bytes(config) or wide_bytes
-
-    budget = int(memory_bytes * gpu_memory_utilization)
-    kv_memory = budget - int(weights_bytes) - reserve_bytes
     largest = _largest_uncapped(kv_memory, kv_all, state)
 
-    active_weight_bytes = params.active_narrow * narrow_bytes + params.active_wide * wide_bytes
-    at_0 = active_weight_bytes + state_one
+    active_weight_bytes = int(params.active_narrow * narrow_bytes + params.active_wide * wide_bytes)
+    at_0 = -(-active_weight_bytes // tensor_parallel_size) + state_one
     at_ctx = at_0 + context * kv_per_token
     return FitReport(
         memory_bytes=int(memory_bytes),
@@ -537,7 +585,7 @@ def fit_report(
         active_params=params.active,
         budget_bytes=budget,
         weights_bytes=int(weights_bytes),
-        estimated_weights_bytes=params.total_narrow * narrow_bytes + params.total_wide * wide_bytes,
+        estimated_weights_bytes=int(params.total_narrow * narrow_bytes + params.total_wide * wide_bytes),
         reserve_bytes=reserve_bytes,
         kv_memory_bytes=kv_memory,
         kv_bytes_per_token=kv_per_token,
@@ -555,11 +603,34 @@ def fit_report(
         draft_layers=draft_layers,
         draft_weights_bytes=draft_weight_bytes(config) if draft_layers else 0,
         draft_kv_bytes_per_token=draft_kv,
+        tensor_parallel_size=tensor_parallel_size,
+        weights_per_gpu_bytes=weights_gpu,
+        sparks_needed=needed,
     )
 
 
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
+
+
+def sparks_needed_problem(report: FitReport) -> str | None:
+    """Why one Spark (or this group) is too small for the model, with the fewest Sparks that it needs, or None.
+
+    A single host is refused when no max_model_len of SUGGESTION_GRANULARITY or more fits it (shrinking the
+    context would not do) but the full one fits on more Sparks; a group when it has fewer than that.
+    """
+    n, needed = report.tensor_parallel_size, report.sparks_needed
+    if report.fits or not needed or needed <= n:
+        return None
+    if n == 1 and _largest_uncapped(report.kv_memory_bytes, report.kv_bytes_per_token_total,
+                                    report.linear_state_bytes) >= SUGGESTION_GRANULARITY:
+        return None
+    what = (f"weights {_gib(report.weights_bytes)}" + (f" ({_gib(report.weights_per_gpu_bytes)} per GPU on {n})"
+                                                       if n > 1 else ""))
+    return (f"the model does not fit {'one Spark' if n == 1 else f'{n} Sparks'} at gpu_memory_utilization="
+            f"{report.gpu_memory_utilization:g} ({what}, budget {_gib(report.budget_bytes)} per Spark, "
+            f"max_model_len={report.max_model_len}): needs {needed} "
+            f"Sparks: set tensor_parallel_hosts with {needed} hosts and tensor_parallel_size = {needed}")
 
 
 def check_fit(report: FitReport) -> str | None:
@@ -569,8 +640,14 @@ def check_fit(report: FitReport) -> str | None:
     of SUGGESTION_GRANULARITY (1024), and never above max_position_embeddings.
     "KV cache per sequence" includes the sequence's linear-attention state.
     The model's own limit (max_position_embeddings) is the planner's check
-    (`release_problems`), not this one.
+    (`release_problems`), not this one. A model that only more Sparks can hold
+    is refused with how many (:func:`sparks_needed_problem`); with tensor
+    parallelism every figure is one member's.
     """
+    more = sparks_needed_problem(report)
+    if more:
+        return more
+    n = report.tensor_parallel_size
     max_model_len = report.max_model_len
     need = max_model_len * report.kv_bytes_per_token_total + report.linear_state_bytes
     if need <= report.kv_memory_bytes:
@@ -578,17 +655,19 @@ def check_fit(report: FitReport) -> str | None:
     left = max(0, report.kv_memory_bytes)
     largest = _largest_uncapped(report.kv_memory_bytes, report.kv_bytes_per_token_total, report.linear_state_bytes)
     suggest = min(largest, report.max_position_embeddings) // SUGGESTION_GRANULARITY * SUGGESTION_GRANULARITY
+    per_gpu = f" per GPU of {n}" if n > 1 else ""
+    weights = report.weights_per_gpu_bytes if n > 1 else report.weights_bytes
     after = (
-        f"after weights ({_gib(report.weights_bytes)}) and the activation/CUDA-graph reserve "
+        f"after weights ({_gib(weights)}{per_gpu}) and the activation/CUDA-graph reserve "
         f"({_gib(report.reserve_bytes)})"
     )
     if suggest < SUGGESTION_GRANULARITY:
         return (
-            f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence but only "
+            f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence{per_gpu} but only "
             f"{_gib(left)} of the {_gib(report.budget_bytes)} budget is left {after}: no max_model_len of "
             f"{SUGGESTION_GRANULARITY} or more fits (raise gpu_memory_utilization or serve a smaller model)"
         )
     return (
-        f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence but only "
+        f"max_model_len={max_model_len} needs {_gib(need)} of KV cache per sequence{per_gpu} but only "
         f"{_gib(left)} is left {after}: set max_model_len <= {suggest} (or raise gpu_memory_utilization)"
     )

@@ -29,7 +29,7 @@ OWNED_DESTS = {
     "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
     "attention_backend": "attention_backend", "limit_mm_per_prompt": "limit_mm_per_prompt",
     "kv_cache_dtype": "kv_cache_dtype", "max_num_seqs": "max_num_seqs", "tensor_parallel_size": "tensor_parallel_size",
-    "speculative_config": "speculative_method",
+    "speculative_config": "speculative_method", "distributed_executor_backend": "tensor_parallel_hosts",
 }
 
 
@@ -116,14 +116,15 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
         args += ["--reasoning-parser", s.reasoning_parser]
     if s.attention_backend:
         args += ["--attention-backend", s.attention_backend]
-    if s.limit_mm_per_prompt is not None:
+    if s.limit_mm_per_prompt:  # {} (a text-only model's recipe): no flag, which vLLM accepts for any model
         args += ["--limit-mm-per-prompt", json.dumps(s.limit_mm_per_prompt)]
     if s.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", s.kv_cache_dtype]
     if s.max_num_seqs:
         args += ["--max-num-seqs", str(s.max_num_seqs)]
     if s.tensor_parallel_size > 1:
-        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+        # one GPU per Spark: the other GPUs are the group's Ray nodes (vLLM's multi-node path)
+        args += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--distributed-executor-backend", "ray"]
     if s.speculative_method:
         # vLLM's SpeculativeConfig: "mtp" drafts with the checkpoint's own MTP layers (model left unset).
         args += ["--speculative-config", json.dumps({"method": s.speculative_method,

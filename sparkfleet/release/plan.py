@@ -23,6 +23,7 @@ from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.model.recipes import known_model
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table
+from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
@@ -43,6 +44,17 @@ class HostPlan:
     lan_address: str = ""
     peer_urls: list[str] = field(default_factory=list)  # other hosts sharing this model, seed first
     services: list[ServicePlan] = field(default_factory=list)  # pooling models beside the chat model (RAG)
+    group: TensorParallelGroup | None = None  # the tensor-parallel group this host is a member of
+
+    @property
+    def role(self) -> str:
+        """"single" (no group), "head" (Ray head and the group's vLLM) or "worker" (a Ray node only)."""
+        return self.group.role(self.name) if self.group else "single"
+
+    @property
+    def runs_engine(self) -> bool:
+        """Whether this host runs the vLLM unit: a worker lends its GPU to the head's engine through Ray."""
+        return self.role != "worker"
 
     @property
     def model_role(self) -> str:
@@ -90,7 +102,8 @@ class HostPlan:
                           memory_bytes=int(s.host_memory_gb * 1e9), gpu_memory_utilization=s.gpu_memory_utilization,
                           max_model_len=min(s.max_model_len, self.shape.max_position_embeddings),
                           kv_cache_dtype=s.kv_cache_dtype, max_num_seqs=s.max_num_seqs,
-                          bandwidth=s.memory_bandwidth_gbs * 1e9, num_speculative_tokens=self.speculative_tokens)
+                          bandwidth=s.memory_bandwidth_gbs * 1e9, num_speculative_tokens=self.speculative_tokens,
+                          tensor_parallel_size=s.tensor_parallel_size)
 
     @property
     def share_url(self) -> str:
@@ -107,6 +120,8 @@ class HostPlan:
             "args": self.engine_args,
             "docker": self.docker_options,
             **({"services": [svc.identity() for svc in self.services]} if with_services and self.services else {}),
+            **({"group": {**self.group.to_dict(), "ray_start_args": self.settings.ray_start_args}}
+               if self.group else {}),
         }
 
     @property
@@ -125,7 +140,19 @@ class HostPlan:
 
     @property
     def docker_options(self) -> list[str]:
-        return docker_options(self.settings, self.model_dir, self.settings.api_port)
+        """The engine container's options; a group's (the head's, also recorded on a worker) reach Ray: its session
+        directory, and the host's process table, where Ray's driver looks for the local raylet (without it the
+        engine waits 60 s and fails to connect)."""
+        ray = ["--volume", f"{paths.RAY_DIR}:/tmp/ray", "--pid", "host"] if self.group else []
+        return docker_options(self.settings, self.model_dir, self.settings.api_port) + ray
+
+    @property
+    def ray_docker_options(self) -> list[str]:
+        """The Ray container's options: the engine's GPU, host network (the fabric), Ray's session directory
+        shared with the head's engine, the model read-only (a worker loads its shard of it)."""
+        return [*GPU_OPTIONS[self.settings.gpu_device_mode], "--ipc", "host", "--network", "host", "--shm-size", "1g",
+                "--env-file", paths.ENGINE_ENV, "--volume", f"{paths.RAY_DIR}:/tmp/ray",
+                "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--entrypoint", "ray"]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
         return render.service_unit(self, svc)
@@ -136,13 +163,22 @@ class HostPlan:
         return memory_plan(self.settings, {svc.name: svc.service.gpu_memory_utilization for svc in self.services})
 
     def render_unit(self) -> str:
+        if not self.runs_engine:
+            raise ValueError(f"{self.name} is a worker of {self.group.name}: it runs no vLLM unit "
+                             f"(only {paths.RAY_UNIT_NAME}); the head {self.group.head} runs the engine")
         return render.unit(self)
+
+    def render_ray_unit(self) -> str:
+        """sparkfleet-ray.service of a group member: its Ray node, from the same pinned engine image."""
+        if not self.group:
+            raise ValueError(f"{self.name} is a single host: it runs no Ray unit")
+        return render.ray_unit(self)
 
     def render_share_unit(self) -> str:
         return render.share_unit(self.settings, self.lan_address)
 
     def render_engine_env(self) -> str:
-        return render.engine_env(self.settings)
+        return render.engine_env(self.settings, self.group.env(self.name) if self.group else {})
 
     def render_hub_env(self) -> str:
         return render.hub_env(self.settings)
@@ -166,6 +202,7 @@ class HostPlan:
             "api_port": s.api_port,
             "health_timeout_s": s.health_timeout_s,
             "tools": s.enable_auto_tool_choice,
+            **({"role": self.role, "group": self.group.to_dict()} if self.group else {}),
             **({"services": {svc.name: svc.record() for svc in self.services}} if self.services else {}),
         }
         if installed.get("release_id") in (None, self.release_id):
@@ -204,7 +241,10 @@ class HostPlan:
             "fit": self.fit.to_dict() if self.fit else None,
             "unknown": self.unknown,
             "reference_decode_tokens_per_s": REFERENCE_DECODE_TOKENS_PER_S,
-            "unit": self.render_unit(),
+            "role": self.role,
+            "group": self.group.to_dict() if self.group else None,
+            "unit": self.render_unit() if self.runs_engine else None,
+            "ray_unit": self.render_ray_unit() if self.group else None,
             "services": [{"name": svc.name, **svc.record(), "hub_error": svc.hub_error,
                           "fit": svc.fit(int(self.settings.host_memory_gb * 1e9)).to_dict(),
                           "docker_options": svc.docker_options, "unit_text": self.render_service_unit(svc)}
@@ -256,9 +296,6 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
                         f"(mtp_num_hidden_layers in its config.json): remove speculative_method")
     if s.enable_auto_tool_choice and not s.tool_call_parser:
         problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
-    if s.tensor_parallel_size > 1:
-        problems.append(f"{name}: tensor_parallel_size={s.tensor_parallel_size}: one Spark has one GPU; "
-                        f"multi-node serving is not supported yet: set tensor_parallel_size = 1")
     if "VLLM_API_KEY" in s.engine_env:
         problems.append(f"{name}: engine_env sets VLLM_API_KEY, which sparkfleet writes from `api_key`: "
                         f"set api_key instead")
@@ -297,8 +334,10 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
 def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -> list[HostPlan]:
     """Plan every host, or raise SettingsError naming every problem of every host.
 
-    Whatever the settings alone can tell is refused before the hub is asked;
-    the model's own limits are checked once its config.json is read.
+    Whatever the settings alone can tell is refused before the hub is asked (the
+    tensor-parallel groups among them); the fit and the model's own limits are
+    checked once the manifest and config.json are read (or the recipe's, offline),
+    still before any host is touched.
     `resolve` is the only way out (the commands pass `hubs.hub_resolver`);
     without one the plan is offline and tests never wait for a client.
     """
@@ -313,6 +352,8 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -
         known = known_model(s.model_repo)
         problems += _plan(name, s, None, known and known.config, None)[1]
         parsed.append((name, s))
+    groups, found = plan_groups(dict(parsed))
+    problems += found
     if problems:
         raise SettingsError(problems)
 
@@ -323,6 +364,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -
         plan, found = _plan(name, s, manifest, config or (known and known.config), hub_error, resolve,
                             known and known.weight_bytes)
         plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
+        plan.group = groups.get(name)
         problems += found
         plans.append(plan)
     if problems:

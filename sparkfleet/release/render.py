@@ -65,6 +65,7 @@ def _engine_unit(plan, served_name: str, share: float, container: str, docker_op
         bin_dir=paths.BIN_DIR,
         docker_options=_lines(docker_options),
         engine_args=_lines(args),
+        ray_unit=paths.RAY_UNIT_NAME if plan.group and container == plan.settings.container_name else None,
     )
 
 
@@ -87,8 +88,28 @@ def share_unit(s, lan_address: str) -> str:
         s=s, lan_address=lan_address, bin_dir=paths.BIN_DIR, token_file=paths.FLEET_TOKEN, user=paths.SHARE_USER)
 
 
-def engine_env(s) -> str:
-    return _templates.get_template("engine.env.j2").render(s=s)
+def ray_unit(plan) -> str:
+    """A group member's Ray node: `ray start` in the engine image, the head opening the cluster, a worker joining.
+
+    Restart=always: a worker that starts before the head (or loses it) joins on a later try.
+    """
+    s, group = plan.settings, plan.group
+    return _templates.get_template("sparkfleet-ray.service.j2").render(
+        s=s,
+        group=group,
+        role=plan.role,
+        container=paths.RAY_CONTAINER,
+        release_id=plan.chat_release_id or "unresolved",
+        release_file=paths.RELEASE_FILE,
+        docker_options=_lines(plan.ray_docker_options),
+        ray_args=_lines(group.ray_start_args(plan.name, s.ray_start_args)),
+    )
+
+
+def engine_env(s, fabric: dict[str, str]) -> str:
+    """The engine containers' environment file: the API key, a member's fabric variables, then engine_env
+    (settings refuse an engine_env key that sparkfleet derives)."""
+    return _templates.get_template("engine.env.j2").render(s=s, env={**fabric, **s.engine_env})
 
 
 def hub_env(s) -> str:

@@ -121,6 +121,17 @@ def _url(value: str, placeholder: str | None = None) -> str:
     return value
 
 
+def _ipv4(value: str) -> str:
+    """A unicast IPv4 address written the usual way (a fabric member's: Ray, NCCL and ping are given it)."""
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError("must be an IPv4 address such as 192.168.100.1") from None
+    if str(address) != value or address.is_unspecified or address.is_multicast or address.is_loopback:
+        raise ValueError("must be this member's unicast IPv4 address on the fabric, such as 192.168.100.1")
+    return value
+
+
 def _arch_url(value: str) -> str:
     """The toolkit's apt URL: `{arch}` becomes the host's Debian architecture."""
     return _url(value, "{arch}")
@@ -163,6 +174,11 @@ EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable
 Token = Annotated[Text, _grammar(r"[!-~]+", "printable ASCII without spaces")]
 UserKey = Annotated[Text, _grammar(r"[A-Za-z0-9._~+/=-]{16,}", "at least 16 of letters, digits and . _ ~ + / = -")]
 Host = Annotated[Text, AfterValidator(_host)]
+IPv4 = Annotated[Text, AfterValidator(_ipv4)]
+# A Linux interface name (IFNAMSIZ: 15 bytes), never an option: it lands in `ip`, `ping -I` and NCCL's variables.
+InterfaceName = Annotated[Text, _grammar(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}",
+                                         "a network interface name of at most 15 letters, digits and _ . : - "
+                                         "(starting with a letter or digit), as `ip link` lists it")]
 AbsPath = Annotated[Text, AfterValidator(_abs_path)]
 Url = Annotated[Text, AfterValidator(_url)]
 ArchUrl = Annotated[Text, AfterValidator(_arch_url)]
@@ -250,6 +266,13 @@ class Settings(BaseModel):
     kv_cache_dtype: Name
     max_num_seqs: int | None = Field(gt=0)
     tensor_parallel_size: int = Field(ge=1)
+    # Two or more Sparks serving one model over Ray (vLLM's multi-node path); the first name is the head.
+    tensor_parallel_hosts: list[Name]
+    fabric_interface: InterfaceName
+    fabric_address: IPv4 | None
+    fabric_mtu: int = Field(ge=1280, le=9216)
+    ray_port: int = Field(ge=1, le=65535)
+    ray_start_args: list[Text]
     speculative_method: Literal["mtp"] | None  # the model's own MTP layer(s) draft; None: no speculative decoding
     num_speculative_tokens: int | None = Field(ge=1, le=8)
     extra_engine_args: list[Text]

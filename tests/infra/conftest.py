@@ -39,6 +39,19 @@ def pytest_generate_tests(metafunc):
     if "spark" in metafunc.fixturenames:
         plans = _plans(metafunc.config)
         metafunc.parametrize("spark", plans, ids=[plan.name for plan, _ in plans], indirect=True)
+    elif "member" in metafunc.fixturenames:
+        members = [(plan, data) for plan, data in _plans(metafunc.config) if plan.group]
+        if members:
+            metafunc.parametrize("member", members, ids=[plan.name for plan, _ in members], indirect=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The checks of tensor-parallel members are left out of a fleet without a group (deselected, not skipped:
+    a single-host fleet's pass and skip counts stay what they were)."""
+    idle = [item for item in items if "member" in getattr(item, "fixturenames", ()) and not hasattr(item, "callspec")]
+    if idle:
+        config.hook.pytest_deselected(items=idle)
+        items[:] = [item for item in items if item not in idle]
 
 
 class Spark:
@@ -65,14 +78,39 @@ def _connections():
     return {}
 
 
+def _connected(request, connections: dict) -> Spark:
+    plan, data = request.param
+    if plan.name not in connections:
+        connections[plan.name] = Spark(plan, data)
+    return connections[plan.name]
+
+
 @pytest.fixture
 def spark(request, _connections):
-    plan, data = request.param
-    if plan.name not in _connections:
-        _connections[plan.name] = Spark(plan, data)
-    return _connections[plan.name]
+    return _connected(request, _connections)
+
+
+@pytest.fixture
+def member(request, _connections):
+    """A member of a tensor-parallel group (only members are given: see pytest_generate_tests)."""
+    return _connected(request, _connections)
+
+
+@pytest.fixture
+def engine(spark):
+    """A host that runs the vLLM unit: a single host or a group's head (a worker lends its GPU through Ray)."""
+    if not spark.plan.runs_engine:
+        pytest.skip(f"{spark.plan.name} is a worker of {spark.plan.group.name}: it runs no vLLM unit "
+                    "(test_group.py checks its Ray node)")
+    return spark
 
 
 @pytest.fixture
 def full_verify(request):
     return request.config.getoption("--full-verify")
+
+
+def container_sees_the_gpu(spark: Spark, container: str) -> None:
+    """The GPU inside a running container, not just on the host (a daemon-reload or a stale CDI spec loses it)."""
+    listed = spark.host.run(f"docker exec {shlex.quote(container)} nvidia-smi -L")
+    assert listed.rc == 0 and listed.stdout.startswith("GPU 0: "), (container, listed.stdout, listed.stderr)

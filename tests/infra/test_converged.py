@@ -7,6 +7,8 @@ from sparkfleet.host import paths
 from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
 from sparkfleet.host.shared import host_module
 
+from .conftest import container_sees_the_gpu
+
 
 def test_driver_and_cuda_meet_the_minimums(spark):
     gpu = parse_nvidia_smi(spark.host.check_output("nvidia-smi"))
@@ -51,8 +53,8 @@ def test_every_model_file_has_the_manifest_hash(spark, full_verify):
                 assert blob.split()[0] == entry.blob_sha1, entry.path
 
 
-def test_unit_on_disk_is_the_plans(spark):
-    assert spark.host.file(paths.UNIT_PATH).content_string == spark.plan.render_unit()
+def test_unit_on_disk_is_the_plans(engine):
+    assert engine.host.file(paths.UNIT_PATH).content_string == engine.plan.render_unit()
 
 
 def test_secrets_file_is_root_only(spark):
@@ -60,27 +62,26 @@ def test_secrets_file_is_root_only(spark):
     assert env.user == "root" and env.mode == 0o600
 
 
-def test_service_enabled_and_active(spark):
-    service = spark.host.service(paths.UNIT_NAME)
+def test_service_enabled_and_active(engine):
+    service = engine.host.service(paths.UNIT_NAME)
     assert service.is_enabled and service.is_running
 
 
-def test_engine_container_sees_the_gpu(spark):
+def test_engine_container_sees_the_gpu(engine):
     """The GPU where vLLM runs, not just on the host (a daemon-reload or a stale CDI spec loses it there)."""
-    listed = spark.host.run(f"docker exec {shlex.quote(spark.s.container_name)} nvidia-smi -L")
-    assert listed.rc == 0 and listed.stdout.startswith("GPU 0: "), (listed.stdout, listed.stderr)
+    container_sees_the_gpu(engine, engine.s.container_name)
 
 
-def test_port_listening(spark):
-    assert spark.host.socket(f"tcp://{spark.s.api_host}:{spark.s.api_port}").is_listening
+def test_port_listening(engine):
+    assert engine.host.socket(f"tcp://{engine.s.api_host}:{engine.s.api_port}").is_listening
 
 
-def test_models_and_chat_answer(spark):
+def test_models_and_chat_answer(engine):
     """The health gate's own checks, run on the host with the official openai client."""
-    runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
-    out = spark.host.check_output(
-        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {spark.s.api_port} "
-        f"--served-name '{spark.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV}")
+    runtime = engine.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
+    out = engine.host.check_output(
+        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {engine.s.api_port} "
+        f"--served-name '{engine.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV}")
     report = json.loads(out.splitlines()[-1])
-    assert spark.s.served_model_name in report["models"]
+    assert engine.s.served_model_name in report["models"]
     assert report["chat"] and report["usage"]["completion_tokens"] > 0

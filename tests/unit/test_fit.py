@@ -187,6 +187,11 @@ def test_nothing_fits_when_weights_exceed_the_budget():
     assert r.kv_memory_bytes < 0
     assert (r.largest_context, r.seqs_at_8192) == (0, 0)
     message = check_fit(fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.2, max_model_len=8192))
+    # on two Sparks each holds 17.5e9 of weights: 25.6e9 - 17.5e9 - 3 GiB leaves room for 8192 tokens
+    assert "at gpu_memory_utilization=0.2" in message and message.endswith(
+        "needs 2 Sparks: set tensor_parallel_hosts with 2 hosts and tensor_parallel_size = 2")
+    # 0.02 x 128e9 = 2.56e9 is less than even an eighth of the weights (4.375e9): no number of Sparks helps
+    message = check_fit(fit_report(qwen35_config(), WEIGHTS, gpu_memory_utilization=0.02, max_model_len=8192))
     assert "no max_model_len of 1024 or more fits" in message
 
 

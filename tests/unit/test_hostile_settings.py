@@ -236,9 +236,10 @@ STRING_SETTINGS = {
     "hub_token": SECRET, "lan_address": "spark-a.lan", "controller_model_dir": "/srv/models",
     "engine_image_archive": "/srv/vllm.tar", "api_key": SECRET, "controller_api_url": "http://127.0.0.1:8000",
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",
-    "front_door_tls_key": "/srv/tls/door.key", "speculative_method": "mtp",
+    "front_door_tls_key": "/srv/tls/door.key", "speculative_method": "mtp", "fabric_address": "192.168.100.1",
 }
-ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services"}
+ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services",
+                 "tensor_parallel_hosts", "ray_start_args"}
 
 
 def test_the_sweep_covers_every_string_setting():
@@ -263,6 +264,8 @@ def test_control_character_refused(plan_cli, key, char):
     ("engine_env", {"VLLM_LOGGING_LEVEL": "INFO\nEXTRA=1"}, "engine_env['VLLM_LOGGING_LEVEL']"),
     ("engine_env", {"A\x00": "1"}, "engine_env['A\\x00'] (key)"),
     ("limit_mm_per_prompt", {"image\n": 0}, "limit_mm_per_prompt['image\\n'] (key)"),
+    ("ray_start_args", ["--num-cpus", "1\nExecStartPre=/bin/id"], "ray_start_args[1]"),
+    ("tensor_parallel_hosts", ["spark-x", "spark-y\nExecStartPre=/bin/id"], "tensor_parallel_hosts[1]"),
 ])
 def test_control_character_in_items_refused(plan_cli, key, value, named):
     printed = refused(plan_cli, key, f"`{named}` is invalid", **{key: value})

@@ -157,25 +157,46 @@ def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_argume
 
 
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
+RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
+UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
+CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
+KEEP_ENV = ("( umask 077 && { grep -v '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > "
+            "/etc/sparkfleet/previous/engine.env )")
+
+
+def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
+    return {"files.Sha1File": {f"path={UNIT}": vllm, f"path={RAY_UNIT}": ray}}
 
 
 def test_release_is_kept_without_its_secret_when_a_new_release_replaces_it():
-    facts = {"files.Sha1File": {f"path={UNIT}": "1" * 40}}
-    commands, _ = run_op(release_kept_for_rollback, facts, "aaaaaaaaaaaa", "bbbbbbbbbbbb", "[Unit]\n")
+    commands, _ = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                         {UNIT: "[Unit]\n"})
     assert commands == [(
-        "mkdir -p /etc/sparkfleet/previous && cp -p /etc/systemd/system/sparkfleet-vllm.service "
-        "/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && ( umask 077 && { grep -v '^VLLM_API_KEY=' "
-        "/etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > /etc/sparkfleet/previous/engine.env )")]
+        f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p /etc/systemd/system/sparkfleet-vllm.service "
+        f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}")]
+
+
+def test_a_members_ray_unit_is_kept_beside_its_engine_unit_and_a_workers_alone():
+    head = run_op(release_kept_for_rollback, unit_facts("1" * 40, "2" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                  {UNIT: "[Unit]\n"})[0]
+    assert head == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} {UNIT} "
+                    f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
+    # a worker leaving its group: its Ray unit is kept though the new (single) release writes only a vLLM unit
+    worker = run_op(release_kept_for_rollback, unit_facts(None, "2" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                    {UNIT: "[Unit]\n"})[0]
+    assert worker == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} "
+                      f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
+    # the worker's Ray unit already is the new release's: an earlier run of it replaced the old one
+    assert run_op(release_kept_for_rollback, unit_facts(None, UNIT_SHA1), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                  {RAY_UNIT: "[Unit]\n"})[0] == []
 
 
 def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_unit_already_replaced():
-    unit_sha1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
-    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": "1" * 40}},
-                  "bbbbbbbbbbbb", "bbbbbbbbbbbb", "[Unit]\n") == ([], "no running release is being replaced")
-    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": None}},
-                  None, "bbbbbbbbbbbb", "[Unit]\n")[0] == []
-    assert run_op(release_kept_for_rollback, {"files.Sha1File": {f"path={UNIT}": unit_sha1}},
-                  "aaaaaaaaaaaa", "bbbbbbbbbbbb", "[Unit]\n")[0] == []
+    assert run_op(release_kept_for_rollback, unit_facts("1" * 40), "bbbbbbbbbbbb", "bbbbbbbbbbbb",
+                  {UNIT: "[Unit]\n"}) == ([], "no running release is being replaced")
+    assert run_op(release_kept_for_rollback, unit_facts(None), None, "bbbbbbbbbbbb", {UNIT: "[Unit]\n"})[0] == []
+    assert run_op(release_kept_for_rollback, unit_facts(UNIT_SHA1), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                  {UNIT: "[Unit]\n"})[0] == []
 
 
 PREVIOUS = {"release_id": "aaaaaaaaaaaa", "model_dir": "/m/Q--M@a", "served_model_name": "Q", "api_host": "0.0.0.0",
@@ -187,9 +208,6 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
     assert commands == [
         ("test -d /m/Q--M@a || { echo 'spark-1: the previous model directory /m/Q--M@a is gone: roll forward instead' "
          ">&2; exit 1; }"),
-        ("cp -p /etc/systemd/system/sparkfleet-vllm.service /etc/sparkfleet/previous/sparkfleet-vllm.service.swap && "
-         "cp -p /etc/sparkfleet/previous/sparkfleet-vllm.service /etc/systemd/system/sparkfleet-vllm.service && "
-         "mv /etc/sparkfleet/previous/sparkfleet-vllm.service.swap /etc/sparkfleet/previous/sparkfleet-vllm.service"),
         ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
          "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
          "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
@@ -198,7 +216,17 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
          "[ $? -eq 1 ]; cat /etc/sparkfleet/previous/engine.env; } > /etc/sparkfleet/engine.env.new ) && "
          "mv -f /etc/sparkfleet/engine.env.new /etc/sparkfleet/engine.env && "
          "mv -f /etc/sparkfleet/previous/engine.env.swap /etc/sparkfleet/previous/engine.env"),
-        "systemctl daemon-reload && systemctl restart sparkfleet-vllm.service",
+        ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
+         "mv -f /etc/systemd/system/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-ray.service; fi"),
+        ("{ [ -e /etc/sparkfleet/previous/sparkfleet-vllm.service ] || { echo 'spark-1: /etc/sparkfleet/previous/"
+         "sparkfleet-vllm.service is missing: nothing to roll back to; roll forward instead' >&2; exit 1; }; } && "
+         "{ [ ! -e /etc/systemd/system/sparkfleet-vllm.service ] || mv -f /etc/systemd/system/sparkfleet-vllm.service "
+         "/etc/sparkfleet/previous/sparkfleet-vllm.service.swap; } && mv -f /etc/sparkfleet/previous/"
+         "sparkfleet-vllm.service /etc/systemd/system/sparkfleet-vllm.service && { [ ! -e /etc/sparkfleet/previous/"
+         "sparkfleet-vllm.service.swap ] || mv -f /etc/sparkfleet/previous/sparkfleet-vllm.service.swap "
+         "/etc/sparkfleet/previous/sparkfleet-vllm.service; }"),
+        "systemctl daemon-reload",
+        "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
     ]
 
 
