@@ -6,6 +6,7 @@ the other e2e tests find the fleet they expect; each test repairs what it broke.
 
 import json
 import subprocess
+import sys
 
 import pytest
 import requests
@@ -91,6 +92,22 @@ def test_a_pair_and_a_single_host_converge_serve_and_reconverge_to_no_change(pai
     assert ids["spark-1"] == ids["spark-2"] != ids["spark-3"]
     again = converge(inventory=inventory)
     assert again.returncode == 0 and not any(again.changed.values()), again.changed
+
+
+def test_testinfra_checks_both_members_of_the_pair(pair):
+    """The verification suite against the pair's inventory: the Ray checks run on each member (head and worker),
+    the model is verified on each, and the worker's vLLM checks are skipped as not applying."""
+    _, inventory = pair
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/infra", "--inventory", inventory, "-v",
+                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    passed = {line.split(" PASSED")[0] for line in proc.stdout.splitlines() if " PASSED" in line}
+    for member in PAIR:
+        ray_checks = [t for t in passed if "test_group.py::test_ray_" in t and member in t]
+        assert len(ray_checks) == 3, (member, sorted(passed))
+        assert f"tests/infra/test_converged.py::test_every_model_file_has_the_manifest_hash[{member}]" in passed, \
+            (member, sorted(passed))
+    assert any("test_a_worker_runs_no_vllm_unit" in t and "spark-2" in t for t in passed)
 
 
 def test_ray_stopped_on_the_worker_makes_the_pair_unhealthy_until_a_converge(pair):
