@@ -141,6 +141,20 @@ def api_port(state: dict, host: str) -> int:
     return next(h["api_port"] for h in state["hosts"] if h["name"] == host)
 
 
+def chat_tokens(state: dict, host: str, max_tokens: int = 1, timeout: float = 5) -> int:
+    """The completion tokens of one chat completion on the host's API, asked as a user would (0: no answer)."""
+    import requests
+
+    try:
+        reply = requests.post(f"http://127.0.0.1:{api_port(state, host)}/v1/chat/completions", timeout=timeout,
+                              headers={"Authorization": "Bearer sim-key"},
+                              json={"model": "Qwen3.5-35B-A3B", "max_tokens": max_tokens,
+                                    "messages": [{"role": "user", "content": "ping"}]})
+        return reply.json()["usage"]["completion_tokens"] if reply.status_code == 200 else 0
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return 0
+
+
 def started_at(state: dict, host: str) -> str:
     """When the host's engine container started: unchanged means not restarted."""
     return ssh(state, host, "docker inspect -f '{{.State.StartedAt}}' vllm")

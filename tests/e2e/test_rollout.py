@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 
-from .conftest import HOSTS, api_port, sparkfleet, ssh, variant
+from .conftest import HOSTS, api_port, chat_tokens, sparkfleet, ssh, variant
 
 pytestmark = pytest.mark.e2e
 
@@ -23,15 +23,7 @@ def served_max_len(state, host) -> int | None:
 
 
 def answers_chat(state, host) -> bool:
-    port = api_port(state, host)
-    try:
-        reply = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=5,
-                              headers={"Authorization": "Bearer sim-key"},
-                              json={"model": "Qwen3.5-35B-A3B", "max_tokens": 1,
-                                    "messages": [{"role": "user", "content": "ping"}]})
-        return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
-    except (requests.RequestException, ValueError, KeyError):
-        return False
+    return chat_tokens(state, host) >= 1
 
 
 class Probe(threading.Thread):

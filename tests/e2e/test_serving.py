@@ -12,7 +12,7 @@ import pytest
 from sim import fleet
 from sparkfleet.host.serving import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
 
-from .conftest import HOSTS, api_port, converge, sparkfleet, ssh, started_at, variant
+from .conftest import HOSTS, chat_tokens, converge, sparkfleet, ssh, started_at, variant
 
 pytestmark = pytest.mark.e2e
 
@@ -27,16 +27,7 @@ def watchdog_state(state, host) -> dict:
 
 def answers(state, host) -> bool:
     """A 1-token chat completion from the controller, as a user would send it."""
-    import requests
-
-    try:
-        reply = requests.post(f"http://127.0.0.1:{api_port(state, host)}/v1/chat/completions", timeout=5,
-                              headers={"Authorization": "Bearer sim-key"},
-                              json={"model": "Qwen3.5-35B-A3B", "max_tokens": 1,
-                                    "messages": [{"role": "user", "content": "ping"}]})
-        return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1
-    except (requests.RequestException, ValueError, KeyError):
-        return False
+    return chat_tokens(state, host) == 1
 
 
 def wait_until(check, timeout_s, step_s=3.0, explain=None) -> float:

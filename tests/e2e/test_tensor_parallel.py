@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import pytest
-import requests
 
 from sim import fleet
 
 from .conftest import (
     INVENTORY,
     ROOT,
-    api_port,
+    chat_tokens,
     converge,
     sparkfleet,
     ssh,
@@ -43,14 +42,7 @@ def pair_inventory(tmp_path, name: str, everywhere: dict | None = None, per_host
 
 def chat(state, host: str) -> bool:
     """A short chat completion on the host's API, as a user sends it, answered with tokens."""
-    try:
-        reply = requests.post(f"http://127.0.0.1:{api_port(state, host)}/v1/chat/completions", timeout=10,
-                              headers={"Authorization": "Bearer sim-key"},
-                              json={"model": "Qwen3.5-35B-A3B", "max_tokens": 4,
-                                    "messages": [{"role": "user", "content": "hello pair"}]})
-        return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-    except (requests.RequestException, ValueError, KeyError):
-        return False
+    return chat_tokens(state, host, max_tokens=4, timeout=10) == 4
 
 
 def ray_status(state) -> tuple[int, str]:
