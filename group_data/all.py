@@ -77,6 +77,7 @@ speculative_method = None  # "mtp": the model's own MTP layer drafts tokens (--s
 num_speculative_tokens = None  # draft tokens per step with speculative_method (the MTP recipe: 2)
 extra_engine_args = []  # more vLLM flags, each checked against the flag table
 engine_env = {}  # extra environment for the engine container
+allow_trust_remote_code = False  # True: --trust-remote-code where the recipe says trust_remote_code (hub code as root)
 
 # --- RAG services beside the chat model: each its own vLLM unit, port and model ---------------
 # e.g. {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}; any key of

@@ -42,6 +42,9 @@ class Recipe:
     model: ModelFacts
     measured: dict = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    # The model runs its repository's own Python (vLLM's --trust-remote-code): allowed only with this and the
+    # user's allow_trust_remote_code, since the hub's code then runs as root in the engine container.
+    trust_remote_code: bool = False
 
 
 def _read(path: Path) -> dict:
@@ -94,6 +97,8 @@ def _parse(path: Path) -> Recipe:
             raise ValueError(f"{where}: `{key}` must be a {kind.__name__}")
     if not isinstance(model.get("config", {}), dict):
         raise ValueError(f"{where}: [model.config] must be a table")
+    if not isinstance(data.get("trust_remote_code", False), bool):
+        raise ValueError(f"{where}: `trust_remote_code` must be true or false")
     return Recipe(
         name=name,
         kind=data["kind"],
@@ -102,6 +107,7 @@ def _parse(path: Path) -> Recipe:
         model=ModelFacts(repo=model["repo"], weight_bytes=weight_bytes, config=dict(model.get("config", {}))),
         measured=dict(data.get("measured", {})),
         sources=list(data.get("sources", [])),
+        trust_remote_code=data.get("trust_remote_code", False),
     )
 
 

@@ -21,6 +21,46 @@ SECRET_FLAGS = {
     "--api-key": "set the `api_key` setting instead (it reaches vLLM as VLLM_API_KEY from a root-only env file)",
     "--hf-token": "remove it: the engine serves a local directory that sparkfleet fetched with `hub_token`",
 }
+# vLLM 0.33 flags that open an admin surface, load code, or log what users send (vllm/entrypoints/openai/cli_args.py,
+# vllm/engine/arg_utils.py): refused in extra_engine_args. Their --no-/--disable- inverses stay allowed.
+ADMIN_FLAGS = {
+    "--enable-log-requests": "logs each request's prompt to the journal",
+    "--enable-log-outputs": "logs each completion to the journal",
+    "--profiler-config": "opens /start_profile and /stop_profile to whoever reaches the API",
+    "--middleware": "imports and runs a Python class inside the API server",
+    "--worker-extension-cls": "imports and runs a Python class inside every worker",
+    "--allowed-local-media-path": "lets any API caller read files of the container through file:// media URLs",
+    "--trust-request-chat-template": "lets any API caller send the chat template the server renders",
+    "--config": "reads more flags from a file, past these checks",
+}
+TRUST_REMOTE_CODE = "--trust-remote-code"
+
+
+def flag_name(arg: str) -> str:
+    """The flag an argument names, as vLLM reads it: --trust_remote_code=1 is --trust-remote-code."""
+    return "--" + arg.split("=", 1)[0].removeprefix("--").replace("_", "-")
+
+
+def surface_problems(extra: list[str], remote_code: tuple[bool, bool]) -> list[str]:
+    """Flags of extra_engine_args that open an admin surface or run the hub's code, each with why and the fix.
+
+    `remote_code`: (the recipe says `trust_remote_code = true`, the user set `allow_trust_remote_code`);
+    --trust-remote-code runs the model repository's Python as root in the container, so it needs both.
+    """
+    found = []
+    for arg in extra:
+        flag = flag_name(arg) if arg.startswith("--") else None
+        if flag in ADMIN_FLAGS:
+            found.append(f"`{flag}` {ADMIN_FLAGS[flag]}: remove it")
+        elif flag == TRUST_REMOTE_CODE and not all(remote_code):
+            missing = [what for what, ok in zip(("the recipe does not say `trust_remote_code = true`",
+                                                 "`allow_trust_remote_code` is not True"), remote_code) if not ok]
+            found.append(f"`{flag}` runs the model repository's Python as root in the engine container, and "
+                         f"{' and '.join(missing)}: remove it, or serve a recipe that needs it and set "
+                         f"allow_trust_remote_code = True to accept that risk")
+    return found
+
+
 # vLLM destinations sparkfleet sets from a setting: a second copy in extra_engine_args would silently win.
 OWNED_DESTS = {
     "model": "model_repo", "served_model_name": "served_model_name", "host": "api_host", "port": "api_port",

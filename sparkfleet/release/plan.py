@@ -20,9 +20,9 @@ from sparkfleet.model.fit import (
     fit_report,
 )
 from sparkfleet.model.manifest import Manifest, model_dir
-from sparkfleet.model.recipes import known_model
+from sparkfleet.model.recipes import catalogue, known_model
 from sparkfleet.release import render
-from sparkfleet.release.engine import engine_args, flag_table
+from sparkfleet.release.engine import engine_args, flag_table, surface_problems
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
@@ -299,6 +299,9 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
     if "VLLM_API_KEY" in s.engine_env:
         problems.append(f"{name}: engine_env sets VLLM_API_KEY, which sparkfleet writes from `api_key`: "
                         f"set api_key instead")
+    remote_code = (getattr(catalogue().get(s.recipe), "trust_remote_code", False), s.allow_trust_remote_code)
+    problems += [f"{name}: setting `extra_engine_args`: {p}"
+                 for p in surface_problems(s.extra_engine_args, remote_code)]
     try:
         table = flag_table(s.vllm_version)
         problems += [f"{name}: {p}" for p in table.problems(args) + table.extra_problems(s.extra_engine_args)]

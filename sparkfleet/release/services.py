@@ -19,7 +19,7 @@ from sparkfleet.model.config import model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.model.recipes import Recipe, recipe
-from sparkfleet.release.engine import SECRET_FLAGS, flag_table
+from sparkfleet.release.engine import SECRET_FLAGS, flag_table, surface_problems
 from sparkfleet.release.settings import Service, Settings
 
 # How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
@@ -144,12 +144,15 @@ def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> li
 
 
 def args_problems(where: str, s: Settings, service: Service, args: list[str]) -> list[str]:
-    """Every flag checked against the pinned vLLM's table; no flag a service setting owns in extra_engine_args."""
+    """Every flag checked against the pinned vLLM's table; no flag a service setting owns in extra_engine_args,
+    none that opens an admin surface, --trust-remote-code only where its recipe and the user both say so."""
+    remote_code = (recipe(service.recipe).trust_remote_code, s.allow_trust_remote_code)
+    problems = [f"{where}: extra_engine_args: {p}" for p in surface_problems(service.extra_engine_args, remote_code)]
     try:
         table = flag_table(s.vllm_version)
     except ValueError:
-        return []  # the chat model's check already names the missing table
-    problems = [f"{where}: {p}" for p in table.problems(args)]
+        return problems  # the chat model's check already names the missing table
+    problems += [f"{where}: {p}" for p in table.problems(args)]
     for arg in service.extra_engine_args:
         if not arg.startswith("-"):
             continue

@@ -152,6 +152,29 @@ def _image(value: str) -> str:
     return value
 
 
+# engine_env keys that open vLLM's admin surface, run code or log what users send (vllm/envs.py and the routers
+# that read them: vllm/entrypoints/serve/); refused whatever the value, since vLLM parses "1", "true", "True"...
+ADMIN_ENV = {
+    "VLLM_SERVER_DEV_MODE": "opens vLLM's development endpoints (/collective_rpc runs a method on every worker, "
+                            "/sleep, /wake_up, /reset_prefix_cache, /server_info) to whoever reaches the API",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "opens /v1/load_lora_adapter and /v1/unload_lora_adapter: any API caller "
+                                        "loads weights from a path or the hub into the running engine",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets the engine's processes exchange pickled objects, which run code "
+                                         "when read",
+    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "writes every API response body (users' completions) to the journal",
+    "VLLM_TORCH_PROFILER_DIR": "opens /start_profile and /stop_profile to whoever reaches the API, and fills a "
+                               "directory with traces",
+    "VLLM_TORCH_CUDA_PROFILE": "opens /start_profile and /stop_profile to whoever reaches the API",
+}
+
+
+def _engine_env_name(value: str) -> str:
+    """An engine_env key that opens an admin surface is refused with the reason (the value is never shown)."""
+    if value in ADMIN_ENV:
+        raise ValueError(f"{value} {ADMIN_ENV[value]}: remove it from engine_env")
+    return value
+
+
 def _fingerprint(value: Any) -> Any:
     return value.replace(" ", "").upper() if isinstance(value, str) else value
 
@@ -171,6 +194,7 @@ DebVersion = Annotated[Text, _grammar(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "a D
 Fingerprint = Annotated[str, BeforeValidator(_fingerprint), _grammar(
     r"[0-9A-F]{40}", "a 40-hex-digit OpenPGP fingerprint (gpg --show-keys prints it)")]
 EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable name: [A-Z_][A-Z0-9_]*")]
+EngineEnvName = Annotated[EnvName, AfterValidator(_engine_env_name)]
 Token = Annotated[Text, _grammar(r"[!-~]+", "printable ASCII without spaces")]
 UserKey = Annotated[Text, _grammar(r"[A-Za-z0-9._~+/=-]{16,}", "at least 16 of letters, digits and . _ ~ + / = -")]
 Host = Annotated[Text, AfterValidator(_host)]
@@ -276,7 +300,8 @@ class Settings(BaseModel):
     speculative_method: Literal["mtp"] | None  # the model's own MTP layer(s) draft; None: no speculative decoding
     num_speculative_tokens: int | None = Field(ge=1, le=8)
     extra_engine_args: list[Text]
-    engine_env: dict[EnvName, Text] = _secret()
+    engine_env: dict[EngineEnvName, Text] = _secret()
+    allow_trust_remote_code: bool
 
     services: dict[ServiceName, Service]
     gpu_memory_budget: float = Field(gt=0, le=1)

@@ -191,6 +191,16 @@ def test_engine_env_cannot_replace_the_api_key(plan_cli):
     assert SECRET not in printed
 
 
+def test_engine_env_that_opens_the_admin_surface_exits_2(plan_cli):
+    refused(plan_cli, "engine_env['VLLM_SERVER_DEV_MODE'] (key)", "opens vLLM's development endpoints",
+            engine_env={"VLLM_SERVER_DEV_MODE": "1"})
+
+
+def test_trust_remote_code_exits_2(plan_cli):
+    refused(plan_cli, "extra_engine_args", "`--trust-remote-code` runs the model repository's Python as root",
+            extra_engine_args=["--trust-remote-code"])
+
+
 def test_engine_env_accepted():
     [plan] = plan_hosts([("spark-a", host_data(engine_env={"VLLM_LOGGING_LEVEL": "DEBUG", "_X1": "a b=c"}))])
     assert plan.render_engine_env().splitlines()[1:] == ["_X1=a b=c", "VLLM_LOGGING_LEVEL=DEBUG"]
