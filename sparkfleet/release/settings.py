@@ -407,12 +407,26 @@ def _recipe_settings(host_name: str, name: Any) -> dict[str, Any]:
     return known[name].settings
 
 
+def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
+    """pyinfra's `ssh_hostname` is also the host's LAN address (lan_address's default: peer URLs, the front
+    door's server lines, status and bench URLs), so it has the `Host` grammar too."""
+    value = data.get("ssh_hostname")
+    if value is None:
+        return
+    try:
+        _host(_one_line(value) if isinstance(value, str) else "")
+    except ValueError as exc:
+        raise SettingsError([f"{host_name}: ssh_hostname = {value!r} is invalid: {exc}; it is also the host's LAN "
+                             f"address (URLs, the front door's config): fix it in the inventory"]) from None
+
+
 def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
     """Build one host's Settings, or raise SettingsError.
 
     Precedence, lowest first: group_data/all.py's defaults < the chosen recipe's settings < what the user
     set (see `user_set`) in the inventory, a group's data or `--data`.
     """
+    _check_ssh_hostname(host_name, data)
     own = user_set(data)
     chosen = _recipe_settings(host_name, own.get("recipe", defaults().get("recipe")))
     try:
