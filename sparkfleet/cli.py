@@ -14,7 +14,7 @@ from sparkfleet.model.recipes import catalogue
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
 from sparkfleet.release.settings import USER_SET_KEY, SettingsError
-from sparkfleet.tables import console, print_table
+from sparkfleet.tables import console, literal, print_table
 
 EXIT_INVALID = 2
 INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
@@ -43,13 +43,14 @@ def _plan(args) -> int:
     out = console()
     for plan in plans:
         rows = [("recipe", plan.settings.recipe), ("image", plan.settings.engine_image),
-                ("engine args", " ".join(plan.engine_args)), ("model dir", plan.model_dir)] + _group_rows(plan)
+                ("engine args", literal(" ".join(plan.engine_args))), ("model dir", literal(plan.model_dir))] \
+            + _group_rows(plan)
         if plan.manifest:
             m = plan.manifest.summary()
-            rows += [("model", f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}"),
+            rows += [("model", literal(f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}")),
                      ("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")]
         else:
-            rows.append(("model", f"[yellow]hub unreachable: {plan.hub_error}[/]"))
+            rows.append(("model", f"[yellow]hub unreachable: {literal(plan.hub_error)}[/]"))
         rows += _fit_rows(plan) + plan_rows(plan)
         print_table(f"{plan.name}: release {plan.release_id or 'unresolved'}", ("key", "value"), rows,
                     header=False, out=out)
@@ -74,7 +75,7 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
     """The plan's memory and speed rows; what it cannot know when neither the hub nor a recipe has the model."""
     fit = plan.fit
     if not fit:
-        return [("fit", f"[yellow]unknown: {plan.unknown}[/]")]
+        return [("fit", f"[yellow]unknown: {literal(plan.unknown)}[/]")]
     gib = 1024**3
     source = {"manifest": "the hub's manifest", "recipe": f"recipe {plan.settings.recipe}, offline"}
     n = fit.tensor_parallel_size
@@ -141,13 +142,14 @@ def _status(args) -> int:
         for row in rows:
             m, f = row["metrics"], row["ssh"] or {}
             table.append((
-                host_cell(row), f.get("driver") or "-", f.get("cuda") or "-", f.get("toolkit") or "-",
-                f.get("release_id") or "-", {True: "verified", False: "[red]NOT verified[/]"}.get(
+                literal(host_cell(row)), *(literal(f.get(key) or "-") for key in ("driver", "cuda", "toolkit",
+                                                                                  "release_id")),
+                {True: "verified", False: "[red]NOT verified[/]"}.get(
                     f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
                 "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", watchdog_cell(f.get("watchdog")),
-                ", ".join(row["served"] or []), services_cell(f.get("services") or {}),
+                literal(", ".join(map(str, row["served"] or []))), services_cell(f.get("services") or {}),
                 f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
-                f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", row["error"] or "",
+                f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", literal(row["error"] or ""),
             ))
         out = console()
         print_table("sparkfleet status", ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health",
@@ -155,7 +157,7 @@ def _status(args) -> int:
                     out=out)
         for row in rows:
             if row.get("chat"):
-                out.print(f"[bold]{row['host']}[/] answers: {row['chat']}")
+                out.print(f"[bold]{literal(row['host'])}[/] answers: {literal(row['chat'])}")
         if door:
             print_table("front door", ("front door / backend", "url", "state"), status_rows(door), out=out)
     return 0 if all(row["healthy"] for row in rows) and (door is None or door["up"]) else 1
@@ -170,8 +172,8 @@ def _print_reports(reports, as_json: bool) -> None:
     rows = []
     for r in reports:
         color = {"converged": "green", "unchanged": "green", "rolled back": "yellow"}.get(r.result, "red")
-        rows.append((r.host, r.old_release or "-", r.new_release or "-", f"[{color}]{r.result}[/]",
-                     f"{r.seconds:g}", r.detail))
+        rows.append((r.host, literal(r.old_release or "-"), literal(r.new_release or "-"),
+                     f"[{color}]{literal(r.result)}[/]", f"{r.seconds:g}", literal(r.detail)))
     print_table("sparkfleet rollout", ("host", "old release", "new release", "result", "seconds", "detail"), rows,
                 stderr=True)
 

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 CI_WIDTH = 160  # not a terminal: wide enough that no column wraps into illegibility
@@ -14,12 +15,19 @@ CI_WIDTH = 160  # not a terminal: wide enough that no column wraps into illegibi
 def console(stderr: bool = False) -> Console:
     """Rich's console on stdout (or stderr), at CI_WIDTH when the output goes to a file or a log."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else CI_WIDTH)
+    return Console(stderr=stderr, width=None if stream.isatty() else CI_WIDTH, emoji=False)
+
+
+def literal(value: object) -> str:
+    """A string an engine, a hub or a host sent (a model id, a reply, an error), for a cell or a line that
+    carries markup: printed as it is ("[/INST]" stays text, not a tag that ends a style or raises MarkupError)."""
+    return escape(str(value))
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, header: bool = True,
           justify: str = "left") -> Table:
-    """Cells may carry rich markup ("[red]unhealthy[/]"); `header=False` makes a key/value table."""
+    """Cells may carry rich markup ("[red]unhealthy[/]"): what an engine, a hub or a host sent goes through
+    `literal`; `header=False` makes a key/value table."""
     out = Table(title=title, show_header=header)
     for column in columns:
         out.add_column(column, justify=justify)

@@ -62,6 +62,7 @@ import requests
 from sparkfleet.fleet.metrics import read_by_label, read_metrics
 from sparkfleet.fleet.status import api_headers
 from sparkfleet.tables import console as _console
+from sparkfleet.tables import literal as _literal
 from sparkfleet.tables import print_table as _print_table
 
 __all__ = ["BenchError", "add_arguments", "main", "print_table", "run_bench", "write_outputs"]
@@ -403,7 +404,7 @@ def print_table(result: dict, console=None) -> None:
             f"{_f(i['p50'])} / {_f(i['p90'])} / {_f(i['p99'])}",
             _f(level["request_tokens_per_s"]["p50"]), _f(level["aggregate_tokens_per_s"]),
         ))
-    _print_table(f"sparkfleet bench: {result['model']} at {result['url']} "
+    _print_table(f"sparkfleet bench: {_literal(result['model'])} at {_literal(result['url'])} "
                  f"(max_tokens {result['max_tokens']}, thinking {'on' if result['think'] else 'off'})",
                  ("conc.", "reqs", "errors", "TTFT p50/p90/p99 ms", "TPOT p50 ms", "ITL p50/p90/p99 ms",
                   "req tok/s p50", "aggregate tok/s"), rows, justify="right", out=console)
@@ -433,7 +434,7 @@ def print_table(result: dict, console=None) -> None:
                       f"during the run {rate(cache['during'])} %")
     for level in result["levels"]:
         for message in level["error_messages"]:
-            console.print(f"[red]concurrency {level['concurrency']}: {message}[/]")
+            console.print(f"[red]concurrency {level['concurrency']}: {_literal(message)}[/]")
 
 
 # --------------------------------------------------------------------------

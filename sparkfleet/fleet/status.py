@@ -7,6 +7,7 @@ import requests
 from sparkfleet.fleet.metrics import read_metrics
 from sparkfleet.host import paths
 from sparkfleet.release.settings import Settings
+from sparkfleet.tables import literal
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
@@ -205,5 +206,6 @@ def services_status(host, release: dict) -> dict:
 
 def services_cell(services: dict) -> str:
     """The `status` table's services column: each service, its port, and whether it answers."""
-    return ", ".join(f"{name}:{svc['port']} " + ("answers" if svc["serving"] else f"[red]NOT answering[/] "
-                                                  f"({svc['detail'][:80]})") for name, svc in services.items()) or "-"
+    return ", ".join(literal(f"{name}:{svc['port']} ") + (
+        "answers" if svc["serving"] else f"[red]NOT answering[/] ({literal(str(svc['detail'])[:80])})")
+        for name, svc in services.items()) or "-"

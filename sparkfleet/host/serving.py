@@ -125,10 +125,13 @@ def watchdog_cell(summary: dict | None) -> str:
     window, the GPU in the engine container; what needs a person in red."""
     if not summary:
         return "-"
+    from sparkfleet.tables import literal  # the host wrote the summary: its strings print as text
+
     if summary["last_probe_s_ago"] is None:
         last = "no probe yet"
     else:
-        last = f"{summary['last_result']} {summary['last_probe_s_ago']} s ago"
+        last = literal(f"{summary['last_result']} {summary['last_probe_s_ago']} s ago")
     gpu = {True: "GPU seen", False: "[red]GPU LOST[/]"}.get(summary["gpu_visible"], "GPU ?")
-    cell = f"{last}, {summary['consecutive_failures']} failing, {summary['restarts_in_window']} restarts, {gpu}"
+    counts = literal(f"{summary['consecutive_failures']} failing, {summary['restarts_in_window']} restarts")
+    cell = f"{last}, {counts}, {gpu}"
     return f"[red]GAVE UP[/], {cell}" if summary["gave_up"] else cell
