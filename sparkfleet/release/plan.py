@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.host import paths
-from sparkfleet.model.config import ModelShape, model_shape
+from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
     FitReport,
@@ -322,11 +322,16 @@ def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
 def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
           hub_error: str | None, resolve: Resolver | None = None,
           known_weight_bytes: int | None = None) -> tuple[HostPlan, list[str]]:
+    unreadable = config_problem(config, s.model_repo) if config is not None else None
+    config = None if unreadable else config
     shape = model_shape(config) if config else None
     plan = HostPlan(name, s, manifest, hub_error, shape, config=config, known_weight_bytes=known_weight_bytes)
     plan.engine_args = engine_args(s, plan.model_dir)
-    problems = release_problems(name, s, shape, plan.engine_args)
-    refusal = plan.fit and check_fit(plan.fit)
+    problems = release_problems(name, s, shape, plan.engine_args) + ([f"{name}: {unreadable}"] if unreadable else [])
+    try:
+        refusal = plan.fit and check_fit(plan.fit)
+    except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)
+        refusal = f"{exc} ({s.model_repo})"
     if refusal:
         problems.append(f"{name}: {refusal}")
     plan.services, found = plan_services(name, s, lambda model_dir, port: docker_options(s, model_dir, port),

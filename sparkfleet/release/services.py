@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sparkfleet.model.config import model_shape
+from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.model.recipes import Recipe, recipe
@@ -227,7 +227,14 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
         plan.docker_options = docker_options(plan.model_dir, service.api_port)
         where = f"{host}: service {name!r}"
         problems += args_problems(where, s, service, plan.engine_args)
-        refusal = check_fit(plan.fit(int(s.host_memory_gb * 1e9)))
+        unreadable = plan.config is not None and config_problem(plan.config, service.model_repo)
+        if unreadable:
+            problems.append(f"{where}: {unreadable}")
+            plan.config = None  # the recipe's facts stand in, so the rest of the plan can still be checked
+        try:
+            refusal = check_fit(plan.fit(int(s.host_memory_gb * 1e9)))
+        except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)
+            refusal = f"{exc} ({service.model_repo})"
         if refusal:
             problems.append(f"{where}: {refusal} (its share: services[{name!r}].gpu_memory_utilization)")
         plans.append(plan)

@@ -104,3 +104,103 @@ def test_bench_prints_a_hostile_model_and_error_literally(capsys):
                        "prefix_cache": {"before": None, "after": None}})
     out = capsys.readouterr().out
     assert f"sparkfleet bench: {MODEL_ID} at" in out and "concurrency 1: [/] HTTP 500" in out
+
+
+# --- a hub's config.json numbers ------------------------------------------------------------------------------
+
+REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
+
+
+def resolver_with(config):
+    """A resolver answering the default model as the hub lists it, with this config.json (parsed as the hub
+    client's json.loads does: NaN and Infinity become floats)."""
+    from sparkfleet.model.manifest import Manifest, ManifestFile
+
+    files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
+                  for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)
+    manifest = Manifest("modelscope", REPO, "master", "f" * 40, files)
+    return lambda settings: (manifest, config, None)
+
+
+def hostile_config(path: str, value):
+    import copy
+    import json
+
+    from sparkfleet.model.recipes import known_model
+
+    config = copy.deepcopy(known_model(REPO).config)
+    *parents, key = path.split(".")
+    table = config
+    for parent in parents:
+        table = table[parent]
+    table[key] = value
+    return json.loads(json.dumps(config))  # NaN/Infinity round-trip as the hub's bytes would
+
+
+@pytest.mark.parametrize("path,value,shown", [
+    ("text_config.num_attention_heads", 0, "`num_attention_heads` = 0 is not a positive integer"),
+    ("text_config.num_key_value_heads", float("nan"), "`num_key_value_heads` = nan is not a positive integer"),
+    ("text_config.hidden_size", float("inf"), "`hidden_size` = inf is not a positive integer"),
+    ("text_config.max_position_embeddings", -262144, "`max_position_embeddings` = -262144 is not"),
+    ("text_config.num_hidden_layers", 40.5, "`num_hidden_layers` = 40.5 is not a positive integer"),
+    ("text_config.num_hidden_layers", 10**12, "`num_hidden_layers` = 1000000000000 is not a positive integer"),
+    ("text_config.head_dim", "256", "`head_dim` = '256' is not a positive integer"),
+    ("text_config.moe_intermediate_size", -512, "`moe_intermediate_size` = -512 is not"),
+    ("text_config.num_experts", float("-inf"), "`num_experts` = -inf is not an integer >= 0"),
+    ("text_config.mtp_num_hidden_layers", -1, "`mtp_num_hidden_layers` = -1 is not an integer >= 0"),
+    ("text_config.vocab_size", True, "`vocab_size` = True is not a positive integer"),
+    ("text_config.layer_types", "full_attention", "`layer_types` is not a list of names"),
+    ("text_config", [1], "`text_config` is not an object"),
+    ("text_config.max_position_embeddings", None, "lacks `max_position_embeddings`"),
+])
+def test_hostile_config_numbers_are_refused_with_the_key_and_the_repo(path, value, shown):
+    with pytest.raises(SettingsError) as caught:
+        plan_hosts([("spark-x", host_data())], resolve=resolver_with(hostile_config(path, value)))
+    [line] = [p for p in caught.value.problems if "config.json" in p]
+    assert line.startswith(f"spark-x: config.json of {REPO}") and shown in line, line
+    assert "check model_repo and model_revision" in line
+
+
+def test_a_config_that_is_not_an_object_is_refused():
+    with pytest.raises(SettingsError, match=rf"spark-x: config.json of {REPO} is not a JSON object"):
+        plan_hosts([("spark-x", host_data())], resolve=resolver_with(["not", "an", "object"]))
+
+
+def test_a_config_lacking_a_key_the_fit_needs_is_refused_not_raised():
+    with pytest.raises(SettingsError, match=r"spark-x: config.json lacks 'vocab_size': cannot plan the fit"):
+        plan_hosts([("spark-x", host_data())], resolve=resolver_with(hostile_config("text_config.vocab_size", None)))
+
+
+def test_the_cli_exits_2_on_a_hostile_config(inventory, monkeypatch, capsys):
+    from sparkfleet import cli
+
+    monkeypatch.setattr(cli, "hub_resolver", resolver_with(hostile_config("text_config.num_attention_heads", 0)))
+    assert cli.main(["plan", inventory]) == 2
+    assert "`num_attention_heads` = 0 is not a positive integer" in capsys.readouterr().err
+
+
+def test_a_service_config_is_checked_too():
+    from sparkfleet.model.manifest import Manifest, ManifestFile
+    from sparkfleet.model.recipes import known_model
+
+    def resolve(s):
+        facts = known_model(s.model_repo)
+        manifest = Manifest("modelscope", s.model_repo, "master", "f" * 40,
+                            (ManifestFile("model.safetensors", facts.weight_bytes, sha256="a" * 64),))
+        config = dict(facts.config)
+        if s.model_repo != REPO:
+            config["num_attention_heads"] = float("nan")
+        return manifest, config, None
+
+    with pytest.raises(SettingsError) as caught:
+        plan_hosts([("spark-x", host_data(services={"embed": {"recipe": "qwen3-embedding-0.6b"}}))], resolve=resolve)
+    assert any(p.startswith("spark-x: service 'embed': config.json of ") and "`num_attention_heads` = nan" in p
+               for p in caught.value.problems), caught.value.problems
+
+
+def test_the_catalogue_configs_pass():
+    from sparkfleet.model.config import config_problem
+    from sparkfleet.model.recipes import catalogue
+
+    assert {name: config_problem(r.model.config, r.model.repo) for name, r in catalogue().items()
+            if r.model.config} == {name: None for name, r in catalogue().items() if r.model.config}
