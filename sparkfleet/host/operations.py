@@ -29,6 +29,7 @@ from sparkfleet.host.facts import (
     read_json_object,
     release_problem,
 )
+from sparkfleet.release.group import FABRIC_ENV
 
 _INSTALL_ONE_KEY = (
     'set -e; tmp=$(mktemp -d); trap \'gpgconf --homedir "$tmp" --kill all 2>/dev/null; rm -rf "$tmp"\' EXIT; '
@@ -132,14 +133,31 @@ def _sha1(text: str) -> str:
 
 
 _KEPT_ENV = f"{paths.PREVIOUS_DIR}/{Path(paths.ENGINE_ENV).name}"
-_SECRET_LINE = shlex.quote(f"^{paths.ENGINE_ENV_SECRET}=")
+# The engine environment's lines a release derives from its group (the fabric): the only ones kept for a rollback.
+# The others are today's API key and engine_env (a secret setting): never kept, never restored from an older one.
+_FABRIC_LINES = shlex.quote(f"^({'|'.join(FABRIC_ENV)})=")
+
+
+def env_kept_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
+    """The running release's derived environment set aside (root-only), without its API key or engine_env."""
+    return f"( umask 077 && {{ grep -E {_FABRIC_LINES} {live} || [ $? -eq 1 ]; }} > {kept} )"
+
+
+def env_restored_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
+    """The rolled-back engine environment: today's API key and engine_env, and the kept release's derived lines
+    (a kept file written before this rule may hold older engine_env lines: only its derived ones are read); the
+    running release's derived lines are kept in turn, so a second rollback returns."""
+    derived = f"grep -E {_FABRIC_LINES}"
+    return (f"( umask 077 && {{ {derived} {live} || [ $? -eq 1 ]; }} > {kept}.swap"
+            f" && {{ grep -Ev {_FABRIC_LINES} {live} || [ $? -eq 1 ]; {derived} {kept} || [ $? -eq 1 ]; }}"
+            f" > {live}.new ) && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
 
 
 @operation()
 def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_texts: dict[str, str]):
     """Before a new release replaces the running one, keep the running one's units (the vLLM unit, a member's Ray
-    unit: whichever it runs), settings and record aside (rollback needs no download). Its secrets are not kept: a
-    rollback takes today's secrets, from the inventory, never an older one.
+    unit: whichever it runs), its fabric environment and record aside (rollback needs no download). Its API key and
+    engine_env are not kept: a rollback takes today's, never an older one.
 
     `unit_texts` are the new release's unit files by path: where every live unit already is the new one (or is
     gone), an earlier run of this release replaced it, and the kept copy is not overwritten with the new one."""
@@ -153,7 +171,7 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
     yield StringCommand(
         "mkdir -p", paths.PREVIOUS_DIR, "&& rm -f", *kept_units, "&& cp -p", *live, paths.RELEASE_FILE,
         paths.PREVIOUS_DIR + "/",
-        "&& ( umask 077 && { grep -v", _SECRET_LINE, paths.ENGINE_ENV, "|| [ $? -eq 1 ]; } >", _KEPT_ENV, ")",
+        "&&", env_kept_command(),
     )
 
 
@@ -161,8 +179,8 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
 def previous_release_restored(previous: dict, current: dict):
     """Swap the kept release with the running one (so a second rollback returns), then restart.
 
-    The engine environment swapped in is the kept release's settings plus the
-    secret line of the one running now.
+    The engine environment swapped in is today's API key and engine_env plus the
+    kept release's fabric lines (env_restored_command).
     """
     if previous["release_id"] == current.get("release_id"):
         host.noop(f"release {current.get('release_id')} is already the running one")
@@ -173,10 +191,7 @@ def previous_release_restored(previous: dict, current: dict):
     live = paths.RELEASE_FILE
     kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
     yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
-    live, kept = paths.ENGINE_ENV, _KEPT_ENV
-    yield (f"( umask 077 && {{ grep -v {_SECRET_LINE} {live} || [ $? -eq 1 ]; }} > {kept}.swap"
-           f" && {{ grep {_SECRET_LINE} {live} || [ $? -eq 1 ]; cat {kept}; }} > {live}.new )"
-           f" && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
+    yield env_restored_command()
     yield from units_restored(previous.get("role", "single"), host.name)
 
 

@@ -160,7 +160,9 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
 UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
 CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
-KEEP_ENV = ("( umask 077 && { grep -v '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > "
+FABRIC = ("'^(VLLM_HOST_IP|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|UCX_NET_DEVICES|TP_SOCKET_IFNAME|"
+          "RAY_memory_monitor_refresh_ms|RAY_ADDRESS|MASTER_ADDR)='")
+KEEP_ENV = (f"( umask 077 && {{ grep -E {FABRIC} /etc/sparkfleet/engine.env || [ $? -eq 1 ]; }} > "
             "/etc/sparkfleet/previous/engine.env )")
 
 
@@ -211,9 +213,10 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
          "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
          "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
-        ("( umask 077 && { grep -v '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || [ $? -eq 1 ]; } > "
-         "/etc/sparkfleet/previous/engine.env.swap && { grep '^VLLM_API_KEY=' /etc/sparkfleet/engine.env || "
-         "[ $? -eq 1 ]; cat /etc/sparkfleet/previous/engine.env; } > /etc/sparkfleet/engine.env.new ) && "
+        (f"( umask 077 && {{ grep -E {FABRIC} /etc/sparkfleet/engine.env || [ $? -eq 1 ]; }} > "
+         f"/etc/sparkfleet/previous/engine.env.swap && {{ grep -Ev {FABRIC} /etc/sparkfleet/engine.env || "
+         f"[ $? -eq 1 ]; grep -E {FABRIC} /etc/sparkfleet/previous/engine.env || [ $? -eq 1 ]; }} > "
+         "/etc/sparkfleet/engine.env.new ) && "
          "mv -f /etc/sparkfleet/engine.env.new /etc/sparkfleet/engine.env && "
          "mv -f /etc/sparkfleet/previous/engine.env.swap /etc/sparkfleet/previous/engine.env"),
         ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
