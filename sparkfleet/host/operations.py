@@ -133,31 +133,43 @@ def _sha1(text: str) -> str:
 
 
 _KEPT_ENV = f"{paths.PREVIOUS_DIR}/{Path(paths.ENGINE_ENV).name}"
-# The engine environment's lines a release derives from its group (the fabric): the only ones kept for a rollback.
-# The others are today's API key and engine_env (a secret setting): never kept, never restored from an older one.
-_FABRIC_LINES = shlex.quote(f"^({'|'.join(FABRIC_ENV)})=")
+# What a rollback keeps of the running release's engine environment: the lines derived from its group (the fabric)
+# and, as `#key NAME` lines, the names of its engine_env (a secret setting), never their values. The API key and
+# the engine_env values a rollback writes are always today's: an older (leaked, rotated) one never comes back.
+_AWK_KEY = 'key = substr($0, 1, index($0, "=") - 1)'
+_AWK_KEPT = (f'/^#/ || !/=/ {{ next }} {{ {_AWK_KEY} }} key ~ fabric {{ print; next }} '
+             f'key != "{paths.API_KEY_VAR}" {{ print "#key " key }}')
+# kept (first file): its fabric lines and engine_env names (a kept file of the older rule holds NAME=value
+# lines: only the name is read); live (second file): its comments, today's API key and today's values of those
+# names, then the kept fabric lines.
+_AWK_RESTORED = (f'FILENAME == ARGV[1] {{ if ($0 ~ /^#key /) keys[substr($0, 6)] = 1; else if (index($0, "=")) '
+                 f'{{ {_AWK_KEY}; if (key ~ fabric) lines[++n] = $0; else keys[key] = 1 }}; next }} '
+                 f'/^#/ || !/=/ {{ print; next }} {{ {_AWK_KEY} }} key ~ fabric {{ next }} '
+                 f'key == "{paths.API_KEY_VAR}" || key in keys {{ print }} END {{ for (i = 1; i <= n; i++) print lines[i] }}')
+
+
+def _awk(program: str) -> str:
+    return f"awk -v fabric={shlex.quote(f'^({chr(124).join(FABRIC_ENV)})$')} {shlex.quote(program)}"
 
 
 def env_kept_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
-    """The running release's derived environment set aside (root-only), without its API key or engine_env."""
-    return f"( umask 077 && {{ grep -E {_FABRIC_LINES} {live} || [ $? -eq 1 ]; }} > {kept} )"
+    """The running release's engine environment set aside (root-only): its fabric lines and engine_env names."""
+    return f"( umask 077 && {_awk(_AWK_KEPT)} {live} > {kept} )"
 
 
 def env_restored_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
-    """The rolled-back engine environment: today's API key and engine_env, and the kept release's derived lines
-    (a kept file written before this rule may hold older engine_env lines: only its derived ones are read); the
-    running release's derived lines are kept in turn, so a second rollback returns."""
-    derived = f"grep -E {_FABRIC_LINES}"
-    return (f"( umask 077 && {{ {derived} {live} || [ $? -eq 1 ]; }} > {kept}.swap"
-            f" && {{ grep -Ev {_FABRIC_LINES} {live} || [ $? -eq 1 ]; {derived} {kept} || [ $? -eq 1 ]; }}"
+    """The rolled-back engine environment: today's API key, today's values of the kept release's engine_env names
+    (a name it did not have is left out, so is one today's inventory dropped) and its fabric lines; the running
+    release's are kept in turn, so a second rollback returns."""
+    return (f"( umask 077 && {_awk(_AWK_KEPT)} {live} > {kept}.swap && {_awk(_AWK_RESTORED)} {kept} {live}"
             f" > {live}.new ) && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
 
 
 @operation()
 def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_texts: dict[str, str]):
     """Before a new release replaces the running one, keep the running one's units (the vLLM unit, a member's Ray
-    unit: whichever it runs), its fabric environment and record aside (rollback needs no download). Its API key and
-    engine_env are not kept: a rollback takes today's, never an older one.
+    unit: whichever it runs), its fabric environment, the names of its engine_env and its record aside (rollback
+    needs no download). Its API key and engine_env values are not kept: a rollback takes today's, never an older one.
 
     `unit_texts` are the new release's unit files by path: where every live unit already is the new one (or is
     gone), an earlier run of this release replaced it, and the kept copy is not overwritten with the new one."""
@@ -179,8 +191,8 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
 def previous_release_restored(previous: dict, current: dict):
     """Swap the kept release with the running one (so a second rollback returns), then restart.
 
-    The engine environment swapped in is today's API key and engine_env plus the
-    kept release's fabric lines (env_restored_command).
+    The engine environment swapped in holds today's API key and engine_env values, never
+    an older one (env_restored_command).
     """
     if previous["release_id"] == current.get("release_id"):
         host.noop(f"release {current.get('release_id')} is already the running one")

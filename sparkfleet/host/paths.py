@@ -12,6 +12,7 @@ SHARE_UNIT_NAME = "sparkfleet-share.service"
 SHARE_UNIT_PATH = f"/etc/systemd/system/{SHARE_UNIT_NAME}"
 CONFIG_DIR = "/etc/sparkfleet"
 ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: VLLM_API_KEY and engine_env
+API_KEY_VAR = "VLLM_API_KEY"  # the API key's line of ENGINE_ENV: a rollback writes today's, never a kept one
 HUB_ENV = f"{CONFIG_DIR}/hub.env"  # 0600: the hub token
 FLEET_TOKEN = f"{CONFIG_DIR}/fleet.token"  # 0600, owned by SHARE_USER: what the peer shares ask for
 SHARE_USER = "sparkfleet-share"  # the share's own system user: no login, no home, reads the model root

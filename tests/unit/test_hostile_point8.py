@@ -208,10 +208,10 @@ def test_the_catalogue_configs_pass():
 
 # --- a rollback never restores an older engine_env (a secret setting) -------------------------------------------
 
-OLD_ENV = ("# Managed by sparkfleet. Root-only: read by `docker run --env-file`.\nVLLM_API_KEY=old-key-0000000000\n"
-           "HF_TOKEN=old-leaked-token\nVLLM_HOST_IP=192.168.100.2\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n")
-NEW_ENV = ("# Managed by sparkfleet. Root-only: read by `docker run --env-file`.\nVLLM_API_KEY=rotated-key-1111111\n"
-           "HF_TOKEN=rotated-token\n")
+HEADER = "# Managed by sparkfleet. Root-only: read by `docker run --env-file`.\n"
+FABRIC = "VLLM_HOST_IP=192.168.100.2\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n"
+OLD_ENV = HEADER + "VLLM_API_KEY=old-key-0000000000\nHF_TOKEN=old-leaked-token\nSIM_DELAY=a=b c\n" + FABRIC
+NEW_ENV = HEADER + "VLLM_API_KEY=rotated-key-1111111\nHF_TOKEN=rotated-token\nSIM_FAIL_HEALTH=1\n"
 
 
 def run_sh(command: str) -> None:
@@ -220,28 +220,39 @@ def run_sh(command: str) -> None:
     subprocess.run(["sh", "-c", command], check=True)
 
 
-def test_a_rollback_takes_todays_api_key_and_engine_env_with_the_kept_releases_fabric(tmp_path):
+def test_a_rollback_takes_todays_secrets_and_never_an_older_engine_env_value(tmp_path):
     from sparkfleet.host.operations import env_kept_command, env_restored_command
 
     live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
     live.write_text(OLD_ENV)  # the running release (a group member) is replaced by a single-host one
     run_sh(env_kept_command(str(live), str(kept)))
-    assert kept.read_text() == "VLLM_HOST_IP=192.168.100.2\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n"
+    assert kept.read_text() == "#key HF_TOKEN\n#key SIM_DELAY\n" + FABRIC  # names, never values
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     live.write_text(NEW_ENV)  # the new release, after the user rotated the key and the token
     run_sh(env_restored_command(str(live), str(kept)))
-    restored = live.read_text()
-    assert restored == NEW_ENV + "VLLM_HOST_IP=192.168.100.2\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n"
-    assert "old-" not in restored + kept.read_text() and oct(live.stat().st_mode & 0o777) == "0o600"
-    run_sh(env_restored_command(str(live), str(kept)))  # a second rollback returns, still with today's secrets
-    assert live.read_text() == NEW_ENV and "old-" not in kept.read_text()
+    # today's key and token; SIM_FAIL_HEALTH came with the release rolled back; SIM_DELAY is gone from today's
+    # inventory, so its older value stays gone
+    assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\nHF_TOKEN=rotated-token\n" + FABRIC
+    assert oct(live.stat().st_mode & 0o777) == "0o600"
+    assert "old-" not in live.read_text() + kept.read_text()
+    assert kept.read_text() == "#key HF_TOKEN\n#key SIM_FAIL_HEALTH\n"  # the release rolled back, for a second
 
 
-def test_a_kept_env_written_before_this_rule_gives_back_only_its_fabric_lines(tmp_path):
+def test_a_kept_env_written_by_the_older_rule_gives_back_names_and_fabric_never_values(tmp_path):
     from sparkfleet.host.operations import env_restored_command
 
     live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
     live.write_text(NEW_ENV)
-    kept.write_text(OLD_ENV.replace("VLLM_API_KEY=old-key-0000000000\n", ""))  # the old rule kept all but the key
+    kept.write_text(OLD_ENV.replace("VLLM_API_KEY=old-key-0000000000\n", ""))  # the older rule kept all but the key
     run_sh(env_restored_command(str(live), str(kept)))
-    assert live.read_text() == NEW_ENV + "VLLM_HOST_IP=192.168.100.2\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n"
+    assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\nHF_TOKEN=rotated-token\n" + FABRIC
+
+
+def test_an_empty_kept_env_restores_todays_key_alone(tmp_path):
+    from sparkfleet.host.operations import env_restored_command
+
+    live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
+    live.write_text(NEW_ENV)
+    kept.write_text("")
+    run_sh(env_restored_command(str(live), str(kept)))
+    assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\n"

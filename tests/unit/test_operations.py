@@ -14,6 +14,8 @@ from pyinfra_testing.util import FakeState, create_host
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
+    env_kept_command,
+    env_restored_command,
     health_gate_results,
     old_models_removed,
     previous_release_restored,
@@ -160,10 +162,7 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
 UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
 CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
-FABRIC = ("'^(VLLM_HOST_IP|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|UCX_NET_DEVICES|TP_SOCKET_IFNAME|"
-          "RAY_memory_monitor_refresh_ms|RAY_ADDRESS|MASTER_ADDR)='")
-KEEP_ENV = (f"( umask 077 && {{ grep -E {FABRIC} /etc/sparkfleet/engine.env || [ $? -eq 1 ]; }} > "
-            "/etc/sparkfleet/previous/engine.env )")
+KEEP_ENV = env_kept_command()  # its effect on an engine env file: test_hostile_point8.py
 
 
 def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
@@ -213,12 +212,7 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
          "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
          "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
-        (f"( umask 077 && {{ grep -E {FABRIC} /etc/sparkfleet/engine.env || [ $? -eq 1 ]; }} > "
-         f"/etc/sparkfleet/previous/engine.env.swap && {{ grep -Ev {FABRIC} /etc/sparkfleet/engine.env || "
-         f"[ $? -eq 1 ]; grep -E {FABRIC} /etc/sparkfleet/previous/engine.env || [ $? -eq 1 ]; }} > "
-         "/etc/sparkfleet/engine.env.new ) && "
-         "mv -f /etc/sparkfleet/engine.env.new /etc/sparkfleet/engine.env && "
-         "mv -f /etc/sparkfleet/previous/engine.env.swap /etc/sparkfleet/previous/engine.env"),
+        env_restored_command(),
         ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
          "mv -f /etc/systemd/system/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-ray.service; fi"),
         ("{ [ -e /etc/sparkfleet/previous/sparkfleet-vllm.service ] || { echo 'spark-1: /etc/sparkfleet/previous/"
