@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import secrets
 import shlex
 from pathlib import Path
 
@@ -124,8 +125,38 @@ def secret_file(dest: str, content: str):
     staged = f"{dest}.sparkfleet-new"
     yield StringCommand("mkdir -p", QuoteString(str(Path(dest).parent)), "&& rm -f", QuoteString(staged),
                         "&& ( umask 077 && : >", QuoteString(staged), ")")
-    yield FileUploadCommand(io.StringIO(content), staged, remote_temp_filename=host.get_temp_filename(staged))
+    private = _private_staging(dest)
+    if private is None:
+        yield FileUploadCommand(io.StringIO(content), staged)
+    else:
+        yield StringCommand("( umask 077 && mkdir", QuoteString(private), ")", **_AS_LOGIN_USER)
+        yield FileUploadCommand(io.StringIO(content), staged, remote_temp_filename=f"{private}/secret")
+        yield StringCommand("rm -rf", QuoteString(private), **_AS_LOGIN_USER)
     yield StringCommand("mv -f", QuoteString(staged), QuoteString(dest))
+
+
+# pyinfra's escalation arguments; with one, an upload goes by SFTP (as the login user) to a temporary file, then a
+# `cp` under the escalation puts it in place (pyinfra/connectors/ssh.py, put_file).
+_ESCALATION = ("_sudo", "_doas", "_dzdo", "_su_user")
+_TARGET_USERS = ("_sudo_user", "_doas_user", "_dzdo_user", "_su_user")
+_AS_LOGIN_USER = {"_sudo": False, "_doas": False, "_dzdo": False, "_su_user": None}
+
+
+def _private_staging(dest: str) -> str | None:
+    """Where a secret waits between SFTP and the escalated `cp`: None without escalation (the bytes go straight
+    into the 0600 staged file), else a new directory of an unpredictable name, made 0700 by the login user, that
+    no other user can enter. pyinfra's own choice, /tmp/pyinfra-<sha1 of the path>, is predictable and takes
+    the login user's umask (0644: readable by every user of the host while it waits).
+
+    An escalation to a user other than root is refused: that user could not enter the directory either."""
+    arguments = host.current_op_global_arguments or {}
+    if not any(arguments.get(key) for key in _ESCALATION):
+        return None
+    target = next((arguments[key] for key in _TARGET_USERS if arguments.get(key)), "root")
+    if target != "root":
+        raise OperationValueError(f"secret_file({dest}): cannot hand a secret to {target!r} through a temporary "
+                                  f"file: connect as root, or escalate to root (_sudo without _sudo_user)")
+    return host.get_temp_filename(secrets.token_hex(16))
 
 
 def _sha1(text: str) -> str:

@@ -256,3 +256,66 @@ def test_an_empty_kept_env_restores_todays_key_alone(tmp_path):
     kept.write_text("")
     run_sh(env_restored_command(str(live), str(kept)))
     assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\n"
+
+
+# --- secret_file under _sudo: no predictable, world-readable staging file ---------------------------------------
+
+ENV = "/etc/sparkfleet/engine.env"
+SECRET = "VLLM_API_KEY=sk-rotated-4242\n"
+
+
+def secret_commands(**escalation):
+    """The command objects secret_file yields on a host whose engine env is absent, under these arguments."""
+    import functools
+
+    from pyinfra.api.host import Host
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host
+
+    from sparkfleet.host.operations import secret_file
+
+    host = create_host(FakeState(), facts={"files.Sha256File": {f"path={ENV}": None},
+                                           "files.File": {f"path={ENV}": None}})
+    host.current_op_global_arguments = {"name": "Engine environment (root-only)", **escalation}
+    host._get_temp_directory = lambda: "/tmp"  # pyinfra's own temp names, not the fake host's fixed one
+    host.get_temp_filename = functools.partial(Host.get_temp_filename, host)
+    with ctx_state.use(host.state), ctx_host.use(host):
+        return list(secret_file._inner(ENV, SECRET)), host.get_temp_filename(f"{ENV}.sparkfleet-new")
+
+
+def text(command) -> str:
+    return command.get_raw_value() if hasattr(command, "get_raw_value") else repr(command)
+
+
+@pytest.mark.parametrize("escalation", [{"_sudo": True}, {"_sudo": True, "_sudo_user": "root"}, {"_doas": True},
+                                        {"_su_user": "root"}])
+def test_under_escalation_the_secret_waits_in_a_private_directory_of_an_unpredictable_name(escalation):
+    from pyinfra.api.command import FileUploadCommand
+
+    commands, predictable = secret_commands(**escalation)
+    upload = next(c for c in commands if isinstance(c, FileUploadCommand))
+    private = upload.remote_temp_filename.rsplit("/", 1)[0]
+    assert upload.remote_temp_filename != predictable and private.startswith("/tmp/pyinfra-")
+    made, removed = commands[commands.index(upload) - 1], commands[commands.index(upload) + 1]
+    assert text(made) == f"( umask 077 && mkdir {private} )"  # 0700, and no -p: an existing path fails
+    assert text(removed) == f"rm -rf {private}"
+    for command in (made, removed):  # the login user's, as the SFTP upload is: not root's
+        assert command.connector_arguments == {"_sudo": False, "_doas": False, "_dzdo": False, "_su_user": None}
+    assert text(commands[-1]) == f"mv -f {ENV}.sparkfleet-new {ENV}"
+    again = next(c for c in secret_commands(**escalation)[0] if isinstance(c, FileUploadCommand))
+    assert again.remote_temp_filename != upload.remote_temp_filename
+    assert not any("sk-rotated" in text(c) for c in commands)
+
+
+def test_without_escalation_the_bytes_go_straight_into_the_0600_staged_file():
+    commands, _ = secret_commands()
+    assert [text(c) for c in commands][1:] == [f"FileUploadCommand({commands[1].src}, {ENV}.sparkfleet-new)",
+                                               f"mv -f {ENV}.sparkfleet-new {ENV}"]
+    assert commands[1].remote_temp_filename is None
+
+
+def test_escalating_to_another_user_is_refused_with_the_fix():
+    from pyinfra.api import OperationValueError
+
+    with pytest.raises(OperationValueError, match=r"cannot hand a secret to 'vllm' .*connect as root"):
+        secret_commands(_sudo=True, _sudo_user="vllm")
