@@ -260,7 +260,7 @@ def _fetch(args) -> int:
         if plan.manifest.digest in done:
             continue
         try:
-            path = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint)
+            path = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint, token=s.hub_token)
         except ControllerCopyError as exc:
             print(f"sparkfleet: {exc}", file=sys.stderr)
             return 1

@@ -69,7 +69,8 @@ def service_models(plan: HostPlan, runtime: str) -> dict:
     s = plan.settings
     fetched = {}
     for svc in plan.services:
-        pushed = str(controller_copy(svc.manifest, s.controller_model_dir, s.controller_endpoint)) \
+        pushed = str(controller_copy(svc.manifest, s.controller_model_dir, s.controller_endpoint,
+                                     token=s.hub_token)) \
             if s.model_source == "controller" else None
         source = "pushed from the controller" if pushed else "from the hub"
         fetched[svc.name] = model_verified(

@@ -7,6 +7,7 @@ hub the controller can reach; once verified it needs no hub again.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -25,8 +26,11 @@ class ControllerCopyError(RuntimeError):
 _copying = threading.Lock()  # pyinfra plans hosts concurrently: one copy at a time
 
 
-def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | None) -> Path:
-    """A directory on the controller holding every manifest file, verified; fetched if needed."""
+def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | None, *, token: str | None) -> Path:
+    """A directory on the controller holding every manifest file, verified; fetched if needed.
+
+    `token` (hub_token) reaches the verifier in its environment, as the hub clients read it: never on its
+    command line, in the job file or in a log; a gated model needs it."""
     root = Path(copy_root) if copy_root else cache_dir() / "models"
     model_dir = host_module.inside(root, root / manifest.dir_name)
     staging = host_module.inside(root, root / host_module.STAGING_NAME / manifest.dir_name)
@@ -36,9 +40,14 @@ def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | N
         job.write_text(json.dumps({"manifest": manifest.to_dict(), "model_dir": str(model_dir),
                                    "staging_dir": str(staging), "endpoint": endpoint}))
         proc = subprocess.run([sys.executable, str(FILES_DIR / "sparkfleet-fetch"), str(job),
-                               "--env-file", "/nonexistent"], capture_output=True, text=True)
+                               "--env-file", "/nonexistent"], capture_output=True, text=True, env=_hub_env(token))
     if proc.returncode != 0:
         raise ControllerCopyError(
             f"the controller has no verified copy of {manifest.repo} in {model_dir} and cannot fetch it: "
             f"{proc.stderr.strip()[-800:]}")
     return model_dir
+
+
+def _hub_env(token: str | None) -> dict[str, str]:
+    """The verifier's environment: the controller's, with the hub token under both clients' names (hub.env's)."""
+    return {**os.environ, **({"HF_TOKEN": token, "MODELSCOPE_API_TOKEN": token} if token else {})}

@@ -19,6 +19,6 @@ class Prepared:
 
 def prepare(plan: HostPlan, facts: HostFacts) -> Prepared:
     s = plan.settings
-    copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint) \
+    copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint, token=s.hub_token) \
         if plan.model_role == "controller" else None
     return Prepared(bundle=build_bundle(facts.arch, facts.python), model_copy=copy)

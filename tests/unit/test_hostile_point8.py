@@ -319,3 +319,60 @@ def test_escalating_to_another_user_is_refused_with_the_fix():
 
     with pytest.raises(OperationValueError, match=r"cannot hand a secret to 'vllm' .*connect as root"):
         secret_commands(_sudo=True, _sudo_user="vllm")
+
+
+# --- model_source = "controller": the controller's copy of a gated model needs hub_token ------------------------
+
+HUB_TOKEN = "hf_gated0123456789abcdef"
+
+
+@pytest.fixture
+def gated_hub(tmp_path, monkeypatch):
+    """The sim's hub on 127.0.0.1 answering only requests that carry HUB_TOKEN (a gated model)."""
+    import threading
+
+    from sim.hub import server as hub_server
+    from sim.hub.model import generate
+
+    from tests.conftest import MODEL_REPO
+
+    generate(MODEL_REPO, tmp_path / "hub" / MODEL_REPO, shards=2, shard_mb=0.25)
+    server = hub_server.make_server(tmp_path / "hub", log=False)
+
+    class Gated(server.RequestHandlerClass):
+        def _dispatch(self):
+            if self.headers.get("Authorization") != f"Bearer {HUB_TOKEN}":
+                self._responded = False
+                return self._hf_error(401, "GatedRepo", "Access to this model is restricted: log in")
+            return super()._dispatch()
+
+    server.RequestHandlerClass = Gated
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ("HF_TOKEN", "MODELSCOPE_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        yield hub_server.server_url(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_controller_copies_a_gated_model_with_hub_token_and_never_writes_it_down(gated_hub, tmp_path):
+    from sparkfleet.controller.copy import ControllerCopyError, controller_copy
+    from sparkfleet.model.hubs import hub_resolver
+
+    data = host_data(model_hub="huggingface", model_revision="main", hub_endpoint=gated_hub, hub_token=HUB_TOKEN,
+                     model_source="controller", controller_model_dir=str(tmp_path / "copy"),
+                     model_root=str(tmp_path / "models"))
+    [plan] = plan_hosts([("spark-x", data)], resolve=hub_resolver)
+    s = plan.settings
+    with pytest.raises(ControllerCopyError, match="cannot fetch it"):  # what today's main did: no token
+        controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint, token=None)
+    copy = controller_copy(plan.manifest, s.controller_model_dir, s.controller_endpoint, token=s.hub_token)
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()
+                  and p.name != ".sparkfleet-verified.json") == sorted(f.path for f in plan.manifest.files)
+    written = [p for p in (tmp_path / "copy").rglob("*") if p.is_file() and p.stat().st_size < 2**20]
+    assert written and not any(HUB_TOKEN.encode() in p.read_bytes() for p in written)
