@@ -40,9 +40,7 @@ def config_problem(config, repo: str) -> str | None:
     fix = "check model_repo and model_revision, or the hub it came from (hub_endpoint)"
     if not isinstance(config, dict):
         return f"{where} is not a JSON object: {fix}"
-    text = config.get("text_config", config)
-    if text is None:
-        text = config
+    text = config.get("text_config") or config  # as the fit reads it
     if not isinstance(text, dict):
         return f"{where}: `text_config` is not an object: {fix}"
     quant = config.get("quantization_config") or text.get("quantization_config") or {}
@@ -80,13 +78,13 @@ class ModelShape:
 def mtp_layers(config: dict) -> int:
     """The checkpoint's MTP layers, as vLLM reads them for the "mtp" method (Qwen3.5: mtp_num_hidden_layers,
     DeepSeek-style: num_nextn_predict_layers); 0 when it has none."""
-    text = config.get("text_config", config)
+    text = config.get("text_config") or config
     return int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
 
 
 def model_shape(config: dict) -> ModelShape:
     """Read the text model's shape, whether nested under text_config or not."""
-    text = config.get("text_config", config)
+    text = config.get("text_config") or config
     layers = int(text["num_hidden_layers"])
     layer_types = text.get("layer_types") or ["full_attention"] * layers
     heads = int(text["num_attention_heads"])

@@ -73,6 +73,11 @@ def test_spellings_vllm_reads_as_the_same_flag_are_refused(arg):
                for line in problems(extra_engine_args=[arg]))
 
 
+@pytest.mark.parametrize("arg", ["--trust-remote", "--enable-log-req", "--middle", "--profiler-config.profiler"])
+def test_abbreviations_and_dotted_forms_vllm_would_expand_are_refused(arg):
+    assert any(f"`{arg}` is not a flag of vLLM 0.33.0" in line for line in problems(extra_engine_args=[arg, "x"]))
+
+
 def test_the_inverse_flags_stay_allowed():
     [plan] = plans(extra_engine_args=["--disable-log-requests", "--no-enable-log-outputs", "--no-trust-remote-code"])
     assert plan.engine_args[-3:] == ["--disable-log-requests", "--no-enable-log-outputs", "--no-trust-remote-code"]

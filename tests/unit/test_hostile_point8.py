@@ -151,6 +151,7 @@ def hostile_config(path: str, value):
     ("text_config.vocab_size", True, "`vocab_size` = True is not a positive integer"),
     ("text_config.layer_types", "full_attention", "`layer_types` is not a list of names"),
     ("text_config", [1], "`text_config` is not an object"),
+    ("text_config", None, "lacks `num_hidden_layers`, `num_attention_heads`"),
     ("text_config.max_position_embeddings", None, "lacks `max_position_embeddings`"),
 ])
 def test_hostile_config_numbers_are_refused_with_the_key_and_the_repo(path, value, shown):
