@@ -47,7 +47,8 @@ def _plan(args) -> int:
             + _group_rows(plan)
         if plan.manifest:
             m = plan.manifest.summary()
-            rows += [("model", literal(f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}")),
+            model = f"{m['hub']}:{m['repo']}@{m['revision']} -> {m['commit'] or m['digest'][:16]}"
+            rows += [("model", literal(model)),
                      ("files", f"{m['files']} files, {m['bytes'] / 1e9:.2f} GB")]
         else:
             rows.append(("model", f"[yellow]hub unreachable: {literal(plan.hub_error)}[/]"))

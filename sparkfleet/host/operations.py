@@ -176,11 +176,15 @@ _AWK_KEPT = (f'/^#/ || !/=/ {{ next }} {{ {_AWK_KEY} }} key ~ fabric {{ print; n
 _AWK_RESTORED = (f'FILENAME == ARGV[1] {{ if ($0 ~ /^#key /) keys[substr($0, 6)] = 1; else if (index($0, "=")) '
                  f'{{ {_AWK_KEY}; if (key ~ fabric) lines[++n] = $0; else keys[key] = 1 }}; next }} '
                  f'/^#/ || !/=/ {{ print; next }} {{ {_AWK_KEY} }} key ~ fabric {{ next }} '
-                 f'key == "{paths.API_KEY_VAR}" || key in keys {{ print }} END {{ for (i = 1; i <= n; i++) print lines[i] }}')
+                 f'key == "{paths.API_KEY_VAR}" || key in keys {{ print }} '
+                 f'END {{ for (i = 1; i <= n; i++) print lines[i] }}')
+
+
+_FABRIC_KEY = "^(" + "|".join(FABRIC_ENV) + ")$"
 
 
 def _awk(program: str) -> str:
-    return f"awk -v fabric={shlex.quote(f'^({chr(124).join(FABRIC_ENV)})$')} {shlex.quote(program)}"
+    return f"awk -v fabric={shlex.quote(_FABRIC_KEY)} {shlex.quote(program)}"
 
 
 def env_kept_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:

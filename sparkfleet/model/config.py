@@ -6,7 +6,6 @@ config.json facts of each catalogued model (`sparkfleet.model.recipes.known_mode
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # The config.json counts the planner reads: a positive integer where present (0 means "none" for the second
@@ -26,9 +25,8 @@ def _count_problem(key: str, value, least: int) -> str | None:
     most = MAX_LAYERS if key.endswith("layers") else INT32
     if type(value) is int and least <= value <= most:
         return None
-    shown = repr(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
     kind = "a positive integer" if least else "an integer >= 0"
-    return f"`{key}` = {shown[:40]} is not {kind} (at most {most:,})"
+    return f"`{key}` = {repr(value)[:40]} is not {kind} (at most {most:,})"
 
 
 def config_problem(config, repo: str) -> str | None:

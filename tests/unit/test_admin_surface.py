@@ -93,7 +93,8 @@ def test_trust_remote_code_is_refused_by_default(arg):
 
 def test_the_opt_in_alone_does_not_allow_trust_remote_code():
     [line] = problems(extra_engine_args=["--trust-remote-code"], allow_trust_remote_code=True)
-    assert "the recipe does not say `trust_remote_code = true`" in line and "allow_trust_remote_code` is not" not in line
+    assert "the recipe does not say `trust_remote_code = true`" in line
+    assert "allow_trust_remote_code` is not" not in line
 
 
 def test_a_recipe_that_needs_it_still_needs_the_opt_in(remote_code_recipes):
