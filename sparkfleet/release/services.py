@@ -248,6 +248,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
 
 def plan_rows(plan) -> list[tuple[str, str]]:
     """`plan`'s rows for a host with services: the one memory plan, then each service's share and fit."""
+    from sparkfleet.tables import literal  # extra_engine_args are text: a "[/]" in one is no markup
     if not plan.services:
         return []
     memory, gib = plan.memory_plan, 1024**3
@@ -262,5 +263,5 @@ def plan_rows(plan) -> list[tuple[str, str]]:
             f"{svc.service.gpu_memory_utilization:g}: weights {fit.weights_bytes / gib:.2f} GiB ({source}) + reserve "
             f"{fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.2f} GiB at {fit.kv_bytes_per_token:,} "
             f"B/token: largest context {fit.largest_context:,} (max_model_len {fit.max_model_len:,}); "
-            f"{' '.join(svc.engine_args[1:])}")))
+            f"{literal(' '.join(svc.engine_args[1:]))}")))
     return rows

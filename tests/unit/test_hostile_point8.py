@@ -377,3 +377,16 @@ def test_the_controller_copies_a_gated_model_with_hub_token_and_never_writes_it_
                   and p.name != ".sparkfleet-verified.json") == sorted(f.path for f in plan.manifest.files)
     written = [p for p in (tmp_path / "copy").rglob("*") if p.is_file() and p.stat().st_size < 2**20]
     assert written and not any(HUB_TOKEN.encode() in p.read_bytes() for p in written)
+
+
+def test_plan_prints_engine_args_with_brackets_literally(tmp_path, monkeypatch, capsys):
+    from sparkfleet import cli, tables
+
+    monkeypatch.setattr(tables, "CI_WIDTH", 1000)
+    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "offline"))
+    path = tmp_path / "fleet.py"
+    args = ["--chat-template-content-format", "[/]"]  # a value a flag takes; printed, never read as markup
+    path.write_text(f"sparks = [('spark-x', {{'extra_engine_args': {args!r}, 'services': "
+                    f"{{'embed': {{'recipe': 'qwen3-embedding-0.6b', 'extra_engine_args': {args!r}}}}}}})]\n")
+    assert cli.main(["plan", str(path)]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.count("--chat-template-content-format [/]") >= 2
