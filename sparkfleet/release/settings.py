@@ -416,7 +416,7 @@ def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
     try:
         _host(_one_line(value) if isinstance(value, str) else "")
     except ValueError as exc:
-        raise SettingsError([f"{host_name}: ssh_hostname = {value!r} is invalid: {exc}; it is also the host's LAN "
+        raise SettingsError([f"{host_name}: `ssh_hostname` = {value!r} is invalid: {exc}; it is also the host's LAN "
                              f"address (URLs, the front door's config): fix it in the inventory"]) from None
 
 

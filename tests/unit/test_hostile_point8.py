@@ -27,11 +27,11 @@ def test_hostile_ssh_hostname_is_refused_before_any_config_is_rendered(hostname)
         plans = {p.name: p for p in plan_hosts(hosts)}
         front_door_plan("spark-1", plans).config()  # never reached: the plan is refused first
     [line] = caught.value.problems
-    assert line.startswith(f"spark-2: ssh_hostname = {hostname!r} is invalid: ") and "fix it in the inventory" in line
+    assert line.startswith(f"spark-2: `ssh_hostname` = {hostname!r} is invalid: ") and "fix it in the inventory" in line
 
 
 def test_status_refuses_it_too():
-    with pytest.raises(SettingsError, match=r"^spark-2: ssh_hostname = .* is invalid: contains the control character"):
+    with pytest.raises(SettingsError, match=r"^spark-2: `ssh_hostname` = .* is invalid: contains the control character"):
         parse_settings("spark-2", host_data(ssh_hostname=INJECTED))
 
 

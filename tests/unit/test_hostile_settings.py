@@ -196,6 +196,11 @@ def test_engine_env_that_opens_the_admin_surface_exits_2(plan_cli):
             engine_env={"VLLM_SERVER_DEV_MODE": "1"})
 
 
+def test_ssh_hostname_with_a_newline_exits_2(plan_cli):
+    refused(plan_cli, "ssh_hostname", "contains the control character U+000A",
+            ssh_hostname="10.0.0.9:8000\n    server evil 203.0.113.7:80")
+
+
 def test_trust_remote_code_exits_2(plan_cli):
     refused(plan_cli, "extra_engine_args", "`--trust-remote-code` runs the model repository's Python as root",
             extra_engine_args=["--trust-remote-code"])
