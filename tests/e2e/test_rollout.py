@@ -73,6 +73,10 @@ def test_release_failing_health_on_the_second_host_is_rolled_back_and_halts(sim_
     assert hosts["spark-2"]["result"] == "rolled back" and "previous release restored" in hosts["spark-2"]["detail"]
     assert answers_chat(sim_fleet, "spark-2") and served_max_len(sim_fleet, "spark-2") == served_before["spark-2"]
     assert json.loads(ssh(sim_fleet, "spark-2", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-2"]
+    # the engine env rolled back holds today's values of the old release's names only; what is kept for a
+    # second rollback is names, never values (engine_env is a secret setting)
+    live, kept = (ssh(sim_fleet, "spark-2", f"cat /etc/sparkfleet/{f}") for f in ("engine.env", "previous/engine.env"))
+    assert "SIM_FAIL_HEALTH" not in live and kept.splitlines() == ["#key SIM_FAIL_HEALTH"]
     assert hosts["spark-3"]["result"] == "not reached"
     assert served_max_len(sim_fleet, "spark-3") == served_before["spark-3"]
     assert json.loads(ssh(sim_fleet, "spark-3", "cat /etc/sparkfleet/release.json"))["release_id"] == before["spark-3"]
