@@ -340,3 +340,56 @@ def test_manifest_paths_reach_the_hub_as_literal_names(tmp_path, file_hub, hub):
     assert sorted({name for name in HostileHub.requests if name}) == ["*", "a/*.safetensors"]  # files asked for
     assert (model_dir / "*").read_bytes() == star and (model_dir / "a/*.safetensors").read_bytes() == weights
     assert tree(model_dir) == sorted([".sparkfleet-verified.json", "*", "a", "a/*.safetensors"])
+
+
+@pytest.mark.parametrize("hub", ["huggingface", "modelscope"])
+def test_the_controller_reads_config_json_capped_and_verified(file_hub, hub, monkeypatch):
+    """The plan's config.json comes through the hosts' download: an endless one is cut, a wrong one refused,
+    and neither is cached."""
+    from sparkfleet.model.hubs import HubError, read_model_config
+
+    manifest = Manifest(hub, "org/m", "main", GOOD_COMMIT, (ManifestFile("config.json", 20, sha256=CONFIG_SHA256),))
+    monkeypatch.setattr(HostileHub, "ENDLESS", "config.json")
+    with pytest.raises(HubError, match=r"cannot read config\.json of \w+:org/m: (TooLong|FileSizeMismatchError): "):
+        read_model_config(manifest, file_hub, None)
+    assert HostileHub.sent and max(HostileHub.sent) < 64 << 20
+    monkeypatch.setattr(HostileHub, "ENDLESS", None)
+    HostileHub.files = {"config.json": b'{"model_type": "y"}\n'}  # 20 bytes, another hash
+    with pytest.raises(HubError, match="do not match the manifest's size and hash"):
+        read_model_config(manifest, file_hub, None)
+    assert [p for p in (cache_dir() / "configs").rglob("*") if p.is_file()] == []
+    HostileHub.files = {"config.json": CONFIG}
+    assert read_model_config(manifest, file_hub, None) == {"model_type": "x"}
+
+
+def test_the_one_cap_never_writes_a_byte_past_the_size():
+    """CappedFile, which the peer and Hugging Face paths write through: a chunk that would pass the size is
+    refused whole, also after a client rewinds to restart a transfer; copy_capped reads at most size + 1."""
+    import io
+
+    from sparkfleet.model.hubs import _fetch_script
+
+    fetch = _fetch_script()
+    out = io.BytesIO()
+    capped = fetch.CappedFile(out, 1000)
+    capped.write(b"x" * 999)
+    with pytest.raises(fetch.TooLong):
+        capped.write(b"yy")
+    capped.write(b"z")
+    assert out.getvalue() == b"x" * 999 + b"z"
+    capped.seek(0)
+    capped.truncate()
+    capped.write(b"w" * 1000)
+    assert out.getvalue() == b"w" * 1000
+
+    class Endless:
+        asked = 0
+
+        def read(self, n):
+            Endless.asked += n
+            return b"\1" * n
+
+    target = io.BytesIO()
+    assert fetch.copy_capped(Endless(), target, 1000) is False
+    assert (Endless.asked, target.getvalue()) == (1001, b"")
+    assert fetch.copy_capped(io.BytesIO(b"k" * 1000), io.BytesIO(), 1000) is True
