@@ -8,6 +8,7 @@ before anything is written or asked; an endless peer is cut at the manifest's si
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -293,6 +294,14 @@ class HostileHub(BaseHTTPRequestHandler):
         pass
 
 
+def endless_streams():
+    """Bytes written of each endless stream, once the server saw every one of them hung up on (or ended)."""
+    deadline = time.monotonic() + 10
+    while len(HostileHub.sent) < HostileHub.requests.count(HostileHub.ENDLESS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return HostileHub.sent
+
+
 def hub_job(tmp_path, hub, url, files):
     job = write_job(tmp_path, files)
     data = json.loads(job.read_text())
@@ -318,7 +327,7 @@ def test_a_hub_streaming_past_the_manifest_size_is_cut_with_nothing_landed(tmp_p
         {"path": HostileHub.ENDLESS, "size": 1000, "sha256": "cd" * 32}])
     rc, stderr = run_fetch(job)
     assert rc == 3 and f"{HostileHub.ENDLESS}: hub download failed" in stderr, stderr
-    assert HostileHub.sent and max(HostileHub.sent) < 64 << 20  # cut: the rest of the 256 MiB never sent
+    assert endless_streams() and max(endless_streams()) < 64 << 20  # cut: the rest of the 256 MiB never sent
     assert (model_dir / "config.json").read_bytes() == CONFIG
     assert not (model_dir / HostileHub.ENDLESS).exists()
     assert [p for p in staging.rglob("*") if p.is_file()] == []  # no .part, no .incomplete, no file
@@ -352,7 +361,7 @@ def test_the_controller_reads_config_json_capped_and_verified(file_hub, hub, mon
     monkeypatch.setattr(HostileHub, "ENDLESS", "config.json")
     with pytest.raises(HubError, match=r"cannot read config\.json of \w+:org/m: (TooLong|FileSizeMismatchError): "):
         read_model_config(manifest, file_hub, None)
-    assert HostileHub.sent and max(HostileHub.sent) < 64 << 20
+    assert endless_streams() and max(endless_streams()) < 64 << 20
     monkeypatch.setattr(HostileHub, "ENDLESS", None)
     HostileHub.files = {"config.json": b'{"model_type": "y"}\n'}  # 20 bytes, another hash
     with pytest.raises(HubError, match="do not match the manifest's size and hash"):
