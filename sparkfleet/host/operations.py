@@ -279,14 +279,14 @@ def local_api_host(api_host: str) -> str:
 
 @operation(is_idempotent=False)
 def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str,
-                kind: str = "chat", unit: str = paths.UNIT_NAME):
+                container: str, kind: str = "chat", unit: str = paths.UNIT_NAME):
     """The service answers: /health, /v1/models, a chat completion and a tool call (a pooling service:
-    its embeddings or rerank request). Else the journal."""
+    its embeddings or rerank request). Else the journal. Only `container`'s listener gets the key."""
     check = StringCommand(
         f"PYTHONPATH={shlex.quote(runtime)}", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
         "--host", QuoteString(local_api_host(api_host)), "--port", str(port),
         "--served-name", QuoteString(served_name), "--timeout", str(timeout_s),
-        "--env-file", paths.ENGINE_ENV, "--unit", QuoteString(unit),
+        "--env-file", paths.ENGINE_ENV, "--unit", QuoteString(unit), "--container", QuoteString(container),
         *(["--kind", QuoteString(kind)] if kind != "chat" else []), *(["--tools"] if tools else []),
     )
     yield StringCommand(check, f"|| {{ echo '--- last 50 lines of {unit}:' >&2; "

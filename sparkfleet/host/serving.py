@@ -105,7 +105,7 @@ def start_limit_cleared(unit: str):
 
 
 @operation()
-def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str):
+def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str):
     """The engine answers now; else restart it (never one still starting: wait) and run the health gate."""
     probe = host.get_fact(ServingProbe)
     verdict = probe_verdict(probe)
@@ -116,7 +116,7 @@ def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: 
         yield StringCommand("echo", QuoteString(f"not serving: {describe(probe)}"[:400]), ">&2;",
                             "python3", WATCHDOG, "--restart", "converge")
     yield from health_gate._inner(served_name=served_name, api_host=api_host, port=port, tools=tools,
-                                  timeout_s=timeout_s, runtime=runtime)
+                                  timeout_s=timeout_s, runtime=runtime, container=container)
     yield f"python3 {WATCHDOG} --check"
 
 

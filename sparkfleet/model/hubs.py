@@ -7,13 +7,16 @@ works with the hub unreachable.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import logging
 import os
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
-from sparkfleet import PROJECT_ROOT
+from sparkfleet import FILES_DIR, PROJECT_ROOT
 from sparkfleet.host.shared import host_module
 from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer
 
@@ -113,26 +116,36 @@ def _resolve_manifest(hub: str, repo: str, revision: str, endpoint: str | None, 
     return manifest
 
 
+@lru_cache(maxsize=1)
+def _fetch_script():
+    """files/sparkfleet-fetch as a module: the hosts' one way to download a hub file (capped, literal name)."""
+    loader = importlib.machinery.SourceFileLoader("sparkfleet_fetch", str(FILES_DIR / "sparkfleet-fetch"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
 @lru_cache(maxsize=32)
 def read_model_config(manifest: Manifest, endpoint: str | None, token: str | None) -> dict:
-    """config.json of the model, through the hub's official client (cached on disk by pin)."""
+    """config.json of the model, through the hub's official client as the hosts download it (never past the
+    manifest's size, then its hash checked); cached on disk by pin."""
     dest = cache_dir() / "configs" / manifest.hub / manifest.dir_name
-    revision = manifest.commit or manifest.revision
+    entry = manifest.entries.get("config.json")
+    if entry is None:
+        raise HubError(f"{manifest.hub}:{manifest.repo} lists no config.json: check model_repo")
     if not (dest / "config.json").exists():
+        staging = cache_dir() / "configs" / host_module.STAGING_NAME / manifest.hub / manifest.dir_name
         try:
-            if manifest.hub == "huggingface":
-                from huggingface_hub import hf_hub_download
-
-                hf_hub_download(manifest.repo, "config.json", revision=revision, endpoint=endpoint,
-                                token=token, local_dir=dest)
-            else:
-                from modelscope.hub.file_download import model_file_download
-
-                model_file_download(manifest.repo, "config.json", revision=revision, local_dir=str(dest),
-                                    token=token, endpoint=endpoint)
+            _fetch_script().hub_download(manifest.to_dict(), endpoint, "config.json", entry["size"], staging, token)
+            if not host_module.file_matches(staging / "config.json", entry):
+                raise UntrustedAnswer("its bytes do not match the manifest's size and hash")
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / "config.json", dest / "config.json")
         except Exception as exc:  # each client raises its own error types
             raise HubError(f"cannot read config.json of {manifest.hub}:{manifest.repo}: "
-                           f"{type(exc).__name__}: {exc}") from exc
+                           f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return json.loads((dest / "config.json").read_text())
 
 

@@ -196,6 +196,7 @@ class HostPlan:
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
             "image": s.engine_image,
+            "container": s.container_name,
             "engine_args": self.engine_args,
             "served_model_name": s.served_model_name,
             "api_host": s.api_host,

@@ -81,7 +81,8 @@ def test_models_and_chat_answer(engine):
     runtime = engine.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     out = engine.host.check_output(
         f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {engine.s.api_port} "
-        f"--served-name '{engine.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV}")
+        f"--served-name '{engine.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV} "
+        f"--container {engine.s.container_name}")
     report = json.loads(out.splitlines()[-1])
     assert engine.s.served_model_name in report["models"]
     assert report["chat"] and report["usage"]["completion_tokens"] > 0

@@ -40,7 +40,7 @@ def test_each_service_answers_its_request(spark):
         out = spark.host.check_output(
             f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {svc.service.api_port} "
             f"--served-name {shlex.quote(svc.service.served_model_name)} --kind {svc.kind} --timeout 30 "
-            f"--env-file {paths.ENGINE_ENV}")
+            f"--env-file {paths.ENGINE_ENV} --container {svc.container}")
         report = json.loads(out.splitlines()[-1])
         assert report["models"] == [svc.service.served_model_name]
         assert report.get("embedding_dims") or len(report.get("rerank", [])) == 2, report

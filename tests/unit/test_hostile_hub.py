@@ -8,6 +8,8 @@ before anything is written or asked; an endless peer is cut at the manifest's si
 import hashlib
 import json
 import threading
+import time
+import urllib.parse
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -234,3 +236,169 @@ def test_an_endless_peer_alone_fails_the_file_with_nothing_landed(tmp_path):
     staging = tmp_path / "root/models/.staging/org--m@0123456789abcdef"
     assert not (tmp_path / "root/models/org--m@0123456789abcdef/config.json").exists()
     assert list(staging.glob("config.json*")) == []  # the cut .part was dropped, not kept to resume
+
+
+class HostileHub(BaseHTTPRequestHandler):
+    """Both hubs' file APIs (Hugging Face's resolve URL, HEAD and GET; ModelScope's repo?FilePath=), holding
+    files by literal name. An ENDLESS file is announced at its manifest size and streamed without a length."""
+
+    protocol_version = "HTTP/1.0"
+    files: ClassVar[dict[str, bytes]] = {}
+    requests: ClassVar[list] = []  # the literal file names asked for (None: not a file request)
+    sent: ClassVar[list[int]] = []  # bytes of each endless stream written before the client hung up
+    ENDLESS = "model-00001.safetensors"
+    LIMIT = 256 << 20  # the stream ends here if nothing cuts it
+
+    def _name(self):
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/api/v1/models/org/m/repo":
+            return urllib.parse.parse_qs(url.query).get("FilePath", [None])[0]
+        prefix = f"/org/m/resolve/{GOOD_COMMIT}/"
+        return urllib.parse.unquote(url.path[len(prefix):]) if url.path.startswith(prefix) else None
+
+    def _head(self, name):
+        if name != self.ENDLESS and name not in self.files:
+            self.send_error(404)
+            return False
+        self.send_response(200)
+        self.send_header("ETag", f'"{"ab" * 32}"')
+        self.send_header("X-Repo-Commit", GOOD_COMMIT)
+        if name in self.files:
+            self.send_header("Content-Length", str(len(self.files[name])))
+        elif self.command == "HEAD":
+            self.send_header("Content-Length", "1000")  # what the manifest says; the GET sends no length
+        self.end_headers()
+        return True
+
+    def do_HEAD(self):
+        self._head(self._name())
+
+    def do_GET(self):
+        name = self._name()
+        type(self).requests.append(name)
+        if not self._head(name):
+            return
+        if name in self.files:
+            self.wfile.write(self.files[name])
+            return
+        sent, chunk = 0, b"\1" * 65536
+        try:
+            while sent < self.LIMIT:
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        type(self).sent.append(sent)
+
+    def log_message(self, *args):
+        pass
+
+
+def endless_streams():
+    """Bytes written of each endless stream, once the server saw every one of them hung up on (or ended)."""
+    deadline = time.monotonic() + 10
+    while len(HostileHub.sent) < HostileHub.requests.count(HostileHub.ENDLESS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return HostileHub.sent
+
+
+def hub_job(tmp_path, hub, url, files):
+    job = write_job(tmp_path, files)
+    data = json.loads(job.read_text())
+    data["manifest"]["hub"], data["endpoint"] = hub, url
+    job.write_text(json.dumps(data))
+    return job, tmp_path / "root/models/org--m@0123456789abcdef", tmp_path / "root/models/.staging"
+
+
+@pytest.fixture
+def file_hub():
+    HostileHub.files, HostileHub.requests, HostileHub.sent = {}, [], []
+    with http_server(HostileHub) as (url, _):
+        yield url
+
+
+@pytest.mark.parametrize("hub", ["huggingface", "modelscope"])
+def test_a_hub_streaming_past_the_manifest_size_is_cut_with_nothing_landed(tmp_path, file_hub, hub):
+    """1000 bytes announced, megabytes streamed without a length: no byte past 1000 is written, the stream
+    is dropped long before its end, and neither staging nor the model directory keeps any of it."""
+    HostileHub.files = {"config.json": CONFIG}
+    job, model_dir, staging = hub_job(tmp_path, hub, file_hub, [
+        {"path": "config.json", "size": 20, "sha256": CONFIG_SHA256},
+        {"path": HostileHub.ENDLESS, "size": 1000, "sha256": "cd" * 32}])
+    rc, stderr = run_fetch(job)
+    assert rc == 3 and f"{HostileHub.ENDLESS}: hub download failed" in stderr, stderr
+    assert endless_streams() and max(endless_streams()) < 64 << 20  # cut: the rest of the 256 MiB never sent
+    assert (model_dir / "config.json").read_bytes() == CONFIG
+    assert not (model_dir / HostileHub.ENDLESS).exists()
+    assert [p for p in staging.rglob("*") if p.is_file()] == []  # no .part, no .incomplete, no file
+    assert sorted(json.loads((model_dir / ".sparkfleet-verified.json").read_text())) == ["config.json"]
+
+
+@pytest.mark.parametrize("hub", ["huggingface", "modelscope"])
+def test_manifest_paths_reach_the_hub_as_literal_names(tmp_path, file_hub, hub):
+    """A path `*` or `a/*.safetensors` is a file of that name: the client asks for it alone, never a pattern
+    that pulls the rest of the repository."""
+    star, weights = b"a file named *\n", b"a file named a/*.safetensors\n"
+    HostileHub.files = {"*": star, "a/*.safetensors": weights, "config.json": CONFIG, "a/x.safetensors": b"x" * 99}
+    job, model_dir, _ = hub_job(tmp_path, hub, file_hub, [
+        {"path": "*", "size": len(star), "sha256": hashlib.sha256(star).hexdigest()},
+        {"path": "a/*.safetensors", "size": len(weights), "sha256": hashlib.sha256(weights).hexdigest()}])
+    rc, report = run_fetch(job)
+    assert rc == 0, report
+    assert sorted(report["fetched"]) == ["*", "a/*.safetensors"]
+    assert sorted({name for name in HostileHub.requests if name}) == ["*", "a/*.safetensors"]  # files asked for
+    assert (model_dir / "*").read_bytes() == star and (model_dir / "a/*.safetensors").read_bytes() == weights
+    assert tree(model_dir) == sorted([".sparkfleet-verified.json", "*", "a", "a/*.safetensors"])
+
+
+@pytest.mark.parametrize("hub", ["huggingface", "modelscope"])
+def test_the_controller_reads_config_json_capped_and_verified(file_hub, hub, monkeypatch):
+    """The plan's config.json comes through the hosts' download: an endless one is cut, a wrong one refused,
+    and neither is cached."""
+    from sparkfleet.model.hubs import HubError, read_model_config
+
+    manifest = Manifest(hub, "org/m", "main", GOOD_COMMIT, (ManifestFile("config.json", 20, sha256=CONFIG_SHA256),))
+    monkeypatch.setattr(HostileHub, "ENDLESS", "config.json")
+    with pytest.raises(HubError, match=r"cannot read config\.json of \w+:org/m: (TooLong|FileSizeMismatchError): "):
+        read_model_config(manifest, file_hub, None)
+    assert endless_streams() and max(endless_streams()) < 64 << 20
+    monkeypatch.setattr(HostileHub, "ENDLESS", None)
+    HostileHub.files = {"config.json": b'{"model_type": "y"}\n'}  # 20 bytes, another hash
+    with pytest.raises(HubError, match="do not match the manifest's size and hash"):
+        read_model_config(manifest, file_hub, None)
+    assert [p for p in (cache_dir() / "configs").rglob("*") if p.is_file()] == []
+    HostileHub.files = {"config.json": CONFIG}
+    assert read_model_config(manifest, file_hub, None) == {"model_type": "x"}
+
+
+def test_the_one_cap_never_writes_a_byte_past_the_size():
+    """CappedFile, which the peer and Hugging Face paths write through: a chunk that would pass the size is
+    refused whole, also after a client rewinds to restart a transfer; copy_capped reads at most size + 1."""
+    import io
+
+    from sparkfleet.model.hubs import _fetch_script
+
+    fetch = _fetch_script()
+    out = io.BytesIO()
+    capped = fetch.CappedFile(out, 1000)
+    capped.write(b"x" * 999)
+    with pytest.raises(fetch.TooLong):
+        capped.write(b"yy")
+    capped.write(b"z")
+    assert out.getvalue() == b"x" * 999 + b"z"
+    capped.seek(0)
+    capped.truncate()
+    capped.write(b"w" * 1000)
+    assert out.getvalue() == b"w" * 1000
+
+    class Endless:
+        asked = 0
+
+        def read(self, n):
+            Endless.asked += n
+            return b"\1" * n
+
+    target = io.BytesIO()
+    assert fetch.copy_capped(Endless(), target, 1000) is False
+    assert (Endless.asked, target.getvalue()) == (1001, b"")
+    assert fetch.copy_capped(io.BytesIO(b"k" * 1000), io.BytesIO(), 1000) is True
