@@ -8,7 +8,10 @@ per Spark, reserve 3 GiB = 3,221,225,472.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -372,6 +375,39 @@ def test_engine_env_cannot_turn_off_or_replace_the_groups_ray_token(env):
             f"token auth with the group's own token (made on the controller, shipped as /etc/sparkfleet/ray.token): "
             f"remove it") in found
     assert not any(value in " ".join(found) for value in env.values())
+
+
+def _ray_check_in_a_container(tmp_path, version: str, auth: bool | None) -> subprocess.CompletedProcess:
+    """sparkfleet-ray-check's in-container script against a stand-in `ray` package: `auth` None is a Ray without
+    token auth (older than 2.52), else whether RAY_AUTH_MODE=token is in force."""
+    from .test_pair_preflight import rc
+    package = tmp_path / "ray"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        f"__version__ = {version!r}\ndef init(**kwargs): pass\n"
+        "def nodes(): return [{'Alive': True, 'NodeManagerAddress': '10.0.0.1', 'Resources': {'GPU': 1.0}}]\n")
+    if auth is not None:
+        (package / "_raylet.py").write_text(
+            "class AuthenticationMode:\n    DISABLED, TOKEN = 0, 1\n"
+            f"def get_authentication_mode(): return AuthenticationMode.{'TOKEN' if auth else 'DISABLED'}\n")
+    return subprocess.run([sys.executable, "-c", rc.IN_CONTAINER, "10.0.0.1:6379", "10.0.0.1"],
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("version,auth", [("2.51.0", None), ("2.60.0", False)])
+def test_the_ray_check_refuses_a_ray_without_token_auth(tmp_path, version, auth):
+    done = _ray_check_in_a_container(tmp_path, version, auth)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (f"Ray {version} here runs without token auth (anyone on the fabric could join): "
+                                   f"sparkfleet needs Ray >= 2.52 in engine_image, with RAY_AUTH_MODE=token (the Ray "
+                                   f"unit sets it)")
+
+
+def test_the_ray_check_reads_the_nodes_where_token_auth_is_on(tmp_path):
+    from .test_pair_preflight import rc
+    done = _ray_check_in_a_container(tmp_path, "2.60.0", True)
+    assert done.returncode == 0, done.stderr
+    assert rc.read_nodes(done.stdout) == [{"alive": True, "address": "10.0.0.1", "gpus": 1.0}]
 
 
 # --- fit for N GPUs ---------------------------------------------------------------------------------------------
