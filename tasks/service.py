@@ -11,6 +11,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR
+from sparkfleet.controller.fleet_token import ray_token
 from sparkfleet.host import paths
 from sparkfleet.host.operations import (
     image_loaded,
@@ -36,18 +37,23 @@ def unit_removed(unit_name: str, unit_path: str, why: str) -> None:
     systemd.daemon_reload(name=f"systemd reloaded without {unit_name}", _if=removed.did_change)
 
 
-def ray_node(plan: HostPlan, env_changed: bool) -> bool:
-    """A member's Ray node running (its unit, the Ray check helper); a host in no group runs none (one left from
-    when it was a member is removed). Returns whether the Ray node restarts: the head's engine restarts with it."""
+def ray_node(plan: HostPlan) -> bool:
+    """A member's Ray node running (its unit, the group's token, the Ray check helper); a host in no group runs none
+    (one left from when it was a member is removed, with its token). Returns whether the Ray node restarts: the
+    head's engine restarts with it. A new token (the controller's file deleted) restarts every member's node."""
     if not plan.group:
         unit_removed(paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH, "this host is in no tensor-parallel group")
+        files.file(name="Ray token removed (this host is in no tensor-parallel group)", path=paths.RAY_TOKEN,
+                   present=False)
         return False
+    token = secret_file(name=f"Ray token of {plan.group.name} (root-only)", dest=paths.RAY_TOKEN,
+                        content=ray_token(plan.group.name))
     files.put(name="Helper sparkfleet-ray-check", src=str(FILES_DIR / "sparkfleet-ray-check"), dest=paths.RAY_CHECK,
               mode="0755")
     ray_unit = files.put(name=f"Ray unit ({plan.role} of {plan.group.name})", src=io.StringIO(plan.render_ray_unit()),
                          dest=paths.RAY_UNIT_PATH, mode="0644")
     start_limit_cleared(name="Start limit of a failed Ray unit reset", unit=paths.RAY_UNIT_NAME)
-    restarted = ray_unit.will_change or env_changed
+    restarted = ray_unit.will_change or token.will_change
     systemd.service(name=f"Ray {plan.role} enabled and running", service=paths.RAY_UNIT_NAME, running=True,
                     enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
     return restarted
@@ -81,7 +87,7 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
                     keep=[svc.unit for svc in plan.services])
     files.put(name="Memory plan (every engine unit's share, the budget)", src=io.StringIO(memory_plan_json(plan)),
               dest=MEMORY_PLAN, mode="0644")
-    ray_restarted = ray_node(plan, env_changed=env.will_change)
+    ray_restarted = ray_node(plan)
     if not plan.runs_engine:
         unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
         started = None

@@ -15,6 +15,8 @@ ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: VLLM_API_KEY and engine_env
 API_KEY_VAR = "VLLM_API_KEY"  # the API key's line of ENGINE_ENV: a rollback writes today's, never a kept one
 HUB_ENV = f"{CONFIG_DIR}/hub.env"  # 0600: the hub token
 FLEET_TOKEN = f"{CONFIG_DIR}/fleet.token"  # 0600, owned by SHARE_USER: what the peer shares ask for
+# 0600, root: a group member's Ray token, mounted read-only (same path) into its Ray container and the head's engine
+RAY_TOKEN = f"{CONFIG_DIR}/ray.token"
 SHARE_USER = "sparkfleet-share"  # the share's own system user: no login, no home, reads the model root
 RELEASE_FILE = f"{CONFIG_DIR}/release.json"
 PREVIOUS_DIR = f"{CONFIG_DIR}/previous"  # the replaced unit, env and release record: rollback needs no download

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.host import paths
 from sparkfleet.release.settings import Settings
 
 # Environment sparkfleet writes on every member, derived from the fabric settings (engine_env may not set them).
 FABRIC_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
               "RAY_memory_monitor_refresh_ms", "RAY_ADDRESS", "MASTER_ADDR")
+# Ray's token auth (Ray >= 2.52): every node and driver of the group's cluster presents the group's token, read
+# from a file (never the value in an environment: `docker inspect` shows that). engine_env may not set these, nor
+# RAY_AUTH_TOKEN (a token value, which Ray prefers to the file).
+RAY_AUTH_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": paths.RAY_TOKEN}
+RAY_AUTH_OWNED = (*RAY_AUTH_ENV, "RAY_AUTH_TOKEN")
 # RoCE's GID index is reported to change across reboots: a pinned one breaks NCCL on the next boot, while NCCL
 # picks the right one itself.
 UNPINNED_ENV = {"NCCL_IB_GID_INDEX": "the RoCE GID index drifts across reboots, and NCCL picks the right one itself"}
@@ -72,7 +78,8 @@ class TensorParallelGroup:
         return "head" if member == self.head else "worker"
 
     def env(self, member: str) -> dict[str, str]:
-        """The member's fabric environment: NCCL, Gloo, UCX and PyTorch's TP on the fabric, Ray at the head."""
+        """The member's fabric environment: NCCL, Gloo, UCX and PyTorch's TP on the fabric, Ray at the head with
+        the group's token (its file's path). The Ray container's whole environment; the head's engine gets it too."""
         return {
             "VLLM_HOST_IP": self.address_of(member),
             **dict.fromkeys(("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME"),
@@ -80,6 +87,7 @@ class TensorParallelGroup:
             "RAY_memory_monitor_refresh_ms": "0",  # Ray's OOM killer would take the engine for a leak
             "RAY_ADDRESS": self.ray_address,
             "MASTER_ADDR": self.addresses[0],
+            **RAY_AUTH_ENV,
         }
 
     def ray_start_args(self, member: str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -138,6 +146,11 @@ def member_problems(name: str, s: Settings) -> list[str]:
     if owned:
         problems.append(f"{name}: setting `engine_env` sets {', '.join(owned)}, which sparkfleet derives from "
                         f"fabric_interface, fabric_address and ray_port: remove it (set those settings instead)")
+    auth = sorted(set(RAY_AUTH_OWNED) & set(s.engine_env))
+    if auth:
+        problems.append(f"{name}: setting `engine_env` sets {', '.join(auth)} on a member of {'+'.join(listed)}: "
+                        f"sparkfleet turns on Ray's token auth with the group's own token (made on the controller, "
+                        f"shipped as {paths.RAY_TOKEN}): remove it")
     return problems
 
 

@@ -142,16 +142,24 @@ class HostPlan:
     def docker_options(self) -> list[str]:
         """The engine container's options; a group's (the head's, also recorded on a worker) reach Ray: its session
         directory, and the host's process table, where Ray's driver looks for the local raylet (without it the
-        engine waits 60 s and fails to connect)."""
-        ray = ["--volume", f"{paths.RAY_DIR}:/tmp/ray", "--pid", "host"] if self.group else []
+        engine waits 60 s and fails to connect), and the group's Ray token, read-only."""
+        ray = ["--volume", f"{paths.RAY_DIR}:/tmp/ray", "--pid", "host", *_ray_token_volume()] if self.group else []
         return docker_options(self.settings, self.model_dir, self.settings.api_port) + ray
 
     @property
+    def ray_env(self) -> dict[str, str]:
+        """The Ray container's whole environment (the fabric's and Ray's token auth, the token's path, never its
+        value): no engine.env, so neither the API key nor engine_env reaches a Ray node."""
+        return self.group.env(self.name)
+
+    @property
     def ray_docker_options(self) -> list[str]:
-        """The Ray container's options: the engine's GPU, host network (the fabric), Ray's session directory
-        shared with the head's engine, the model read-only (a worker loads its shard of it)."""
+        """The Ray container's options: the engine's GPU, host network (the fabric), Ray's environment, Ray's
+        session directory shared with the head's engine, the group's token and the model read-only (a worker
+        loads its shard of it)."""
+        env = [arg for key, value in sorted(self.ray_env.items()) for arg in ("--env", f"{key}={value}")]
         return [*GPU_OPTIONS[self.settings.gpu_device_mode], "--ipc", "host", "--network", "host", "--shm-size", "1g",
-                "--env-file", paths.ENGINE_ENV, "--volume", f"{paths.RAY_DIR}:/tmp/ray",
+                *env, "--volume", f"{paths.RAY_DIR}:/tmp/ray", *_ray_token_volume(),
                 "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--entrypoint", "ray"]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
@@ -246,12 +254,18 @@ class HostPlan:
             "group": self.group.to_dict() if self.group else None,
             "unit": self.render_unit() if self.runs_engine else None,
             "ray_unit": self.render_ray_unit() if self.group else None,
+            "ray_env": self.ray_env if self.group else None,
             "services": [{"name": svc.name, **svc.record(), "hub_error": svc.hub_error,
                           "fit": svc.fit(int(self.settings.host_memory_gb * 1e9)).to_dict(),
                           "docker_options": svc.docker_options, "unit_text": self.render_service_unit(svc)}
                          for svc in self.services],
             "memory_plan": self.memory_plan,
         }
+
+
+def _ray_token_volume() -> list[str]:
+    """The group's Ray token file, read-only at the same path (RAY_AUTH_TOKEN_PATH names it)."""
+    return ["--volume", f"{paths.RAY_TOKEN}:{paths.RAY_TOKEN}:ro"]
 
 
 def docker_options(s: Settings, model_dir: str, port: int) -> list[str]:

@@ -86,6 +86,58 @@ def test_a_pair_and_a_single_host_converge_serve_and_reconverge_to_no_change(pai
     assert again.returncode == 0 and not any(again.changed.values()), again.changed
 
 
+def test_the_ray_containers_hold_no_api_key_and_no_token_value(pair):
+    """What `docker inspect` shows of each member's Ray container (and the head's engine, a Ray driver): Ray's token
+    auth on, the token's path, never its value; no API key in the Ray container."""
+    state, _ = pair
+    sums = set()
+    for host in PAIR:
+        token = ssh(state, host, "cat /etc/sparkfleet/ray.token")
+        assert len(token) >= 32 and ssh(state, host, "stat -c %a:%U /etc/sparkfleet/ray.token") == "600:root"
+        sums.add(ssh(state, host, "sha256sum < /etc/sparkfleet/ray.token"))
+        text = ssh(state, host, "docker inspect sparkfleet-ray")
+        env = json.loads(text)[0]["Config"]["Env"]
+        assert {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token"} <= set(env), env
+        assert not [e for e in env if e.startswith(("VLLM_API_KEY=", "RAY_AUTH_TOKEN=", "SIM_TOKENS_PER_S="))], env
+        assert token not in text and "sim-key" not in text
+    assert token not in ssh(state, "spark-1", "docker inspect vllm")
+    assert len(sums) == 1  # one token for the group
+
+
+def test_a_host_without_the_groups_token_cannot_join_its_ray_and_the_pair_still_serves(pair):
+    """spark-3 (on the fabric, in no group) tries the head's Ray port as a node without a token and with a wrong
+    one, and as a driver: each is refused by Ray's token auth; the pair keeps its two nodes and serves."""
+    state, _ = pair
+    head = next(h["fabric_address"] for h in state["hosts"] if h["name"] == "spark-1")
+    own = next(h["fabric_address"] for h in state["hosts"] if h["name"] == "spark-3")
+    run = f"timeout 100 docker run --rm --network host --name sparkfleet-intruder-{{n}} {{env}} --entrypoint {{cmd}}"
+    node = (f"{state['image']} start --address {head}:6379 --node-ip-address {own} --num-gpus 0 --num-cpus 1 "
+            f"--object-store-memory 100000000 --disable-usage-stats")
+    driver = f"{state['image']} -c 'import ray; ray.init(address=\"{head}:6379\"); print(\"JOINED\")'"
+    tries = {"none": run.format(n="none", env="", cmd="ray") + " " + node,
+             "wrong": run.format(n="wrong", env="-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN=not-the-groups-token",
+                                 cmd="ray") + " " + node,
+             "driver": run.format(n="driver", env="", cmd="python3") + " " + driver}
+    script = " ".join(f"( {cmd} > /tmp/intruder-{n}.log 2>&1; echo $? > /tmp/intruder-{n}.rc ) &"
+                      for n, cmd in tries.items()) + " wait"
+    try:
+        ssh(state, "spark-3", script)
+        for n in tries:
+            rc = ssh(state, "spark-3", f"cat /tmp/intruder-{n}.rc")
+            log = ssh(state, "spark-3", f"cat /tmp/intruder-{n}.log")
+            assert rc not in ("0", "124") and "JOINED" not in log, (n, rc, log[-3000:])
+            assert "InvalidAuthToken" in log or "Failed to connect to Ray cluster" in log, (n, log[-3000:])
+    finally:
+        ssh(state, "spark-3", "docker rm -f sparkfleet-intruder-none sparkfleet-intruder-wrong "
+                              "sparkfleet-intruder-driver >/dev/null 2>&1; rm -f /tmp/intruder-*", check=False)
+    nodes, text = ray_status(state)
+    members = {h["name"]: h["fabric_address"] for h in state["hosts"] if h["name"] in PAIR}
+    check = ssh(state, "spark-1", f"python3 /opt/sparkfleet/bin/sparkfleet-ray-check --address {head}:6379 "
+                                  f"--node-ip {head} " + " ".join(f"--member {m}={a}" for m, a in members.items()))
+    assert nodes == 2 and sorted(json.loads(check)["addresses"]) == sorted(members.values()), (text, check)
+    assert chat(state, "spark-1")
+
+
 def test_testinfra_checks_both_members_of_the_pair(pair):
     """The verification suite against the pair's inventory: the Ray checks run on each member (head and worker),
     the model is verified on each, and the worker's vLLM checks are skipped as not applying."""

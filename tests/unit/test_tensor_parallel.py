@@ -8,7 +8,10 @@ per Spark, reserve 3 GiB = 3,221,225,472.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -190,7 +193,8 @@ def test_the_head_runs_vllm_over_ray_and_a_worker_records_the_heads_arguments():
     head, worker = plan_hosts(pair(), resolve=hub)
     assert head.engine_args[-4:] == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
     assert worker.engine_args == head.engine_args
-    assert head.docker_options[-4:] == ["--volume", "/var/lib/sparkfleet/ray:/tmp/ray", "--pid", "host"]
+    assert head.docker_options[-6:] == ["--volume", "/var/lib/sparkfleet/ray:/tmp/ray", "--pid", "host",
+                                        "--volume", "/etc/sparkfleet/ray.token:/etc/sparkfleet/ray.token:ro"]
     with pytest.raises(ValueError, match="spark-2 is a worker of spark-1[+]spark-2: it runs no vLLM unit"):
         worker.render_unit()
     record = worker.release_record()
@@ -215,6 +219,8 @@ def test_each_member_gets_its_fabric_environment():
         "MASTER_ADDR=192.168.100.1",
         "NCCL_SOCKET_IFNAME=enp1s0f0np0",
         "RAY_ADDRESS=192.168.100.1:6379",
+        "RAY_AUTH_MODE=token",
+        "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token",
         "RAY_memory_monitor_refresh_ms=0",
         "SIM_TOKENS_PER_S=50",
         "TP_SOCKET_IFNAME=enp1s0f0np0",
@@ -236,15 +242,22 @@ def test_the_ray_units_look_like_their_template():
     head, worker = plan_hosts(pair({"ray_start_args": ["--num-cpus", "1"]}, {"ray_start_args": ["--num-cpus", "1"]}),
                               resolve=hub)
     model_dir = head.model_dir
-    common = ["/usr/bin/docker", "run", "--rm", "--name", "sparkfleet-ray", "--gpus", "all", "--ipc", "host",
-              "--network", "host", "--shm-size", "1g", "--env-file", "/etc/sparkfleet/engine.env",
-              "--volume", "/var/lib/sparkfleet/ray:/tmp/ray", "--volume", f"{model_dir}:{model_dir}:ro",
-              "--entrypoint", "ray", "vllm/vllm-openai:v0.33.0", "start", "--block"]
-    assert _exec_start(head.render_ray_unit()) == common + [
+    def common(address):
+        env = {"GLOO_SOCKET_IFNAME": "enp1s0f0np0", "MASTER_ADDR": "192.168.100.1", "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+               "RAY_ADDRESS": "192.168.100.1:6379", "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": "/etc/sparkfleet/ray.token", "RAY_memory_monitor_refresh_ms": "0",
+               "TP_SOCKET_IFNAME": "enp1s0f0np0", "UCX_NET_DEVICES": "enp1s0f0np0", "VLLM_HOST_IP": address}
+        return ["/usr/bin/docker", "run", "--rm", "--name", "sparkfleet-ray", "--gpus", "all", "--ipc", "host",
+                "--network", "host", "--shm-size", "1g", *[a for k, v in env.items() for a in ("--env", f"{k}={v}")],
+                "--volume", "/var/lib/sparkfleet/ray:/tmp/ray",
+                "--volume", "/etc/sparkfleet/ray.token:/etc/sparkfleet/ray.token:ro",
+                "--volume", f"{model_dir}:{model_dir}:ro", "--entrypoint", "ray", "vllm/vllm-openai:v0.33.0",
+                "start", "--block"]
+    assert _exec_start(head.render_ray_unit()) == common("192.168.100.1") + [
         "--node-ip-address", "192.168.100.1", "--num-gpus", "1", "--disable-usage-stats",
         "--head", "--port", "6379", "--include-dashboard", "false", "--num-cpus", "1"]
     worker_unit = worker.render_ray_unit()
-    assert _exec_start(worker_unit) == common + [
+    assert _exec_start(worker_unit) == common("192.168.100.2") + [
         "--node-ip-address", "192.168.100.2", "--num-gpus", "1", "--disable-usage-stats",
         "--address", "192.168.100.1:6379", "--num-cpus", "1"]
     lines = worker_unit.splitlines()
@@ -271,10 +284,130 @@ def test_the_heads_vllm_unit_binds_to_its_ray_node():
     assert {"Wants=sparkfleet-ray.service", "After=sparkfleet-ray.service",
             "BindsTo=sparkfleet-ray.service"} <= set(lines)
     argv = _exec_start(head.render_unit())
-    assert argv[argv.index("vllm/vllm-openai:v0.33.0") - 4:][:4] == ["--volume", "/var/lib/sparkfleet/ray:/tmp/ray",
-                                                                    "--pid", "host"]
+    assert argv[argv.index("vllm/vllm-openai:v0.33.0") - 6:][:6] == [
+        "--volume", "/var/lib/sparkfleet/ray:/tmp/ray", "--pid", "host",
+        "--volume", "/etc/sparkfleet/ray.token:/etc/sparkfleet/ray.token:ro"]
     single = plan_hosts([("spark-3", host_data())], resolve=hub)[0].render_unit()
     assert "sparkfleet-ray" not in single and "/tmp/ray" not in single
+
+
+# --- Ray's token auth ------------------------------------------------------------------------------------------
+
+SECRETS = {"api_key": "sk-the-api-key-0123456789", "engine_env": {"SIM_TOKENS_PER_S": "50", "MY_SECRET": "s3cr3t-env"}}
+
+
+def test_the_ray_units_turn_on_token_auth_and_carry_neither_the_api_key_nor_engine_env():
+    for plan in plan_hosts(pair(SECRETS, SECRETS), resolve=hub):
+        unit = plan.render_ray_unit()
+        argv = _exec_start(unit)
+        env = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--env"]
+        assert {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token"} <= set(env), env
+        assert "/etc/sparkfleet/ray.token:/etc/sparkfleet/ray.token:ro" in argv
+        assert "--env-file" not in argv and "engine.env" not in unit
+        for secret in ("sk-the-api-key-0123456789", "s3cr3t-env", "MY_SECRET", "VLLM_API_KEY", "RAY_AUTH_TOKEN="):
+            assert secret not in unit, secret
+    head = plan_hosts(pair(SECRETS, SECRETS), resolve=hub)[0]
+    assert {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token"} <= set(
+        head.render_engine_env().splitlines())  # the head's engine joins the cluster as a driver
+
+
+def test_plan_json_shows_each_members_ray_unit_and_environment_never_the_token(tmp_path, capsys, monkeypatch):
+    from sparkfleet.controller.fleet_token import ray_token
+    monkeypatch.setattr(cli, "hub_resolver", never)
+    token = ray_token("spark-1+spark-2")  # made on the controller before the plan, as a converge leaves it
+    path = _inventory(tmp_path, PAIR_INVENTORY)
+    assert cli.main(["plan", path, "--offline", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert token not in out
+    head, worker = json.loads(out)["hosts"]
+    for host, address in ((head, "192.168.100.1"), (worker, "192.168.100.2")):
+        assert host["ray_env"] == {
+            "GLOO_SOCKET_IFNAME": "enp1s0f0np0", "MASTER_ADDR": "192.168.100.1", "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+            "RAY_ADDRESS": "192.168.100.1:6379", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": "/etc/sparkfleet/ray.token", "RAY_memory_monitor_refresh_ms": "0",
+            "TP_SOCKET_IFNAME": "enp1s0f0np0", "UCX_NET_DEVICES": "enp1s0f0np0", "VLLM_HOST_IP": address}
+        assert "--env RAY_AUTH_MODE=token" in host["ray_unit"]
+    single = plan_hosts([("spark-3", host_data())], resolve=hub)[0].to_dict()
+    assert single["ray_env"] is None and "RAY_AUTH" not in json.dumps(single)
+
+
+def test_a_new_ray_token_changes_no_release_and_no_unit():
+    from sparkfleet.controller.fleet_token import ray_token, token_path, ray_token_name
+    first = ray_token("spark-1+spark-2")
+    before = [(p.release_id, p.render_ray_unit(), p.render_engine_env()) for p in plan_hosts(pair(), resolve=hub)]
+    token_path(ray_token_name("spark-1+spark-2")).unlink()  # rotation: the controller's file deleted
+    second = ray_token("spark-1+spark-2")
+    after = [(p.release_id, p.render_ray_unit(), p.render_engine_env()) for p in plan_hosts(pair(), resolve=hub)]
+    assert first != second and before == after
+    assert not any(t in repr(before) for t in (first, second))
+
+
+def test_each_group_has_its_own_ray_token_kept_root_only_on_the_controller():
+    import os
+    from sparkfleet.controller.fleet_token import fleet_token, ray_token, ray_token_name, token_path
+    pair_token = ray_token("spark-1+spark-2")
+    assert ray_token("spark-1+spark-2") == pair_token  # every member of the group gets the same one
+    assert ray_token("spark-3+spark-4") != pair_token != fleet_token()
+    assert ray_token_name("spark-1+spark-2") == "ray-spark-1+spark-2.token"
+    assert ray_token_name("../etc/x+y") == "ray-.._etc_x+y.token"  # a path never leaves the cache directory
+    path = token_path(ray_token_name("spark-1+spark-2"))
+    assert os.stat(path).st_mode & 0o777 == 0o600 and path.parent == token_path().parent
+
+
+def test_a_ray_token_file_readable_by_others_is_refused_naming_the_fix():
+    import os
+    from sparkfleet.controller.fleet_token import FleetTokenError, ray_token, ray_token_name, token_path
+    ray_token("spark-1+spark-2")
+    path = token_path(ray_token_name("spark-1+spark-2"))
+    os.chmod(path, 0o644)
+    with pytest.raises(FleetTokenError) as caught:
+        ray_token("spark-1+spark-2")
+    assert str(caught.value) == (f"{path}: the Ray token of spark-1+spark-2's file is readable by others (mode 644): "
+                                 f"run `chmod 600 {path}`")
+
+
+@pytest.mark.parametrize("env", [{"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_TOKEN": "guessable"},
+                                 {"RAY_AUTH_TOKEN_PATH": "/tmp/t"}])
+def test_engine_env_cannot_turn_off_or_replace_the_groups_ray_token(env):
+    found = problems_of(pair({"engine_env": env}), resolve=never)
+    [key] = env
+    assert (f"spark-1: setting `engine_env` sets {key} on a member of spark-1+spark-2: sparkfleet turns on Ray's "
+            f"token auth with the group's own token (made on the controller, shipped as /etc/sparkfleet/ray.token): "
+            f"remove it") in found
+    assert not any(value in " ".join(found) for value in env.values())
+
+
+def _ray_check_in_a_container(tmp_path, version: str, auth: bool | None) -> subprocess.CompletedProcess:
+    """sparkfleet-ray-check's in-container script against a stand-in `ray` package: `auth` None is a Ray without
+    token auth (older than 2.52), else whether RAY_AUTH_MODE=token is in force."""
+    from .test_pair_preflight import rc
+    package = tmp_path / "ray"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        f"__version__ = {version!r}\ndef init(**kwargs): pass\n"
+        "def nodes(): return [{'Alive': True, 'NodeManagerAddress': '10.0.0.1', 'Resources': {'GPU': 1.0}}]\n")
+    if auth is not None:
+        (package / "_raylet.py").write_text(
+            "class AuthenticationMode:\n    DISABLED, TOKEN = 0, 1\n"
+            f"def get_authentication_mode(): return AuthenticationMode.{'TOKEN' if auth else 'DISABLED'}\n")
+    return subprocess.run([sys.executable, "-c", rc.IN_CONTAINER, "10.0.0.1:6379", "10.0.0.1"],
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("version,auth", [("2.51.0", None), ("2.60.0", False)])
+def test_the_ray_check_refuses_a_ray_without_token_auth(tmp_path, version, auth):
+    done = _ray_check_in_a_container(tmp_path, version, auth)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == (f"Ray {version} here runs without token auth (anyone on the fabric could join): "
+                                   f"sparkfleet needs Ray >= 2.52 in engine_image, with RAY_AUTH_MODE=token (the Ray "
+                                   f"unit sets it)")
+
+
+def test_the_ray_check_reads_the_nodes_where_token_auth_is_on(tmp_path):
+    from .test_pair_preflight import rc
+    done = _ray_check_in_a_container(tmp_path, "2.60.0", True)
+    assert done.returncode == 0, done.stderr
+    assert rc.read_nodes(done.stdout) == [{"alive": True, "address": "10.0.0.1", "gpus": 1.0}]
 
 
 # --- fit for N GPUs ---------------------------------------------------------------------------------------------
