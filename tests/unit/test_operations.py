@@ -346,3 +346,45 @@ def test_health_gate_results_come_from_the_gate_operation_not_its_name():
     record_health_gate(state, "spark-3", completed(True, []))  # skipped: nothing changed
     record_health_gate(state, "spark-4", OperationMeta("hash", None))  # never ran: an earlier op failed
     assert health_gate_results(state) == {"spark-1": "passed", "spark-2": "failed"}
+
+
+def run_bundle(tmp_path, sha256):
+    """runtime_bundle's commands with RUNTIME_DIR in tmp_path, run here: (exit status, stderr, runtime dir)."""
+    import hashlib
+    import subprocess
+    import tarfile
+
+    from sparkfleet.host.model_files import runtime_bundle
+
+    payload = tmp_path / "payload" / "openai"
+    payload.mkdir(parents=True)
+    (payload / "__init__.py").write_text("")
+    tarball = tmp_path / "runtime-x86_64-py3.11-abc.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(payload, arcname="openai")
+    name, runtime = tarball.name.removesuffix(".tar.gz"), tmp_path / "runtime"
+    facts = {"files.Directory": {f"path=/opt/sparkfleet/runtime/{name}": None,
+                                 f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
+                                 "path=/opt/sparkfleet/runtime": {"mode": 755}},
+             "files.File": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None}}
+    commands, _ = run_op(runtime_bundle, facts, str(tarball), sha256(hashlib.sha256(tarball.read_bytes()).hexdigest()))
+    assert commands[1].startswith("FileUploadCommand(")
+    runtime.mkdir()
+    (runtime / tarball.name).write_bytes(tarball.read_bytes())  # what the upload puts there
+    shell = commands[-1].replace("/opt/sparkfleet/runtime", str(runtime))
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True)
+    return done.returncode, done.stderr.strip(), runtime / name
+
+
+def test_bundle_with_its_recorded_hash_is_unpacked(tmp_path):
+    rc, err, target = run_bundle(tmp_path, lambda real: real)
+    assert rc == 0 and err == "" and (target / "openai" / "__init__.py").exists()
+    assert not (target.parent / f"{target.name}.tar.gz").exists()
+
+
+def test_bundle_whose_hash_differs_is_refused_and_nothing_unpacked(tmp_path):
+    recorded = "e" * 64
+    rc, err, target = run_bundle(tmp_path, lambda real: recorded)
+    assert rc == 1 and len(err.splitlines()) == 1 and recorded in err and "refused" in err
+    assert target.name in err and not target.exists() and not target.with_name(f"{target.name}.partial").exists()
+    assert not (target.parent / f"{target.name}.tar.gz").exists()
