@@ -64,7 +64,8 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
     s = plan.settings
     source = "loaded from the controller's archive" if s.engine_image_archive else "pulled by digest"
     image_pinned(name=f"Engine image {s.engine_image} as {plan.engine_ref} ({source} if missing, then checked)",
-                 image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest, archive=s.engine_image_archive)
+                 image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest,
+                 archive=s.engine_image_archive)
     unit_text = plan.render_unit() if plan.runs_engine else None
     installed = facts.release.value or {}
     new_units = {paths.UNIT_PATH: unit_text, paths.RAY_UNIT_PATH: plan.group and plan.render_ray_unit()}

@@ -125,8 +125,7 @@ class HostPlan:
     def _release_body(self, with_services: bool) -> dict:
         return {
             "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
-            "image": self.settings.engine_image,
-            "image_digest": self.image_pin and self.image_pin.digest,
+            "image": self.engine_ref,  # pinned: the same bytes by tag or by digest are one release
             "args": self.engine_args,
             "docker": self.docker_options,
             **({"services": [svc.identity() for svc in self.services]} if with_services and self.services else {}),
@@ -206,8 +205,7 @@ class HostPlan:
             "release_id": self.release_id,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
-            "image": s.engine_image,
-            "image_pinned": self.image_pin and self.image_pin.ref,
+            "image": self.engine_ref,
             "engine_args": self.engine_args,
             "served_model_name": s.served_model_name,
             "api_host": s.api_host,

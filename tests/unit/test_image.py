@@ -89,7 +89,8 @@ def test_reference_grammar_names_the_default_registry_once():
     assert parse_image("ubuntu").repository == "library/ubuntu"
     sim = parse_image("sparkfleet-registry:5000/vllm/vllm-openai:v0.33.0")
     assert (sim.domain, sim.path, sim.tag) == ("sparkfleet-registry:5000", "vllm/vllm-openai", "v0.33.0")
-    assert image_mod.registry_base(parse_image("vllm/vllm-openai:v0.33.0"), None) == f"https://{image_mod.DOCKER_HUB[1]}"
+    hub = image_mod.registry_base(parse_image("vllm/vllm-openai:v0.33.0"), None)
+    assert hub == f"https://{image_mod.DOCKER_HUB[1]}"
     given = parse_image(f"localhost:5000/a/b:t@{INDEX_DIGEST}")
     assert given.pinned(given.digest) == f"localhost:5000/a/b@{INDEX_DIGEST}"
 
