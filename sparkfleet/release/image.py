@@ -45,8 +45,11 @@ class ImageName:
 
     @property
     def name(self) -> str:
-        """The reference without tag or digest: what `docker image inspect`'s RepoDigests pair with a digest."""
-        return f"{self.domain}/{self.path}" if self.domain else self.path
+        """The reference without tag or digest, in Docker's familiar form (what RepoDigests list): the default
+        registry's domain and its library/ dropped."""
+        if self.domain in (None, DOCKER_HUB[0]):
+            return self.path.removeprefix("library/")
+        return f"{self.domain}/{self.path}"
 
     @property
     def repository(self) -> str:

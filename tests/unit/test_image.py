@@ -91,6 +91,10 @@ def test_reference_grammar_names_the_default_registry_once():
     assert (sim.domain, sim.path, sim.tag) == ("sparkfleet-registry:5000", "vllm/vllm-openai", "v0.33.0")
     hub = image_mod.registry_base(parse_image("vllm/vllm-openai:v0.33.0"), None)
     assert hub == f"https://{image_mod.DOCKER_HUB[1]}"
+    # RepoDigests list the familiar name: the pin must be written the same way or it would never match
+    assert parse_image("docker.io/library/ubuntu:24.04").pinned(INDEX_DIGEST) == f"ubuntu@{INDEX_DIGEST}"
+    assert parse_image("docker.io/vllm/vllm-openai:v1").repository == "vllm/vllm-openai"
+    assert parse_image("docker.io/ubuntu").repository == "library/ubuntu"
     given = parse_image(f"localhost:5000/a/b:t@{INDEX_DIGEST}")
     assert given.pinned(given.digest) == f"localhost:5000/a/b@{INDEX_DIGEST}"
 
