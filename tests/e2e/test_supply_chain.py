@@ -12,7 +12,7 @@ import subprocess
 
 import requests
 
-from tests.e2e.conftest import ROOT, converge, fleet_out_of_step, sparkfleet, ssh
+from tests.e2e.conftest import api_port, converge, fleet_out_of_step, sparkfleet, ssh
 
 HOST = "spark-3"
 ACCEPT = ", ".join(("application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
@@ -97,7 +97,8 @@ def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fle
         assert refused.returncode != 0 and refused.host_failed(HOST)
         assert f"engine image {state['image']}@{d1}: the registry did not serve {d1}" in refused.output
         assert ssh(state, HOST, "cat /etc/systemd/system/sparkfleet-vllm.service") == unit
-        assert container_image(state) == running and HOST not in fleet_out_of_step(state)
+        health = requests.get(f"http://127.0.0.1:{api_port(state, HOST)}/health", timeout=5).status_code
+        assert container_image(state) == running and health == 200  # the old release keeps serving
     finally:
         restored = push_as_tag(state, state["image"])
         if d2 and d2 != restored:
