@@ -44,6 +44,7 @@ lan_address = None  # how the other Sparks reach this host; None = its ssh_hostn
 keep_releases = 2  # model directories kept per host (never fewer than current + previous)
 controller_model_dir = None  # the controller's verified copy (controller mode); None = .cache/models/
 engine_image_archive = None  # a `docker save` of engine_image on the controller, loaded where it is missing
+controller_registry_url = None  # where the controller asks engine_image's registry for its digest, if not there
 
 # --- Engine: vLLM in Docker ------------------------------------------------
 engine_image = "vllm/vllm-openai:v0.33.0"

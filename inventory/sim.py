@@ -37,6 +37,7 @@ _common = {
     "toolkit_key_fingerprint": _state["apt"]["key_fingerprint"],
     "toolkit_version": "1.18.1-1",
     "engine_image": _state["image"],
+    "controller_registry_url": f"http://{_state['registry']['controller']}",  # the registry's published port
     "api_host": "0.0.0.0",  # the host's port 8000 is published on the controller's 127.0.0.1
     "api_key": "sim-key",
     "gpu_memory_utilization": 0.3,  # the sim hosts share 24 GiB

@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.model.recipes import catalogue
+from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
 from sparkfleet.release.settings import USER_SET_KEY, SettingsError
@@ -34,7 +35,8 @@ def _with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[st
 def _plan(args) -> int:
     try:
         plans = plan_hosts(_with_data(load_hosts(args.inventory, args.host), args.data),
-                           resolve=None if args.offline else hub_resolver)
+                           resolve=None if args.offline else hub_resolver,
+                           resolve_image=None if args.offline else image_resolver)
     except INVALID as exc:
         return _invalid(exc)
     if args.json:
@@ -43,6 +45,7 @@ def _plan(args) -> int:
     out = console()
     for plan in plans:
         rows = [("recipe", plan.settings.recipe), ("image", plan.settings.engine_image),
+                ("image pin", plan.image_pin.ref if plan.image_pin else f"[yellow]{literal(plan.image_error)}[/]"),
                 ("engine args", literal(" ".join(plan.engine_args))), ("model dir", literal(plan.model_dir))] \
             + _group_rows(plan)
         if plan.manifest:
@@ -201,7 +204,7 @@ def _rollout(args) -> int:
     data = _parse_data(args.data)
     try:
         hosts = load_whole_groups(args.inventory, args.limit)
-        plans = plan_hosts(_with_data(hosts, args.data), resolve=hub_resolver)
+        plans = plan_hosts(_with_data(hosts, args.data), resolve=hub_resolver, resolve_image=image_resolver)
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]

@@ -69,5 +69,5 @@ def container_toolkit(plan: HostPlan, arch: str):
         systemd.service(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
                         daemon_reload=unit.will_change)
         cdi_spec_current(name="CDI spec current for the loaded driver", driver=host.get_fact(NvidiaSmi).driver)
-    container_sees_gpu(name="A container started like the engine sees the GPU", image=s.engine_image,
+    container_sees_gpu(name="A container started like the engine sees the GPU", image=plan.engine_ref,
                        gpu_options=GPU_OPTIONS[s.gpu_device_mode], pull=not s.engine_image_archive)

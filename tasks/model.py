@@ -29,8 +29,9 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
                   dest=f"{paths.BIN_DIR}/{script}", mode="0755")
     files.put(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
               dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
-    tarball = str(prepared.bundle)
-    runtime_bundle(name="Hub and openai clients (runtime bundle)", tarball=tarball)
+    tarball = str(prepared.bundle.path)
+    runtime_bundle(name="Hub and openai clients (runtime bundle, sha256 checked)", tarball=tarball,
+                   sha256=prepared.bundle.sha256)
     runtime = runtime_path(tarball)
     secret_file(name="Hub token (root-only)", dest=paths.HUB_ENV, content=plan.render_hub_env())
 

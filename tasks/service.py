@@ -14,7 +14,7 @@ from sparkfleet import FILES_DIR
 from sparkfleet.controller.fleet_token import ray_token
 from sparkfleet.host import paths
 from sparkfleet.host.operations import (
-    image_loaded,
+    image_pinned,
     release_kept_for_rollback,
     secret_file,
 )
@@ -68,9 +68,10 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
     it was not a readable JSON object: it is built on here, never guessed.
     """
     s = plan.settings
-    if s.engine_image_archive:
-        image_loaded(name=f"Engine image {s.engine_image} (from the controller's archive if missing)",
-                     image=s.engine_image, archive=s.engine_image_archive)
+    source = "loaded from the controller's archive" if s.engine_image_archive else "pulled by digest"
+    image_pinned(name=f"Engine image {s.engine_image} as {plan.engine_ref} ({source} if missing, then checked)",
+                 image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest,
+                 archive=s.engine_image_archive)
     unit_text = plan.render_unit() if plan.runs_engine else None
     installed = facts.release.value or {}
     new_units = {paths.UNIT_PATH: unit_text, paths.RAY_UNIT_PATH: plan.group and plan.render_ray_unit()}

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.controller.copy import controller_copy
-from sparkfleet.controller.runtime import build_bundle
+from sparkfleet.controller.runtime import Bundle, build_bundle
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.release.plan import HostPlan
 
 
 @dataclass(frozen=True)
 class Prepared:
-    bundle: Path  # the runtime bundle (hub and openai clients) for this host's CPU and Python
+    bundle: Bundle  # the runtime bundle (hub and openai clients) for this host's CPU and Python, and its sha256
     model_copy: Path | None  # the controller's verified copy, when the model is pushed from here
 
 

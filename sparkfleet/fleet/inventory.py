@@ -12,6 +12,7 @@ from pyinfra_cli.inventory import make_inventory
 
 from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.release.settings import USER_SET_KEY, SettingsError
 
@@ -52,11 +53,13 @@ def plan_for(state, host) -> HostPlan:
         plans = getattr(state, "sparkfleet_plans", None)
         if plans is None:
             plans = {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
-                                                    resolve=hub_resolver)}
+                                                    resolve=hub_resolver, resolve_image=image_resolver)}
             state.sparkfleet_plans = plans
         plan = plans[host.name]
         if plan.manifest is None:
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
+        if plan.image_pin is None:
+            raise SettingsError([f"{host.name}: {plan.image_error}"])
         unresolved = [f"{host.name}: service {svc.name!r}: {svc.hub_error}" for svc in plan.services if not svc.manifest]
         if unresolved:
             raise SettingsError(unresolved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 from pathlib import Path
 
 from pyinfra import host
@@ -17,9 +18,20 @@ from sparkfleet.host.shared import host_module
 from sparkfleet.model.manifest import Manifest
 
 
+_UNPACK_CHECKED = (
+    'got=$(sha256sum "$UPLOAD" | cut -d" " -f1); '
+    '[ "$got" = "$SHA256" ] || { rm -f "$UPLOAD"; echo "runtime bundle $UPLOAD has sha256 $got, not the $SHA256'
+    ' the controller built: refused, nothing unpacked (rebuild it: delete the controller\'s .cache/runtime)" >&2;'
+    ' exit 1; }; '
+    'rm -rf "$TARGET.partial" && mkdir "$TARGET.partial" && tar -xzf "$UPLOAD" -C "$TARGET.partial" && '
+    'mv "$TARGET.partial" "$TARGET" && rm -f "$UPLOAD"'
+)
+
+
 @operation()
-def runtime_bundle(tarball: str):
-    """The hub and openai clients unpacked under RUNTIME_DIR/<bundle name>."""
+def runtime_bundle(tarball: str, sha256: str):
+    """The hub and openai clients unpacked under RUNTIME_DIR/<bundle name>, from an upload whose sha256 is the
+    one recorded when the controller built it (checked on the host, before anything is unpacked)."""
     name = Path(tarball).name.removesuffix(".tar.gz")
     target = f"{paths.RUNTIME_DIR}/{name}"
     if host.get_fact(Directory, path=target):
@@ -28,8 +40,8 @@ def runtime_bundle(tarball: str):
     upload = f"{paths.RUNTIME_DIR}/{name}.tar.gz"
     yield f"mkdir -p {paths.RUNTIME_DIR}"
     yield from files.put._inner(src=tarball, dest=upload)
-    yield f"rm -rf {target}.partial && mkdir {target}.partial && tar -xzf {upload} -C {target}.partial"
-    yield f"mv {target}.partial {target} && rm -f {upload}"
+    yield StringCommand("UPLOAD=" + shlex.quote(upload), "SHA256=" + shlex.quote(sha256),
+                        "TARGET=" + shlex.quote(target), "sh -c", QuoteString(_UNPACK_CHECKED))
 
 
 def runtime_path(tarball: str) -> str:

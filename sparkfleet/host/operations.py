@@ -64,16 +64,48 @@ def apt_keyring(src: str, dest: str, fingerprint: str):
     )
 
 
+_PULL_PINNED = (
+    'docker pull -q "$REF" >/dev/null 2>&1 || { echo "engine image $IMAGE: the registry did not serve'
+    ' $DIGEST (the tag moved to other bytes, or the registry lost them): refused, the running release is left'
+    ' as it was: re-plan (the controller resolves the tag again) or pin engine_image with @sha256:" >&2; exit 1; }; '
+    'got=$(docker image inspect --format "{{join .RepoDigests \" \"}}" "$REF"); '
+    'case " $got " in *" $REF "*) ;; *) echo "engine image $IMAGE: pulled as $REF, its digests are $got, not'
+    ' $DIGEST: refused" >&2; exit 1;; esac'
+)
+_LOAD_PINNED = (
+    'loaded=$(docker load -q -i "$UPLOAD" 2>&1); rm -f "$UPLOAD"; '
+    'got=$(docker image inspect --format "{{.Id}}" "$IMAGE" 2>/dev/null); '
+    '[ "$got" = "$DIGEST" ] || { echo "engine image $IMAGE: engine_image_archive loaded image ${got:-none}'
+    ' ($loaded), not the planned $DIGEST: refused, the running release is left as it was: re-plan with the'
+    ' archive you mean" >&2; exit 1; }'
+)
+
+
+def pinned_present(found: list | None, ref: str, digest: str) -> bool:
+    """Whether `docker image inspect <ref>` shows the pinned bytes: the ref among RepoDigests, or the id itself."""
+    image = (found or [{}])[0]
+    return ref in (image.get("RepoDigests") or []) or image.get("Id") == digest == ref
+
+
 @operation()
-def image_loaded(image: str, archive: str):
-    """The engine image present in the host's Docker, loaded from a controller-side archive if missing."""
+def image_pinned(image: str, ref: str, digest: str, archive: str | None = None):
+    """The engine image with the planned digest present in the host's Docker, checked after the pull or load.
+
+    `ref` is what the units run: `name@<manifest digest>` (pulled by digest; its RepoDigests must hold it)
+    or, with an archive, the image id (loaded; the loaded image's Id must equal it). Other bytes are refused
+    with one line naming the image and both digests, before any unit changes.
+    """
     # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
-    if host.get_fact(DockerImage, object_id=shlex.quote(image)):
-        host.noop(f"{image} present")
+    if pinned_present(host.get_fact(DockerImage, object_id=shlex.quote(ref)), ref, digest):
+        host.noop(f"{image} present as {ref}")
+        return
+    env = ["IMAGE=" + shlex.quote(image), "REF=" + shlex.quote(ref), "DIGEST=" + shlex.quote(digest)]
+    if archive is None:
+        yield StringCommand(*env, "sh -c", QuoteString(_PULL_PINNED))
         return
     upload = f"/var/lib/sparkfleet/{Path(archive).name}"
     yield from files.put._inner(src=archive, dest=upload)
-    yield StringCommand("docker load -i", QuoteString(upload), "&& rm -f", QuoteString(upload))
+    yield StringCommand(*env, "UPLOAD=" + shlex.quote(upload), "sh -c", QuoteString(_LOAD_PINNED))
 
 
 def _stop(what: Unreadable, then: str) -> OperationError:

@@ -24,6 +24,7 @@ from sparkfleet.model.recipes import catalogue, known_model
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table, surface_problems
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
+from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
 
@@ -45,6 +46,14 @@ class HostPlan:
     peer_urls: list[str] = field(default_factory=list)  # other hosts sharing this model, seed first
     services: list[ServicePlan] = field(default_factory=list)  # pooling models beside the chat model (RAG)
     group: TensorParallelGroup | None = None  # the tensor-parallel group this host is a member of
+    image_pin: ImagePin | None = None  # engine_image pinned by content; None: unknown (image_error says why)
+    image_error: str | None = None
+
+    @property
+    def engine_ref(self) -> str:
+        """What the units run: the pinned reference (name@digest, or an archive's image id); the tag as written
+        only in a plan that could not pin it (deploy refuses such a plan)."""
+        return self.image_pin.ref if self.image_pin else self.settings.engine_image
 
     @property
     def role(self) -> str:
@@ -116,7 +125,7 @@ class HostPlan:
     def _release_body(self, with_services: bool) -> dict:
         return {
             "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
-            "image": self.settings.engine_image,
+            "image": self.engine_ref,  # pinned: the same bytes by tag or by digest are one release
             "args": self.engine_args,
             "docker": self.docker_options,
             **({"services": [svc.identity() for svc in self.services]} if with_services and self.services else {}),
@@ -126,7 +135,8 @@ class HostPlan:
 
     @property
     def release_id(self) -> str | None:
-        """Same inputs, same id: model content, image, engine arguments, container options, and each service's."""
+        """Same inputs, same id: model content, image (its digest: a tag moved to other bytes is a new release),
+        engine arguments, container options, and each service's."""
         if not self.manifest:
             return None
         return hashlib.sha256(json.dumps(self._release_body(True), sort_keys=True).encode()).hexdigest()[:12]
@@ -203,7 +213,7 @@ class HostPlan:
             "release_id": self.release_id,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
-            "image": s.engine_image,
+            "image": self.engine_ref,
             "container": s.container_name,
             "engine_args": self.engine_args,
             "served_model_name": s.served_model_name,
@@ -234,6 +244,10 @@ class HostPlan:
             "name": self.name,
             "release_id": self.release_id,
             "image": self.settings.engine_image,
+            "image_pinned": self.image_pin and self.image_pin.ref,
+            "image_digest": self.image_pin and self.image_pin.digest,
+            "image_source": self.image_pin and self.image_pin.source,
+            "image_unknown": self.image_error,
             "vllm_version": self.settings.vllm_version,
             "engine_args": self.engine_args,
             "docker_options": self.docker_options,
@@ -327,6 +341,8 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
 
 # Given a host's settings: (manifest, the model's config.json, None), or (None, None, why not).
 Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]
+# Given a host's settings: (engine_image pinned by content, None), or (None, why not).
+ImageResolver = Callable[[Settings], "tuple[ImagePin | None, str | None]"]
 
 
 def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
@@ -354,15 +370,17 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     return plan, problems + found
 
 
-def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -> list[HostPlan]:
+def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
+               resolve_image: ImageResolver | None = None) -> list[HostPlan]:
     """Plan every host, or raise SettingsError naming every problem of every host.
 
     Whatever the settings alone can tell is refused before the hub is asked (the
     tensor-parallel groups among them); the fit and the model's own limits are
     checked once the manifest and config.json are read (or the recipe's, offline),
     still before any host is touched.
-    `resolve` is the only way out (the commands pass `hubs.hub_resolver`);
-    without one the plan is offline and tests never wait for a client.
+    `resolve` and `resolve_image` are the only ways out (the commands pass
+    `hubs.hub_resolver` and `image.image_resolver`); without them the plan is
+    offline and tests never wait for a client.
     """
     problems: list[str] = []
     parsed = []
@@ -388,6 +406,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None) -
                             known and known.weight_bytes)
         plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
         plan.group = groups.get(name)
+        plan.image_pin, plan.image_error = (resolve_image or offline_image)(s)
         problems += found
         plans.append(plan)
     if problems:

@@ -270,6 +270,7 @@ class Settings(BaseModel):
     keep_releases: int = Field(ge=2)
     controller_model_dir: AbsPath | None
     engine_image_archive: AbsPath | None
+    controller_registry_url: Url | None
 
     engine_image: ImageRef
     vllm_version: Version

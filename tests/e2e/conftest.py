@@ -70,9 +70,11 @@ def fleet_out_of_step(state: dict) -> dict[str, str]:
     from sparkfleet.fleet.inventory import load_hosts
     from sparkfleet.host import paths
     from sparkfleet.model.hubs import hub_resolver
+    from sparkfleet.release.image import image_resolver
     from sparkfleet.release.plan import plan_hosts
 
-    wanted = {p.name: p.release_id for p in plan_hosts(load_hosts(str(ROOT / INVENTORY)), resolve=hub_resolver)}
+    plans = plan_hosts(load_hosts(str(ROOT / INVENTORY)), resolve=hub_resolver, resolve_image=image_resolver)
+    wanted = {p.name: p.release_id for p in plans}
     out = {}
     for host in HOSTS:
         installed = ssh(state, host, f"cat {paths.RELEASE_FILE} 2>/dev/null; "

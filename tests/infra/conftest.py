@@ -15,6 +15,7 @@ import testinfra
 
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
 
 
@@ -31,7 +32,8 @@ def _plans(config):
         raise pytest.UsageError("tests/infra needs --inventory inventory/<fleet>.py")
     if not hasattr(config, "_sparkfleet_plans"):
         hosts = dict(load_hosts(inventory, config.getoption("--limit")))
-        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plan_hosts(list(hosts.items()), resolve=hub_resolver)]
+        plans = plan_hosts(list(hosts.items()), resolve=hub_resolver, resolve_image=image_resolver)
+        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plans]
     return config._sparkfleet_plans
 
 

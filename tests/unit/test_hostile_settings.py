@@ -5,6 +5,7 @@ never appears, not in the output, not in repr(settings), not in pydantic's own
 error text. Good values of the same kinds still plan, and land quoted.
 """
 
+import re
 import shlex
 
 import pytest
@@ -82,12 +83,14 @@ def test_image_reference_accepted_and_quoted(image):
     [plan] = plan_hosts([("spark-a", host_data(engine_image=image))])
     unit = plan.render_unit()
     assert exec_argv(unit, "ExecStart")[:4] == ["/usr/bin/docker", "run", "--rm", "--name"]
-    assert image in exec_argv(unit, "ExecStart")
+    # a reference with a digest runs as name@digest (the tag says nothing more); a tag as written offline
+    ref = re.sub(r":[^:/@]+@", "@", image)
+    assert ref in exec_argv(unit, "ExecStart") and plan.engine_ref == ref
     # the pull runs the image as sh's $1: a script of constant text, then the image as one argument
     assert exec_argv(unit, "ExecStartPre")[0].endswith("sparkfleet-memcheck")
     pull = next(line for line in unit.splitlines() if "docker pull" in line)
     assert shlex.split(pull.split("=", 1)[1].replace("$$", "$")) == [
-        "/bin/sh", "-c", 'docker image inspect "$1" >/dev/null 2>&1 || docker pull "$1"', "pull", image]
+        "/bin/sh", "-c", 'docker image inspect "$1" >/dev/null 2>&1 || docker pull "$1"', "pull", ref]
 
 
 # --- hosts ---------------------------------------------------------------------
@@ -145,7 +148,7 @@ def test_path_with_a_space_is_one_argument_everywhere_in_the_units():
 
 # --- URLs ------------------------------------------------------------------------
 
-URL_KEYS = ["hub_endpoint", "controller_hub_endpoint", "toolkit_key_url", "toolkit_repo_url", "controller_api_url"]
+URL_KEYS = ["hub_endpoint", "controller_hub_endpoint", "controller_registry_url", "toolkit_key_url", "toolkit_repo_url", "controller_api_url"]
 
 
 @pytest.mark.parametrize("key", URL_KEYS)
@@ -248,6 +251,7 @@ def test_limit_mm_per_prompt_key_refused(plan_cli):
 STRING_SETTINGS = {
     **{key: value for key, value in DEFAULTS.items() if isinstance(value, str)},
     "hub_endpoint": "http://hub.lan:8080", "controller_hub_endpoint": "http://127.0.0.1:8080",
+    "controller_registry_url": "http://127.0.0.1:5000",
     "hub_token": SECRET, "lan_address": "spark-a.lan", "controller_model_dir": "/srv/models",
     "engine_image_archive": "/srv/vllm.tar", "api_key": SECRET, "controller_api_url": "http://127.0.0.1:8000",
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",

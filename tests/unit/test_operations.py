@@ -17,6 +17,7 @@ from sparkfleet.host.operations import (
     env_kept_command,
     env_restored_command,
     health_gate_results,
+    image_pinned,
     old_models_removed,
     previous_release_restored,
     record_health_gate,
@@ -35,7 +36,7 @@ TestAptKeyring = make_operation_tests("sparkfleet.host", "operations.apt_keyring
 TestRuntimeBundle = make_operation_tests("sparkfleet.host", "model_files.runtime_bundle", CASES / "runtime_bundle")
 TestOldModelsRemoved = make_operation_tests("sparkfleet.host", "operations.old_models_removed",
                                            CASES / "old_models_removed")
-TestImageLoaded = make_operation_tests("sparkfleet.host", "operations.image_loaded", CASES / "image_loaded")
+TestImagePinned = make_operation_tests("sparkfleet.host", "operations.image_pinned", CASES / "image_pinned")
 TestHealthGate = make_operation_tests("sparkfleet.host", "operations.health_gate", CASES / "health_gate")
 
 MANIFEST = Manifest("huggingface", "Qwen/Qwen3.5-35B-A3B-FP8", "main", "a" * 40, (
@@ -95,20 +96,71 @@ def test_full_verify_rehashes_a_converged_model():
     assert commands[-1].endswith("--full-verify")
 
 
-def test_missing_image_is_loaded_from_the_archive(tmp_path):
+DIGEST, OTHER = "sha256:" + "a" * 64, "sha256:" + "c" * 64
+IMAGE, REF = "vllm/vllm-openai:v0.33.0", "vllm/vllm-openai@" + DIGEST
+FAKE_DOCKER = """#!/bin/sh
+# pull: exits $PULL_RC; inspect: prints $INSPECT; load: prints a line
+case "$1" in pull) exit "${PULL_RC:-0}";; image) printf '%s\\n' "$INSPECT";; load) echo "Loaded image: x";; esac
+"""
+
+
+def run_pinned(tmp_path, facts, archive=None, ref=REF, digest=DIGEST, **env):
+    """The op's commands, then its shell command run against a fake docker: (exit status, stderr)."""
+    import os
+    import subprocess
+
+    commands, _ = run_op(image_pinned, facts, IMAGE, ref, digest, archive)
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir(exist_ok=True)
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    shell = commands[-1].replace("/var/lib/sparkfleet/", f"{tmp_path}/")
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{docker.parent}:/usr/bin:/bin", **env})
+    return commands, done.returncode, done.stderr.strip()
+
+
+def test_tag_moved_on_the_host_pulls_the_pinned_digest(tmp_path):
+    """The local tag holds other bytes: the pinned reference is absent, so it is pulled by digest and checked."""
+    commands, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}},
+                                   INSPECT=f"vllm/vllm-openai@{OTHER} {REF}")
+    assert len(commands) == 1 and "docker pull" in commands[0] and f"REF={REF}" in commands[0]
+    assert rc == 0 and err == ""
+
+
+def test_registry_without_the_pinned_bytes_is_refused_naming_the_image(tmp_path):
+    _, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}}, PULL_RC="1")
+    assert rc == 1 and len(err.splitlines()) == 1
+    assert IMAGE in err and DIGEST in err and "refused" in err
+
+
+def test_pulled_image_with_other_digests_is_refused_naming_both(tmp_path):
+    _, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}},
+                            INSPECT=f"vllm/vllm-openai@{OTHER}")
+    assert rc == 1 and len(err.splitlines()) == 1
+    assert IMAGE in err and DIGEST in err and OTHER in err
+
+
+def archive_facts():
+    return {"docker.DockerImage": {f"object_id={DIGEST}": []},
+            "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
+            "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
+
+
+def test_missing_image_is_loaded_from_the_archive_and_checked(tmp_path):
     archive = tmp_path / "vllm.tar"
     archive.write_bytes(b"docker save output")
-    facts = {"docker.DockerImage": {"object_id=vllm/vllm-openai:v0.33.0": []},
-             "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
-             "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
-    host = create_host(FakeState(), facts=facts)
-    from sparkfleet.host.operations import image_loaded
-
-    with ctx_state.use(host.state), ctx_host.use(host):
-        commands = [c.get_raw_value() if hasattr(c, "get_raw_value") else repr(c) for c in
-                    image_loaded._inner("vllm/vllm-openai:v0.33.0", str(archive))]
+    commands, rc, _ = run_pinned(tmp_path, archive_facts(), str(archive), ref=DIGEST, INSPECT=DIGEST)
     assert commands[0] == f"FileUploadCommand({archive}, /var/lib/sparkfleet/vllm.tar)"
-    assert commands[-1] == "docker load -i /var/lib/sparkfleet/vllm.tar && rm -f /var/lib/sparkfleet/vllm.tar"
+    assert rc == 0 and not archive.exists()  # the upload (here the same path) is removed after the load
+
+
+def test_archive_holding_other_bytes_is_refused_naming_both(tmp_path):
+    archive = tmp_path / "vllm.tar"
+    archive.write_bytes(b"docker save output")
+    _, rc, err = run_pinned(tmp_path, archive_facts(), str(archive), ref=DIGEST, INSPECT=OTHER)
+    assert rc == 1 and len(err.splitlines()) == 1
+    assert IMAGE in err and DIGEST in err and OTHER in err
 
 
 def run_op(op, facts: dict, *args, op_name: str | None = "an operation", **kwargs):
@@ -291,3 +343,45 @@ def test_health_gate_results_come_from_the_gate_operation_not_its_name():
     record_health_gate(state, "spark-3", completed(True, []))  # skipped: nothing changed
     record_health_gate(state, "spark-4", OperationMeta("hash", None))  # never ran: an earlier op failed
     assert health_gate_results(state) == {"spark-1": "passed", "spark-2": "failed"}
+
+
+def run_bundle(tmp_path, sha256):
+    """runtime_bundle's commands with RUNTIME_DIR in tmp_path, run here: (exit status, stderr, runtime dir)."""
+    import hashlib
+    import subprocess
+    import tarfile
+
+    from sparkfleet.host.model_files import runtime_bundle
+
+    payload = tmp_path / "payload" / "openai"
+    payload.mkdir(parents=True)
+    (payload / "__init__.py").write_text("")
+    tarball = tmp_path / "runtime-x86_64-py3.11-abc.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(payload, arcname="openai")
+    name, runtime = tarball.name.removesuffix(".tar.gz"), tmp_path / "runtime"
+    facts = {"files.Directory": {f"path=/opt/sparkfleet/runtime/{name}": None,
+                                 f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
+                                 "path=/opt/sparkfleet/runtime": {"mode": 755}},
+             "files.File": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None}}
+    commands, _ = run_op(runtime_bundle, facts, str(tarball), sha256(hashlib.sha256(tarball.read_bytes()).hexdigest()))
+    assert commands[1].startswith("FileUploadCommand(")
+    runtime.mkdir()
+    (runtime / tarball.name).write_bytes(tarball.read_bytes())  # what the upload puts there
+    shell = commands[-1].replace("/opt/sparkfleet/runtime", str(runtime))
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True)
+    return done.returncode, done.stderr.strip(), runtime / name
+
+
+def test_bundle_with_its_recorded_hash_is_unpacked(tmp_path):
+    rc, err, target = run_bundle(tmp_path, lambda real: real)
+    assert rc == 0 and err == "" and (target / "openai" / "__init__.py").exists()
+    assert not (target.parent / f"{target.name}.tar.gz").exists()
+
+
+def test_bundle_whose_hash_differs_is_refused_and_nothing_unpacked(tmp_path):
+    recorded = "e" * 64
+    rc, err, target = run_bundle(tmp_path, lambda real: recorded)
+    assert rc == 1 and len(err.splitlines()) == 1 and recorded in err and "refused" in err
+    assert target.name in err and not target.exists() and not target.with_name(f"{target.name}.partial").exists()
+    assert not (target.parent / f"{target.name}.tar.gz").exists()
