@@ -138,6 +138,24 @@ def test_a_host_without_the_groups_token_cannot_join_its_ray_and_the_pair_still_
     assert chat(state, "spark-1")
 
 
+def test_a_new_ray_token_restarts_the_groups_ray_and_engine_and_is_no_new_release(pair):
+    """The controller's token file deleted (a rotation): the next converge ships a new token to both members,
+    restarts both Ray nodes and the head's engine, and the release stays the same."""
+    state, inventory = pair
+    before, engine = release_ids(state), started_at(state, "spark-1")
+    ray_started = {h: ssh(state, h, "docker inspect -f '{{.State.StartedAt}}' sparkfleet-ray") for h in PAIR}
+    old = {h: ssh(state, h, "sha256sum < /etc/sparkfleet/ray.token") for h in PAIR}
+    (ROOT / ".cache" / "ray-spark-1+spark-2.token").unlink()
+    done = converge(inventory=inventory)
+    assert done.returncode == 0, done.output[-6000:]
+    new = {h: ssh(state, h, "sha256sum < /etc/sparkfleet/ray.token") for h in PAIR}
+    assert len(set(new.values())) == 1 and not set(new.values()) & set(old.values())
+    assert all(ssh(state, h, "docker inspect -f '{{.State.StartedAt}}' sparkfleet-ray") != ray_started[h]
+               for h in PAIR)
+    assert started_at(state, "spark-1") != engine and release_ids(state) == before
+    assert ray_status(state)[0] == 2 and chat(state, "spark-1")
+
+
 def test_testinfra_checks_both_members_of_the_pair(pair):
     """The verification suite against the pair's inventory: the Ray checks run on each member (head and worker),
     the model is verified on each, and the worker's vLLM checks are skipped as not applying."""
