@@ -67,5 +67,5 @@ def rollback():
                             members=expected, wait_s=kept["health_timeout_s"], _if=swapped.did_change)
         record_health_gate(state, host.name, joined)
     if kept.get("role") != "worker":
-        gate(kept["served_model_name"], kept["api_host"], kept["api_port"], kept["tools"], kept["health_timeout_s"],
+        gate(kept["served_model_name"], kept["api_port"], kept["tools"], kept["health_timeout_s"],
              host.get_fact(RuntimePath), _if=swapped.did_change)

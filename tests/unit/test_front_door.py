@@ -23,7 +23,8 @@ NAME = "Qwen3.5-35B-A3B"
 
 def plans(**per_host):
     """Offline plans of hosts serving with a LAN API and a key; per_host: name -> overrides."""
-    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB}}
+    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
+            "front_door_allow_http": True}
     hosts = [(name, host_data(**{**base, "lan_address": f"10.0.0.{n}", **over}))
              for n, (name, over) in enumerate(per_host.items(), 1)]
     return {p.name: p for p in plan_hosts(hosts, resolve=False)}
