@@ -3,7 +3,8 @@
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
 map file, health routing is its checks (a one-token chat completion, since a
 wedged engine still answers /health), cache affinity is `balance hash` on the
-conversation with consistent hashing, and drain is its runtime API. The plain
+conversation with consistent hashing, and drain is its runtime API. Its backends are the hosts' guards (fleet/guard.py), with the engines' key; a user's
+key reaches only the OpenAI paths the fleet serves (fleet/haproxy.py `API_PATHS`). The plain
 parts (config, maps, reading its state) are functions here; the runtime calls
 go over SSH to the front door hosts, through pyinfra like every other command.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.release import render
+from sparkfleet.host.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.release.services import ENDPOINTS
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
@@ -104,11 +105,10 @@ class FrontDoor:
         return tuple(sorted({*haproxy.API_PATHS["chat"], *(p for r in self.routes for p in r.paths)}))
 
     def config(self) -> str:
-        return render._templates.get_template("front-door.haproxy.cfg.j2").render(
-            s=self.settings, backends=self.backends, tls=self.tls, tls_pem=TLS_PEM, socket=SOCKET,
-            state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP, backend=BACKEND,
-            limits=LIMITS, user=haproxy.USER, chroot=haproxy.CHROOT, check=CHECK, routes=self.routes,
-            allowed=self.allowed, auth_401=haproxy.AUTH_401, not_found_404=haproxy.NOT_FOUND_404)
+        return haproxy.config(
+            "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
+            tls_pem=TLS_PEM, socket=SOCKET, state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP,
+            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed)
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
@@ -165,7 +165,8 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
         if p.settings.api_key is None:
             problems.append(f"{p.name}: setting `api_key` is missing: behind a front door every engine needs the "
                             "key only the front door holds")
-        if p.name == host and s.front_door_port in (p.settings.api_port, p.settings.peer_port):
+        if p.name == host and s.front_door_port in (p.settings.api_port, engine_port(p.settings.api_port),
+                                                    p.settings.peer_port):
             problems.append(f"{host}: setting `front_door_port` = {s.front_door_port} is taken by the engine or "
                             "the model share on this host: pick another port")
     if len(keys) > 1:

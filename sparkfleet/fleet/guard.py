@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from sparkfleet.fleet import haproxy
 from sparkfleet.host import paths
-from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.release.settings import SettingsError
 
@@ -47,10 +46,8 @@ class Guard:
     api_key: str | None
 
     def config(self) -> str:
-        return render._templates.get_template("guard.haproxy.cfg.j2").render(
-            host=self.host, listeners=self.listeners, keyed=self.api_key is not None, key_map=KEY_MAP,
-            key_name=KEY_NAME, key_user=KEY_USER, limits=LIMITS, user=haproxy.USER, chroot=haproxy.CHROOT,
-            health=haproxy.HEALTH, auth_401=haproxy.AUTH_401, not_found_404=haproxy.NOT_FOUND_404)
+        return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
+                              keyed=self.api_key is not None, key_map=KEY_MAP, key_name=KEY_NAME, key_user=KEY_USER)
 
     def key_map(self) -> str:
         return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""

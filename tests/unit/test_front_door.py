@@ -73,14 +73,35 @@ def test_tls_binds_with_the_pem(tmp_path):
     ({"spark-a": {"front_door_port": 8000}},
      ("spark-a: setting `front_door_port` = 8000 is taken by the engine or the model share on this host: pick "
      "another port")),
+    ({"spark-a": {"front_door_port": 18000}},
+     ("spark-a: setting `front_door_port` = 18000 is taken by the engine or the model share on this host: pick "
+     "another port")),
     ({"spark-a": {"front_door_tls_cert": "/etc/c.pem"}},
      "spark-a: set both `front_door_tls_cert` and `front_door_tls_key`, or neither"),
+    ({"spark-a": {"front_door_allow_http": False}},
+     ("spark-a: the front door would take its users' keys over plain http: set `front_door_tls_cert` and "
+      "`front_door_tls_key`, or `front_door_allow_http = True` on a trusted LAN")),
 ])
 def test_refused_inventories_name_the_host_and_the_fix(hosts, expected):
     with pytest.raises(SettingsError) as exc:
         fd.front_door_plan("spark-a", plans(**hosts))
     assert exc.value.problems == [expected]
     assert ALICE not in str(exc.value)
+
+
+def test_a_door_without_users_may_speak_plain_http():
+    assert not fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": {},
+                                                                  "front_door_allow_http": False}})).tls
+
+
+def test_the_key_and_the_path_are_decided_before_any_body_is_read():
+    lines = [line.strip() for line in fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).config().splitlines()]
+    order = [next(n for n, line in enumerate(lines) if line.startswith(start)) for start in (
+        "http-request set-var(txn.user)", "http-request return status 401", "http-request return status 404",
+        "http-request wait-for-body", "http-request set-var(txn.role0) req.body")]
+    assert order == sorted(order)
+    assert lines[order[2]].endswith("unless { path -m str /v1/chat/completions /v1/completions /v1/models }")
+    assert not any("http-buffer-request" in line for line in lines)
 
 
 def test_a_backend_without_a_key_is_refused():
