@@ -3,10 +3,12 @@
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
 map file, health routing is its checks (a one-token chat completion, since a
 wedged engine still answers /health), cache affinity is `balance hash` on the
-conversation with consistent hashing, and drain is its runtime API. Its backends are the hosts' guards (fleet/guard.py), with the engines' key; a user's
-key reaches only the OpenAI paths the fleet serves (fleet/haproxy.py `API_PATHS`). The plain
-parts (config, maps, reading its state) are functions here; the runtime calls
-go over SSH to the front door hosts, through pyinfra like every other command.
+conversation with consistent hashing, and drain is its runtime API. Its
+backends are the hosts' guards (fleet/guard.py), asked with the engines' key; a
+user's key reaches only the OpenAI paths the fleet serves (fleet/haproxy.py
+`API_PATHS`). The plain parts (config, maps, reading its state) are functions
+here; the runtime calls go over SSH to the front door hosts, through pyinfra
+like every other command.
 """
 
 from __future__ import annotations
