@@ -159,12 +159,14 @@ def haproxy_door(tmp_path_factory):
     engines = [Server(model, "--served-model-name", NAME, "--api-key", KEY, "--enable-prefix-caching",
                       SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5") for _ in range(2)]
     names = ("spark-a", "spark-b")
-    all_plans = plans(**{n: {"lan_address": "127.0.0.1", "api_port": e.port} for n, e in zip(names, engines)})
+    all_plans = plans(**{n: {"lan_address": "127.0.0.1"} for n in names})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     door = fd.front_door_plan("spark-a", {**all_plans, "spark-a": all_plans["spark-a"]})
-    door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}), door.backends,
+    # the stand-ins stand for the hosts' guards: each backend is one of them
+    door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}),
+                        tuple(fd.Backend(b.name, "127.0.0.1", e.port) for b, e in zip(door.backends, engines)),
                         door.api_key)
     moved = {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"), fd.STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
