@@ -6,7 +6,8 @@ Every host's settings are validated (and the model manifest resolved from the
 hub) before anything runs; a host that fails preflight is left untouched, and
 so is every member of a tensor-parallel group when any member, or the fabric
 between them, fails it. A group's members each run a Ray node; its head runs
-the engine (tasks/service.py).
+the engine (tasks/service.py). Engines listen on loopback; each host's guard (tasks/guard.py) is what the
+LAN reaches.
 """
 
 from pyinfra import host, state
@@ -15,6 +16,7 @@ from sparkfleet.controller.prepare import prepare
 from sparkfleet.fleet.inventory import plan_for
 from tasks.container_toolkit import container_toolkit
 from tasks.front_door import front_door
+from tasks.guard import guard
 from tasks.health import health
 from tasks.model import model
 from tasks.preflight import preflight
@@ -29,6 +31,7 @@ if facts:
     runtime, fetched, services_fetched = model(plan, facts, prepared)
     started, keep, services_started = service(plan, facts, model_changed=fetched.will_change,
                                                services_fetched=services_fetched)
+    guard(plan)
     health(plan, runtime=runtime, started=started, keep=keep, services_started=services_started)
     watchdog(plan, runtime=runtime, started=started)
     if "front_door" in host.groups:

@@ -110,4 +110,5 @@ front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 cha
 controller_front_door_url = None  # where the controller reaches it (status, bench); None = ssh_hostname:port
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
+front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN
 drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish

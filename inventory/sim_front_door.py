@@ -24,6 +24,7 @@ _door = {
     "front_door_users": {"demo": "demo-user-key-0123456789", "guest": "guest-user-key-0123456789"},
     "controller_front_door_url": f"http://{_published[0]}",
     "drain_timeout_s": 30,
+    "front_door_allow_http": True,  # the sim's LAN is this machine's Docker network
 }
 sparks = [(name, {**data, **_door}) for name, data in _sim["sparks"]]
 front_door = sparks[:1]

@@ -35,9 +35,8 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     except SettingsError as exc:
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     s = door.settings
-    apt.packages(name="HAProxy and socat installed", packages=["haproxy", "socat"], update=True, cache_time=86400)
-    systemd.service(name="Debian's own haproxy.service off (the front door has its own unit)",
-                    service="haproxy.service", running=False, enabled=False)
+    apt.packages(name="socat installed (the front door's runtime API)", packages=["socat"], update=True,
+                 cache_time=86400)  # HAProxy itself: the guard stage
     files.directory(name="Front door config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
         files.put(name="Front door config", src=io.StringIO(door.config()), dest=CONFIG, mode="0644"),

@@ -17,11 +17,10 @@ from sparkfleet.host.operations import (
 from sparkfleet.host.services import service_serving
 
 
-def gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str,
-         **op_args):
+def gate(served_name: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str, **op_args):
     """The health gate, recorded on pyinfra's state: a rollout reads its result, not its name."""
-    meta = health_gate(name=f"{served_name} answers on port {port}", served_name=served_name, api_host=api_host,
-                       port=port, tools=tools, timeout_s=timeout_s, runtime=runtime, container=container, **op_args)
+    meta = health_gate(name=f"{served_name} answers on port {port}", served_name=served_name, port=port,
+                       tools=tools, timeout_s=timeout_s, runtime=runtime, container=container, **op_args)
     record_health_gate(state, host.name, meta)
     return meta
 
@@ -54,18 +53,18 @@ def ray_gate(plan):
 def health(plan, runtime: str, started, keep: list[str], services_started: dict | None = None):
     s = plan.settings
     if plan.runs_engine:
-        gate(s.served_model_name, s.api_host, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
+        gate(s.served_model_name, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
              s.container_name, _if=started.did_change)
     if plan.group:
         ray_gate(plan)
     for svc in plan.services:
         svc_started = (services_started or {})[svc.name]
-        gate(svc.service.served_model_name, s.api_host, svc.service.api_port, False, s.health_timeout_s, runtime,
+        gate(svc.service.served_model_name, svc.service.api_port, False, s.health_timeout_s, runtime,
              svc.container, kind=svc.kind, unit=svc.unit, _if=svc_started.did_change)
         # serving means answering: every converge asks each service once, and heals one that does not answer
         check = service_serving(name=f"Service {svc.name} answers ({svc.kind}, port {svc.service.api_port})",
                                 unit=svc.unit, served_name=svc.service.served_model_name, kind=svc.kind,
-                                api_host=s.api_host, port=svc.service.api_port, timeout_s=s.health_timeout_s,
+                                port=svc.service.api_port, timeout_s=s.health_timeout_s,
                                 runtime=runtime, container=svc.container, _if=svc_started.did_not_change)
         record_health_gate(state, host.name, check)
     old_models_removed(name=f"Model directories beyond the last {s.keep_releases} releases removed",

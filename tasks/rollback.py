@@ -69,5 +69,5 @@ def rollback():
     if kept.get("role") != "worker":
         # a record older than "container" is gated as the current release's container (the key goes nowhere else)
         container = kept.get("container") or (current.value or {}).get("container") or ""
-        gate(kept["served_model_name"], kept["api_host"], kept["api_port"], kept["tools"], kept["health_timeout_s"],
+        gate(kept["served_model_name"], kept["api_port"], kept["tools"], kept["health_timeout_s"],
              host.get_fact(RuntimePath), str(container), _if=swapped.did_change)

@@ -48,7 +48,7 @@ def watchdog(plan: HostPlan, runtime: str, started):
                     running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
                     daemon_reload=unit.will_change or timer.will_change)
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",
-                    served_name=s.served_model_name, api_host=s.api_host, port=s.api_port,
+                    served_name=s.served_model_name, port=s.api_port,
                     tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=runtime,
                     container=s.container_name, _if=started.did_not_change)
     record_health_gate(state, host.name, check)

@@ -3,9 +3,12 @@
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
 map file, health routing is its checks (a one-token chat completion, since a
 wedged engine still answers /health), cache affinity is `balance hash` on the
-conversation with consistent hashing, and drain is its runtime API. The plain
-parts (config, maps, reading its state) are functions here; the runtime calls
-go over SSH to the front door hosts, through pyinfra like every other command.
+conversation with consistent hashing, and drain is its runtime API. Its
+backends are the hosts' guards (fleet/guard.py), asked with the engines' key; a
+user's key reaches only the OpenAI paths the fleet serves (fleet/haproxy.py
+`API_PATHS`). The plain parts (config, maps, reading its state) are functions
+here; the runtime calls go over SSH to the front door hosts, through pyinfra
+like every other command.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkfleet.release import render
+from sparkfleet.fleet import haproxy
+from sparkfleet.host.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.release.services import ENDPOINTS
 from sparkfleet.release.settings import Settings, SettingsError, parse_settings
@@ -38,8 +42,10 @@ STATE_DIR = "sparkfleet-front-door"
 STATE_FILE = f"/var/lib/{STATE_DIR}/servers.state"
 BACKEND = "engines"
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
-# prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per request in flight.
+# prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per connection: 500
+# connections (far more requests than the engines behind it run at once) stay within 256 MiB.
 BUFSIZE = 256 * 1024
+LIMITS = haproxy.Limits(maxconn=500, bufsize=BUFSIZE, memory_max="512M")
 # Checks: a hung engine is out within ~3 s (two missed 1 s checks); back after two good ones.
 CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "1s"}
 _SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
@@ -50,6 +56,11 @@ class Backend:
     name: str  # the inventory host name, which is HAProxy's server name
     address: str
     port: int
+
+    @property
+    def target(self) -> str:
+        """`address:port` of its `server` line (the host's guard)."""
+        return haproxy.address(self.address, self.port)
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,11 @@ class Route:
     served_name: str
     kind: str
     backends: tuple[Backend, ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths its kind serves, beyond /v1/models (which the chat model's engines answer)."""
+        return tuple(p for p in haproxy.API_PATHS[self.kind] if p != "/v1/models")
 
     @property
     def check(self) -> tuple[str, str]:
@@ -85,11 +101,16 @@ class FrontDoor:
     def tls(self) -> bool:
         return bool(self.settings.front_door_tls_cert)
 
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """What a user key reaches: the chat paths, and each RAG route's paths (/health needs no key)."""
+        return tuple(sorted({*haproxy.API_PATHS["chat"], *(p for r in self.routes for p in r.paths)}))
+
     def config(self) -> str:
-        return render._templates.get_template("front-door.haproxy.cfg.j2").render(
-            s=self.settings, backends=self.backends, tls=self.tls, tls_pem=TLS_PEM, socket=SOCKET,
-            state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP, backend=BACKEND,
-            bufsize=BUFSIZE, check=CHECK, routes=self.routes)
+        return haproxy.config(
+            "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
+            tls_pem=TLS_PEM, socket=SOCKET, state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP,
+            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed)
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
@@ -111,9 +132,8 @@ class FrontDoor:
         return "".join(parts)
 
     def unit(self) -> str:
-        return render._templates.get_template("sparkfleet-front-door.service.j2").render(
-            served_model_name=self.settings.served_model_name, config=CONFIG, runtime_dir=RUNTIME_DIR,
-            state_dir=STATE_DIR, state_file=STATE_FILE, socket=SOCKET)
+        return haproxy.unit(f"front door of {self.settings.served_model_name}", CONFIG, RUNTIME_DIR, LIMITS,
+                            state_dir=STATE_DIR, state_file=STATE_FILE, socket=SOCKET)
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
@@ -137,13 +157,18 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
         if not _SERVER_NAME.fullmatch(p.name):
             problems.append(f"{p.name}: the host name must be letters, digits and _ . : - to be a front door "
                             "backend: rename it in the inventory")
+        try:
+            haproxy.address(p.lan_address, p.settings.api_port)
+        except ValueError as exc:
+            problems.append(f"{p.name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
         if p.settings.api_is_loopback:
             problems.append(f"{p.name}: api_host {p.settings.api_host} is loopback, out of the front door's reach:"
                             " set api_host to a LAN address (or 0.0.0.0) with an api_key")
         if p.settings.api_key is None:
             problems.append(f"{p.name}: setting `api_key` is missing: behind a front door every engine needs the "
                             "key only the front door holds")
-        if p.name == host and s.front_door_port in (p.settings.api_port, p.settings.peer_port):
+        if p.name == host and s.front_door_port in (p.settings.api_port, engine_port(p.settings.api_port),
+                                                    p.settings.peer_port):
             problems.append(f"{host}: setting `front_door_port` = {s.front_door_port} is taken by the engine or "
                             "the model share on this host: pick another port")
     if len(keys) > 1:
@@ -157,7 +182,16 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
                         "clients must never hold the engines' key")
     if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
         problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
+    elif users and not s.front_door_tls_cert and not s.front_door_allow_http:
+        problems.append(f"{host}: the front door would take its users' keys over plain http: set "
+                        "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
+                        "on a trusted LAN")
     routes, kinds = _routes(backends)
+    for served in (s.served_model_name, *(r.served_name for r in routes)):
+        try:
+            haproxy.token(served, "served model name")
+        except ValueError as exc:
+            problems.append(f"{host}: {exc}: rename it")
     problems += [f"{host}: services named {served!r} behind this front door are of different kinds "
                  f"({' and '.join(sorted(k))}): give each kind its own served_model_name"
                  for served, k in kinds.items() if len(k) > 1]

@@ -304,19 +304,15 @@ def rollback_problem(previous: dict | None, source: str) -> Unreadable | None:
     return release_problem(previous, source)
 
 
-def local_api_host(api_host: str) -> str:
-    """Where tooling on the host itself reaches the API: a wildcard listen address means loopback."""
-    return "127.0.0.1" if api_host in ("0.0.0.0", "::") else api_host
-
-
 @operation(is_idempotent=False)
-def health_gate(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str,
-                container: str, kind: str = "chat", unit: str = paths.UNIT_NAME):
-    """The service answers: /health, /v1/models, a chat completion and a tool call (a pooling service:
-    its embeddings or rerank request). Else the journal. Only `container`'s listener gets the key."""
+def health_gate(served_name: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str,
+                kind: str = "chat", unit: str = paths.UNIT_NAME):
+    """The service behind API port `port` answers: /health, /v1/models, a chat completion and a tool call (a
+    pooling service: its embeddings or rerank request), asked of its engine on loopback. Else the journal.
+    Only `container`'s listener gets the key."""
     check = StringCommand(
         f"PYTHONPATH={shlex.quote(runtime)}", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
-        "--host", QuoteString(local_api_host(api_host)), "--port", str(port),
+        "--host", paths.ENGINE_HOST, "--port", str(paths.engine_port(port)),
         "--served-name", QuoteString(served_name), "--timeout", str(timeout_s),
         "--env-file", paths.ENGINE_ENV, "--unit", QuoteString(unit), "--container", QuoteString(container),
         *(["--kind", QuoteString(kind)] if kind != "chat" else []), *(["--tools"] if tools else []),

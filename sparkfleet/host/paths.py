@@ -3,6 +3,18 @@
 from sparkfleet.host.shared import host_module
 
 UNIT_NAME = "sparkfleet-vllm.service"
+# Engines listen on loopback only, ENGINE_PORT_OFFSET above the port the host's guard answers on (the API port).
+ENGINE_HOST = "127.0.0.1"
+ENGINE_PORT_OFFSET = 10000
+MAX_API_PORT = 65535 - ENGINE_PORT_OFFSET
+
+
+def engine_port(api_port: int) -> int:
+    """Where the engine behind `api_port` listens on 127.0.0.1 (the guard forwards to it)."""
+    return api_port + ENGINE_PORT_OFFSET
+
+
+
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 RAY_UNIT_NAME = "sparkfleet-ray.service"  # a tensor-parallel member's Ray node (head or worker)
 RAY_UNIT_PATH = f"/etc/systemd/system/{RAY_UNIT_NAME}"

@@ -15,7 +15,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.host import paths
-from sparkfleet.host.operations import health_gate, local_api_host
+from sparkfleet.host.operations import health_gate
 
 SYSTEMD_DIR = "/etc/systemd/system"
 MEMORY_PLAN = f"{paths.CONFIG_DIR}/memory.json"  # what sparkfleet-memcheck reads: every unit's share
@@ -57,10 +57,10 @@ def services_pruned(keep: list[str]):
 class ServiceProbe(FactBase[dict]):
     """One quick health check of a service (its /health, /v1/models and its request) with the runtime bundle."""
 
-    def command(self, port: int, served_name: str, kind: str, api_host: str, container: str):
+    def command(self, port: int, served_name: str, kind: str, container: str):
         check = " ".join([
             f"PYTHONPATH=\"$({paths.NEWEST_RUNTIME_COMMAND})\"", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
-            "--host", shlex.quote(local_api_host(api_host)), "--port", str(port),
+            "--host", paths.ENGINE_HOST, "--port", str(paths.engine_port(port)),
             "--served-name", shlex.quote(served_name), "--kind", shlex.quote(kind), "--timeout", "15",
             "--env-file", paths.ENGINE_ENV, "--container", shlex.quote(container)])
         return f"out=$({check} 2>&1); rc=$?; printf '%s\\n' \"$out\" | tail -1; echo \"rc=$rc\""
@@ -81,18 +81,17 @@ class UnitStarting(FactBase[bool]):
 
 
 @operation()
-def service_serving(unit: str, served_name: str, kind: str, api_host: str, port: int, timeout_s: int,
-                    runtime: str, container: str):
+def service_serving(unit: str, served_name: str, kind: str, port: int, timeout_s: int, runtime: str,
+                    container: str):
     """A service answers now (serving means answering, not running); else it is restarted and gated."""
-    probe = host.get_fact(ServiceProbe, port=port, served_name=served_name, kind=kind, api_host=api_host,
-                          container=container)
+    probe = host.get_fact(ServiceProbe, port=port, served_name=served_name, kind=kind, container=container)
     if probe["serving"]:
         host.noop(f"{unit} answers its {kind} request")
         return
     if not host.get_fact(UnitStarting, unit=unit):
         yield StringCommand("echo", QuoteString(f"{unit} not serving: {probe['detail']}"[:400]), ">&2;",
                             "systemctl reset-failed", unit, "2>/dev/null;", "systemctl restart", unit)
-    yield from health_gate._inner(served_name=served_name, api_host=api_host, port=port, tools=False,
+    yield from health_gate._inner(served_name=served_name, port=port, tools=False,
                                   timeout_s=timeout_s, runtime=runtime, container=container, kind=kind, unit=unit)
 
 

@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.host import paths
-from sparkfleet.host.operations import health_gate, local_api_host
+from sparkfleet.host.operations import health_gate
 from sparkfleet.release.settings import Settings
 
 WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
@@ -23,8 +23,8 @@ WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
 def watchdog_config(s: Settings) -> dict:
     """What the host's watchdog (and the converge's probe) reads: no secret (the key stays in engine.env)."""
     return {
-        "unit": paths.UNIT_NAME, "container": s.container_name, "port": s.api_port,
-        "host": local_api_host(s.api_host),
+        "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
+        "host": paths.ENGINE_HOST,
         "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
         "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
         "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
@@ -105,7 +105,7 @@ def start_limit_cleared(unit: str):
 
 
 @operation()
-def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str):
+def serving(served_name: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str):
     """The engine answers now; else restart it (never one still starting: wait) and run the health gate."""
     probe = host.get_fact(ServingProbe)
     verdict = probe_verdict(probe)
@@ -115,7 +115,7 @@ def serving(served_name: str, api_host: str, port: int, tools: bool, timeout_s: 
     if verdict == "down":
         yield StringCommand("echo", QuoteString(f"not serving: {describe(probe)}"[:400]), ">&2;",
                             "python3", WATCHDOG, "--restart", "converge")
-    yield from health_gate._inner(served_name=served_name, api_host=api_host, port=port, tools=tools,
+    yield from health_gate._inner(served_name=served_name, port=port, tools=tools,
                                   timeout_s=timeout_s, runtime=runtime, container=container)
     yield f"python3 {WATCHDOG} --check"
 

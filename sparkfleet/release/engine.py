@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from sparkfleet.host import paths
 from sparkfleet.release.settings import Settings
 
 ENGINES_DIR = Path(__file__).parent / "engines"
@@ -142,8 +143,8 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
     args = [
         model_dir,
         "--served-model-name", s.served_model_name,
-        "--host", s.api_host,
-        "--port", str(s.api_port),
+        "--host", paths.ENGINE_HOST,  # the host's guard answers on api_host:api_port
+        "--port", str(paths.engine_port(s.api_port)),
         "--max-model-len", str(s.max_model_len),
         "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
         "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching",

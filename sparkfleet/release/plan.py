@@ -285,8 +285,9 @@ def _ray_token_volume() -> list[str]:
 def docker_options(s: Settings, model_dir: str, port: int) -> list[str]:
     """`docker run` options of one engine container (the chat model's or a service's): GPU, network, the
     root-only env file, its model directory read-only."""
+    engine = paths.engine_port(port)
     network = ["--network", "host"] if s.docker_network == "host" else [
-        "--network", s.docker_network, "--publish", f"{port}:{port}"]
+        "--network", s.docker_network, "--publish", f"{paths.ENGINE_HOST}:{engine}:{engine}"]
     options = [*GPU_OPTIONS[s.gpu_device_mode], "--ipc", "host", *network, "--env-file", paths.ENGINE_ENV,
                "--volume", f"{model_dir}:{model_dir}:ro"]
     if s.privileged:
@@ -314,6 +315,9 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
             f"{name}: api_host={s.api_host!r} serves the API beyond this machine with no api_key: "
             f"set api_key, or api_host = \"127.0.0.1\", or allow_unauthenticated_api = True to accept the risk"
         )
+    if s.api_port > paths.MAX_API_PORT:
+        problems.append(f"{name}: api_port={s.api_port} leaves no room for its engine's loopback port "
+                        f"(api_port + {paths.ENGINE_PORT_OFFSET}): set api_port <= {paths.MAX_API_PORT}")
     if s.speculative_method and not s.num_speculative_tokens:
         problems.append(f"{name}: speculative_method={s.speculative_method!r} needs num_speculative_tokens "
                         f"(the MTP recipe measured 2): set num_speculative_tokens = 2")

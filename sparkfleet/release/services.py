@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from sparkfleet.host import paths
 from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
@@ -133,8 +134,8 @@ def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | 
 
 def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> list[str]:
     """`vllm serve MODEL_DIR ...` of one service: the host's listen address, the service's own port and share."""
-    args = [model_dir, "--served-model-name", service.served_model_name, "--host", s.api_host,
-            "--port", str(service.api_port), "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}"]
+    args = [model_dir, "--served-model-name", service.served_model_name, "--host", paths.ENGINE_HOST,
+            "--port", str(paths.engine_port(service.api_port)), "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}"]
     if service.max_model_len:
         args += ["--max-model-len", str(service.max_model_len)]
     args += POOLING_ARGS[kind]
@@ -202,8 +203,11 @@ def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:
     owners: dict[int, list[str]] = {}
     for owner, port in [*taken.items(), *((f"services[{n!r}].api_port", p) for n, p in ports.items())]:
         owners.setdefault(port, []).append(owner)
-    return [f"{host}: port {port} is taken by {' and '.join(names)}: give each its own port"
-            for port, names in owners.items() if len(names) > 1 and any(n.startswith("services") for n in names)]
+    problems = [f"{host}: port {port} is taken by {' and '.join(names)}: give each its own port"
+                for port, names in owners.items() if len(names) > 1 and any(n.startswith("services") for n in names)]
+    return problems + [f"{host}: services[{n!r}].api_port={p} leaves no room for its engine's loopback port "
+                       f"(api_port + {paths.ENGINE_PORT_OFFSET}): set it <= {paths.MAX_API_PORT}"
+                       for n, p in ports.items() if p > paths.MAX_API_PORT]
 
 
 Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]

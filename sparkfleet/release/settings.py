@@ -327,6 +327,7 @@ class Settings(BaseModel):
     controller_front_door_url: Url | None
     front_door_tls_cert: AbsPath | None
     front_door_tls_key: AbsPath | None
+    front_door_allow_http: bool
     drain_timeout_s: int = Field(ge=0, le=3600)
 
     @property

@@ -6,6 +6,7 @@ Tests that break something (a GPU fault knob, a reboot) repair it before they en
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections import defaultdict
@@ -166,3 +167,28 @@ def run_pytest_infra(*extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "tests/infra", "--inventory", INVENTORY, "-q",
                            "-p", "no:cacheprovider", *extra], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
+
+
+# vLLM's routes an engine's port answered on the LAN before the guard, and the ones the fleet serves
+ENGINE_PATHS = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank",
+                "/v1/score", "/rerank", "/v2/rerank", "/score", "/metrics", "/invocations", "/pooling", "/classify",
+                "/tokenize", "/detokenize", "/version")
+
+
+_CHAT = json.dumps({"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1})
+
+
+def lan_statuses(state: dict, from_host: str, base: str, paths: tuple[str, ...] = ENGINE_PATHS,
+                 key: str | None = None) -> dict[str, str]:
+    """{path: HTTP status} of `base` + each path, asked with curl from another simulated host on the sim's LAN
+    ("000": no HTTP answer, e.g. the connection refused). GET for /health, /metrics, /v1/models; else a POST of
+    a one-token chat request (what /v1/chat/completions answers 200)."""
+    auth = f"-H {shlex.quote('Authorization: Bearer ' + key)} " if key else ""
+    lines = []
+    for path in paths:
+        method = "" if path in ("/health", "/metrics", "/v1/models", "/version") else \
+            f"-X POST -H 'Content-Type: application/json' -d {shlex.quote(_CHAT)} "
+        lines.append(f"printf '%s ' {shlex.quote(path)}; curl -s -o /dev/null -m 5 -w '%{{http_code}}\\n' "
+                     f"{auth}{method}{shlex.quote(base + path)}")
+    out = ssh(state, from_host, "; ".join(lines), check=False)
+    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)

@@ -46,8 +46,8 @@ def test_testinfra_suite_passes_against_the_sim(converged_fleet):
     proc = run_pytest_infra("--full-verify")
     assert proc.returncode == 0, proc.stdout[-4000:]
     # front-door checks skip hosts outside its group; a host with no service passes the services checks
-    # (no unit of a dropped service is left, and nothing more to check)
-    assert f"{15 * len(HOSTS)} passed, 12 skipped" in proc.stdout
+    # (no unit of a dropped service is left, and nothing more to check); every host has a guard (3 checks)
+    assert f"{18 * len(HOSTS)} passed, 12 skipped" in proc.stdout
     assert "host key" not in proc.stdout
 
 

@@ -33,7 +33,7 @@ def door_port() -> int:
 def door_inventory(tmp_path, name: str, users: dict, everywhere: dict | None = None) -> str:
     """inventory/sim.py plus a front door on spark-1 (group front_door), with these users and settings."""
     settings = {"front_door_users": users, "controller_front_door_url": f"http://127.0.0.1:{door_port()}",
-                "drain_timeout_s": 30, **(everywhere or {})}
+                "drain_timeout_s": 30, "front_door_allow_http": True, **(everywhere or {})}
     path = tmp_path / f"{name}.py"
     path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
                     f"sparks = [(n, {{**d, **{settings!r}}}) for n, d in _sim['sparks']]\n"

@@ -15,9 +15,11 @@ import requests
 from openai import OpenAI
 
 from tests.e2e.conftest import (
+    ENGINE_PATHS,
     HOSTS,
     ROOT,
     converge,
+    lan_statuses,
     sparkfleet,
     ssh,
     started_at,
@@ -27,6 +29,7 @@ from tests.e2e.conftest import (
 HOST = "spark-1"
 SERVICES = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
 UNITS = ("sparkfleet-vllm-embed.service", "sparkfleet-vllm-rerank.service")
+SERVED = {8001: ("/v1/models", "/v1/embeddings", "/metrics"), 8002: ("/v1/models", "/v1/rerank", "/v1/score", "/metrics")}
 
 
 @contextlib.contextmanager
@@ -94,6 +97,18 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
         assert memory == {"budget": 0.95, "units": {"sparkfleet-vllm.service": 0.3,
                                                     "sparkfleet-vllm-embed.service": 0.03,
                                                     "sparkfleet-vllm-rerank.service": 0.03}}
+
+        for port, served in SERVED.items():  # from another host: only through the guard, only its paths
+            lan = f"http://sparkfleet-spark-1:{port}"
+            for key in (None, "demo-user-key-0123456789"):
+                assert lan_statuses(state, "spark-2", lan, key=key) == {
+                    p: "200" if p == "/health" else "401" for p in ENGINE_PATHS}, (port, key)
+            keyed = lan_statuses(state, "spark-2", lan, key="sim-key")
+            assert (keyed["/v1/models"], keyed["/metrics"]) == ("200", "200"), (port, keyed)
+            assert {p: keyed[p] for p in ENGINE_PATHS if p not in ("/health", *served)} == {
+                p: "404" for p in ENGINE_PATHS if p not in ("/health", *served)}, port
+            assert lan_statuses(state, "spark-2", f"http://sparkfleet-spark-1:{port + 10000}", ("/health",)) == {
+                "/health": "000"}, port  # the engine itself: loopback only
 
         with tunnel(state, HOST, 8001) as embed_url, tunnel(state, HOST, 8002) as rerank_url:
             client = OpenAI(base_url=f"{embed_url}/v1", api_key="sim-key", max_retries=0)

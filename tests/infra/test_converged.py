@@ -73,14 +73,18 @@ def test_engine_container_sees_the_gpu(engine):
 
 
 def test_port_listening(engine):
+    """The guard on the API port; the engine on loopback only, behind it."""
     assert engine.host.socket(f"tcp://{engine.s.api_host}:{engine.s.api_port}").is_listening
+    engine_port = paths.engine_port(engine.s.api_port)
+    assert engine.host.socket(f"tcp://{paths.ENGINE_HOST}:{engine_port}").is_listening
+    assert not engine.host.socket(f"tcp://0.0.0.0:{engine_port}").is_listening
 
 
 def test_models_and_chat_answer(engine):
     """The health gate's own checks, run on the host with the official openai client."""
     runtime = engine.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     out = engine.host.check_output(
-        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {engine.s.api_port} "
+        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {paths.engine_port(engine.s.api_port)} "
         f"--served-name '{engine.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV} "
         f"--container {engine.s.container_name}")
     report = json.loads(out.splitlines()[-1])

@@ -23,6 +23,9 @@ def test_each_service_unit_is_the_plans_and_runs(spark):
 def test_each_service_listens_on_its_own_port(spark):
     for svc in spark.plan.services:
         assert spark.host.socket(f"tcp://{spark.s.api_host}:{svc.service.api_port}").is_listening, svc.name
+        engine_port = paths.engine_port(svc.service.api_port)
+        assert spark.host.socket(f"tcp://{paths.ENGINE_HOST}:{engine_port}").is_listening, svc.name
+        assert not spark.host.socket(f"tcp://0.0.0.0:{engine_port}").is_listening, svc.name
 
 
 def test_each_service_model_has_the_manifest_hashes(spark):
@@ -38,7 +41,7 @@ def test_each_service_answers_its_request(spark):
     runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     for svc in spark.plan.services:
         out = spark.host.check_output(
-            f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {svc.service.api_port} "
+            f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {paths.engine_port(svc.service.api_port)} "
             f"--served-name {shlex.quote(svc.service.served_model_name)} --kind {svc.kind} --timeout 30 "
             f"--env-file {paths.ENGINE_ENV} --container {svc.container}")
         report = json.loads(out.splitlines()[-1])

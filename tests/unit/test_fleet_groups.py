@@ -224,7 +224,8 @@ def test_the_front_door_has_one_backend_per_group_its_head():
 
     from .helpers import KEY, host_data
 
-    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": "alice-key-0123456789abcdef"}}
+    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": "alice-key-0123456789abcdef"},
+            "front_door_allow_http": True}
     pair = {**base, "tensor_parallel_hosts": ["spark-1", "spark-2"], "tensor_parallel_size": 2}
     hosts = [("spark-1", host_data(**pair, lan_address="10.0.0.1", fabric_address="192.168.100.1")),
              ("spark-2", host_data(**pair, lan_address="10.0.0.2", fabric_address="192.168.100.2")),

@@ -23,7 +23,8 @@ NAME = "Qwen3.5-35B-A3B"
 
 def plans(**per_host):
     """Offline plans of hosts serving with a LAN API and a key; per_host: name -> overrides."""
-    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB}}
+    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
+            "front_door_allow_http": True}
     hosts = [(name, host_data(**{**base, "lan_address": f"10.0.0.{n}", **over}))
              for n, (name, over) in enumerate(per_host.items(), 1)]
     return {p.name: p for p in plan_hosts(hosts, resolve=False)}
@@ -72,14 +73,35 @@ def test_tls_binds_with_the_pem(tmp_path):
     ({"spark-a": {"front_door_port": 8000}},
      ("spark-a: setting `front_door_port` = 8000 is taken by the engine or the model share on this host: pick "
      "another port")),
+    ({"spark-a": {"front_door_port": 18000}},
+     ("spark-a: setting `front_door_port` = 18000 is taken by the engine or the model share on this host: pick "
+     "another port")),
     ({"spark-a": {"front_door_tls_cert": "/etc/c.pem"}},
      "spark-a: set both `front_door_tls_cert` and `front_door_tls_key`, or neither"),
+    ({"spark-a": {"front_door_allow_http": False}},
+     ("spark-a: the front door would take its users' keys over plain http: set `front_door_tls_cert` and "
+      "`front_door_tls_key`, or `front_door_allow_http = True` on a trusted LAN")),
 ])
 def test_refused_inventories_name_the_host_and_the_fix(hosts, expected):
     with pytest.raises(SettingsError) as exc:
         fd.front_door_plan("spark-a", plans(**hosts))
     assert exc.value.problems == [expected]
     assert ALICE not in str(exc.value)
+
+
+def test_a_door_without_users_may_speak_plain_http():
+    assert not fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": {},
+                                                                  "front_door_allow_http": False}})).tls
+
+
+def test_the_key_and_the_path_are_decided_before_any_body_is_read():
+    lines = [line.strip() for line in fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).config().splitlines()]
+    order = [next(n for n, line in enumerate(lines) if line.startswith(start)) for start in (
+        "http-request set-var(txn.user)", "http-request return status 401", "http-request return status 404",
+        "http-request wait-for-body", "http-request set-var(txn.role0) req.body")]
+    assert order == sorted(order)
+    assert lines[order[2]].endswith("unless { path -m str /v1/chat/completions /v1/completions /v1/models }")
+    assert not any("http-buffer-request" in line for line in lines)
 
 
 def test_a_backend_without_a_key_is_refused():
@@ -137,12 +159,14 @@ def haproxy_door(tmp_path_factory):
     engines = [Server(model, "--served-model-name", NAME, "--api-key", KEY, "--enable-prefix-caching",
                       SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5") for _ in range(2)]
     names = ("spark-a", "spark-b")
-    all_plans = plans(**{n: {"lan_address": "127.0.0.1", "api_port": e.port} for n, e in zip(names, engines)})
+    all_plans = plans(**{n: {"lan_address": "127.0.0.1"} for n in names})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     door = fd.front_door_plan("spark-a", {**all_plans, "spark-a": all_plans["spark-a"]})
-    door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}), door.backends,
+    # the stand-ins stand for the hosts' guards: each backend is one of them
+    door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}),
+                        tuple(fd.Backend(b.name, "127.0.0.1", e.port) for b, e in zip(door.backends, engines)),
                         door.api_key)
     moved = {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"), fd.STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}

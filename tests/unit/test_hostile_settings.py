@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from sparkfleet import cli
+from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
 from sparkfleet.release.settings import Settings, parse_settings
@@ -107,8 +108,8 @@ def test_host_refused(plan_cli, key, value):
 @pytest.mark.parametrize("address", ["spark-a.lan", "10.0.0.9", "::1", "fd00::9", "localhost"])
 def test_host_accepted(address):
     [plan] = plan_hosts([("spark-a", host_data(api_host=address, lan_address=address, api_key=SECRET))])
-    args = plan.engine_args
-    assert args[args.index("--host") + 1] == address and plan.lan_address == address
+    bind = f"[{address}]:8000" if ":" in address else f"{address}:8000"  # the host's guard answers there
+    assert f"    bind {bind}\n" in guard_plan(plan).config() and plan.lan_address == address
 
 
 # --- paths ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from sparkfleet.release.settings import SettingsError
 from .helpers import host_data
 
 REFERENCE_FLAGS = [
-    "--served-model-name", "Qwen3.5-35B-A3B", "--host", "127.0.0.1", "--port", "8000",
+    "--served-model-name", "Qwen3.5-35B-A3B", "--host", "127.0.0.1", "--port", "18000",
     "--max-model-len", "262144", "--gpu-memory-utilization", "0.88", "--enable-prefix-caching",
     "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3",
     "--attention-backend", "FLASH_ATTN", "--limit-mm-per-prompt", '{"image": 0, "video": 0}',

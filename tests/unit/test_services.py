@@ -44,7 +44,7 @@ def test_each_service_gets_the_pooling_runner_its_kind_needs():
     embed, rerank = plan(services=RAG).services
     assert embed.engine_args == [
         "/var/lib/sparkfleet/models/Qwen--Qwen3-Embedding-0.6B@unresolved", "--served-model-name",
-        "Qwen3-Embedding-0.6B", "--host", "127.0.0.1", "--port", "8001", "--gpu-memory-utilization", "0.03",
+        "Qwen3-Embedding-0.6B", "--host", "127.0.0.1", "--port", "18001", "--gpu-memory-utilization", "0.03",
         "--max-model-len", "8192", "--runner", "pooling", "--convert", "embed"]
     assert rerank.engine_args[-4:] == ["--runner", "pooling", "--hf-overrides", OVERRIDES]
     assert (rerank.unit, rerank.container, rerank.kind) == ("sparkfleet-vllm-rerank.service", "vllm-rerank", "reranker")
@@ -54,7 +54,7 @@ def test_an_entry_overrides_its_recipe():
     svc = plan(services={"vectors": {"recipe": "qwen3-embedding-0.6b", "api_port": 9100, "max_model_len": 4096,
                                      "served_model_name": "embed", "extra_engine_args": ["--max-num-seqs", "8"]}}
                ).services[0]
-    assert svc.engine_args[1:] == ["--served-model-name", "embed", "--host", "127.0.0.1", "--port", "9100",
+    assert svc.engine_args[1:] == ["--served-model-name", "embed", "--host", "127.0.0.1", "--port", "19100",
                                    "--gpu-memory-utilization", "0.03", "--max-model-len", "4096", "--runner",
                                    "pooling", "--convert", "embed", "--max-num-seqs", "8"]
 
@@ -164,7 +164,7 @@ def test_the_service_unit_runs_its_own_container_share_and_port():
     assert "ExecStart=/usr/bin/docker run --rm --name vllm-embed \\\n" in unit
     assert "ExecStop=/usr/bin/docker stop --time 60 vllm-embed\n" in unit
     assert "    --env-file /etc/sparkfleet/engine.env \\\n" in unit  # the same API key as the chat model
-    assert "    --port 8001 \\\n" in unit and "    --convert embed\n" in unit
+    assert "    --port 18001 \\\n" in unit and "    --convert embed\n" in unit
 
 
 def test_the_memory_plan_file_lists_every_engine_unit():
@@ -270,7 +270,8 @@ def test_bad_hf_overrides_fail_at_start(tmp_path):
 
 
 def door_plans(**per_host):
-    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": "alice-key-0123456789abcdef"}}
+    base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": "alice-key-0123456789abcdef"},
+            "front_door_allow_http": True}
     hosts = [(name, host_data(**{**base, "lan_address": f"10.0.0.{n}", **over}))
              for n, (name, over) in enumerate(per_host.items(), 1)]
     return {p.name: p for p in plan_hosts(hosts)}
@@ -287,7 +288,10 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
          [("spark-a", "10.0.0.1", 8001), ("spark-b", "10.0.0.2", 8001)]),
         ("model_1", "Qwen3-Reranker-0.6B", "reranker", [("spark-a", "10.0.0.1", 8002)])]
     config = door.config()
-    assert "    use_backend model_0 if { var(txn.model) -m str Qwen3-Embedding-0.6B }\n" in config
+    assert ("    use_backend model_0 if { var(txn.model) -m str Qwen3-Embedding-0.6B } "
+            "{ path -m str /v1/embeddings }\n") in config
+    assert ("unless { path -m str /v1/chat/completions /v1/completions /v1/embeddings /v1/models /v1/rerank "
+            "/v1/score }\n") in config  # what a user key reaches: the chat paths and the routes' own
     assert ("http-check send meth POST uri /v1/rerank ver HTTP/1.1 hdr Host front-door hdr Content-Type "
             "application/json hdr Authorization %[str(engines),map(/etc/sparkfleet/front-door/backend.map)] body "
             """'{"model":"Qwen3-Reranker-0.6B","query":"ping","documents":["ping"]}'""") in config

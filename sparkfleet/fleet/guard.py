@@ -1,0 +1,78 @@
+"""The guard: one HAProxy on every host in front of its engines, which listen on loopback only.
+
+vLLM's key guards only /v1/*: on the LAN its /metrics, /tokenize, /invocations, /pooling (and the stand-in's
+/rerank, /score) answer anyone. The guard answers where the API is meant to be (api_host:api_port, and each
+RAG service's api_port), lets /health through with no key, wants the backend key (checked against a 0600 map,
+never written in the config) on every other path, and passes only the paths the engine serves to the fleet;
+anything else is 404 before the engine is asked, and no body is read before that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkfleet.fleet import haproxy
+from sparkfleet.host import paths
+from sparkfleet.release.plan import HostPlan
+from sparkfleet.release.settings import SettingsError
+
+UNIT_NAME = "sparkfleet-guard.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+CONFIG_DIR = "/etc/sparkfleet/guard"
+CONFIG = f"{CONFIG_DIR}/haproxy.cfg"
+KEY_MAP = f"{CONFIG_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
+RUNTIME_DIR = "sparkfleet-guard"
+KEY_NAME = "engines"
+KEY_USER = "backend"  # what the log names a caller holding the backend key
+# A guard buffers nothing (HAProxy's default 16 KiB buffers); its callers are the front doors and the controller.
+LIMITS = haproxy.Limits(maxconn=500, bufsize=16384, memory_max="128M")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One engine behind the guard: where the LAN asks it, where it answers, the paths it serves."""
+
+    name: str
+    kind: str
+    bind: str
+    engine: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Guard:
+    host: str
+    listeners: tuple[Listener, ...]
+    api_key: str | None
+
+    def config(self) -> str:
+        return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
+                              keyed=self.api_key is not None, key_map=KEY_MAP, key_name=KEY_NAME, key_user=KEY_USER)
+
+    def key_map(self) -> str:
+        return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""
+
+    def unit(self) -> str:
+        return haproxy.unit(f"guard of {self.host}'s engines", CONFIG, RUNTIME_DIR, LIMITS)
+
+
+def guard_plan(plan: HostPlan) -> Guard | None:
+    """The guard of one host: the chat engine (a single host or a group's head; a worker runs no engine API)
+    and each RAG service. None when the host runs no engine at all.
+
+    Raises SettingsError when api_host is not an address HAProxy can bind (the settings grammar already
+    refuses one; this is where it lands)."""
+    s = plan.settings
+    engines = ([("chat", "chat", s.api_port)] if plan.runs_engine else []) + [
+        (f"service_{svc.name}", svc.kind, svc.service.api_port) for svc in plan.services]
+    if not engines:
+        return None
+    try:
+        listeners = tuple(
+            Listener(name, kind, haproxy.address(s.api_host, port),
+                     haproxy.address(paths.ENGINE_HOST, paths.engine_port(port)),
+                     (*haproxy.API_PATHS[kind], haproxy.METRICS))
+            for name, kind, port in engines)
+    except ValueError as exc:
+        raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
+    return Guard(plan.name, listeners, s.api_key)

@@ -1,0 +1,71 @@
+"""What the front door and the per-host guard share: one HAProxy hardening (global section, defaults, unit),
+the paths each kind of engine serves, and the check that every value rendered into a config is a token of
+HAProxy's grammar (an address with a newline would add a line of config)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from sparkfleet.release import render
+
+# The OpenAI paths the fleet serves, per kind of engine; a guard adds /metrics (the controller's status and
+# bench read it with the backend key), nothing else reaches an engine from the LAN.
+API_PATHS = {
+    "chat": ("/v1/models", "/v1/chat/completions", "/v1/completions"),
+    "embedding": ("/v1/models", "/v1/embeddings"),
+    "reranker": ("/v1/models", "/v1/rerank", "/v1/score"),
+}
+HEALTH = "/health"
+METRICS = "/metrics"
+USER = "haproxy"  # Debian's package creates it and the empty chroot below
+CHROOT = "/var/lib/haproxy"
+UNIT_TEMPLATE = "sparkfleet-haproxy.service.j2"
+AUTH_401 = ('\'{"error":{"message":"invalid or missing API key","type":"AuthenticationError","code":401}}\'')
+NOT_FOUND_404 = '\'{"error":{"message":"not found","type":"NotFoundError","code":404}}\''
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One HAProxy's bounds: connections (global and per frontend), its buffer, its unit's memory cap."""
+
+    maxconn: int
+    bufsize: int
+    memory_max: str
+
+
+def token(value: str, what: str) -> str:
+    """`value` as one HAProxy word (server names, served names, paths): letters, digits and _ . : / + -."""
+    if not _TOKEN.fullmatch(value):
+        raise ValueError(f"{what} {value!r} must be letters, digits and _ . : / + - to go into HAProxy's config")
+    return value
+
+
+def address(value: str, port: int) -> str:
+    """`host:port` for a `bind` or `server` line: an IP address (IPv6 in brackets) or a host name, nothing else."""
+    try:
+        ip = ipaddress.ip_address(value)
+        return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    except ValueError:
+        pass
+    labels = value.split(".")
+    if len(value) > 253 or not all(re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x) for x in labels):
+        raise ValueError(f"address {value!r} must be an IP address or a host name (letters, digits, '-', '.')")
+    return f"{value}:{port}"
+
+
+def config(template: str, limits: Limits, **values) -> str:
+    """One HAProxy config from its template, with the shared hardening's values (see haproxy-global.cfg.j2)."""
+    return render._templates.get_template(template).render(
+        limits=limits, user=USER, chroot=CHROOT, health=HEALTH, auth_401=AUTH_401, not_found_404=NOT_FOUND_404,
+        **values)
+
+
+def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_dir: str | None = None,
+         state_file: str | None = None, socket: str | None = None) -> str:
+    """The systemd unit of one HAProxy (front door or guard): checked config, reload without drops, sandboxed."""
+    return render._templates.get_template(UNIT_TEMPLATE).render(
+        description=description, config=config, runtime_dir=runtime_dir, state_dir=state_dir,
+        state_file=state_file, socket=socket, memory_max=limits.memory_max)

@@ -1,0 +1,42 @@
+"""Stage 4b (right after the service stage, so an engine leaving the API port frees it first): the guard, one
+HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/fleet/guard.py).
+
+Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
+off. A change of rules or key is a reload (connections in flight finish); a changed unit is a restart. A host
+that runs no engine (a tensor-parallel worker) has its guard off.
+"""
+
+import io
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, systemd
+
+from sparkfleet.fleet.guard import CONFIG, CONFIG_DIR, KEY_MAP, UNIT_NAME, UNIT_PATH, guard_plan
+from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.host.operations import secret_file
+from sparkfleet.release.plan import HostPlan
+from sparkfleet.release.settings import SettingsError
+
+
+@deploy("Guard")
+def guard(plan: HostPlan):
+    try:
+        door = guard_plan(plan)
+    except SettingsError as exc:
+        raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
+    apt.packages(name="HAProxy installed", packages=["haproxy"], update=True, cache_time=86400)
+    systemd.service(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
+                    service="haproxy.service", running=False, enabled=False)
+    if door is None:
+        systemd.service(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
+                        enabled=False)
+        return
+    files.directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
+    changes = [
+        files.put(name="Guard config", src=io.StringIO(door.config()), dest=CONFIG, mode="0644"),
+        secret_file(name="Guard's backend key (root-only)", dest=KEY_MAP, content=door.key_map()),
+    ]
+    unit = files.put(name="Guard unit", src=io.StringIO(door.unit()), dest=UNIT_PATH, mode="0644")
+    systemd.service(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
+                    restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
+                    daemon_reload=unit.will_change)

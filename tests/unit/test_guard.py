@@ -1,0 +1,321 @@
+"""The guard (one HAProxy per host in front of its engines on loopback) and the HAProxy hardening it shares
+with the front door: rendered configs and units, values refused before they reach a config, and Debian's
+HAProxy itself on loopback in front of the stand-in engine, path by path, with no key, a user key and the
+backend key; then a front door in front of that guard."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet import guard as gd
+from sparkfleet.fleet import haproxy
+from sparkfleet.host import paths
+from sparkfleet.release.plan import plan_hosts
+from sparkfleet.release.settings import SettingsError
+from tests.conftest import free_port
+
+from . import helpers
+from .helpers import KEY, host_data, make_model
+from .test_tensor_parallel import hub, pair
+
+RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
+USER_KEY = "alice-key-0123456789abcdef"
+NAME = "Qwen3.5-35B-A3B"
+# vLLM's routes beyond what the fleet serves (the stand-in copies them): open on the LAN before the guard
+UNSERVED = ["/rerank", "/v2/rerank", "/score", "/invocations", "/pooling", "/classify", "/tokenize", "/detokenize",
+            "/version", "/v1/embeddings", "/v1/rerank", "/v1/score", "/load", "/is_sleeping", "/docs"]
+
+
+def plan(**over):
+    [p] = plan_hosts([("spark-a", host_data(**{"api_host": "0.0.0.0", "api_key": KEY, **over}))], resolve=False)
+    return p
+
+
+def listen_blocks(config: str) -> dict[str, str]:
+    return {block.split("\n", 1)[0].strip(): block for block in config.split("\nlisten ")[1:]}
+
+
+# --- rendered -------------------------------------------------------------------------------------
+
+def test_every_engine_listens_on_loopback_behind_its_guard():
+    p = plan(services=RAG)
+    assert p.engine_args[p.engine_args.index("--host") + 1:][:3] == ["127.0.0.1", "--port", "18000"]
+    assert [svc.engine_args[svc.engine_args.index("--port") + 1] for svc in p.services] == ["18001", "18002"]
+    blocks = listen_blocks(gd.guard_plan(p).config())
+    assert list(blocks) == ["chat", "service_embed", "service_rerank"]
+    for name, (api, engine) in {"chat": (8000, 18000), "service_embed": (8001, 18001),
+                                "service_rerank": (8002, 18002)}.items():
+        assert f"    bind 0.0.0.0:{api}\n" in blocks[name]
+        assert blocks[name].rstrip().endswith(f"server engine 127.0.0.1:{engine}")
+
+
+def test_a_non_host_network_publishes_the_engine_on_loopback_only():
+    options = plan(docker_network="bridge").docker_options
+    assert options[options.index("--publish") + 1] == "127.0.0.1:18000:18000"
+
+
+@pytest.mark.parametrize("kind, block, allowed", [
+    ("chat", "chat", "/health /v1/models /v1/chat/completions /v1/completions /metrics"),
+    ("embedding", "service_embed", "/health /v1/models /v1/embeddings /metrics"),
+    ("reranker", "service_rerank", "/health /v1/models /v1/rerank /v1/score /metrics"),
+])
+def test_each_kind_passes_its_own_paths_after_the_key(kind, block, allowed):
+    lines = listen_blocks(gd.guard_plan(plan(services=RAG)).config())[block].splitlines()
+    key = next(n for n, line in enumerate(lines) if "strcmp(txn.key)" in line)
+    refused = next(n for n, line in enumerate(lines) if "return status 401" in line)
+    paths_ = next(n for n, line in enumerate(lines) if "return status 404" in line)
+    server = next(n for n, line in enumerate(lines) if line.strip().startswith("server "))
+    assert key < refused < paths_ < server  # key, then the allow-list, then the engine
+    assert "if !{ path -m str /health }" in lines[refused]
+    assert lines[paths_].endswith(f"unless {{ path -m str {allowed} }}")
+    assert not any("buffer-request" in line or "wait-for-body" in line for line in lines)
+
+
+def test_the_key_is_only_in_the_root_only_map():
+    guard = gd.guard_plan(plan(services=RAG))
+    assert guard.key_map() == f"engines Bearer {KEY}\n"
+    assert KEY not in guard.config() and KEY not in guard.unit()
+
+
+def test_without_a_key_the_allow_list_still_applies():
+    guard = gd.guard_plan(plan(api_host="127.0.0.1", api_key=None))
+    config = guard.config()
+    assert "return status 401" not in config and guard.key_map() == ""
+    assert "unless { path -m str /health /v1/models /v1/chat/completions /v1/completions /metrics }" in config
+
+
+def test_a_worker_has_no_chat_guard_and_its_head_has_one():
+    plans = {p.name: p for p in plan_hosts(pair(), resolve=hub)}
+    assert gd.guard_plan(plans["spark-2"]) is None
+    assert list(listen_blocks(gd.guard_plan(plans["spark-1"]).config())) == ["chat"]
+
+
+def test_api_ports_without_room_for_the_engine_port_are_refused():
+    with pytest.raises(SettingsError) as caught:
+        plan(api_port=60000, services={"embed": {"recipe": "qwen3-embedding-0.6b", "api_port": 55536}})
+    assert [p for p in caught.value.problems if "loopback port" in p] == [
+        "spark-a: api_port=60000 leaves no room for its engine's loopback port (api_port + 10000): "
+        "set api_port <= 55535",
+        "spark-a: services['embed'].api_port=55536 leaves no room for its engine's loopback port "
+        "(api_port + 10000): set it <= 55535"]
+
+
+@pytest.mark.parametrize("config", [
+    lambda: gd.guard_plan(plan()).config(),
+    lambda: fd.front_door_plan("spark-a", {"spark-a": plan(front_door_users={"alice": USER_KEY},
+                                                           front_door_allow_http=True)}).config(),
+])
+def test_both_haproxys_share_one_hardening(config):
+    text = config()
+    for line in ("    user haproxy\n", "    group haproxy\n", "    chroot /var/lib/haproxy\n", "    maxconn 500\n",
+                 "    ssl-default-bind-options ssl-min-ver TLSv1.2\n", "    timeout http-request 10s\n",
+                 "    log stdout format raw local0 info\n"):
+        assert line in text
+    log_format = next(line for line in text.splitlines() if line.strip().startswith("log-format"))
+    assert "user=%[var(txn.user)]" in log_format and "hdr" not in log_format and "%r" not in log_format
+    assert "option http-buffer-request" not in text
+
+
+@pytest.mark.parametrize("unit", [lambda: gd.guard_plan(plan()).unit(),
+                                  lambda: fd.front_door_plan("spark-a", {"spark-a": plan(
+                                      front_door_users={"alice": USER_KEY}, front_door_allow_http=True)}).unit()])
+def test_both_units_are_sandboxed(unit):
+    text = unit()
+    for line in ("ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "NoNewPrivileges=yes",
+                 "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "RestrictAddressFamilies=AF_UNIX AF_INET "
+                 "AF_INET6", "CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_SYS_CHROOT "
+                 "CAP_KILL"):
+        assert f"\n{line}\n" in text
+    assert "\nMemoryMax=" in text
+
+
+@pytest.mark.parametrize("value", ["10.0.0.1\n    server evil 6.6.6.6:80", "spark a", "spark'a", "10.0.0.1#x"])
+def test_an_ssh_hostname_that_is_not_an_address_never_reaches_a_config(value):
+    hosts = [("spark-a", host_data(api_host="0.0.0.0", api_key=KEY, ssh_hostname=value,
+                                   front_door_users={"alice": USER_KEY}, front_door_allow_http=True))]
+    with pytest.raises(SettingsError) as caught:
+        fd.front_door_plan("spark-a", {p.name: p for p in plan_hosts(hosts, resolve=False)})
+    assert len(caught.value.problems) == 1 and "must be an IP address or a host name" in caught.value.problems[0]
+
+
+def test_addresses_land_as_one_word():
+    assert haproxy.address("fd00::9", 8000) == "[fd00::9]:8000"
+    assert haproxy.address("spark-1.lan", 8000) == "spark-1.lan:8000"
+    for bad in ("10.0.0.1 backup", "a\nb", "-x"):
+        with pytest.raises(ValueError):
+            haproxy.address(bad, 1)
+    for bad in ("a b", "x'", "m\n"):
+        with pytest.raises(ValueError):
+            haproxy.token(bad, "served model name")
+
+
+# --- Debian's HAProxy on loopback ------------------------------------------------------------------
+
+def _start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
+    for old, new in moved.items():
+        config = config.replace(old, new)
+    if os.geteuid() != 0:  # only root can chroot and change user; the rest of the config is the same
+        config = "\n".join(line for line in config.splitlines()
+                           if line.split()[:1] not in (["user"], ["group"], ["chroot"])) + "\n"
+    (tmp / "haproxy.cfg").write_text(config)
+    check = subprocess.run(["haproxy", "-c", "-f", str(tmp / "haproxy.cfg")], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _api_port() -> int:
+    """A free loopback port whose engine port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port <= paths.MAX_API_PORT:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", paths.engine_port(port)))
+                    return port
+                except OSError:
+                    continue
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """The stand-in engine on 127.0.0.1:<engine port> and the host's guard on 127.0.0.1:<api port>."""
+    if not shutil.which("haproxy"):
+        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
+    tmp = tmp_path_factory.mktemp("guard")
+    api_port = _api_port()
+    real = helpers.free_port
+    helpers.free_port = lambda: paths.engine_port(api_port)
+    try:
+        engine = helpers.Server(make_model(tmp / "model"), "--served-model-name", NAME, "--api-key", KEY,
+                                SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5")
+    finally:
+        helpers.free_port = real
+    [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
+    guard = gd.guard_plan(p)
+    (tmp / "key.map").write_text(guard.key_map())
+    proc = _start_haproxy(guard.config(), tmp, {gd.CONFIG_DIR: str(tmp)})
+    url = f"http://127.0.0.1:{api_port}"
+    try:
+        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
+        yield url, p, engine
+    finally:
+        proc.terminate()
+        proc.wait()
+        engine.stop()
+
+
+def wait_for(condition, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if condition():
+                return
+        except (requests.ConnectionError, OSError):
+            pass
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def status(url: str, path: str, key: str | None) -> int:
+    return answer(url, path, key).status_code
+
+
+def engine_answered(url: str, path: str, key: str | None) -> bool:
+    """The request reached the engine (200, or the stand-in's own 404 for a route it lacks: /v1/completions)."""
+    r = answer(url, path, key)
+    return r.status_code == 200 or (r.status_code == 404 and r.json() == {"detail": "Not Found"})
+
+
+def answer(url: str, path: str, key: str | None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 1,
+            "input": "hi", "query": "q", "documents": ["d"], "text_1": "a", "text_2": "b"}
+    method = "GET" if path in ("/health", "/metrics", "/v1/models", "/version", "/docs", "/is_sleeping") else "POST"
+    return requests.request(method, url + path, headers=headers, json=body, timeout=10)
+
+
+def test_the_engine_itself_answers_unserved_paths_with_no_key(guarded):
+    """What the guard is for: vLLM's own key check covers only /v1/* (the stand-in copies it)."""
+    _, _, engine = guarded
+    assert status(engine.base, "/metrics", None) == 200
+    assert status(engine.base, "/rerank", None) not in (401, 403)
+
+
+@pytest.mark.parametrize("key", [None, USER_KEY, KEY[:-1], f"{KEY}x", KEY.upper()])
+def test_without_the_backend_key_every_path_but_health_is_401(guarded, key):
+    url, _, _ = guarded
+    assert status(url, "/health", key) == 200
+    for path in ["/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", *UNSERVED]:
+        assert status(url, path, key) == 401, path
+
+
+def test_with_the_backend_key_only_the_engines_paths_pass(guarded):
+    url, _, _ = guarded
+    for path in ["/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"]:
+        assert engine_answered(url, path, KEY), path
+    for path in [*UNSERVED, "/v1/models/../metrics", "/%6detrics", "//metrics", "/metrics/", "/v1/Models"]:
+        assert status(url, path, KEY) == 404, path
+
+
+def test_the_401_comes_before_any_body_is_read(guarded):
+    url, _, _ = guarded
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000000\r\n\r\n{")
+        started = time.monotonic()
+        head = sock.recv(200)
+    assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
+
+
+@pytest.fixture(scope="module")
+def door_over_guard(guarded, tmp_path_factory):
+    """A front door whose backend is the guarded host, as on a fleet: user keys in, the backend key out."""
+    _, p, _ = guarded
+    tmp = tmp_path_factory.mktemp("door")
+    door_port = free_port()
+    settings = p.settings.model_copy(update={"front_door_users": {"alice": USER_KEY}, "front_door_allow_http": True,
+                                             "front_door_port": door_port})
+    door = fd.FrontDoor("spark-a", settings, (fd.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
+    (tmp / "users.map").write_text(door.users_map())
+    (tmp / "backend.map").write_text(door.backend_map())
+    proc = _start_haproxy(door.config(), tmp, {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"),
+                                               fd.STATE_FILE: str(tmp / "state"),
+                                               f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"})
+    url = f"http://127.0.0.1:{door_port}"
+    try:
+        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_a_user_key_reaches_exactly_the_allow_listed_paths(door_over_guard):
+    url = door_over_guard
+    assert status(url, "/health", None) == 200
+    for path in ["/v1/models", "/v1/chat/completions", "/v1/completions"]:
+        assert engine_answered(url, path, USER_KEY), path
+        assert status(url, path, None) == 401 and status(url, path, KEY) == 401
+    for path in ["/metrics", *UNSERVED]:
+        assert status(url, path, USER_KEY) == 404, path
+        assert status(url, path, None) == 401, path
+
+
+def test_the_front_doors_401_comes_before_any_body_is_read(door_over_guard):
+    port = int(door_over_guard.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{")
+        started = time.monotonic()
+        head = sock.recv(200)
+    assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
