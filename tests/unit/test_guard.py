@@ -143,7 +143,8 @@ def test_an_ssh_hostname_that_is_not_an_address_never_reaches_a_config(value):
                                    front_door_users={"alice": USER_KEY}, front_door_allow_http=True))]
     with pytest.raises(SettingsError) as caught:
         fd.front_door_plan("spark-a", {p.name: p for p in plan_hosts(hosts, resolve=False)})
-    assert len(caught.value.problems) == 1 and "must be an IP address or a host name" in caught.value.problems[0]
+    (problem,) = caught.value.problems
+    assert problem.startswith("spark-a: `ssh_hostname`") and "is invalid" in problem
 
 
 def test_addresses_land_as_one_word():
