@@ -79,7 +79,7 @@ def read_json_object(host, path: str) -> JsonObject:
 
 
 RELEASE_KEYS = {"release_id": str, "model_dir": str, "served_model_name": str, "api_host": str, "api_port": int,
-                "health_timeout_s": int, "tools": bool}
+                "engine_port": int, "health_timeout_s": int, "tools": bool}
 
 
 def release_problem(record: dict, source: str) -> Unreadable | None:
@@ -87,6 +87,9 @@ def release_problem(record: dict, source: str) -> Unreadable | None:
     hand-edited record may lack them: then nothing is swapped)."""
     missing = [key for key, kind in RELEASE_KEYS.items()
                if not isinstance(record.get(key), kind) or (kind is int and isinstance(record.get(key), bool))]
+    if missing == ["engine_port"]:
+        return Unreadable(source, "the kept release predates the guard (its engine would bind the API port the "
+                                  "guard listens on): converge the release you want instead of rolling back")
     if missing:
         return Unreadable(source, f"the release record lacks {', '.join(missing)} (written by an older sparkfleet?)")
     return None

@@ -219,6 +219,7 @@ class HostPlan:
             "served_model_name": s.served_model_name,
             "api_host": s.api_host,
             "api_port": s.api_port,
+            "engine_port": paths.engine_port(s.api_port),
             "health_timeout_s": s.health_timeout_s,
             "tools": s.enable_auto_tool_choice,
             **({"role": self.role, "group": self.group.to_dict()} if self.group else {}),

@@ -53,7 +53,7 @@ def test_json_that_is_not_an_object_is_unreadable_never_absent(text, problem):
 
 
 GATE = {"release_id": "abc", "model_dir": "/m/Q@a", "served_model_name": "Q", "api_host": "10.0.0.9",
-        "api_port": 8000, "health_timeout_s": 120, "tools": False}
+        "api_port": 8000, "engine_port": 18000, "health_timeout_s": 120, "tools": False}
 
 
 def test_release_record_for_a_rollback_needs_every_gate_key_of_its_type():
@@ -63,8 +63,14 @@ def test_release_record_for_a_rollback_needs_every_gate_key_of_its_type():
     assert release_problem({**GATE, "health_timeout_s": True}, "prev").problem.startswith(
         "the release record lacks health_timeout_s")
     assert release_problem({"release_id": "abc"}, "prev").problem == (
-        "the release record lacks model_dir, served_model_name, api_host, api_port, health_timeout_s, tools "
-        "(written by an older sparkfleet?)")
+        "the release record lacks model_dir, served_model_name, api_host, api_port, engine_port, health_timeout_s, "
+        "tools (written by an older sparkfleet?)")
+
+
+def test_a_release_kept_from_before_the_guard_is_not_rolled_back_to():
+    """Its unit binds the API port itself, where the guard listens now: restoring it would take the host down."""
+    older = {k: v for k, v in GATE.items() if k != "engine_port"}
+    assert "predates the guard" in release_problem(older, "prev").problem
 
 
 def test_model_history_must_be_a_list_of_directories():

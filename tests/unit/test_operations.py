@@ -253,7 +253,7 @@ def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_unit_already_replaced(
 
 
 PREVIOUS = {"release_id": "aaaaaaaaaaaa", "model_dir": "/m/Q--M@a", "served_model_name": "Q", "api_host": "0.0.0.0",
-            "api_port": 8000, "health_timeout_s": 60, "tools": True}
+            "api_port": 8000, "engine_port": 18000, "health_timeout_s": 60, "tools": True}
 
 
 def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
