@@ -37,7 +37,7 @@ def test_only_the_engine_container_gets_the_key(converged_fleet):
              "python3 $d/squat.py 18999 > $d/log 2>&1 & pid=$!; sleep 1; "
              f"PYTHONPATH=\"$({paths.NEWEST_RUNTIME_COMMAND})\" python3 {paths.BIN_DIR}/sparkfleet-health "
              f"--port 18999 --served-name x --timeout 10 --env-file {paths.ENGINE_ENV} "
-             f"--container {shlex.quote(config['container'])}; echo rc=$?; kill $pid; cat $d/log; rm -rf $d")
-    out = ssh(converged_fleet, host, squat + " 2>&1")
+             f"--container {shlex.quote(config['container'])} 2>&1; echo rc=$?; kill $pid; cat $d/log; rm -rf $d")
+    out = ssh(converged_fleet, host, squat)
     assert "rc=1" in out and "health: the API key is not sent to 127.0.0.1:18999: port 18999 is held by process" in out
     assert "AUTH" not in out and "GET /health -" in out, out
