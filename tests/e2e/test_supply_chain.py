@@ -89,6 +89,7 @@ def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fle
 
         # The planned bytes gone from the registry and from the host: the host refuses, naming the image.
         assert requests.delete(registry_url(state, d1), timeout=10).status_code == 202
+        assert requests.head(registry_url(state, d1), headers={"Accept": ACCEPT}, timeout=10).status_code == 404
         ssh(state, HOST, f"docker rmi -f {name}@{d1} >/dev/null")
         unit = ssh(state, HOST, "cat /etc/systemd/system/sparkfleet-vllm.service")
         refused = converge(*pinned)
