@@ -68,7 +68,7 @@ _PULL_PINNED = (
     'docker pull -q "$REF" >/dev/null 2>&1 || { echo "engine image $IMAGE: the registry did not serve'
     ' $DIGEST (the tag moved to other bytes, or the registry lost them): refused, the running release is left'
     ' as it was: re-plan (the controller resolves the tag again) or pin engine_image with @sha256:" >&2; exit 1; }; '
-    'got=$(docker image inspect --format "{{join .RepoDigests \" \"}}" "$REF"); '
+    'got=$(docker image inspect --format "{{range .RepoDigests}}{{.}} {{end}}" "$REF"); '
     'case " $got " in *" $REF "*) ;; *) echo "engine image $IMAGE: pulled as $REF, its digests are $got, not'
     ' $DIGEST: refused" >&2; exit 1;; esac'
 )

@@ -1,12 +1,13 @@
 """Supply chain on the simulated fleet: the plan pins the engine image by digest; a registry tag moved to other
 bytes changes the release, never what a host runs, and a host that cannot get the planned bytes refuses them.
 
-The registry is the sim's real one (delete enabled); the tag is moved and restored by pushing from this machine
+The registry is the sim's real one; the tag is moved and restored by pushing from this machine
 to its published port, so the fleet is left serving the image it started with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -87,13 +88,15 @@ def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fle
         assert kept.returncode == 0, kept.output[-3000:]
         assert kept.changed[HOST] == [] and container_image(state) == running
 
-        # The planned bytes gone from the registry and from the host: the host refuses, naming the image.
-        assert requests.delete(registry_url(state, d1), timeout=10).status_code == 202
-        ssh(state, HOST, f"docker rmi -f {name}@{d1} >/dev/null")
+        # Planned bytes that neither the registry nor the host holds (the tag moved and the old manifest was
+        # collected, on a host that never pulled it; docker keeps a verified copy of any manifest it pulled):
+        # the host refuses, naming the image, and changes nothing.
+        gone = "sha256:" + hashlib.sha256(b"collected").hexdigest()
+        assert requests.head(registry_url(state, gone), headers={"Accept": ACCEPT}, timeout=10).status_code == 404
         unit = ssh(state, HOST, "cat /etc/systemd/system/sparkfleet-vllm.service")
-        refused = converge(*pinned)
+        refused = converge("--limit", HOST, "--data", f"engine_image={state['image']}@{gone}")
         assert refused.returncode != 0 and refused.host_failed(HOST)
-        assert f"engine image {state['image']}@{d1}: the registry did not serve {d1}" in refused.output
+        assert f"engine image {state['image']}@{gone}: the registry did not serve {gone}" in refused.output
         assert ssh(state, HOST, "cat /etc/systemd/system/sparkfleet-vllm.service") == unit
         health = requests.get(f"http://127.0.0.1:{api_port(state, HOST)}/health", timeout=5).status_code
         assert container_image(state) == running and health == 200  # the old release keeps serving

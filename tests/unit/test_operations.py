@@ -99,8 +99,13 @@ def test_full_verify_rehashes_a_converged_model():
 DIGEST, OTHER = "sha256:" + "a" * 64, "sha256:" + "c" * 64
 IMAGE, REF = "vllm/vllm-openai:v0.33.0", "vllm/vllm-openai@" + DIGEST
 FAKE_DOCKER = """#!/bin/sh
-# pull: exits $PULL_RC; inspect: prints $INSPECT; load: prints a line
-case "$1" in pull) exit "${PULL_RC:-0}";; image) printf '%s\\n' "$INSPECT";; load) echo "Loaded image: x";; esac
+# pull: exits $PULL_RC; inspect (exactly: image inspect --format FORMAT REF): prints $INSPECT; load: prints a line
+case "$1" in
+  pull) exit "${PULL_RC:-0}";;
+  image) [ "$#" = 5 ] && [ "$3" = --format ] || { echo "docker: bad arguments: $*" >&2; exit 2; }
+         printf '%s\\n' "$INSPECT";;
+  load) echo "Loaded image: x";;
+esac
 """
 
 
