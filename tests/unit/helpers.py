@@ -158,3 +158,16 @@ class Server:
         return self.proc.stdout.read()
 
 
+def wait_for(condition, seconds: float = 15) -> None:
+    """Poll until `condition()` holds (a server still starting may refuse connections meanwhile)."""
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if condition():
+                return
+        except (requests.ConnectionError, OSError):
+            pass
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)

@@ -15,7 +15,7 @@ from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.settings import SettingsError, parse_settings
 
-from .helpers import KEY, Server, host_data, make_model
+from .helpers import KEY, Server, host_data, make_model, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 NAME = "Qwen3.5-35B-A3B"
@@ -199,18 +199,6 @@ def haproxy_door(tmp_path_factory):
         proc.wait()
         for e in engines:
             e.stop()
-
-
-def wait_for(condition, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if condition():
-                return
-        except (requests.ConnectionError, OSError):
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def chat(url: str, key: str | None, messages: list[dict], stream: bool = False) -> requests.Response:

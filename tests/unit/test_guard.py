@@ -23,7 +23,7 @@ from sparkfleet.release.settings import SettingsError
 from tests.conftest import free_port
 
 from . import helpers
-from .helpers import KEY, host_data, make_model
+from .helpers import KEY, host_data, make_model, wait_for
 from .test_tensor_parallel import hub, pair
 
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -213,18 +213,6 @@ def guarded(tmp_path_factory):
         proc.terminate()
         proc.wait()
         engine.stop()
-
-
-def wait_for(condition, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if condition():
-                return
-        except (requests.ConnectionError, OSError):
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def status(url: str, path: str, key: str | None) -> int:
