@@ -172,7 +172,9 @@ def run_pytest_infra(*extra: str) -> subprocess.CompletedProcess:
 # vLLM's routes an engine's port answered on the LAN before the guard, and the ones the fleet serves
 ENGINE_PATHS = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank",
                 "/v1/score", "/rerank", "/v2/rerank", "/score", "/metrics", "/invocations", "/pooling", "/classify",
-                "/tokenize", "/detokenize", "/version")
+                "/tokenize", "/detokenize", "/version", "/ping",
+                # vLLM's dev and admin routes (VLLM_SERVER_DEV_MODE, runtime LoRA): refused settings, and never passed
+                "/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache", "/v1/load_lora_adapter")
 
 
 _CHAT = json.dumps({"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1})
