@@ -197,7 +197,7 @@ def services_status(host, release: dict) -> dict:
     for name, svc in sorted((release.get("services") or {}).items()):
         try:
             probe = host.get_fact(ServiceProbe, port=int(svc["api_port"]), served_name=str(svc["served_model_name"]),
-                                  kind=str(svc["kind"]))
+                                  kind=str(svc["kind"]), container=str(svc["container"]))
         except (KeyError, TypeError, ValueError):
             probe = {"serving": False, "detail": "unreadable entry in the release record"}
         found[name] = {"kind": svc.get("kind"), "port": svc.get("api_port"), **probe}

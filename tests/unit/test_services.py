@@ -322,3 +322,19 @@ def test_one_served_name_of_two_kinds_behind_one_front_door_is_refused():
     assert caught.value.problems == [
         "spark-a: services named 'Qwen3-Embedding-0.6B' behind this front door are of different kinds "
         "(embedding and reranker): give each kind its own served_model_name"]
+
+
+def test_status_asks_each_service_with_the_arguments_its_probe_takes():
+    """A probe called with arguments its command does not take counts as "not answering": a healthy service
+    would be reported down (seen when the probe gained the container it checks before sending the key)."""
+    from sparkfleet.fleet.status import services_status
+
+    class Host:
+        def get_fact(self, fact, **kwargs):
+            command = fact().command(**kwargs)
+            assert "--container vllm-embed" in command and "--port 18001" in command
+            return {"serving": True, "detail": ""}
+
+    release = {"services": {"embed": {"kind": "embedding", "api_port": 8001, "served_model_name": "E",
+                                      "container": "vllm-embed"}}}
+    assert services_status(Host(), release)["embed"]["serving"] is True
