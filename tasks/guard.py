@@ -21,22 +21,22 @@ from sparkfleet.release.settings import SettingsError
 @deploy("Guard")
 def guard(plan: HostPlan):
     try:
-        door = guard_plan(plan)
+        wanted = guard_plan(plan)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
     apt.packages(name="HAProxy installed", packages=["haproxy"], update=True, cache_time=86400)
     systemd.service(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
                     service="haproxy.service", running=False, enabled=False)
-    if door is None:
+    if wanted is None:
         systemd.service(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
                         enabled=False)
         return
     files.directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
-        files.put(name="Guard config", src=io.StringIO(door.config()), dest=CONFIG, mode="0644"),
-        secret_file(name="Guard's backend key (root-only)", dest=KEY_MAP, content=door.key_map()),
+        files.put(name="Guard config", src=io.StringIO(wanted.config()), dest=CONFIG, mode="0644"),
+        secret_file(name="Guard's backend key (root-only)", dest=KEY_MAP, content=wanted.key_map()),
     ]
-    unit = files.put(name="Guard unit", src=io.StringIO(door.unit()), dest=UNIT_PATH, mode="0644")
+    unit = files.put(name="Guard unit", src=io.StringIO(wanted.unit()), dest=UNIT_PATH, mode="0644")
     systemd.service(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
                     restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
                     daemon_reload=unit.will_change)

@@ -171,3 +171,28 @@ def wait_for(condition, seconds: float = 15) -> None:
             pass
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+def _changes_user() -> bool:
+    """Root of the host's own user namespace (not `unshare -r`'s mapped root): HAProxy can chroot and setuid."""
+    try:
+        return os.geteuid() == 0 and open("/proc/self/uid_map").read().split()[:3] == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+def start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
+    """The real HAProxy on a rendered config, its host paths moved under `tmp`; checked (`-c`) first. Where it
+    cannot change user (not root, or a user namespace), the user, group and chroot lines are dropped: the rest of
+    the config is the same."""
+    for old, new in moved.items():
+        config = config.replace(old, new)
+    if not _changes_user():
+        config = "\n".join(line for line in config.splitlines()
+                           if line.split()[:1] not in (["user"], ["group"], ["chroot"])) + "\n"
+    (tmp / "haproxy.cfg").write_text(config)
+    check = subprocess.run(["haproxy", "-c", "-f", str(tmp / "haproxy.cfg")], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
 
 import pytest
 import requests
@@ -14,7 +13,7 @@ from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.settings import SettingsError, parse_settings
 
-from .helpers import KEY, Server, host_data, make_model, wait_for
+from .helpers import KEY, Server, host_data, make_model, start_haproxy, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 NAME = "Qwen3.5-35B-A3B"
@@ -169,17 +168,9 @@ def haproxy_door(tmp_path_factory):
                         door.api_key)
     moved = {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"), fd.STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
-    config = door.config()
-    for old, new in moved.items():
-        config = config.replace(old, new)
-    (tmp / "haproxy.cfg").write_text(config)
     (tmp / "users.map").write_text(door.users_map())
     (tmp / "backend.map").write_text(door.backend_map())
-    check = subprocess.run(["haproxy", "-c", "-f", str(tmp / "haproxy.cfg")], capture_output=True, text=True,
-                           check=False)
-    assert check.returncode == 0, check.stdout + check.stderr
-    proc = subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start_haproxy(door.config(), tmp, moved)
     url = f"http://127.0.0.1:{port}"
     admin = str(tmp / "admin.sock")
 

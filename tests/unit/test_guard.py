@@ -5,10 +5,8 @@ backend key; then a front door in front of that guard."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
 import time
 
 import pytest
@@ -23,7 +21,7 @@ from sparkfleet.release.settings import SettingsError
 from tests.conftest import free_port
 
 from . import helpers
-from .helpers import KEY, host_data, make_model, wait_for
+from .helpers import KEY, host_data, make_model, start_haproxy, wait_for
 from .test_tensor_parallel import hub, pair
 
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -160,20 +158,6 @@ def test_addresses_land_as_one_word():
 
 # --- Debian's HAProxy on loopback ------------------------------------------------------------------
 
-def _start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
-    for old, new in moved.items():
-        config = config.replace(old, new)
-    if os.geteuid() != 0:  # only root can chroot and change user; the rest of the config is the same
-        config = "\n".join(line for line in config.splitlines()
-                           if line.split()[:1] not in (["user"], ["group"], ["chroot"])) + "\n"
-    (tmp / "haproxy.cfg").write_text(config)
-    check = subprocess.run(["haproxy", "-c", "-f", str(tmp / "haproxy.cfg")], capture_output=True, text=True,
-                           check=False)
-    assert check.returncode == 0, check.stdout + check.stderr
-    return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
 def _api_port() -> int:
     """A free loopback port whose engine port (+10000) is free too."""
     while True:
@@ -204,7 +188,7 @@ def guarded(tmp_path_factory):
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
     (tmp / "key.map").write_text(guard.key_map())
-    proc = _start_haproxy(guard.config(), tmp, {gd.CONFIG_DIR: str(tmp)})
+    proc = start_haproxy(guard.config(), tmp, {gd.CONFIG_DIR: str(tmp)})
     url = f"http://127.0.0.1:{api_port}"
     try:
         wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
@@ -278,7 +262,7 @@ def door_over_guard(guarded, tmp_path_factory):
     door = fd.FrontDoor("spark-a", settings, (fd.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
     (tmp / "users.map").write_text(door.users_map())
     (tmp / "backend.map").write_text(door.backend_map())
-    proc = _start_haproxy(door.config(), tmp, {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"),
+    proc = start_haproxy(door.config(), tmp, {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"),
                                                fd.STATE_FILE: str(tmp / "state"),
                                                f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"})
     url = f"http://127.0.0.1:{door_port}"
