@@ -1,7 +1,7 @@
 """What the hosts and the controller must agree on, in one stdlib-only module.
 
 Shipped beside the helper scripts (which import it as a sibling) and loaded
-by the controller from the same file (sparkfleet.host.shared): the verified
+by the controller from the same file (sparkfleet.contract.shared): the verified
 record's name and format, when the record vouches for a file, which manifest
 files need work and which entries are extras, the file hashes, what a
 hub's answer may name (commit ids, manifest paths), and how the helpers read

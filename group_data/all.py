@@ -2,7 +2,7 @@
 
 Override any of these per group (`group_data/<group>.py`), per host (inventory
 data) or per run (`pyinfra ... --data key=value`). Every key is validated by
-`sparkfleet.release.settings.Settings` before any host is touched; an unknown
+`sparkfleet.contract.settings.Settings` before any host is touched; an unknown
 key is refused with a did-you-mean. This file is the only place a default is
 written: the settings module merges it under each host's data too, so a
 project that uses the installed package gets the same defaults.

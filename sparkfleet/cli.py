@@ -10,11 +10,11 @@ from rich.syntax import Syntax
 
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.model.hubs import hub_resolver
-from sparkfleet.model.recipes import catalogue
+from sparkfleet.contract.recipes import catalogue
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
-from sparkfleet.release.settings import USER_SET_KEY, SettingsError
+from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
 from sparkfleet.tables import console, literal, print_table
 
 EXIT_INVALID = 2
@@ -124,7 +124,7 @@ def _status(args) -> int:
     )
     from sparkfleet.host.serving import watchdog_cell
     from sparkfleet.release.group import plan_groups
-    from sparkfleet.release.settings import parse_settings
+    from sparkfleet.contract.settings import parse_settings
 
     try:
         hosts = dict(load_whole_groups(args.inventory, args.host))
@@ -199,7 +199,7 @@ def _rollout(args) -> int:
         units,
     )
     from sparkfleet.host.facts import read_json_object
-    from sparkfleet.host.paths import RELEASE_FILE
+    from sparkfleet.contract.paths import RELEASE_FILE
 
     data = _parse_data(args.data)
     try:

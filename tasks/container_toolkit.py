@@ -7,7 +7,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from sparkfleet import TEMPLATES_DIR
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import NvidiaSmi
 from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (

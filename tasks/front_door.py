@@ -25,7 +25,7 @@ from sparkfleet.fleet.front_door import (
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 
 @deploy("Front door")

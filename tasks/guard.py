@@ -15,7 +15,7 @@ from sparkfleet.fleet.guard import CONFIG, CONFIG_DIR, KEY_MAP, UNIT_NAME, UNIT_
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 
 @deploy("Guard")

@@ -7,7 +7,7 @@ worker must see itself in it (a worker runs no engine: that is its gate)."""
 from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy, operation
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import RayCheck, ray_check_args
 from sparkfleet.host.operations import (
     health_gate,

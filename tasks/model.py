@@ -9,11 +9,11 @@ from sparkfleet import FILES_DIR
 from sparkfleet.controller.copy import controller_copy
 from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
-from sparkfleet.host.shared import MODULE_FILE
+from sparkfleet.contract.shared import MODULE_FILE
 from sparkfleet.release.plan import HostPlan
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-share")

@@ -23,7 +23,7 @@ from sparkfleet.host.facts import (
     read_json_object,
 )
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
-from sparkfleet.host.paths import RELEASE_FILE, VERIFIED_RECORD
+from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import (
     HostFacts,
     MemberFacts,

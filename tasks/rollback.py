@@ -10,7 +10,7 @@ from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import server
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import RuntimePath, Unreadable, read_json_object
 from sparkfleet.host.operations import (
     ROLE_UNITS,

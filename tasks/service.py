@@ -12,7 +12,7 @@ from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR
 from sparkfleet.controller.fleet_token import ray_token
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.operations import (
     image_pinned,
     release_kept_for_rollback,

@@ -14,7 +14,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR, TEMPLATES_DIR
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.serving import (
     WATCHDOG,

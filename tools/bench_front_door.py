@@ -21,7 +21,7 @@ import requests
 from sparkfleet.fleet.front_door import bench_target
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.fleet.status import api_url
-from sparkfleet.release.settings import parse_settings
+from sparkfleet.contract.settings import parse_settings
 
 
 def ttft_ms(url: str, key: str, model: str, prompt: str) -> float:

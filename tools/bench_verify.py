@@ -39,7 +39,7 @@ from pathlib import Path
 
 from sparkfleet import FILES_DIR
 from sparkfleet.host.model_files import files_needing_work
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 from sparkfleet.model.manifest import Manifest, ManifestFile
 
 FETCH_SCRIPT = FILES_DIR / "sparkfleet-fetch"

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from sparkfleet import FILES_DIR
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 from sparkfleet.model.hubs import cache_dir
 from sparkfleet.model.manifest import Manifest
 

@@ -482,7 +482,7 @@ def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
     """The plan's single-stream decode bound (its fit) at this run's context; None when the model is unknown."""
     from sparkfleet.model.hubs import hub_resolver
     from sparkfleet.release.plan import plan_hosts
-    from sparkfleet.release.settings import SettingsError
+    from sparkfleet.contract.settings import SettingsError
 
     try:
         fit = plan_hosts([(name, data)], resolve=hub_resolver)[0].fit
@@ -504,7 +504,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
         return url, args.model or model, args.api_key or key, args.roofline
     from sparkfleet.fleet.inventory import load_hosts
     from sparkfleet.fleet.status import api_url
-    from sparkfleet.release.settings import parse_settings
+    from sparkfleet.contract.settings import parse_settings
 
     hosts = load_hosts(args.target, args.host)
     name, data = hosts[0]
@@ -519,7 +519,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
 
 def main(args) -> int:
     """Run `bench` from parsed arguments: 0 when every request succeeded, 1 otherwise, 2 on bad input."""
-    from sparkfleet.release.settings import SettingsError
+    from sparkfleet.contract.settings import SettingsError
 
     try:
         url, model, api_key, roofline = _resolve_target(args)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.host.paths import engine_port
+from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.release.services import ENDPOINTS
-from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 GROUP = "front_door"  # the inventory group whose hosts run a front door
 UNIT_NAME = "sparkfleet-front-door.service"

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 UNIT_NAME = "sparkfleet-guard.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"

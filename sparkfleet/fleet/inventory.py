@@ -14,7 +14,7 @@ from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import HostPlan, plan_hosts
-from sparkfleet.release.settings import USER_SET_KEY, SettingsError
+from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
 
 
 def host_data(host) -> dict:

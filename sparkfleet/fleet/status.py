@@ -5,8 +5,8 @@ from __future__ import annotations
 import requests
 
 from sparkfleet.fleet.metrics import read_metrics
-from sparkfleet.host import paths
-from sparkfleet.release.settings import Settings
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import Settings
 from sparkfleet.tables import literal
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -145,7 +145,7 @@ def ssh_facts(host, group=None) -> dict:
 
     from sparkfleet.host.facts import ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
-    from sparkfleet.host.shared import host_module
+    from sparkfleet.contract.shared import host_module
 
     gpu = host.get_fact(NvidiaSmi)
     release = read_json_object(host, paths.RELEASE_FILE).value or {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.facts.gpg import GpgFactBase
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 
 

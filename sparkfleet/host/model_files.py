@@ -12,9 +12,9 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import ModelFiles
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 from sparkfleet.model.manifest import Manifest
 
 

@@ -21,7 +21,7 @@ from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import File, Sha1File, Sha256File
 from pyinfra.operations import files
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import (
     KeyringKeys,
     ModelDirs,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sparkfleet.host.facts import FabricLink, JsonObject, Unreadable, history_problem
 from sparkfleet.host.nvidia_smi import GpuReport, at_least
-from sparkfleet.release.settings import Settings
+from sparkfleet.contract.settings import Settings
 
 GIB = 1024**3
 

@@ -14,7 +14,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 
 SYSTEMD_DIR = "/etc/systemd/system"

@@ -9,9 +9,9 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
-from sparkfleet.release.settings import Settings
+from sparkfleet.contract.settings import Settings
 
 WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
 WATCHDOG_CONFIG = f"{paths.CONFIG_DIR}/watchdog.json"

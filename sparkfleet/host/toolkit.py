@@ -14,7 +14,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.facts import DockerServerVersion, Unreadable, read_json_object
 
 CDI_SPEC = "/etc/cdi/nvidia.yaml"

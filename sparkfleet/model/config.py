@@ -1,7 +1,7 @@
 """What a model's config.json says about fitting and serving it.
 
 When the hub cannot be asked at plan time, the recipe catalogue holds the
-config.json facts of each catalogued model (`sparkfleet.model.recipes.known_model`).
+config.json facts of each catalogued model (`sparkfleet.contract.recipes.known_model`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sparkfleet import FILES_DIR, PROJECT_ROOT
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 
 COMMIT_RE = host_module.COMMIT_RE
 UntrustedAnswer = host_module.UntrustedAnswer

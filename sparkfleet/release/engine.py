@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sparkfleet.host import paths
-from sparkfleet.release.settings import Settings
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import Settings
 
 ENGINES_DIR = Path(__file__).parent / "engines"
 

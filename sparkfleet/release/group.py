@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkfleet.host import paths
-from sparkfleet.release.settings import Settings
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import Settings
 
 # Environment sparkfleet writes on every member, derived from the fabric settings (engine_env may not set them).
 FABRIC_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",

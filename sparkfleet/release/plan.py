@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -20,13 +20,13 @@ from sparkfleet.model.fit import (
     fit_report,
 )
 from sparkfleet.model.manifest import Manifest, model_dir
-from sparkfleet.model.recipes import catalogue, known_model
+from sparkfleet.contract.recipes import catalogue, known_model
 from sparkfleet.release import render
 from sparkfleet.release.engine import engine_args, flag_table, surface_problems
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
-from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 # how the engine container gets the GPU: the legacy runtime hook (can lose it on a daemon-reload) or CDI
 GPU_OPTIONS = {"runtime": ("--gpus", "all"), "cdi": ("--device", "nvidia.com/gpu=all")}

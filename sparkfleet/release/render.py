@@ -7,7 +7,7 @@ import re
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sparkfleet import TEMPLATES_DIR
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 
 _templates = Environment(
     loader=FileSystemLoader(TEMPLATES_DIR),

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
-from sparkfleet.model.recipes import Recipe, recipe
+from sparkfleet.contract.recipes import Recipe, recipe
 from sparkfleet.release.engine import SECRET_FLAGS, flag_table, surface_problems
-from sparkfleet.release.settings import Service, Settings
+from sparkfleet.contract.settings import Service, Settings
 
 # How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
 # model by itself, so `--runner auto` would generate; `--convert embed` makes it an embedding model. The

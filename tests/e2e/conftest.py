@@ -69,7 +69,7 @@ def fleet_out_of_step(state: dict) -> dict[str, str]:
     import requests
 
     from sparkfleet.fleet.inventory import load_hosts
-    from sparkfleet.host import paths
+    from sparkfleet.contract import paths
     from sparkfleet.model.hubs import hub_resolver
     from sparkfleet.release.image import image_resolver
     from sparkfleet.release.plan import plan_hosts

@@ -4,7 +4,7 @@ the helpers find the engine container holding its port, and a squatter on a port
 import json
 import shlex
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 
 from .conftest import ssh
 

@@ -3,9 +3,9 @@
 import json
 import shlex
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 
 from .conftest import container_sees_the_gpu
 

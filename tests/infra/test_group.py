@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 
 from .conftest import container_sees_the_gpu
 

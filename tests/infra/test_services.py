@@ -4,8 +4,8 @@ A host without services passes trivially; one with a service left over from an o
 import json
 import shlex
 
-from sparkfleet.host import paths
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract import paths
+from sparkfleet.contract.shared import host_module
 
 
 def test_no_unit_of_a_dropped_service_is_left(spark):

@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import requests
 
-from sparkfleet.model.recipes import known_model
+from sparkfleet.contract.recipes import known_model
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

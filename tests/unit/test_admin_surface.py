@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from sparkfleet.model import recipes
+from sparkfleet.contract import recipes
 from sparkfleet.release import plan as plan_module
 from sparkfleet.release import services as services_module
 from sparkfleet.release.engine import ADMIN_FLAGS, flag_table
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import ADMIN_ENV, SettingsError
+from sparkfleet.contract.settings import ADMIN_ENV, SettingsError
 
 from .helpers import host_data
 

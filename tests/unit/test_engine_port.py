@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.host.shared import host_module as hm
+from sparkfleet.contract.shared import host_module as hm
 from tests.unit.test_watchdog import CFG, wd
 
 ROOT = Path(__file__).resolve().parents[2]

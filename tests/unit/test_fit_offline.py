@@ -10,7 +10,7 @@ import pytest
 from sparkfleet import cli
 from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 from .helpers import ROOT, host_data, qwen35_config
 

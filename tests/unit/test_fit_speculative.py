@@ -11,7 +11,7 @@ from sparkfleet import cli
 from sparkfleet.model.fit import check_fit, draft_weight_bytes, fit_report
 from sparkfleet.release.engine import flag_table
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 from .helpers import ROOT, host_data, qwen35_config
 

@@ -248,7 +248,7 @@ def test_the_table_names_each_member_with_its_role():
 @pytest.fixture
 def host_dirs(tmp_path, monkeypatch):
     """The unit paths and the kept release's directory under tmp_path, and a `systemctl` that logs its calls."""
-    from sparkfleet.host import paths
+    from sparkfleet.contract import paths
 
     units, kept, bin_dir = tmp_path / "systemd", tmp_path / "previous", tmp_path / "bin"
     for d in (units, kept, bin_dir):

@@ -11,7 +11,7 @@ import requests
 
 from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError, parse_settings
+from sparkfleet.contract.settings import SettingsError, parse_settings
 
 from .helpers import KEY, Server, host_data, make_model, start_haproxy, wait_for
 

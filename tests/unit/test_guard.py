@@ -15,9 +15,9 @@ import requests
 from sparkfleet.fleet import front_door as fd
 from sparkfleet.fleet import guard as gd
 from sparkfleet.fleet import haproxy
-from sparkfleet.host import paths
+from sparkfleet.contract import paths
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 from tests.conftest import free_port
 
 from . import helpers

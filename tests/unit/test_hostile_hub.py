@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 from sparkfleet.model.hubs import cache_dir, hub_resolver
 from sparkfleet.model.manifest import Manifest, ManifestFile, UntrustedAnswer
 from sparkfleet.release.plan import plan_hosts

@@ -9,7 +9,7 @@ import pytest
 
 from sparkfleet.fleet.front_door import front_door_plan
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError, parse_settings
+from sparkfleet.contract.settings import SettingsError, parse_settings
 
 from .helpers import host_data
 
@@ -126,7 +126,7 @@ def hostile_config(path: str, value):
     import copy
     import json
 
-    from sparkfleet.model.recipes import known_model
+    from sparkfleet.contract.recipes import known_model
 
     config = copy.deepcopy(known_model(REPO).config)
     *parents, key = path.split(".")
@@ -182,7 +182,7 @@ def test_the_cli_exits_2_on_a_hostile_config(inventory, monkeypatch, capsys):
 
 def test_a_service_config_is_checked_too():
     from sparkfleet.model.manifest import Manifest, ManifestFile
-    from sparkfleet.model.recipes import known_model
+    from sparkfleet.contract.recipes import known_model
 
     def resolve(s):
         facts = known_model(s.model_repo)
@@ -201,7 +201,7 @@ def test_a_service_config_is_checked_too():
 
 def test_the_catalogue_configs_pass():
     from sparkfleet.model.config import config_problem
-    from sparkfleet.model.recipes import catalogue
+    from sparkfleet.contract.recipes import catalogue
 
     assert {name: config_problem(r.model.config, r.model.repo) for name, r in catalogue().items()
             if r.model.config} == {name: None for name, r in catalogue().items() if r.model.config}

@@ -15,7 +15,7 @@ from sparkfleet import cli
 from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
-from sparkfleet.release.settings import Settings, parse_settings
+from sparkfleet.contract.settings import Settings, parse_settings
 
 from .helpers import DEFAULTS, host_data
 

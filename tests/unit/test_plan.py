@@ -9,7 +9,7 @@ from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.engine import flag_table
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 from .helpers import host_data
 
@@ -170,7 +170,7 @@ def test_release_record_keeps_current_and_previous(local_hub):
 def full_size_model():
     """A resolver answering the default model as the hub lists it (14 shards, 35 GB), without a 35 GB hub."""
     from sparkfleet.model.manifest import Manifest, ManifestFile
-    from sparkfleet.model.recipes import known_model
+    from sparkfleet.contract.recipes import known_model
 
     files = tuple(ManifestFile(f"model-{i:05d}-of-00014.safetensors", 2_500_000_000, sha256=f"{i:064x}")
                   for i in range(1, 15)) + (ManifestFile("config.json", 4000, blob_sha1="c" * 40),)

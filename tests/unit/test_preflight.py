@@ -4,7 +4,7 @@ required and the fix."""
 from sparkfleet.host.facts import JsonObject, Unreadable, json_object
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 from sparkfleet.host.preflight import HostFacts, preflight_problems
-from sparkfleet.release.settings import parse_settings
+from sparkfleet.contract.settings import parse_settings
 
 from .helpers import host_data
 

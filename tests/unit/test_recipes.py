@@ -7,10 +7,10 @@ import tomllib
 import pytest
 
 from sparkfleet.fleet.inventory import load_hosts
-from sparkfleet.model import recipes
-from sparkfleet.model.recipes import catalogue, known_model, recipe
-from sparkfleet.release import settings as settings_module
-from sparkfleet.release.settings import USER_SET_KEY, SettingsError, parse_settings
+from sparkfleet.contract import recipes
+from sparkfleet.contract.recipes import catalogue, known_model, recipe
+from sparkfleet.contract import settings as settings_module
+from sparkfleet.contract.settings import USER_SET_KEY, SettingsError, parse_settings
 
 from .helpers import DEFAULTS, ROOT, host_data
 

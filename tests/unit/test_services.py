@@ -18,7 +18,7 @@ from pyinfra_testing.operations import make_operation_tests
 
 from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 from tests.unit.helpers import FLAGS, KEY, STANDIN, Server, host_data
 
 CASES = Path(__file__).parent / "operations"

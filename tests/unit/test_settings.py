@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import Settings, SettingsError, parse_settings
+from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 from .helpers import DEFAULTS, host_data
 
@@ -121,7 +121,7 @@ def test_defaults_apply_without_this_repository_group_data():
 
 
 def test_a_default_file_without_a_setting_names_it(tmp_path, monkeypatch):
-    from sparkfleet.release import settings
+    from sparkfleet.contract import settings
 
     partial = tmp_path / "all.py"
     partial.write_text("\n".join(f"{k} = {v!r}" for k, v in DEFAULTS.items() if k != "container_name"))

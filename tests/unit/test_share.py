@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 
 from .helpers import start_share
 

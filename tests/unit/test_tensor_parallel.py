@@ -18,9 +18,9 @@ import pytest
 from sparkfleet import cli
 from sparkfleet.model.fit import check_fit, fit_report, kv_bytes_per_token
 from sparkfleet.model.manifest import Manifest, ManifestFile
-from sparkfleet.model.recipes import recipe
+from sparkfleet.contract.recipes import recipe
 from sparkfleet.release.plan import TensorParallelGroup, plan_hosts
-from sparkfleet.release.settings import SettingsError
+from sparkfleet.contract.settings import SettingsError
 
 from .helpers import host_data, qwen35_config
 

@@ -20,7 +20,7 @@ from sparkfleet.host.toolkit import (
     installed_toolkit,
 )
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.release.settings import SettingsError, parse_settings
+from sparkfleet.contract.settings import SettingsError, parse_settings
 
 from .helpers import host_data
 

@@ -22,7 +22,7 @@ from sparkfleet.host.serving import (
     watchdog_config,
     watchdog_summary,
 )
-from sparkfleet.release.settings import SettingsError, parse_settings
+from sparkfleet.contract.settings import SettingsError, parse_settings
 from tests.unit.helpers import KEY, Server, host_data, make_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ CASES = Path(__file__).parent / "operations"
 
 def load_watchdog():
     """The script by path; its sibling module sparkfleet_host is registered first, as the hosts' bin dir has it."""
-    import sparkfleet.host.shared  # noqa: F401  (registers sparkfleet_host in sys.modules)
+    import sparkfleet.contract.shared  # noqa: F401  (registers sparkfleet_host in sys.modules)
 
     loader = importlib.machinery.SourceFileLoader("sparkfleet_watchdog", str(ROOT / "files" / "sparkfleet-watchdog"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
@@ -160,7 +160,7 @@ def test_probe_against_the_stand_in_engine(engine, tmp_path, monkeypatch):
 
 def test_the_helpers_read_env_files_one_way(tmp_path):
     """read_env_file (files/sparkfleet_host.py) serves the watchdog, the health gate and the fetch."""
-    from sparkfleet.host.shared import host_module
+    from sparkfleet.contract.shared import host_module
 
     env = tmp_path / "engine.env"
     env.write_text("# Managed by sparkfleet\n\nVLLM_API_KEY=sk-a=b c\n  # an indented comment\nSIM_X = 1\nnot a pair\n")

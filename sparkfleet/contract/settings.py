@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from sparkfleet import DEFAULTS_FILE
-from sparkfleet.model.recipes import catalogue
+from sparkfleet.contract.recipes import catalogue
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")

@@ -1,6 +1,6 @@
 """Where sparkfleet puts things on a host: one place, so tests and tasks agree."""
 
-from sparkfleet.host.shared import host_module
+from sparkfleet.contract.shared import host_module
 
 UNIT_NAME = "sparkfleet-vllm.service"
 # Engines listen on loopback only, ENGINE_PORT_OFFSET above the port the host's guard answers on (the API port).

@@ -1,7 +1,7 @@
 """The host module (files/sparkfleet_host.py), loaded on the controller from the very file the hosts run.
 
 One owner for what hosts and controller must agree on: import it from here
-(`from sparkfleet.host.shared import host_module`), never copy its rules.
+(`from sparkfleet.contract.shared import host_module`), never copy its rules.
 """
 
 from __future__ import annotations
