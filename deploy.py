@@ -13,7 +13,7 @@ LAN reaches.
 from pyinfra import host, state
 
 from sparkfleet.controller.prepare import prepare
-from sparkfleet.fleet.inventory import plan_for
+from sparkfleet.fleet.inventory import plan_for, plans
 from tasks.container_toolkit import container_toolkit
 from tasks.front_door import front_door
 from tasks.guard import guard
@@ -28,11 +28,10 @@ facts = preflight(plan)
 if facts:
     prepared = prepare(plan, facts)
     container_toolkit(plan, arch=facts.arch)
-    runtime, fetched, services_fetched = model(plan, facts, prepared)
-    started, keep, services_started = service(plan, facts, model_changed=fetched.will_change,
-                                               services_fetched=services_fetched)
+    model_result = model(plan, facts, prepared)
+    service_result = service(plan, facts, model_result=model_result)
     guard(plan)
-    health(plan, runtime=runtime, started=started, keep=keep, services_started=services_started)
-    watchdog(plan, runtime=runtime, started=started)
+    health(plan, model_result=model_result, service_result=service_result)
+    watchdog(plan, model_result=model_result, service_result=service_result)
     if "front_door" in host.groups:
-        front_door(plan, state.sparkfleet_plans)
+        front_door(plan, plans(state))

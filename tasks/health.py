@@ -14,6 +14,7 @@ from sparkfleet.host.operations import (
     old_models_removed,
     record_health_gate,
 )
+from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.services import service_serving
 
 
@@ -50,15 +51,16 @@ def ray_gate(plan):
 
 
 @deploy("Health gate")
-def health(plan, runtime: str, started, keep: list[str], services_started: dict | None = None):
+def health(plan, *, model_result: ModelResult, service_result: ServiceResult):
     s = plan.settings
+    runtime, started = model_result.runtime, service_result.started
     if plan.runs_engine:
         gate(s.served_model_name, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
              s.container_name, _if=started.did_change)
     if plan.group:
         ray_gate(plan)
     for svc in plan.services:
-        svc_started = (services_started or {})[svc.name]
+        svc_started = service_result.services_started[svc.name]
         gate(svc.service.served_model_name, svc.service.api_port, False, s.health_timeout_s, runtime,
              svc.container, kind=svc.kind, unit=svc.unit, _if=svc_started.did_change)
         # serving means answering: every converge asks each service once, and heals one that does not answer
@@ -68,4 +70,4 @@ def health(plan, runtime: str, started, keep: list[str], services_started: dict 
                                 runtime=runtime, container=svc.container, _if=svc_started.did_not_change)
         record_health_gate(state, host.name, check)
     old_models_removed(name=f"Model directories beyond the last {s.keep_releases} releases removed",
-                       model_root=s.model_root, keep=keep)
+                       model_root=s.model_root, keep=service_result.keep)

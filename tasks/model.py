@@ -13,6 +13,7 @@ from sparkfleet.contract import paths
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.host.run import ModelResult
 from sparkfleet.contract.shared import MODULE_FILE
 from sparkfleet.release.plan import HostPlan
 
@@ -20,9 +21,9 @@ HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", 
 
 
 @deploy("Model")
-def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
-    """Returns (the runtime path the later stages run the clients from, the model operation, and each
-    service's model operation by service name)."""
+def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
+    """Returns the runtime path the later stages run the clients from, the model operation, and each
+    service's model operation by service name."""
     s = plan.settings
     for script in HOST_SCRIPTS:
         files.put(name=f"Helper {script}", src=str(FILES_DIR / script),
@@ -60,7 +61,7 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
     else:
         fetched = model_verified(name=f"Model {s.model_repo} from peers on the LAN, verified",
                                  peers=plan.peer_urls, **common)
-    return runtime, fetched, service_models(plan, runtime)
+    return ModelResult(runtime=runtime, fetched=fetched, services_fetched=service_models(plan, runtime))
 
 
 def service_models(plan: HostPlan, runtime: str) -> dict:

@@ -3,7 +3,6 @@ tensor-parallel group when any member, its fabric link or the pair's versions ar
 
 import shlex
 
-from gevent.event import AsyncResult
 from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import ConnectError
@@ -22,6 +21,7 @@ from sparkfleet.host.facts import (
     Unreadable,
     read_json_object,
 )
+from sparkfleet.fleet.inventory import plans
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import (
@@ -30,6 +30,7 @@ from sparkfleet.host.preflight import (
     pair_problems,
     preflight_problems,
 )
+from sparkfleet.host.run import run_of
 from sparkfleet.release.plan import HostPlan
 
 
@@ -39,24 +40,6 @@ def files_to_fetch(target, manifest, model_dir: str):
     held = target.get_fact(ModelFiles, model_dir=model_dir, record=VERIFIED_RECORD)
     needed = [] if isinstance(held, Unreadable) else files_needing_work(manifest, held["record"], held["files"])
     return held, missing_bytes(manifest, needed)
-
-
-def once(key: str, name: str, compute):
-    """compute() for `name`, once per pyinfra run: pyinfra loads the deploy code of every host at the same time
-    (one greenlet each), so the first caller computes and the others wait for its result (kept on the state).
-    Every member of a group is judged by the one same reading."""
-    cache = getattr(state, key, None)
-    if cache is None:
-        cache = {}
-        setattr(state, key, cache)
-    if name not in cache:
-        cache[name] = AsyncResult()
-        try:
-            cache[name].set(compute())
-        except BaseException as exc:
-            cache[name].set_exception(exc)
-            raise
-    return cache[name].get()
 
 
 def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
@@ -79,7 +62,7 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
         )
         return facts, preflight_problems(target.name, s, facts)
 
-    return once("sparkfleet_preflight", target.name, read)
+    return run_of(state).once("preflight", target.name, read)
 
 
 def read_member(name: str, group) -> MemberFacts | None:
@@ -88,7 +71,7 @@ def read_member(name: str, group) -> MemberFacts | None:
     if member in state.failed_hosts:
         return None
     try:
-        host_facts, own = read_host(member, state.sparkfleet_plans[name])
+        host_facts, own = read_host(member, plans(state)[name])
         others = [address for other, address in zip(group.members, group.addresses) if other != name]
         return MemberFacts(gpu=host_facts.gpu, fit=not own,
                            link=member.get_fact(FabricInterface, interface=group.interface),
@@ -104,7 +87,7 @@ def read_group(group) -> list[str]:
         facts = {name: read_member(name, group) for name in group.members}
         return pair_problems(group, {name: f for name, f in facts.items() if f is not None})
 
-    return once("sparkfleet_pair_preflight", group.name, read)
+    return run_of(state).once("pair preflight", group.name, read)
 
 
 def stop(lines: list[str], what: str):

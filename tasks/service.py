@@ -19,6 +19,7 @@ from sparkfleet.host.operations import (
     secret_file,
 )
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.services import (
     MEMORY_PLAN,
     SYSTEMD_DIR,
@@ -60,9 +61,10 @@ def ray_node(plan: HostPlan) -> bool:
 
 
 @deploy("Service")
-def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetched: dict | None = None):
+def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> ServiceResult:
     """Returns the service operation (its change means a (re)start; None on a worker, which runs no engine), the
-    model dirs to keep, and each RAG service's start operation by name.
+    model dirs to keep, and each RAG service's start operation by name: a model whose files change restarts
+    the engine that serves it.
 
     The installed release record comes from preflight, which stopped the host if
     it was not a readable JSON object: it is built on here, never guessed.
@@ -97,7 +99,7 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
         started = systemd.service(
             name="vLLM service enabled and running",
             service=paths.UNIT_NAME, running=True, enabled=True,
-            restarted=unit.will_change or env.will_change or model_changed or ray_restarted,
+            restarted=unit.will_change or env.will_change or model_result.fetched.will_change or ray_restarted,
             daemon_reload=unit.will_change,
         )
     services_started = {}
@@ -106,10 +108,11 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
                              src=io.StringIO(plan.render_service_unit(svc)), dest=f"{SYSTEMD_DIR}/{svc.unit}",
                              mode="0644")
         start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
-        fetched = (services_fetched or {}).get(svc.name)
+        fetched = model_result.services_fetched.get(svc.name)
         services_started[svc.name] = systemd.service(
             name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) enabled and running",
             service=svc.unit, running=True, enabled=True, daemon_reload=svc_unit.will_change,
             restarted=svc_unit.will_change or env.will_change or bool(fetched and fetched.will_change),
         )
-    return started, record["model_history"] + record.get("service_model_dirs", []), services_started
+    return ServiceResult(started=started, keep=record["model_history"] + record.get("service_model_dirs", []),
+                         services_started=services_started)

@@ -16,6 +16,7 @@ from pyinfra.operations import files, systemd
 from sparkfleet import FILES_DIR, TEMPLATES_DIR
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import record_health_gate
+from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.serving import (
     WATCHDOG,
     WATCHDOG_CONFIG,
@@ -29,7 +30,7 @@ from sparkfleet.release.plan import HostPlan
 
 
 @deploy("Watchdog")
-def watchdog(plan: HostPlan, runtime: str, started):
+def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: ServiceResult):
     s = plan.settings
     if not plan.runs_engine:
         systemd.service(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
@@ -49,6 +50,6 @@ def watchdog(plan: HostPlan, runtime: str, started):
                     daemon_reload=unit.will_change or timer.will_change)
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",
                     served_name=s.served_model_name, port=s.api_port,
-                    tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=runtime,
-                    container=s.container_name, _if=started.did_not_change)
+                    tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=model_result.runtime,
+                    container=s.container_name, _if=service_result.started.did_not_change)
     record_health_gate(state, host.name, check)

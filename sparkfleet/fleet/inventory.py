@@ -12,6 +12,7 @@ from pyinfra_cli.inventory import make_inventory
 
 from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.host.run import Run, run_of
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
@@ -47,15 +48,38 @@ class DeployRefused(PyinfraError):
     """Raised inside deploy.py: pyinfra prints the message, not a traceback, and touches no host."""
 
 
+def shared_resolvers(run: Run) -> tuple:
+    """The hub and image resolvers, each asked once per run for one model (hub, repo, revision, where from) or
+    one image: hosts and services of one model share the answer, so a revision or tag that moves mid-run cannot
+    give two hosts two releases. The keys are the settings each resolver reads."""
+    def model(s):
+        key = (s.model_hub, s.model_repo, s.model_revision, s.controller_endpoint, s.hub_token)
+        return run.once("hub", key, lambda: hub_resolver(s))
+
+    def image(s):
+        key = (s.engine_image, s.engine_image_archive, s.controller_registry_url)
+        return run.once("image", key, lambda: image_resolver(s))
+
+    return model, image
+
+
+def plans(state) -> dict[str, HostPlan]:
+    """Every host's plan (host name -> plan), validated once per pyinfra run; the first host to ask plans the
+    whole inventory while the others wait for it."""
+    run = run_of(state)
+
+    def plan_inventory():
+        resolve, resolve_image = shared_resolvers(run)
+        return {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
+                                              resolve=resolve, resolve_image=resolve_image)}
+
+    return run.once("plans", "inventory", plan_inventory)
+
+
 def plan_for(state, host) -> HostPlan:
-    """This host's plan, from one validation of the whole inventory per pyinfra run (kept on its state)."""
+    """This host's plan, from the run's one validation of the whole inventory (`plans`)."""
     try:
-        plans = getattr(state, "sparkfleet_plans", None)
-        if plans is None:
-            plans = {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
-                                                    resolve=hub_resolver, resolve_image=image_resolver)}
-            state.sparkfleet_plans = plans
-        plan = plans[host.name]
+        plan = plans(state)[host.name]
         if plan.manifest is None:
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
         if plan.image_pin is None:

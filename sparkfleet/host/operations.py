@@ -30,6 +30,7 @@ from sparkfleet.host.facts import (
     read_json_object,
     release_problem,
 )
+from sparkfleet.host.run import run_of
 from sparkfleet.release.group import FABRIC_ENV
 
 _INSTALL_ONE_KEY = (
@@ -321,24 +322,17 @@ def health_gate(served_name: str, port: int, tools: bool, timeout_s: int, runtim
                         f"journalctl -u {shlex.quote(unit)} -n 50 --no-pager >&2; exit 1; }}")
 
 
-_GATES = "sparkfleet_health_gates"
-
-
 def record_health_gate(state, host_name: str, gate) -> None:
-    """Remember a host's health gate operation on pyinfra's state, so a rollout judges the gate by its
+    """Remember a host's health gate operation in the run (host/run.py), so a rollout judges the gate by its
     result, not by an operation's display name. A host may have several (the gate after a change, the
     serving check when nothing changed): the ones that ran count, a failed one first."""
-    gates = getattr(state, _GATES, None)
-    if gates is None:
-        gates = {}
-        setattr(state, _GATES, gates)
-    gates.setdefault(host_name, []).append(gate)
+    run_of(state).health_gates.setdefault(host_name, []).append(gate)
 
 
 def health_gate_results(state) -> dict[str, str]:
     """host -> "passed" | "failed" for each host whose health gate ran in this run."""
     results = {}
-    for name, gates in (getattr(state, _GATES, None) or {}).items():
+    for name, gates in run_of(state).health_gates.items():
         ran = [gate for gate in gates if gate.is_complete() and (gate.executed or not gate.did_succeed())]
         if ran:
             results[name] = "passed" if all(gate.did_succeed() for gate in ran) else "failed"

@@ -234,14 +234,15 @@ def test_archive_pin_runs_the_image_id(tmp_path):
     assert f" {expected}" in s.render_unit()
 
 
-def test_deploy_refuses_a_plan_whose_digest_is_unknown():
+def test_deploy_refuses_a_plan_whose_digest_is_unknown(monkeypatch):
+    from sparkfleet.fleet import inventory
     from sparkfleet.fleet.inventory import DeployRefused, plan_for
 
     class State:
         inventory = []
-        sparkfleet_plans = {p.name: p for p in plan_hosts([("spark-1", host_data())])}
 
-    plan = State.sparkfleet_plans["spark-1"]
+    plan = plan_hosts([("spark-1", host_data())])[0]
+    monkeypatch.setattr(inventory, "plan_hosts", lambda hosts, **resolvers: [plan])
     plan.manifest = object()  # the model resolved; only the image is unknown
     plan.services = []
 

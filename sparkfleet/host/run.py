@@ -1,0 +1,75 @@
+"""One pyinfra run's shared state, and the stages' results by name.
+
+pyinfra loads every host's deploy code at the same time (one greenlet each): what the hosts of a run share (the
+inventory's plans, each host's preflight reading, each group's, the health gates a rollout judges) lives in one
+`Run`, made on first use for pyinfra's state and held here, not as attributes on that state. The stage results
+live here too, not in `tasks/`: a checkout imports the stages as `tasks.*` and an installed package as
+`sparkfleet.tasks.*`, and this module is spelled the same from both (and from `host/operations`, its lowest user).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
+
+from gevent.event import AsyncResult
+from pyinfra.api.operation import OperationMeta
+from pyinfra.context import ContextObject
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Run:
+    """What one pyinfra run's hosts share. `once` is the guard: computed by the first caller, awaited by the
+    others, so one hub resolve (and one preflight reading per host or group) serves the whole run."""
+
+    settled: dict[tuple[str, Hashable], AsyncResult] = field(default_factory=dict, repr=False)
+    health_gates: dict[str, list[OperationMeta]] = field(default_factory=dict)
+
+    def once(self, kind: str, name: Hashable, compute: Callable[[], T]) -> T:
+        """compute() for (kind, name), once per run; a failure is every caller's failure."""
+        key = (kind, name)
+        if key not in self.settled:
+            result = self.settled[key] = AsyncResult()
+            try:
+                result.set(compute())
+            except BaseException as exc:
+                result.set_exception(exc)
+                raise
+        return self.settled[key].get()
+
+
+_RUNS: WeakKeyDictionary[Any, Run] = WeakKeyDictionary()
+
+
+def run_of(state) -> Run:
+    """The Run of pyinfra's `state` (one per run: a new State, a new Run), or of the State behind pyinfra's
+    `from pyinfra import state`. Check and set do not yield, so greenlets cannot make two."""
+    if isinstance(state, ContextObject):
+        state = state._get_module()
+    run = _RUNS.get(state)
+    if run is None:
+        run = _RUNS[state] = Run()
+    return run
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """The model stage's result: where the host's clients run from, and whether each model's files change."""
+
+    runtime: str
+    fetched: OperationMeta
+    services_fetched: dict[str, OperationMeta]
+
+
+@dataclass(frozen=True)
+class ServiceResult:
+    """The service stage's result: the engine's start (None on a worker, which runs none), the model dirs every
+    kept release needs, and each RAG service's start by name."""
+
+    started: OperationMeta | None
+    keep: list[str]
+    services_started: dict[str, OperationMeta]

@@ -1,0 +1,152 @@
+"""One run's shared state: the inventory planned once however many hosts pyinfra loads at the same time, and
+the stages' results by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gevent
+import pytest
+from pyinfra import host
+from pyinfra.api import Config, Inventory, State
+from pyinfra_cli.util import _parallel_load_hosts
+
+from sparkfleet.fleet import inventory as inventory_mod
+from sparkfleet.model.manifest import Manifest, ManifestFile
+from sparkfleet.release.image import ImagePin
+from tests.unit.helpers import host_data
+
+HOSTS = 16
+
+
+def moving_hub(calls: list):
+    """A hub whose `main` moves on every question, answering after a yield (a client waiting on its socket)."""
+    def resolve(s):
+        calls.append(s.model_repo)
+        commit = f"{len(calls):040x}"
+        gevent.sleep(0)
+        return Manifest("modelscope", s.model_repo, s.model_revision, commit,
+                        (ManifestFile("model.safetensors", 1000, sha256="a" * 64),)), None, None
+    return resolve
+
+
+def moving_tag(calls: list):
+    def resolve(s):
+        calls.append(s.engine_image)
+        digest = f"sha256:{len(calls):064x}"
+        gevent.sleep(0)
+        return ImagePin(f"vllm/vllm-openai@{digest}", digest, "registry"), None
+    return resolve
+
+
+def fleet_state(count: int) -> State:
+    inventory = Inventory(([(f"spark-{i}", host_data(ssh_hostname=f"10.0.0.{i + 1}")) for i in range(count)], {}))
+    state = State(inventory, Config())
+    for h in inventory:
+        state.active_hosts.add(h)
+    return state
+
+
+def test_hosts_loaded_at_once_share_one_hub_resolve_and_one_release(monkeypatch):
+    hub_calls, image_calls = [], []
+    monkeypatch.setattr(inventory_mod, "hub_resolver", moving_hub(hub_calls))
+    monkeypatch.setattr(inventory_mod, "image_resolver", moving_tag(image_calls))
+    state = fleet_state(HOSTS)
+    plans = {}
+    # pyinfra's own loader: one greenlet per host runs the deploy code, as `pyinfra inventory deploy.py` does
+    _parallel_load_hosts(state, lambda: plans.setdefault(host.name, inventory_mod.plan_for(state, host)), "deploy")
+    assert sorted(plans) == sorted(h.name for h in state.inventory)
+    assert len(hub_calls) == 1 and len(image_calls) == 1
+    assert len({p.release_id for p in plans.values()}) == 1
+    assert all(plans[name] is p for name, p in inventory_mod.plans(state).items())
+
+
+def test_a_run_is_made_once_per_pyinfra_state_and_through_its_context():
+    from pyinfra import state as current
+    from pyinfra.context import ctx_state
+
+    from sparkfleet.host.run import run_of
+
+    first, second = State(), State()
+    with ctx_state.use(first):
+        assert run_of(current) is run_of(first)
+    assert run_of(first) is run_of(first) and run_of(second) is not run_of(first)
+
+
+def test_once_computes_once_and_hands_a_failure_to_every_caller():
+    from sparkfleet.host.run import Run
+
+    run, calls = Run(), []
+
+    def refuse():
+        calls.append(1)
+        gevent.sleep(0)
+        raise ValueError("no")
+
+    def ask():
+        with pytest.raises(ValueError):
+            run.once("plans", "inventory", refuse)
+
+    gevent.joinall([gevent.spawn(ask) for _ in range(4)], raise_error=True)
+    assert calls == [1]
+
+
+def test_stage_results_are_frozen_and_named():
+    from sparkfleet.host.run import ModelResult
+
+    result = ModelResult(runtime="/opt/rt", fetched=None, services_fetched={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.runtime = "/elsewhere"
+    with pytest.raises(TypeError):
+        runtime, fetched = result  # a result is not a tuple: unpacking it fails loudly, not by position
+
+
+@pytest.mark.parametrize("deploy_file", ["deploy.py", "examples/my_deploy.py"])
+def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, monkeypatch):
+    """deploy.py and the foreign example run their whole sequence against stand-ins that bind each call to the
+    real stage's signature and answer the real result types: a stage called with a stale shape fails here."""
+    import importlib
+    import inspect
+    import runpy
+    import sys
+    from types import SimpleNamespace
+
+    from pyinfra.context import ctx_host
+    from pyinfra.operations import files
+
+    import tasks
+    from sparkfleet.controller import prepare as prepare_mod
+    from sparkfleet.host.run import ModelResult, ServiceResult
+    from tests.unit.helpers import ROOT
+
+    plan, facts = SimpleNamespace(name="spark-1"), SimpleNamespace(arch="aarch64")
+    results = {"preflight": facts, "model": ModelResult(runtime="/opt/rt", fetched=None, services_fetched={}),
+               "service": ServiceResult(started=None, keep=[], services_started={})}
+    calls = {}
+
+    def stand_in(stage):
+        signature = inspect.signature(stage)
+
+        def call(*args, **kwargs):
+            calls[stage.__name__] = signature.bind(*args, **kwargs).arguments
+            return results.get(stage.__name__)
+        return call
+
+    monkeypatch.setitem(sys.modules, "sparkfleet.tasks", tasks)
+    for name in ("preflight", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door"):
+        module = importlib.import_module(f"tasks.{name}")
+        monkeypatch.setitem(sys.modules, f"sparkfleet.tasks.{name}", module)
+        monkeypatch.setattr(module, name, stand_in(getattr(module, name)))
+    monkeypatch.setattr(inventory_mod, "plan_for", lambda state, host: plan)
+    monkeypatch.setattr(inventory_mod, "plans", lambda state: {"spark-1": plan})
+    monkeypatch.setattr(prepare_mod, "prepare", lambda plan, facts: "prepared")
+    monkeypatch.setattr(files, "directory", lambda **kwargs: None)
+    with ctx_host.use(SimpleNamespace(name="spark-1", groups=["front_door"])):
+        runpy.run_path(str(ROOT / deploy_file))
+
+    assert calls["guard"] == {"plan": plan}
+    assert calls["model"] == {"plan": plan, "facts": facts, "prepared": "prepared"}
+    assert calls["service"]["model_result"] is results["model"]
+    for stage in ("health", "watchdog"):
+        assert calls[stage] == {"plan": plan, "model_result": results["model"], "service_result": results["service"]}
+    assert ("front_door" in calls) == (deploy_file == "deploy.py")
