@@ -9,14 +9,14 @@ import gevent
 import pytest
 from pyinfra import host
 from pyinfra.api import Config, Inventory, State
-from pyinfra_cli.util import _parallel_load_hosts
 
-from sparkfleet.fleet import inventory as inventory_mod
 from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.release.image import ImagePin
 from tests.unit.helpers import host_data
 
 HOSTS = 16
+# pyinfra_cli (and sparkfleet.fleet.inventory, which reads inventories with it) patches the stdlib for gevent when
+# imported: the tests import it when they run, as test_image.py does, not when pytest collects this file.
 
 
 def moving_hub(calls: list):
@@ -48,6 +48,10 @@ def fleet_state(count: int) -> State:
 
 
 def test_hosts_loaded_at_once_share_one_hub_resolve_and_one_release(monkeypatch):
+    from pyinfra_cli.util import _parallel_load_hosts
+
+    from sparkfleet.fleet import inventory as inventory_mod
+
     hub_calls, image_calls = [], []
     monkeypatch.setattr(inventory_mod, "hub_resolver", moving_hub(hub_calls))
     monkeypatch.setattr(inventory_mod, "image_resolver", moving_tag(image_calls))
@@ -117,6 +121,7 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, monk
     import tasks
     from sparkfleet.controller import prepare as prepare_mod
     from sparkfleet.host.run import ModelResult, ServiceResult
+    from sparkfleet.fleet import inventory as inventory_mod
     from tests.unit.helpers import ROOT
 
     plan, facts = SimpleNamespace(name="spark-1"), SimpleNamespace(arch="aarch64")
