@@ -55,8 +55,9 @@ def restarts_total(state) -> dict:
 # The watchdog's restart window (30 minutes) outlives a test: restarts an earlier test caused (a hung
 # front-door backend, a rolled-back release) would make this test's restart wait out a backoff or give up.
 # Each test starts with an empty window, the timer stopped while the state file is edited, and no last result:
-# the fixture starts a tick at once and waits for one that saw the engine's current start serve (an "ok" from before an earlier test's
-# restart would leave that start unseen, so the watchdog would take a hang in it for a slow start).
+# the fixture starts a tick at once and waits for one that saw the engine's current start serve (an "ok" from
+# before an earlier test's restart would leave that start unseen, so the watchdog would take a hang in it for a
+# slow start).
 FORGET_RESTARTS = (
     f"systemctl stop {WATCHDOG_TIMER} {WATCHDOG_UNIT}; "
     f"python3 -c 'import json, sys; p = sys.argv[1]; s = json.load(open(p)); "
