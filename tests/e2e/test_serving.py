@@ -1,5 +1,5 @@
 """Serving, not just running: the watchdog and the converge heal an engine that stops answering,
-leave a healthy (five minutes) or slowly starting one alone, give up on one that crashes on every
+leave a healthy (ten probes) or slowly starting one alone, give up on one that crashes on every
 start, and name a lost GPU; CDI mode is refused on a Docker without CDI. Default watchdog settings
 (a probe every 30 s, a restart after 3 failures) but for the crash test's own quick one, and for the tests
 whose decisions are counted in probes, not seconds (heal after 3 failures, never during a start, no restart
