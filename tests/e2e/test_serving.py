@@ -1,7 +1,9 @@
 """Serving, not just running: the watchdog and the converge heal an engine that stops answering,
-leave a healthy (five minutes) or slowly starting one alone, give up on one that crashes on every
+leave a healthy (ten probes) or slowly starting one alone, give up on one that crashes on every
 start, and name a lost GPU; CDI mode is refused on a Docker without CDI. Default watchdog settings
-(a probe every 30 s, a restart after 3 failures) but for the crash test's own quick one."""
+(a probe every 30 s, a restart after 3 failures) but for the crash test's own quick one, and for the tests
+whose decisions are counted in probes, not seconds (heal after 3 failures, never during a start, no restart
+of a healthy engine): those run the same settings at a probe every 5 s (`quick_serving_fleet`)."""
 
 import json
 import re
@@ -12,13 +14,14 @@ import pytest
 from sim import fleet
 from sparkfleet.host.serving import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
 
-from .conftest import HOSTS, chat_tokens, converge, sparkfleet, ssh, started_at, variant
+from .conftest import HOSTS, INVENTORY, chat_tokens, converge, sparkfleet, ssh, started_at, variant
 
 pytestmark = pytest.mark.e2e
 
 HEAL_WITHIN_S = 180
 QUICK_WATCHDOG = {"watchdog_interval_s": 5, "watchdog_failures": 1, "watchdog_max_restarts": 2,
                   "watchdog_window_s": 600, "health_timeout_s": 300}
+QUICK_INTERVAL_S = 5  # quick_serving_fleet: the default watchdog but for a probe every 5 s
 
 
 def watchdog_state(state, host) -> dict:
@@ -52,20 +55,62 @@ def restarts_total(state) -> dict:
 # The watchdog's restart window (30 minutes) outlives a test: restarts an earlier test caused (a hung
 # front-door backend, a rolled-back release) would make this test's restart wait out a backoff or give up.
 # Each test starts with an empty window, the timer stopped while the state file is edited, and no last result:
-# the fixture waits for a tick that saw the engine's current start serve (an "ok" from before an earlier test's
-# restart would leave that start unseen, so the watchdog would take a hang in it for a slow start).
+# the fixture starts a tick at once and waits for one that saw the engine's current start serve (an "ok" from
+# before an earlier test's restart would leave that start unseen, so the watchdog would take a hang in it for a
+# slow start).
 FORGET_RESTARTS = (
     f"systemctl stop {WATCHDOG_TIMER} {WATCHDOG_UNIT}; "
     f"python3 -c 'import json, sys; p = sys.argv[1]; s = json.load(open(p)); "
     f"s.update(restarts=[], gave_up=False, last_result=None); "
-    f"json.dump(s, open(p, \"w\"))' {WATCHDOG_STATE}; systemctl start {WATCHDOG_TIMER}"
+    f"json.dump(s, open(p, \"w\"))' {WATCHDOG_STATE}; systemctl start {WATCHDOG_TIMER}; "
+    f"systemctl start --no-block {WATCHDOG_UNIT}"  # a tick now, not one interval later
 )
+
+
+def watchdog_settings(state, host) -> dict:
+    return json.loads(ssh(state, host, "cat /etc/sparkfleet/watchdog.json"))
+
+
+def watchdog_as(state, wanted: dict, inventory: str) -> None:
+    """Every host's watchdog on `wanted` (DEFAULT_WATCHDOG's keys); converged with `inventory` only when one
+    is not, so consecutive tests on the same settings pay no converge."""
+    if all({key: watchdog_settings(state, h)[key] for key in wanted} == wanted for h in HOSTS):
+        return
+    result = converge(inventory=inventory)
+    assert result.returncode == 0, result.output[-3000:]
+    assert all({key: watchdog_settings(state, h)[key] for key in wanted} == wanted for h in HOSTS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_watchdog_after(sim_fleet):
+    """The module leaves every watchdog on the default settings, as the other modules expect."""
+    yield
+    watchdog_as(sim_fleet, DEFAULT_WATCHDOG, INVENTORY)
 
 
 @pytest.fixture()
 def serving_fleet(sim_fleet, first_converge):
-    """Every host answering and known to its watchdog, with no restart in its window; whatever a test broke
-    is repaired after it."""
+    """Every host answering and known to its (default) watchdog, with no restart in its window; whatever a
+    test broke is repaired after it."""
+    watchdog_as(sim_fleet, DEFAULT_WATCHDOG, INVENTORY)
+    yield from _serving(sim_fleet)
+
+
+@pytest.fixture(scope="module")
+def quick_inventory(tmp_path_factory) -> str:
+    """inventory/sim.py with every watchdog probing every 5 s, its other settings the defaults."""
+    return variant(tmp_path_factory.mktemp("watchdog"), "watchdog-every-5s", {"watchdog_interval_s": QUICK_INTERVAL_S})
+
+
+@pytest.fixture()
+def quick_serving_fleet(sim_fleet, first_converge, quick_inventory):
+    """serving_fleet on quick_inventory: a decision counted in probes (3 failures in a row, a start not over)
+    is the same decision, six times sooner."""
+    watchdog_as(sim_fleet, {**DEFAULT_WATCHDOG, "interval_s": QUICK_INTERVAL_S}, quick_inventory)
+    yield from _serving(sim_fleet)
+
+
+def _serving(sim_fleet):
     for host in HOSTS:
         ssh(sim_fleet, host, FORGET_RESTARTS)
     for host in HOSTS:
@@ -81,8 +126,8 @@ def serving_fleet(sim_fleet, first_converge):
         wait_until(lambda h=host: answers(sim_fleet, h), HEAL_WITHIN_S)
 
 
-def test_watchdog_heals_a_paused_and_a_generation_hung_engine_alone(serving_fleet):
-    state = serving_fleet
+def test_watchdog_heals_a_paused_and_a_generation_hung_engine_alone(quick_serving_fleet, quick_inventory):
+    state = quick_serving_fleet
     untouched = started_at(state, "spark-3")
     before = restarts_total(state)
     ssh(state, "spark-1", "docker pause vllm")
@@ -96,7 +141,7 @@ def test_watchdog_heals_a_paused_and_a_generation_hung_engine_alone(serving_flee
     assert started_at(state, "spark-3") == untouched
     journal = ssh(state, "spark-2", "journalctl -u sparkfleet-watchdog.service -p warning --no-pager -n 20")
     assert "chat failed: 1-token chat completion" in journal and "restarting sparkfleet-vllm.service" in journal
-    nothing = converge()
+    nothing = converge(inventory=quick_inventory)
     assert nothing.returncode == 0 and not any(nothing.changed.values()), nothing.changed
 
 
@@ -113,8 +158,8 @@ def test_converge_right_after_a_hang_restarts_and_gates_that_host(serving_fleet)
     assert watchdog_state(state, "spark-2")["last_restart"]["by"] == "converge"
 
 
-def test_lost_gpu_in_the_engine_container_is_named_and_healed(serving_fleet):
-    state = serving_fleet
+def test_lost_gpu_in_the_engine_container_is_named_and_healed(quick_serving_fleet):
+    state = quick_serving_fleet
     before = started_at(state, "spark-3")
     fleet.lose_container_gpu("spark-3")
     assert "GB10" in ssh(state, "spark-3", "nvidia-smi -L")  # the host still sees it
@@ -127,16 +172,17 @@ def test_lost_gpu_in_the_engine_container_is_named_and_healed(serving_fleet):
     wait_until(lambda: watchdog_state(state, "spark-3").get("gpu_visible") is True, 60)
 
 
-def test_slow_start_is_not_killed_and_a_healthy_fleet_is_left_alone(serving_fleet):
-    state = serving_fleet
+def test_slow_start_is_not_killed_and_a_healthy_fleet_is_left_alone(quick_serving_fleet):
+    state = quick_serving_fleet
     before = restarts_total(state)
     probes = {h: watchdog_state(state, h)["probes"] for h in HOSTS}
-    fleet.set_engine("spark-1", load_delay_s=100)  # more than three 30 s probe intervals
+    load_s = 6 * QUICK_INTERVAL_S  # six probe intervals: twice the 3 failures that restart a started engine
+    fleet.set_engine("spark-1", load_delay_s=load_s)
     ssh(state, "spark-1", "systemctl restart sparkfleet-vllm.service")
     wait_until(lambda: started_or_none(state, "spark-1"), 30, step_s=1)
     slow = started_at(state, "spark-1")
-    took = wait_until(lambda: answers(state, "spark-1"), 200, step_s=5)
-    assert took >= 90 and started_at(state, "spark-1") == slow
+    took = wait_until(lambda: answers(state, "spark-1"), 200, step_s=1)
+    assert took >= load_s - 5 and started_at(state, "spark-1") == slow
     fleet.set_engine("spark-1", load_delay_s=2)
     assert restarts_total(state) == before
     ticks = {h: watchdog_state(state, h)["probes"] - probes[h] for h in HOSTS}
@@ -145,18 +191,20 @@ def test_slow_start_is_not_killed_and_a_healthy_fleet_is_left_alone(serving_flee
     assert "is starting" in journal
 
 
-LEFT_ALONE_S = 300
+LEFT_ALONE_PROBES = 10  # what five minutes at the default 30 s interval probe
 DEFAULT_WATCHDOG = {"interval_s": 30, "failures": 3, "max_restarts": 3, "window_s": 1800, "start_timeout_s": 1800,
                     "enabled": True}
 
 
-def test_a_healthy_fleet_left_alone_for_five_minutes_is_never_restarted(serving_fleet):
-    """Five minutes, default watchdog settings, nobody touching anything: every probe answers, no host is
-    restarted, by the watchdog or by systemd (container start times and the unit's restart count unchanged)."""
-    state = serving_fleet
+def test_a_healthy_fleet_left_alone_for_ten_probes_is_never_restarted(quick_serving_fleet):
+    """Ten probes (five minutes at the default 30 s; here a probe every 5 s, every other watchdog setting the
+    default), nobody touching anything: every probe answers, no host is restarted, by the watchdog or by
+    systemd (container start times and the unit's restart count unchanged)."""
+    state = quick_serving_fleet
+    quick = {**DEFAULT_WATCHDOG, "interval_s": QUICK_INTERVAL_S}
     for host in HOSTS:
-        config = json.loads(ssh(state, host, "cat /etc/sparkfleet/watchdog.json"))
-        assert {key: config[key] for key in DEFAULT_WATCHDOG} == DEFAULT_WATCHDOG, (host, config)
+        config = watchdog_settings(state, host)
+        assert {key: config[key] for key in DEFAULT_WATCHDOG} == quick, (host, config)
 
     def snapshot():
         return {h: {"started": started_at(state, h), "restarts_total": watchdog_state(state, h).get("restarts_total", 0),
@@ -166,11 +214,12 @@ def test_a_healthy_fleet_left_alone_for_five_minutes_is_never_restarted(serving_
     before = snapshot()
     probes = {h: watchdog_state(state, h)["probes"] for h in HOSTS}
     since = {h: ssh(state, h, "date +%s") for h in HOSTS}
-    time.sleep(LEFT_ALONE_S)
+    wait_until(lambda: all(watchdog_state(state, h)["probes"] - probes[h] >= LEFT_ALONE_PROBES for h in HOSTS),
+               3 * LEFT_ALONE_PROBES * QUICK_INTERVAL_S, step_s=QUICK_INTERVAL_S,
+               explain=lambda: {h: watchdog_state(state, h)["probes"] - probes[h] for h in HOSTS})
     assert snapshot() == before
     for host in HOSTS:
         now = watchdog_state(state, host)
-        assert now["probes"] - probes[host] >= LEFT_ALONE_S // 30 - 1, (host, probes[host], now)
         assert (now["last_result"], now["consecutive_failures"], now["gave_up"]) == ("ok", 0, False), (host, now)
         journal = ssh(state, host, f"journalctl -u sparkfleet-watchdog.service --since @{since[host]} -p warning "
                                    "--no-pager -q -o cat")

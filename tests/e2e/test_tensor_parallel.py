@@ -2,7 +2,8 @@
 (spark-3): converged, checked, healed, refused on a broken fabric, rolled out and back as one unit.
 
 The module converges the pair once and, at its end, converges inventory/sim.py again (three single hosts), so
-the other e2e tests find the fleet they expect; each test repairs what it broke."""
+the other e2e tests find the fleet they expect; each test repairs what it broke, but for a release left on a
+host (a rollout's), which the next test's `pair` converges back."""
 
 import json
 import subprocess
@@ -64,14 +65,27 @@ def status_rows(inventory: str) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def pair(sim_fleet, first_converge, tmp_path_factory):
-    """The pair converged and serving; afterwards the fleet is three single hosts again."""
+def pair_converged(sim_fleet, first_converge, tmp_path_factory):
+    """The pair converged once for the module (its inventory and release ids); afterwards the fleet is three
+    single hosts again."""
     inventory = pair_inventory(tmp_path_factory.mktemp("pair"), "pair")
     done = converge(inventory=inventory)
     assert done.returncode == 0, done.output[-6000:]
-    yield sim_fleet, inventory
+    yield inventory, release_ids(sim_fleet)
     back = converge()
     assert back.returncode == 0, back.output[-6000:]
+
+
+@pytest.fixture
+def pair(sim_fleet, pair_converged):
+    """The pair and spark-3 on the pair inventory's releases: converged again first only when an earlier test
+    left a host on another (a rollout), so the last test that does pays no converge back."""
+    inventory, ids = pair_converged
+    if release_ids(sim_fleet) != ids:
+        again = converge(inventory=inventory)
+        assert again.returncode == 0, again.output[-6000:]
+        assert release_ids(sim_fleet) == ids
+    return sim_fleet, inventory
 
 
 def test_a_pair_and_a_single_host_converge_serve_and_reconverge_to_no_change(pair):
@@ -232,7 +246,7 @@ def test_a_model_that_needs_two_sparks_is_refused_on_one_and_fits_the_pair(sim_f
 
 
 def test_rollout_moves_the_pair_in_one_batch_and_a_failing_release_rolls_both_back(pair, tmp_path):
-    state, inventory = pair
+    state, _ = pair
     longer = pair_inventory(tmp_path, "longer", {"max_model_len": 131072})
     proc = sparkfleet("rollout", longer, "--batch", "1", "--json", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -253,5 +267,3 @@ def test_rollout_moves_the_pair_in_one_batch_and_a_failing_release_rolls_both_ba
     assert (after["spark-1"], after["spark-2"]) == (good["spark-1"], good["spark-2"])
     assert chat(state, "spark-1")
     assert ray_status(state)[0] == 2
-    back = converge(inventory=inventory)
-    assert back.returncode == 0, back.output[-6000:]
