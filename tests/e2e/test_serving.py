@@ -76,7 +76,7 @@ def serving_fleet(sim_fleet, first_converge):
         fleet.set_engine(host, fault=None, load_delay_s=2, crash_on_start=False)
         ssh(sim_fleet, host, "docker unpause vllm 2>/dev/null; true")
         if not answers(sim_fleet, host):
-            ssh(sim_fleet, host, "/opt/sparkfleet/bin/sparkfleet-watchdog --restart test-cleanup")
+            ssh(sim_fleet, host, "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --restart test-cleanup")
     for host in HOSTS:
         wait_until(lambda h=host: answers(sim_fleet, h), HEAL_WITHIN_S)
 
@@ -118,8 +118,8 @@ def test_lost_gpu_in_the_engine_container_is_named_and_healed(serving_fleet):
     before = started_at(state, "spark-3")
     fleet.lose_container_gpu("spark-3")
     assert "GB10" in ssh(state, "spark-3", "nvidia-smi -L")  # the host still sees it
-    lost = ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --check", check=False)
-    probe = json.loads(ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --probe"))
+    lost = ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --check", check=False)
+    probe = json.loads(ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --probe"))
     assert (probe["failed"], probe["gpu_visible"]) == ("gpu", False), (lost, probe)
     assert probe["gpu_detail"] == "Failed to initialize NVML: Unknown Error"
     wait_until(lambda: started_or_none(state, "spark-3") not in (None, before) and answers(state, "spark-3"),
@@ -155,7 +155,7 @@ def test_a_healthy_fleet_left_alone_for_five_minutes_is_never_restarted(serving_
     restarted, by the watchdog or by systemd (container start times and the unit's restart count unchanged)."""
     state = serving_fleet
     for host in HOSTS:
-        config = json.loads(ssh(state, host, "cat /etc/sparkfleet/watchdog.json"))
+        config = json.loads(ssh(state, host, "cat /etc/sparkfleet/serving.json"))
         assert {key: config[key] for key in DEFAULT_WATCHDOG} == DEFAULT_WATCHDOG, (host, config)
 
     def snapshot():
@@ -221,7 +221,7 @@ def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(ser
     ready = converge(inventory=quick)
     assert ready.returncode == 0, ready.output[-3000:]
     assert [h for h in HOSTS if "Watchdog | Watchdog settings" in ready.changed[h]] == ["spark-2"], ready.changed
-    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 5
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/serving.json"))["interval_s"] == 5
     fleet.set_engine("spark-2", crash_on_start=True)
     try:
         ssh(state, "spark-2", "systemctl restart sparkfleet-vllm.service")
@@ -252,7 +252,7 @@ def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(ser
     assert answers(state, "spark-2") and unit_state(state, "spark-2") == "active"
     assert [h for h in HOSTS if "Service | Start limit of a failed unit reset (a converge tries again)"
             in healed.changed[h]] == ["spark-2"], healed.changed
-    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 30
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/serving.json"))["interval_s"] == 30
     wait_until(lambda: watchdog_state(state, "spark-2")["gave_up"] is False, 60)  # its next probe answers
     assert {h: started_at(state, h) for h in others} == others
 
