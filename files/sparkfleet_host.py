@@ -445,8 +445,9 @@ def _embeddings(reply, probe, served_name):
 
 def _rerank(reply, probe, served_name):
     results = reply.get("results") if isinstance(reply.get("results"), list) else []
-    if sorted(r.get("index", -1) for r in results if isinstance(r, dict)) != list(range(len(probe["body"]["documents"]))) \
-            or not all(type(r.get("relevance_score")) in (int, float) for r in results):
+    indexes = sorted(r.get("index", -1) for r in results if isinstance(r, dict))
+    if indexes != list(range(len(probe["body"]["documents"]))) or not all(
+            type(r.get("relevance_score")) in (int, float) for r in results):
         return f"no score per document: {str(reply)[:200]}"
     return None
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sim import fleet
-from sparkfleet.host.serving import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
+from sparkfleet.host.serving import WATCHDOG_RUN, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
 
 from .conftest import HOSTS, chat_tokens, converge, sparkfleet, ssh, started_at, variant
 
@@ -76,7 +76,7 @@ def serving_fleet(sim_fleet, first_converge):
         fleet.set_engine(host, fault=None, load_delay_s=2, crash_on_start=False)
         ssh(sim_fleet, host, "docker unpause vllm 2>/dev/null; true")
         if not answers(sim_fleet, host):
-            ssh(sim_fleet, host, "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --restart test-cleanup")
+            ssh(sim_fleet, host, f"{WATCHDOG_RUN} --restart test-cleanup")
     for host in HOSTS:
         wait_until(lambda h=host: answers(sim_fleet, h), HEAL_WITHIN_S)
 
@@ -118,8 +118,8 @@ def test_lost_gpu_in_the_engine_container_is_named_and_healed(serving_fleet):
     before = started_at(state, "spark-3")
     fleet.lose_container_gpu("spark-3")
     assert "GB10" in ssh(state, "spark-3", "nvidia-smi -L")  # the host still sees it
-    lost = ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --check", check=False)
-    probe = json.loads(ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --config /etc/sparkfleet/serving.json --probe"))
+    lost = ssh(state, "spark-3", f"{WATCHDOG_RUN} --check", check=False)
+    probe = json.loads(ssh(state, "spark-3", f"{WATCHDOG_RUN} --probe"))
     assert (probe["failed"], probe["gpu_visible"]) == ("gpu", False), (lost, probe)
     assert probe["gpu_detail"] == "Failed to initialize NVML: Unknown Error"
     wait_until(lambda: started_or_none(state, "spark-3") not in (None, before) and answers(state, "spark-3"),

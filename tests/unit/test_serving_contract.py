@@ -176,7 +176,7 @@ def test_the_gate_judges_a_real_engine_by_the_contract(tmp_path, monkeypatch, ca
         rc, out, err = run_health(monkeypatch, capsys, *common, "--timeout", "10", "--tools")
         report = json.loads(out)
         assert rc == 0 and report["models"] == ["sim-qwen"] and report["tool_call"] == "get_weather", err
-        assert report["usage"]["completion_tokens"] >= 1
+        assert report["usage"]["completion_tokens"] >= 1 and report["chat"]
         (tmp_path / "engine.env").write_text("VLLM_API_KEY=wrong\n")
         rc, out, err = run_health(monkeypatch, capsys, *common, "--once")
         assert (rc, err.strip()) == (1, "health: /v1/models: HTTP 401")
