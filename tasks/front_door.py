@@ -12,6 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from sparkfleet.contract import serving
 from sparkfleet.fleet.front_door import (
     BACKEND_MAP,
     CONFIG,
@@ -51,9 +52,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
                               restarted=unit.will_change,
                               reloaded=not unit.will_change and any(op.will_change for op in changes),
                               daemon_reload=unit.will_change)
-    scheme = "https" if door.tls else "http"
-    wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk -o /dev/null {scheme}://127.0.0.1:"
-            f"{s.front_door_port}/health && exit 0; sleep 1; done; "
+    scheme, health = "https" if door.tls else "http", serving.HEALTH  # its /health: 200 once a backend is in
+    wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk --max-time {health['timeout_s']} -o /dev/null "
+            f"{scheme}://127.0.0.1:{s.front_door_port}{health['path']} && exit 0; sleep 1; done; "
             f"echo 'the front door has no backend in after {s.health_timeout_s}s' >&2; exit 1")
     server.shell(name=f"Front door answers on port {s.front_door_port}", commands=[wait],
                  _if=any_changed(started, unit))

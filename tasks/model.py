@@ -13,6 +13,7 @@ from sparkfleet.contract import paths
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.contract.serving import serving_file
 from sparkfleet.host.run import ModelResult
 from sparkfleet.contract.shared import MODULE_FILE
 from sparkfleet.release.plan import HostPlan
@@ -30,6 +31,9 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
                   dest=f"{paths.BIN_DIR}/{script}", mode="0755")
     files.put(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
               dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
+    # the helpers read it on every run: a change needs no restart
+    files.put(name="Serving file (the probes, the watchdog's settings)", src=io.StringIO(serving_file(s)),
+              dest=paths.SERVING_FILE, mode="0644")
     tarball = str(prepared.bundle.path)
     runtime_bundle(name="Hub and openai clients (runtime bundle, sha256 checked)", tarball=tarball,
                    sha256=prepared.bundle.sha256)

@@ -1,13 +1,11 @@
 """Stage 6: keep the host serving. A watchdog timer probes the engine and restarts it (rate-limited);
 every converge probes it too and heals a host that does not answer, even when nothing changed. That
 check is the host's health gate when nothing changed: a rollout judges it like the gate after a change.
+The watchdog's settings and probes are the serving file, written with the other helpers (stage 3).
 
 A worker of a tensor-parallel group runs no engine: its timer is off (one left from when it served alone
 would restart a unit that is gone). Its Ray unit restarts itself (Restart=always), the head's watchdog
 restarts the group's engine, and the health stage's Ray gate checks the worker on every converge."""
-
-import io
-import json
 
 from pyinfra import host, state
 from pyinfra.api import deploy
@@ -19,12 +17,10 @@ from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.serving import (
     WATCHDOG,
-    WATCHDOG_CONFIG,
     WATCHDOG_STATE,
     WATCHDOG_TIMER,
     WATCHDOG_UNIT,
     serving,
-    watchdog_config,
 )
 from sparkfleet.release.plan import HostPlan
 
@@ -38,11 +34,9 @@ def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: Servi
         return
     files.put(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
               mode="0755")
-    files.put(name="Watchdog settings", src=io.StringIO(json.dumps(watchdog_config(s), indent=1, sort_keys=True)
-                                                         + "\n"), dest=WATCHDOG_CONFIG, mode="0644")
     unit = files.template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
                           dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
-                          config=WATCHDOG_CONFIG, state=WATCHDOG_STATE)
+                          config=paths.SERVING_FILE, state=WATCHDOG_STATE)
     timer = files.template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
                            dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
     systemd.service(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,

@@ -31,6 +31,7 @@ FLEET_TOKEN = f"{CONFIG_DIR}/fleet.token"  # 0600, owned by SHARE_USER: what the
 RAY_TOKEN = f"{CONFIG_DIR}/ray.token"
 SHARE_USER = "sparkfleet-share"  # the share's own system user: no login, no home, reads the model root
 RELEASE_FILE = f"{CONFIG_DIR}/release.json"
+SERVING_FILE = f"{CONFIG_DIR}/serving.json"  # what counts as serving (contract/serving.py) and the watchdog's settings
 PREVIOUS_DIR = f"{CONFIG_DIR}/previous"  # the replaced unit, env and release record: rollback needs no download
 PREVIOUS_RELEASE_FILE = f"{PREVIOUS_DIR}/release.json"
 LIB_DIR = "/opt/sparkfleet"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 import shlex
 import time
@@ -23,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
+from sparkfleet.contract import serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.release.services import ENDPOINTS
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 GROUP = "front_door"  # the inventory group whose hosts run a front door
@@ -80,11 +79,10 @@ class Route:
         return tuple(p for p in haproxy.API_PATHS[self.kind] if p != "/v1/models")
 
     @property
-    def check(self) -> tuple[str, str]:
-        """(uri, body) of its health check: the service's own request, as the converge's gate sends it."""
-        body = {"model": self.served_name, **({"input": "ping"} if self.kind == "embedding" else
-                                              {"query": "ping", "documents": ["ping"]})}
-        return ENDPOINTS[self.kind], json.dumps(body, separators=(",", ":"))
+    def check(self) -> tuple[str, str, str]:
+        """(method, uri, body) of its health check: its kind's probe (contract/serving.py), as the watchdog and
+        the converge's probe ask it."""
+        return serving.http_check(self.kind, self.served_name)
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,8 @@ class FrontDoor:
         return haproxy.config(
             "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
             tls_pem=TLS_PEM, socket=SOCKET, state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP,
-            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed)
+            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
+            chat_check=serving.http_check("chat", self.settings.served_model_name))
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
@@ -344,7 +343,7 @@ def front_door_status(inventory: str) -> dict | None:
     for name, data in runtime.doors:
         url = front_door_url(parse_settings(name, data), data)
         try:
-            up = requests.get(f"{url}/health", timeout=5).status_code == 200
+            up = requests.get(url + serving.HEALTH["path"], timeout=serving.HEALTH["timeout_s"]).status_code == 200
         except requests.RequestException:
             up = False
         doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})

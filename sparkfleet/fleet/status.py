@@ -5,7 +5,8 @@ from __future__ import annotations
 import requests
 
 from sparkfleet.fleet.metrics import read_metrics
-from sparkfleet.contract import paths
+from sparkfleet.contract import paths, serving
+from sparkfleet.contract.shared import host_module
 from sparkfleet.contract.settings import Settings
 from sparkfleet.tables import literal
 
@@ -26,20 +27,40 @@ def api_headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def asked(url: str, probe: dict, served_name: str, headers: dict):
+    """One probe of contract/serving.py over the host's API: (None, reply) when its answer counts, else (why,
+    reply); judged by the host module's rule, as the helpers on the host judge it."""
+    import requests
+
+    reply = requests.request(probe["method"], url + probe["path"], json=host_module.probe_body(probe, served_name),
+                             headers=headers, timeout=probe["timeout_s"])
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    return host_module.answer_problem(probe, reply.status_code, body, served_name), body
+
+
 def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
+    """A host's API asked as its watchdog asks its engine: health, the models listing, the chat probe."""
     row = {"host": name, "url": api_url(s, data), "healthy": False, "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
         row["error"] = "API on loopback only: use `pytest tests/infra` (runs the checks on the host)"
         return row
     headers = api_headers(s.api_key)
     try:
-        health = requests.get(f"{row['url']}/health", timeout=5)
-        models = requests.get(f"{row['url']}/v1/models", headers=headers, timeout=5)
-        models.raise_for_status()
-        row["served"] = [m["id"] for m in models.json()["data"]]
+        health, _ = asked(row["url"], serving.HEALTH, s.served_model_name, {})
+        listing, models = asked(row["url"], serving.MODELS, s.served_model_name, headers)
+        if isinstance(models, dict) and isinstance(models.get("data"), list):
+            row["served"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
         metrics = read_metrics(requests.get(f"{row['url']}/metrics", timeout=5).text)
         row["metrics"] = {name: value for name, value in metrics.items() if name in METRICS}
-        row["healthy"] = health.status_code == 200 and s.served_model_name in row["served"]
+        request = serving.REQUESTS["chat"]
+        answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers)[0]
+        problems = [f"{probe['what']}: {why}" for probe, why in
+                    ((serving.HEALTH, health), (serving.MODELS, listing), (request, answer)) if why]
+        row["healthy"] = not problems
+        row["error"] = "; ".join(problems) or None
         if chat and row["healthy"]:
             from openai import OpenAI
 
@@ -49,7 +70,7 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
                 messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
             row["chat"] = reply.choices[0].message.content
-    except (requests.RequestException, ValueError, KeyError) as exc:
+    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
 

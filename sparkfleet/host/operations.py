@@ -305,19 +305,26 @@ def rollback_problem(previous: dict | None, source: str) -> Unreadable | None:
     return release_problem(previous, source)
 
 
+def health_command(served_name: str, port: int, kind: str, container: str, runtime: str, wait: list) -> StringCommand:
+    """sparkfleet-health asking the engine behind API port `port`: the gate (`wait`: --timeout S ...) or one probe
+    (--once). `runtime` is the shell word of the runtime bundle's path."""
+    return StringCommand(
+        f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-health", "--serving", paths.SERVING_FILE,
+        "--host", paths.ENGINE_HOST, "--port", str(paths.engine_port(port)),
+        "--served-name", QuoteString(served_name), "--kind", QuoteString(kind),
+        "--env-file", paths.ENGINE_ENV, "--container", QuoteString(container), *wait,
+    )
+
+
 @operation(is_idempotent=False)
 def health_gate(served_name: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str,
                 kind: str = "chat", unit: str = paths.UNIT_NAME):
-    """The service behind API port `port` answers: /health, /v1/models, a chat completion and a tool call (a
-    pooling service: its embeddings or rerank request), asked of its engine on loopback. Else the journal.
-    Only `container`'s listener gets the key."""
-    check = StringCommand(
-        f"PYTHONPATH={shlex.quote(runtime)}", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
-        "--host", paths.ENGINE_HOST, "--port", str(paths.engine_port(port)),
-        "--served-name", QuoteString(served_name), "--timeout", str(timeout_s),
-        "--env-file", paths.ENGINE_ENV, "--unit", QuoteString(unit), "--container", QuoteString(container),
-        *(["--kind", QuoteString(kind)] if kind != "chat" else []), *(["--tools"] if tools else []),
-    )
+    """The service behind API port `port` answers the probes of the serving file (contract/serving.py): health,
+    the models listing, its kind's request and, with `tools`, a tool call, asked of its engine on loopback
+    within `timeout_s`. Else the journal. Only `container`'s listener gets the key."""
+    check = health_command(served_name, port, kind, container, runtime=shlex.quote(runtime),
+                           wait=["--timeout", str(timeout_s), "--unit", QuoteString(unit),
+                                 *(["--tools"] if tools else [])])
     yield StringCommand(check, f"|| {{ echo '--- last 50 lines of {unit}:' >&2; "
                         f"journalctl -u {shlex.quote(unit)} -n 50 --no-pager >&2; exit 1; }}")
 

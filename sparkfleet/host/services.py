@@ -15,7 +15,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
-from sparkfleet.host.operations import health_gate
+from sparkfleet.host.operations import health_command, health_gate
 
 SYSTEMD_DIR = "/etc/systemd/system"
 MEMORY_PLAN = f"{paths.CONFIG_DIR}/memory.json"  # what sparkfleet-memcheck reads: every unit's share
@@ -55,15 +55,13 @@ def services_pruned(keep: list[str]):
 
 
 class ServiceProbe(FactBase[dict]):
-    """One quick health check of a service (its /health, /v1/models and its request) with the runtime bundle."""
+    """One quick check of a service (the serving file's health, models and kind probes, each asked once with its
+    running timeout) with the runtime bundle."""
 
     def command(self, port: int, served_name: str, kind: str, container: str):
-        check = " ".join([
-            f"PYTHONPATH=\"$({paths.NEWEST_RUNTIME_COMMAND})\"", "python3", f"{paths.BIN_DIR}/sparkfleet-health",
-            "--host", paths.ENGINE_HOST, "--port", str(paths.engine_port(port)),
-            "--served-name", shlex.quote(served_name), "--kind", shlex.quote(kind), "--timeout", "15",
-            "--env-file", paths.ENGINE_ENV, "--container", shlex.quote(container)])
-        return f"out=$({check} 2>&1); rc=$?; printf '%s\\n' \"$out\" | tail -1; echo \"rc=$rc\""
+        check = health_command(served_name, port, kind, container, runtime=f"\"$({paths.NEWEST_RUNTIME_COMMAND})\"",
+                               wait=["--once"])
+        return f"out=$({check.get_raw_value()} 2>&1); rc=$?; printf '%s\\n' \"$out\" | tail -1; echo \"rc=$rc\""
 
     def process(self, output):
         detail = output[-2] if len(output) > 1 else ""

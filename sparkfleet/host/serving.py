@@ -11,24 +11,12 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
-from sparkfleet.contract.settings import Settings
 
 WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
-WATCHDOG_CONFIG = f"{paths.CONFIG_DIR}/watchdog.json"
+WATCHDOG_RUN = f"python3 {WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
 WATCHDOG_STATE = "/var/lib/sparkfleet/watchdog.json"
 WATCHDOG_UNIT = "sparkfleet-watchdog.service"
 WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
-
-
-def watchdog_config(s: Settings) -> dict:
-    """What the host's watchdog (and the converge's probe) reads: no secret (the key stays in engine.env)."""
-    return {
-        "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
-        "host": paths.ENGINE_HOST,
-        "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
-        "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
-        "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
-    }
 
 
 def probe_verdict(probe: dict) -> str:
@@ -71,11 +59,12 @@ def watchdog_summary(probe: dict) -> dict:
 
 
 class ServingProbe(FactBase[dict]):
-    """The watchdog's probe: /health, a 1-token chat, nvidia-smi -L in the engine container; the unit's start."""
+    """The watchdog's probe (the serving file's health and chat probes, nvidia-smi -L in the engine container)
+    and the unit's start."""
 
     def command(self):
         absent = json.dumps({"serving": False, "failed": "absent", "detail": WATCHDOG, "starting": False})
-        return f"if [ -x {WATCHDOG} ]; then python3 {WATCHDOG} --probe; else echo '{absent}'; fi"
+        return f"if [ -x {WATCHDOG} ]; then {WATCHDOG_RUN} --probe; else echo '{absent}'; fi"
 
     def process(self, output):
         try:
@@ -114,10 +103,10 @@ def serving(served_name: str, port: int, tools: bool, timeout_s: int, runtime: s
         return
     if verdict == "down":
         yield StringCommand("echo", QuoteString(f"not serving: {describe(probe)}"[:400]), ">&2;",
-                            "python3", WATCHDOG, "--restart", "converge")
+                            WATCHDOG_RUN, "--restart", "converge")
     yield from health_gate._inner(served_name=served_name, port=port, tools=tools,
                                   timeout_s=timeout_s, runtime=runtime, container=container)
-    yield f"python3 {WATCHDOG} --check"
+    yield f"{WATCHDOG_RUN} --check"
 
 
 def watchdog_cell(summary: dict | None) -> str:

@@ -30,12 +30,14 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_only_the_engine_container_gets_the_key(converged_fleet):
     host = "spark-1"
-    probe = json.loads(ssh(converged_fleet, host, f"python3 {paths.BIN_DIR}/sparkfleet-watchdog --probe"))
+    watchdog = f"python3 {paths.BIN_DIR}/sparkfleet-watchdog --config {paths.SERVING_FILE}"
+    probe = json.loads(ssh(converged_fleet, host, f"{watchdog} --probe"))
     assert (probe["serving"], probe["failed"]) == (True, None), probe  # the real check passed: nested cgroups
-    config = json.loads(ssh(converged_fleet, host, "cat /etc/sparkfleet/watchdog.json"))
+    config = json.loads(ssh(converged_fleet, host, f"cat {paths.SERVING_FILE}"))
     squat = ("d=$(mktemp -d); printf %s " + shlex.quote(SQUATTER) + " > $d/squat.py; "
              "python3 $d/squat.py 18999 > $d/log 2>&1 & pid=$!; sleep 1; "
              f"PYTHONPATH=\"$({paths.NEWEST_RUNTIME_COMMAND})\" python3 {paths.BIN_DIR}/sparkfleet-health "
+             f"--serving {paths.SERVING_FILE} "
              f"--port 18999 --served-name x --timeout 10 --env-file {paths.ENGINE_ENV} "
              f"--container {shlex.quote(config['container'])} 2>&1; echo rc=$?; kill $pid; cat $d/log; rm -rf $d")
     out = ssh(converged_fleet, host, squat)

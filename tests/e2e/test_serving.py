@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sim import fleet
-from sparkfleet.host.serving import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
+from sparkfleet.host.serving import WATCHDOG_RUN, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
 
 from .conftest import HOSTS, INVENTORY, chat_tokens, converge, sparkfleet, ssh, started_at, variant
 
@@ -68,7 +68,7 @@ FORGET_RESTARTS = (
 
 
 def watchdog_settings(state, host) -> dict:
-    return json.loads(ssh(state, host, "cat /etc/sparkfleet/watchdog.json"))
+    return json.loads(ssh(state, host, "cat /etc/sparkfleet/serving.json"))
 
 
 def watchdog_as(state, wanted: dict, inventory: str) -> None:
@@ -121,7 +121,7 @@ def _serving(sim_fleet):
         fleet.set_engine(host, fault=None, load_delay_s=2, crash_on_start=False)
         ssh(sim_fleet, host, "docker unpause vllm 2>/dev/null; true")
         if not answers(sim_fleet, host):
-            ssh(sim_fleet, host, "/opt/sparkfleet/bin/sparkfleet-watchdog --restart test-cleanup")
+            ssh(sim_fleet, host, f"{WATCHDOG_RUN} --restart test-cleanup")
     for host in HOSTS:
         wait_until(lambda h=host: answers(sim_fleet, h), HEAL_WITHIN_S)
 
@@ -163,8 +163,8 @@ def test_lost_gpu_in_the_engine_container_is_named_and_healed(quick_serving_flee
     before = started_at(state, "spark-3")
     fleet.lose_container_gpu("spark-3")
     assert "GB10" in ssh(state, "spark-3", "nvidia-smi -L")  # the host still sees it
-    lost = ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --check", check=False)
-    probe = json.loads(ssh(state, "spark-3", "/opt/sparkfleet/bin/sparkfleet-watchdog --probe"))
+    lost = ssh(state, "spark-3", f"{WATCHDOG_RUN} --check", check=False)
+    probe = json.loads(ssh(state, "spark-3", f"{WATCHDOG_RUN} --probe"))
     assert (probe["failed"], probe["gpu_visible"]) == ("gpu", False), (lost, probe)
     assert probe["gpu_detail"] == "Failed to initialize NVML: Unknown Error"
     wait_until(lambda: started_or_none(state, "spark-3") not in (None, before) and answers(state, "spark-3"),
@@ -270,7 +270,7 @@ def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(ser
     ready = converge(inventory=quick)
     assert ready.returncode == 0, ready.output[-3000:]
     assert [h for h in HOSTS if "Watchdog | Watchdog settings" in ready.changed[h]] == ["spark-2"], ready.changed
-    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 5
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/serving.json"))["interval_s"] == 5
     fleet.set_engine("spark-2", crash_on_start=True)
     try:
         ssh(state, "spark-2", "systemctl restart sparkfleet-vllm.service")
@@ -301,7 +301,7 @@ def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(ser
     assert answers(state, "spark-2") and unit_state(state, "spark-2") == "active"
     assert [h for h in HOSTS if "Service | Start limit of a failed unit reset (a converge tries again)"
             in healed.changed[h]] == ["spark-2"], healed.changed
-    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/watchdog.json"))["interval_s"] == 30
+    assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/serving.json"))["interval_s"] == 30
     wait_until(lambda: watchdog_state(state, "spark-2")["gave_up"] is False, 60)  # its next probe answers
     assert {h: started_at(state, h) for h in others} == others
 

@@ -84,7 +84,7 @@ def test_models_and_chat_answer(engine):
     """The health gate's own checks, run on the host with the official openai client."""
     runtime = engine.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     out = engine.host.check_output(
-        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {paths.engine_port(engine.s.api_port)} "
+        f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --serving {paths.SERVING_FILE} --port {paths.engine_port(engine.s.api_port)} "
         f"--served-name '{engine.s.served_model_name}' --timeout 30 --env-file {paths.ENGINE_ENV} "
         f"--container {engine.s.container_name}")
     report = json.loads(out.splitlines()[-1])

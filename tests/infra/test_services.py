@@ -41,7 +41,7 @@ def test_each_service_answers_its_request(spark):
     runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     for svc in spark.plan.services:
         out = spark.host.check_output(
-            f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --port {paths.engine_port(svc.service.api_port)} "
+            f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --serving {paths.SERVING_FILE} --port {paths.engine_port(svc.service.api_port)} "
             f"--served-name {shlex.quote(svc.service.served_model_name)} --kind {svc.kind} --timeout 30 "
             f"--env-file {paths.ENGINE_ENV} --container {svc.container}")
         report = json.loads(out.splitlines()[-1])

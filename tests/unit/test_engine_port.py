@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.contract.shared import host_module as hm
-from tests.unit.test_watchdog import CFG, wd
+from sparkfleet.contract.serving import serving_file
+from sparkfleet.contract.settings import parse_settings
+from tests.unit.helpers import host_data
+from tests.unit.test_watchdog import CFG, quick, wd
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_ID = "5881c751c0dcff039460d238f78369c61abcfdb7bc1147a17f8020955492571e"
@@ -199,8 +202,10 @@ def test_the_real_proc_names_a_squatter_outside_the_container(squatter):
 def test_the_health_gate_never_sends_the_key_to_a_squatter(squatter, fake_docker, tmp_path):
     env_file = tmp_path / "engine.env"
     env_file.write_text(f"VLLM_API_KEY={KEY}\n")
+    (tmp_path / "serving.json").write_text(serving_file(parse_settings("spark-1", host_data())))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "files" / "sparkfleet-health"), "--port", str(squatter.port),
+        [sys.executable, str(ROOT / "files" / "sparkfleet-health"), "--serving", str(tmp_path / "serving.json"),
+         "--port", str(squatter.port),
          "--served-name", "sim-qwen", "--timeout", "5", "--env-file", str(env_file), "--container", "vllm"],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "PATH": f"{fake_docker}:{os.environ['PATH']}"})
@@ -216,8 +221,8 @@ def test_the_watchdog_counts_a_squatter_as_a_failed_probe(squatter, fake_docker,
     env_file.write_text(f"VLLM_API_KEY={KEY}\n")
     monkeypatch.setenv("PATH", f"{fake_docker}:{os.environ['PATH']}")
     monkeypatch.setattr(wd, "gpu_check", lambda container: (True, "GPU 0: stand-in"))
-    result = wd.probe({**CFG, "port": squatter.port, "served_name": "sim-qwen", "env_file": str(env_file),
-                       "container": "vllm", "health_timeout_s": 2, "chat_timeout_s": 2})
+    result = wd.probe({**quick(CFG, 2), "port": squatter.port, "served_name": "sim-qwen", "env_file": str(env_file),
+                       "container": "vllm"})
     assert (result["serving"], result["failed"]) == (False, "owner")
     assert result["detail"].startswith(f"the key is not sent: port {squatter.port} is held by process ")
     assert squatter.keys_seen() == [] and KEY not in json.dumps(result)

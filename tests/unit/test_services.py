@@ -294,7 +294,7 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
             "/v1/score }\n") in config  # what a user key reaches: the chat paths and the routes' own
     assert ("http-check send meth POST uri /v1/rerank ver HTTP/1.1 hdr Host front-door hdr Content-Type "
             "application/json hdr Authorization %[str(engines),map(/etc/sparkfleet/front-door/backend.map)] body "
-            """'{"model":"Qwen3-Reranker-0.6B","query":"ping","documents":["ping"]}'""") in config
+            """'{"model":"Qwen3-Reranker-0.6B","query":"ping","documents":["ping","pong"]}'""") in config
     if shutil.which("haproxy"):  # Debian's HAProxy parses it
         (tmp_path / "haproxy.cfg").write_text(config.replace(fd.CONFIG_DIR, str(tmp_path)).replace(
             fd.SOCKET, str(tmp_path / "admin.sock")).replace(fd.STATE_FILE, str(tmp_path / "state")))

@@ -19,9 +19,9 @@ from sparkfleet.host.serving import (
     describe,
     probe_verdict,
     watchdog_cell,
-    watchdog_config,
     watchdog_summary,
 )
+from sparkfleet.contract.serving import serving_file, watchdog_config
 from sparkfleet.contract.settings import SettingsError, parse_settings
 from tests.unit.helpers import KEY, Server, host_data, make_model
 
@@ -41,7 +41,14 @@ def load_watchdog():
 
 
 wd = load_watchdog()
-CFG = {**wd.DEFAULTS, "served_name": "m"}  # interval 30, 3 failures, 3 restarts in 1800 s, start 1800 s
+# the serving file a converge writes from the defaults: interval 30, 3 failures, 3 restarts in 1800 s, start 1800 s
+CFG = {**json.loads(serving_file(parse_settings("spark-1", host_data()))), "served_name": "m"}
+
+
+def quick(cfg: dict, timeout_s: float) -> dict:
+    """`cfg` with every probe's timeouts at `timeout_s`: a stand-in answers at once, or never."""
+    return {**cfg, "probes": {name: {**probe, "timeout_s": timeout_s, "gate_timeout_s": timeout_s}
+                              for name, probe in cfg["probes"].items()}}
 STARTED = 5_000_000_000  # the unit's ActiveEnterTimestampMonotonic (µs)
 UP = {"active": "active", "sub": "running", "started": STARTED, "up_s": 4000.0, "systemd_restarts": 0}
 OK = {"serving": True, "failed": None, "detail": "", "gpu_visible": True}
@@ -133,8 +140,8 @@ def engine(tmp_path_factory):
     server = Server(make_model(root / "model"), "--served-model-name", "sim-qwen", "--api-key", KEY,
                     SIM_KNOB_FILE=str(knobs))
     (root / "engine.env").write_text(f"# Managed by sparkfleet\nVLLM_API_KEY={KEY}\n")
-    yield server, knobs, {**CFG, "port": server.port, "served_name": "sim-qwen", "env_file": str(root / "engine.env"),
-                          "container": "no-such-container", "health_timeout_s": 0.5, "chat_timeout_s": 0.5}
+    yield server, knobs, {**quick(CFG, 0.5), "port": server.port, "served_name": "sim-qwen",
+                          "env_file": str(root / "engine.env"), "container": "no-such-container"}
     knobs.write_text("{}")
     server.stop()
 
@@ -154,7 +161,7 @@ def test_probe_against_the_stand_in_engine(engine, tmp_path, monkeypatch):
     wrong_key = tmp_path / "wrong.env"
     wrong_key.write_text("VLLM_API_KEY=nope\n")
     result = wd.probe({**cfg, "env_file": str(wrong_key)})
-    assert (result["failed"], result["detail"]) == ("chat", "1-token chat completion: HTTP 401, 0 tokens")
+    assert (result["failed"], result["detail"]) == ("chat", "1-token chat completion: HTTP 401")
     assert wd.probe(cfg)["serving"] is True
 
 

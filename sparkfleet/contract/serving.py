@@ -1,0 +1,77 @@
+"""What counts as serving: one description of the probes, per engine kind.
+
+Each probe says what is asked (method, path, the body beside the served
+name), how long an answer may take, and which rule of the host module
+(`sparkfleet_host.ANSWERS`, beyond HTTP 200) judges the answer. The health gate, the
+converge's probe, the watchdog, the RAG service probe, the front door's check
+and `status` all ask these; the converge writes them to the hosts
+(paths.SERVING_FILE, with the watchdog's settings), so the helpers there copy
+no default. Plain data: JSON as it stands, for hosts and controller alike.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import Settings
+from sparkfleet.contract.shared import host_module
+
+KINDS = ("chat", "embedding", "reranker")  # what an engine serves: a chat model, or a RAG service's kind
+
+# timeout_s bounds a probe of a running engine; gate_timeout_s an engine's first answers after a (re)start.
+HEALTH = {"what": "/health", "method": "GET", "path": "/health", "timeout_s": 5, "gate_timeout_s": 5,
+          "answer": "status"}
+MODELS = {"what": "/v1/models", "method": "GET", "path": "/v1/models", "timeout_s": 5, "gate_timeout_s": 120,
+          "answer": "models"}
+REQUESTS = {
+    "chat": {"what": "1-token chat completion", "method": "POST", "path": "/v1/chat/completions",
+             "timeout_s": 10, "gate_timeout_s": 120, "answer": "completion",
+             "body": {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
+                      "chat_template_kwargs": {"enable_thinking": False}}},
+    "embedding": {"what": "two embeddings", "method": "POST", "path": "/v1/embeddings",
+                  "timeout_s": 10, "gate_timeout_s": 120, "answer": "embeddings",
+                  "body": {"input": ["ping", "pong"]}},
+    "reranker": {"what": "a rerank of two documents", "method": "POST", "path": "/v1/rerank",
+                 "timeout_s": 10, "gate_timeout_s": 120, "answer": "rerank",
+                 "body": {"query": "ping", "documents": ["ping", "pong"]}},
+}
+# A chat model with enable_auto_tool_choice: its gate also expects one parsed tool call.
+TOOL_CALL = {
+    "what": "a tool call", "method": "POST", "path": "/v1/chat/completions", "timeout_s": 30,
+    "gate_timeout_s": 120, "answer": "tool_call", "tool": "get_weather",
+    "body": {"max_tokens": 64, "tool_choice": "auto",
+             "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+             "tools": [{"type": "function", "function": {
+                 "name": "get_weather", "description": "Weather for a city",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}}]},
+}
+
+
+def probes() -> dict:
+    """Every probe by name: health, models, tool_call and one request per kind."""
+    return {"health": HEALTH, "models": MODELS, "tool_call": TOOL_CALL, **REQUESTS}
+
+
+def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
+    """(method, path, compact JSON body) of a kind's request: what HAProxy's `http-check send` asks."""
+    probe = REQUESTS[kind]
+    return probe["method"], probe["path"], json.dumps(host_module.probe_body(probe, served_name), separators=(",", ":"))
+
+
+def watchdog_config(s: Settings) -> dict:
+    """The engine the host's watchdog keeps serving and its rules, from the settings: no secret (the key stays
+    in engine.env)."""
+    return {
+        "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
+        "host": paths.ENGINE_HOST, "kind": "chat",
+        "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
+        "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
+        "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
+    }
+
+
+def serving_file(s: Settings) -> str:
+    """paths.SERVING_FILE's text: the watchdog's settings and, under "probes", every probe."""
+    return json.dumps({**watchdog_config(s), "probes": probes()}, indent=1, sort_keys=True) + "\n"
