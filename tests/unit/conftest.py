@@ -1,5 +1,11 @@
+import os
+from pathlib import Path
+
 import pytest
 
+from tests.unit.no_backoff import sitecustomize as no_backoff  # noqa: F401  (installs itself: no client backoff here)
+
+NO_BACKOFF = Path(no_backoff.__file__).parent
 
 def pytest_configure(config):
     """Under `pytest -n`, keep the xdist worker waiting for its next test without gevent's LoopExit.
@@ -29,6 +35,12 @@ def _sliced(wait, timeout):
     while not wait(0.05):
         pass
     return True
+
+
+@pytest.fixture(autouse=True)
+def _no_client_backoff(monkeypatch):
+    """The helpers a test starts (sparkfleet-fetch, the sim hub, ...) load no_backoff/sitecustomize.py too."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NO_BACKOFF), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.fixture(autouse=True)
