@@ -24,8 +24,9 @@ def pytest_configure(config):
     for plugin in config.pluginmanager.get_plugins():
         if type(plugin).__name__ == "WorkerInteractor":  # xdist/remote.py, run by execnet (not imported)
             event = plugin.torun._has_items_event
-            wait = event.wait
-            event.wait = lambda timeout=None: _sliced(wait, timeout)
+            if not hasattr(event, "unsliced_wait"):  # tests/sim's conftest runs this hook too
+                event.unsliced_wait = event.wait
+                event.wait = lambda timeout=None: _sliced(event.unsliced_wait, timeout)
 
 
 def _sliced(wait, timeout):
