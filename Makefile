@@ -22,12 +22,13 @@ test: venv
 	@bash sim/bootstrap.sh
 	$(PY) -m pytest -v --durations=15
 
+## Two workers (pytest-xdist): the tests wait on their loopback servers and subprocesses as much as they compute.
 unit: venv
-	$(PY) -m pytest tests/unit -q -p no:cacheprovider
+	$(PY) -m pytest tests/unit -n 2 -q -p no:cacheprovider
 
 ## The unit suite with no network but loopback (a fresh network namespace): it must pass the same.
 unit-offline: venv
-	unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest tests/unit -q -p no:cacheprovider'
+	unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest tests/unit -n 2 -q -p no:cacheprovider'
 
 ## `pip install .` into a fresh venv: the `sparkfleet` command, the stages and examples/my_deploy.py.
 install-check: venv

@@ -12,7 +12,8 @@ from sparkfleet.fleet import bench
 from .helpers import Server, host_data, make_model, qwen35_config
 
 NAME = "Qwen3.5-35B-A3B"
-RATE = 50.0  # SIM_TOKENS_PER_S
+RATE = 25.0  # SIM_TOKENS_PER_S: 40 ms between tokens, so a client starved on a busy machine still reads them apart
+MAX_TOKENS = 10
 DELAY_MS = 100.0  # SIM_FIRST_TOKEN_DELAY_MS
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,7 +30,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def result(server):
-    return bench.run_bench(server.base, NAME, None, concurrency=[1, 4], max_tokens=20,
+    return bench.run_bench(server.base, NAME, None, concurrency=[1, 4], max_tokens=MAX_TOKENS,
                            think=False, requests_per_level=4, roofline=80.0)
 
 
@@ -37,7 +38,7 @@ def test_single_stream_decode_matches_the_set_rate(result):
     # loose here (a unit test on a busy machine); the 5% acceptance is tests/e2e/test_bench.py's
     assert result["single_stream_decode_tokens_per_s"] == pytest.approx(RATE, rel=0.2)
     assert result["roofline_tokens_per_s"] == 80.0
-    assert result["decode_vs_roofline"] == pytest.approx(50.0 / 80.0, rel=0.2)
+    assert result["decode_vs_roofline"] == pytest.approx(RATE / 80.0, rel=0.2)
 
 
 def test_ttft_never_below_the_set_delay(result):
@@ -50,7 +51,7 @@ def test_levels_complete_without_errors_and_scale(result):
     assert set(by_c) == {1, 4} and result["errors"] == 0
     for level in by_c.values():
         assert level["requests"] == level["ok"] == 4 and level["errors"] == 0
-        assert level["completion_tokens"] == 4 * 20  # ignore_eos: every request gets max_tokens
+        assert level["completion_tokens"] == 4 * MAX_TOKENS  # ignore_eos: every request gets max_tokens
         assert level["tpot_ms"]["p50"] == pytest.approx(1000 / RATE, rel=0.2)
         assert level["itl_ms"]["p50"] == pytest.approx(1000 / RATE, rel=0.3)
         assert level["itl_ms"]["p50"] <= level["itl_ms"]["p90"] <= level["itl_ms"]["p99"]

@@ -3,8 +3,14 @@
 Every refusal is one line that names the host and the key; a secret's value
 never appears, not in the output, not in repr(settings), not in pydantic's own
 error text. Good values of the same kinds still plan, and land quoted.
+
+The sweep goes through the planner with the host's data as the CLI's inventory load merges it
+(`plan_settings`): that load (pyinfra's) costs ~0.25 s a case; a handful of cases go through
+`cli.main` and print the same (test_the_cli_refuses_with_exit_2_and_the_same_line).
 """
 
+import contextlib
+import io
 import re
 import shlex
 
@@ -13,13 +19,20 @@ from pydantic import ValidationError
 
 from sparkfleet import cli
 from sparkfleet.fleet.guard import guard_plan
+from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
-from sparkfleet.contract.settings import Settings, parse_settings
+from sparkfleet.contract.settings import USER_SET_KEY, Settings, parse_settings
 
 from .helpers import DEFAULTS, host_data
 
 SECRET = "s3cret-Tok3n"
+
+
+def inventory_data(data: dict) -> dict:
+    """One host's data as load_hosts merges an entry `('spark-x', data)`: group_data/all.py under it, its keys
+    named as set by the user (test_inventory_data_is_what_the_cli_loads holds it to that)."""
+    return {**DEFAULTS, **data, USER_SET_KEY: sorted(data)}
 
 
 @pytest.fixture
@@ -37,9 +50,37 @@ def plan_cli(tmp_path, capsys, monkeypatch):
     return run
 
 
-def refused(plan_cli, key: str, *reasons: str, **data) -> str:
+@pytest.fixture
+def plan_settings():
+    """`sparkfleet plan` without its inventory load: the planner on inventory_data(data), refusing through the
+    CLI's own exit path; a refusal must come before the hub or the registry is asked. (exit code, printed)"""
+    def run(**data):
+        asked = []
+
+        def hub(s):
+            asked.append("hub")
+            return None, None, "offline test: no hub is asked"
+
+        def registry(s):
+            asked.append("registry")
+            return None, "offline test: no registry is asked"
+
+        try:
+            plan_hosts([("spark-x", inventory_data(data))], resolve=hub, resolve_image=registry)
+        except cli.INVALID as exc:
+            assert not asked, f"the {asked} asked before the refusal"
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = cli._invalid(exc)
+            return code, err.getvalue()
+        return 0, f"planned; asked: {asked}"
+
+    return run
+
+
+def refused(plan, key: str, *reasons: str, **data) -> str:
     """Assert exit 2 and a line `spark-x: ... `key` ...` (saying one of `reasons`); return everything printed."""
-    code, printed = plan_cli(**data)
+    code, printed = plan(**data)
     assert code == 2, printed
     lines = [line for line in printed.splitlines() if f"`{key}" in line]
     assert lines, printed
@@ -69,8 +110,8 @@ def exec_argv(unit: str, directive: str) -> list[str]:
     "vllm/vllm-openai:v0.33.0#",
     "",
 ])
-def test_image_reference_refused(plan_cli, image):
-    refused(plan_cli, "engine_image", "must be a Docker image reference", engine_image=image)
+def test_image_reference_refused(plan_settings, image):
+    refused(plan_settings, "engine_image", "must be a Docker image reference", engine_image=image)
 
 
 @pytest.mark.parametrize("image", [
@@ -101,8 +142,8 @@ def test_image_reference_accepted_and_quoted(image):
     "127.0.0.1 #", "127.0.0.1#", "0.0.0.0; id", "spark a", "-oProxyCommand=id", "spark..lan", "$(id)", "",
     "a" * 64 + ".lan", "spark-.lan", "http://spark.lan",
 ])
-def test_host_refused(plan_cli, key, value):
-    refused(plan_cli, key, "must be an IP address or a host name", **{key: value, "api_key": SECRET})
+def test_host_refused(plan_settings, key, value):
+    refused(plan_settings, key, "must be an IP address or a host name", **{key: value, "api_key": SECRET})
 
 
 @pytest.mark.parametrize("address", ["spark-a.lan", "10.0.0.9", "::1", "fd00::9", "localhost"])
@@ -130,8 +171,8 @@ def test_host_accepted(address):
     "/var/lib/models /etc",
     "/var/lib/models\nProtectSystem=no",
 ])
-def test_path_refused(plan_cli, key, path):
-    refused(plan_cli, key, "must be an absolute, normalised path", "control character", **{key: path})
+def test_path_refused(plan_settings, key, path):
+    refused(plan_settings, key, "must be an absolute, normalised path", "control character", **{key: path})
 
 
 def test_path_with_a_space_is_one_argument_everywhere_in_the_units():
@@ -167,12 +208,12 @@ URL_KEYS = ["hub_endpoint", "controller_hub_endpoint", "controller_registry_url"
     "http://mir ror.lan/",
     "http://mirror.lan/{os}",
 ])
-def test_url_refused(plan_cli, key, url):
-    refused(plan_cli, key, "must be an http(s) URL", "control character", **{key: url})
+def test_url_refused(plan_settings, key, url):
+    refused(plan_settings, key, "must be an http(s) URL", "control character", **{key: url})
 
 
-def test_only_the_toolkit_repo_url_takes_arch(plan_cli):
-    refused(plan_cli, "hub_endpoint", "must be an http(s) URL", hub_endpoint="http://mirror.lan/{arch}")
+def test_only_the_toolkit_repo_url_takes_arch(plan_settings):
+    refused(plan_settings, "hub_endpoint", "must be an http(s) URL", hub_endpoint="http://mirror.lan/{arch}")
     s = parse_settings("spark-a", host_data(toolkit_repo_url="https://mirror.lan:8443/libnvidia-container/deb/{arch}"))
     assert s.toolkit_repo_url.format(arch="arm64") == "https://mirror.lan:8443/libnvidia-container/deb/arm64"
 
@@ -186,27 +227,27 @@ def test_url_accepted(url):
 # --- environment variable names -------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["A;B", "lower_case", "1ABC", "A B", "A=B", "A\nB", "", "$(id)"])
-def test_engine_env_name_refused(plan_cli, name):
-    refused(plan_cli, "engine_env", "(key)` is invalid", engine_env={name: "1"})
+def test_engine_env_name_refused(plan_settings, name):
+    refused(plan_settings, "engine_env", "(key)` is invalid", engine_env={name: "1"})
 
 
-def test_engine_env_cannot_replace_the_api_key(plan_cli):
-    printed = refused(plan_cli, "api_key", "engine_env sets VLLM_API_KEY", engine_env={"VLLM_API_KEY": SECRET})
+def test_engine_env_cannot_replace_the_api_key(plan_settings):
+    printed = refused(plan_settings, "api_key", "engine_env sets VLLM_API_KEY", engine_env={"VLLM_API_KEY": SECRET})
     assert SECRET not in printed
 
 
-def test_engine_env_that_opens_the_admin_surface_exits_2(plan_cli):
-    refused(plan_cli, "engine_env['VLLM_SERVER_DEV_MODE'] (key)", "opens vLLM's development endpoints",
+def test_engine_env_that_opens_the_admin_surface_exits_2(plan_settings):
+    refused(plan_settings, "engine_env['VLLM_SERVER_DEV_MODE'] (key)", "opens vLLM's development endpoints",
             engine_env={"VLLM_SERVER_DEV_MODE": "1"})
 
 
-def test_ssh_hostname_with_a_newline_exits_2(plan_cli):
-    refused(plan_cli, "ssh_hostname", "contains the control character U+000A",
+def test_ssh_hostname_with_a_newline_exits_2(plan_settings):
+    refused(plan_settings, "ssh_hostname", "contains the control character U+000A",
             ssh_hostname="10.0.0.9:8000\n    server evil 203.0.113.7:80")
 
 
-def test_trust_remote_code_exits_2(plan_cli):
-    refused(plan_cli, "extra_engine_args", "`--trust-remote-code` runs the model repository's Python as root",
+def test_trust_remote_code_exits_2(plan_settings):
+    refused(plan_settings, "extra_engine_args", "`--trust-remote-code` runs the model repository's Python as root",
             extra_engine_args=["--trust-remote-code"])
 
 
@@ -238,12 +279,12 @@ def test_engine_env_accepted():
     ("toolkit_version", "1.18.1-1 nvidia-ctk"),
     ("toolkit_key_fingerprint", "C95B321B61E88C1809C4F759DDCAE044F796ECB"),
 ])
-def test_name_refused(plan_cli, key, value):
-    refused(plan_cli, key, f"`{key}` = {value!r} is invalid: must be", **{key: value})
+def test_name_refused(plan_settings, key, value):
+    refused(plan_settings, key, f"`{key}` = {value!r} is invalid: must be", **{key: value})
 
 
-def test_limit_mm_per_prompt_key_refused(plan_cli):
-    refused(plan_cli, "limit_mm_per_prompt", "(key)` is invalid", limit_mm_per_prompt={"image; id": 0})
+def test_limit_mm_per_prompt_key_refused(plan_settings):
+    refused(plan_settings, "limit_mm_per_prompt", "(key)` is invalid", limit_mm_per_prompt={"image; id": 0})
 
 
 # --- control characters in every string setting -------------------------------------------
@@ -270,9 +311,9 @@ def test_the_sweep_covers_every_string_setting():
 
 @pytest.mark.parametrize("key", sorted(STRING_SETTINGS))
 @pytest.mark.parametrize("char", ["\n", "\r", "\x00", "\x1b", "\u2028"])
-def test_control_character_refused(plan_cli, key, char):
+def test_control_character_refused(plan_settings, key, char):
     value = STRING_SETTINGS[key] + char + "ExecStartPre=/bin/id"
-    printed = refused(plan_cli, key, **{key: value})
+    printed = refused(plan_settings, key, **{key: value})
     assert not any(line.startswith("ExecStartPre") for line in printed.splitlines())  # escaped, if shown at all
     assert len([line for line in printed.splitlines() if f"`{key}`" in line]) == 1
     assert SECRET not in printed
@@ -287,8 +328,8 @@ def test_control_character_refused(plan_cli, key, char):
     ("ray_start_args", ["--num-cpus", "1\nExecStartPre=/bin/id"], "ray_start_args[1]"),
     ("tensor_parallel_hosts", ["spark-x", "spark-y\nExecStartPre=/bin/id"], "tensor_parallel_hosts[1]"),
 ])
-def test_control_character_in_items_refused(plan_cli, key, value, named):
-    printed = refused(plan_cli, key, f"`{named}` is invalid", **{key: value})
+def test_control_character_in_items_refused(plan_settings, key, value, named):
+    printed = refused(plan_settings, key, f"`{named}` is invalid", **{key: value})
     assert "ExecStartPre=/bin/id" not in printed
 
 
@@ -306,8 +347,8 @@ def test_control_character_in_items_refused(plan_cli, key, value, named):
     ({"api_kye": SECRET}, "api_kye"),
     ({"front_door_users": {"alice": SECRET + "-long-enough\n"}}, "front_door_users"),
 ])
-def test_secret_never_echoed(plan_cli, data, key):
-    printed = refused(plan_cli, key, **data)
+def test_secret_never_echoed(plan_settings, data, key):
+    printed = refused(plan_settings, key, **data)
     assert SECRET not in printed
 
 
@@ -328,8 +369,8 @@ def test_secrets_stay_out_of_repr_and_pydantic_errors():
     (["--max-num-batched-tokens", "8192", "--api-key", SECRET, "other"], "set the `api_key` setting instead"),
     (["--hf-token", SECRET], "`hub_token`"),
 ])
-def test_secret_flag_refused(plan_cli, args, fix):
-    printed = refused(plan_cli, "extra_engine_args", "would put a secret in the world-readable unit",
+def test_secret_flag_refused(plan_settings, args, fix):
+    printed = refused(plan_settings, "extra_engine_args", "would put a secret in the world-readable unit",
                       extra_engine_args=args)
     assert fix in printed and SECRET not in printed
 
@@ -342,8 +383,8 @@ def test_secret_flag_refused(plan_cli, args, fix):
     (["--no-enable-prefix-caching"], "enable_prefix_caching"),
     (["--max-model-len", "1048576"], "max_model_len"),
 ])
-def test_flag_owned_by_a_setting_refused(plan_cli, args, owner):
-    refused(plan_cli, "extra_engine_args", f"is set by sparkfleet from `{owner}`: set `{owner}` instead",
+def test_flag_owned_by_a_setting_refused(plan_settings, args, owner):
+    refused(plan_settings, "extra_engine_args", f"is set by sparkfleet from `{owner}`: set `{owner}` instead",
             extra_engine_args=args)
 
 
@@ -371,5 +412,33 @@ def test_systemd_quote_keeps_one_argument():
     ("min_toolkit_version", "1.18\n; reboot"), ("front_door_tls_cert", "relative/cert.pem"),
     ("controller_front_door_url", "ftp://door.lan"),
 ])
-def test_service_settings_out_of_range_refused(plan_cli, key, value):
-    refused(plan_cli, key, "is invalid", **{key: value})
+def test_service_settings_out_of_range_refused(plan_settings, key, value):
+    refused(plan_settings, key, "is invalid", **{key: value})
+
+
+# --- the CLI: the same refusals through `cli.main` and pyinfra's inventory load -------------------------
+
+@pytest.mark.parametrize("key,data", [
+    ("engine_image", {"engine_image": "$(touch /tmp/pwned)"}),
+    ("api_host", {"api_host": "0.0.0.0; id", "api_key": SECRET}),
+    ("model_root", {"model_root": "/var/lib/models\nProtectSystem=no"}),
+    ("hub_token", {"hub_token": SECRET + "\r"}),
+    ("api_kye", {"api_kye": SECRET}),
+    ("ssh_hostname", {"ssh_hostname": "10.0.0.9:8000\n    server evil 203.0.113.7:80"}),
+    ("engine_env['VLLM_SERVER_DEV_MODE'] (key)", {"engine_env": {"VLLM_SERVER_DEV_MODE": "1"}}),
+    ("extra_engine_args", {"extra_engine_args": ["--api-key", SECRET]}),
+])
+def test_the_cli_refuses_with_exit_2_and_the_same_line(plan_cli, plan_settings, key, data):
+    printed = refused(plan_cli, key, **data)
+    assert len([line for line in printed.splitlines() if f"`{key}" in line]) == 1 and SECRET not in printed
+    assert printed == plan_settings(**data)[1]
+
+
+@pytest.mark.parametrize("data", [
+    {}, {"engine_image": "--privileged", "api_key": SECRET},
+    {"model_root": "/srv/models", "engine_env": {"A": "1"}, "extra_engine_args": ["--enforce-eager"]},
+])
+def test_inventory_data_is_what_the_cli_loads(tmp_path, data):
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text(f"sparks = [('spark-x', {data!r})]\n")
+    assert load_hosts(str(inventory)) == [("spark-x", inventory_data(data))]

@@ -14,7 +14,7 @@ import requests
 
 from tests.conftest import free_port
 
-from .helpers import KEY, Server, make_model, run_to_exit
+from tests.unit.helpers import KEY, Server, make_model, run_to_exit
 
 NAME = "sim-qwen"
 TOOLS = [{"type": "function", "function": {
