@@ -40,10 +40,10 @@ def watchdog(plan: HostPlan, runtime: str, started):
     files.put(name="Watchdog settings", src=io.StringIO(json.dumps(watchdog_config(s), indent=1, sort_keys=True)
                                                          + "\n"), dest=WATCHDOG_CONFIG, mode="0644")
     unit = files.template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
-                          dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
+                          dest=paths.unit_path(WATCHDOG_UNIT), unit=paths.UNIT_NAME, watchdog=WATCHDOG,
                           config=WATCHDOG_CONFIG, state=WATCHDOG_STATE)
     timer = files.template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
-                           dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
+                           dest=paths.unit_path(WATCHDOG_TIMER), interval_s=s.watchdog_interval_s)
     systemd.service(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
                     running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
                     daemon_reload=unit.will_change or timer.will_change)

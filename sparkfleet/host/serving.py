@@ -12,12 +12,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 from sparkfleet.contract.settings import Settings
-
-WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
-WATCHDOG_CONFIG = f"{paths.CONFIG_DIR}/watchdog.json"
-WATCHDOG_STATE = "/var/lib/sparkfleet/watchdog.json"
-WATCHDOG_UNIT = "sparkfleet-watchdog.service"
-WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
+# the watchdog's host paths live in the contract; tasks/watchdog.py takes them from here
+from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_CONFIG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT  # noqa: F401
 
 
 def watchdog_config(s: Settings) -> dict:

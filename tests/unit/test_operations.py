@@ -14,8 +14,7 @@ from pyinfra_testing.util import FakeState, create_host
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
-    env_kept_command,
-    env_restored_command,
+    env_command,
     health_gate_results,
     image_pinned,
     old_models_removed,
@@ -38,6 +37,10 @@ TestOldModelsRemoved = make_operation_tests("sparkfleet.host", "operations.old_m
                                            CASES / "old_models_removed")
 TestImagePinned = make_operation_tests("sparkfleet.host", "operations.image_pinned", CASES / "image_pinned")
 TestHealthGate = make_operation_tests("sparkfleet.host", "operations.health_gate", CASES / "health_gate")
+TestReleaseKept = make_operation_tests("sparkfleet.host", "operations.release_kept_for_rollback",
+                                       CASES / "release_kept_for_rollback")
+TestPreviousRestored = make_operation_tests("sparkfleet.host", "operations.previous_release_restored",
+                                            CASES / "previous_release_restored")
 
 MANIFEST = Manifest("huggingface", "Qwen/Qwen3.5-35B-A3B-FP8", "main", "a" * 40, (
     ManifestFile("config.json", 120, blob_sha1="1" * 40),
@@ -219,7 +222,7 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
 UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
 CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
-KEEP_ENV = env_kept_command()  # its effect on an engine env file: test_hostile_point8.py
+KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_point8.py
 
 
 def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
@@ -269,7 +272,7 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
          "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
          "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
-        env_restored_command(),
+        env_command("env-restore"),
         ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
          "mv -f /etc/systemd/system/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-ray.service; fi"),
         ("{ [ -e /etc/sparkfleet/previous/sparkfleet-vllm.service ] || { echo 'spark-1: /etc/sparkfleet/previous/"
