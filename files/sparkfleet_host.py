@@ -306,7 +306,7 @@ def restore_env(live, kept, fabric) -> None:
     write_private(kept, env_kept(live_text, fabric))
 
 
-# --- The memory plan (/etc/sparkfleet/memory.json): written by the planner, read by sparkfleet-memcheck -------
+# --- The memory plan (its path: contract/paths.py MEMORY_PLAN): written by the planner, read by sparkfleet-memcheck
 
 def within_budget(shares, budget: float) -> tuple[float, bool]:
     """(the shares' sum, whether it fits the budget): the one rule the planner and the pre-start check apply."""
@@ -466,8 +466,9 @@ def _main(argv) -> None:
     """`sparkfleet_host.py DIR`: what testinfra compares with the manifest. `sparkfleet_host.py env-keep|env-restore
     LIVE KEPT FABRIC,NAMES`: a rollback's edit of the engine env, with no secret on the command line."""
     if argv[:1] in (["env-keep"], ["env-restore"]) and len(argv) == 4:
+        edit, fabric = keep_env if argv[0] == "env-keep" else restore_env, set(filter(None, argv[3].split(",")))
         try:
-            (keep_env if argv[0] == "env-keep" else restore_env)(argv[1], argv[2], set(filter(None, argv[3].split(","))))
+            edit(argv[1], argv[2], fabric)
         except OSError as exc:
             raise SystemExit(f"sparkfleet_host {argv[0]}: {exc.filename}: {exc.strerror}")
         return

@@ -1,6 +1,7 @@
 """Every custom operation against fake facts (pyinfra-testing's runner), and the
 model operation in Python: converged facts must produce no commands."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
+from sparkfleet.contract.formats import API_KEY_VAR
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
@@ -285,6 +287,18 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         "systemctl daemon-reload",
         "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
     ]
+
+
+def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_on_the_command_line():
+    """No grep, sed or awk of engine.env: the host module edits it (test_hostile_point8.py runs its edits), and no
+    command names the API key's variable, let alone a value."""
+    kept = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb", {UNIT: "[Unit]\n"})[0]
+    restored = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})[0]
+    for command in kept + restored:
+        assert not {"grep", "sed", "awk"} & set(re.split(r"[\s;|&(){}]+", command)), command
+        assert API_KEY_VAR not in command, command
+    assert kept[0].endswith(env_command("env-keep")) and env_command("env-restore") in restored
+    assert env_command("env-keep").startswith("python3 /opt/sparkfleet/bin/sparkfleet_host.py env-keep ")
 
 
 def test_rollback_to_the_running_release_is_a_noop():
