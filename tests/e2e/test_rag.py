@@ -15,7 +15,6 @@ import requests
 from openai import OpenAI
 
 from sparkfleet.contract import paths
-
 from tests.e2e.conftest import (
     ENGINE_PATHS,
     HOSTS,
