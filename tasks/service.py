@@ -82,8 +82,8 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
               dest=paths.RELEASE_FILE, mode="0644")
     services_pruned(name="Units of services dropped from the settings stopped and removed",
                     keep=[svc.unit for svc in plan.services])
-    files.put(name="Memory plan (every engine unit's share, the budget)", src=io.StringIO(memory_plan_json(plan.memory_plan)),
-              dest=paths.MEMORY_PLAN, mode="0644")
+    files.put(name="Memory plan (every engine unit's share, the budget)",
+              src=io.StringIO(memory_plan_json(plan.memory_plan)), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
     if not plan.runs_engine:
         unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
