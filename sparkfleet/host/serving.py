@@ -13,7 +13,8 @@ from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 from sparkfleet.contract.settings import Settings
 # the watchdog's host paths live in the contract; tasks/watchdog.py takes them from here
-from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_CONFIG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT  # noqa: F401
+from sparkfleet.contract.paths import (  # noqa: F401
+    WATCHDOG, WATCHDOG_CONFIG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT)
 
 
 def watchdog_config(s: Settings) -> dict:

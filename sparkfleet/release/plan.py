@@ -109,7 +109,8 @@ class HostPlan:
         else:
             weights = self.known_weight_bytes
         return fit_report(self.config, weights,
-                          memory_bytes=host_memory_bytes(s.host_memory_gb), gpu_memory_utilization=s.gpu_memory_utilization,
+                          memory_bytes=host_memory_bytes(s.host_memory_gb),
+                          gpu_memory_utilization=s.gpu_memory_utilization,
                           max_model_len=min(s.max_model_len, self.shape.max_position_embeddings),
                           kv_cache_dtype=s.kv_cache_dtype, max_num_seqs=s.max_num_seqs,
                           bandwidth=s.memory_bandwidth_gbs * 1e9, num_speculative_tokens=self.speculative_tokens,

@@ -292,7 +292,8 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
 def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_on_the_command_line():
     """No grep, sed or awk of engine.env: the host module edits it (test_hostile_point8.py runs its edits), and no
     command names the API key's variable, let alone a value."""
-    kept = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb", {UNIT: "[Unit]\n"})[0]
+    kept = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                  {UNIT: "[Unit]\n"})[0]
     restored = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})[0]
     for command in kept + restored:
         assert not {"grep", "sed", "awk"} & set(re.split(r"[\s;|&(){}]+", command)), command
