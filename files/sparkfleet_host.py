@@ -4,11 +4,11 @@ Shipped beside the helper scripts (which import it as a sibling) and loaded
 by the controller from the same file (sparkfleet.contract.shared): the verified
 record's name and format, when the record vouches for a file, which manifest
 files need work and which entries are extras, the file hashes, what a
-hub's answer may name (commit ids, manifest paths), and how the helpers read
-the root-only env files sparkfleet writes, and whether the engine's container
-holds the API port before a helper sends it the key, and how a probe of
-contract/serving.py (read from the serving file the converge writes) is
-asked and its answer judged. Hub answers are data:
+hub's answer may name (commit ids, manifest paths), the format of the root-only
+env files (written, read, and edited by a rollback) and of the memory plan,
+whether the engine's container holds the API port before a helper sends it
+the key, and how a probe of contract/serving.py (read from the serving file
+the converge writes) is asked and its answer judged. Hub answers are data:
 anything that would make them a path outside the model directory is refused.
 Host paths are passed in by the caller, never repeated here. Python >= 3.10.
 """
@@ -212,19 +212,118 @@ def read_record(model_dir) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+# --- The env files sparkfleet writes (engine.env, hub.env): the one owner of their format -------------------
+
+API_KEY_VAR = "VLLM_API_KEY"  # engine.env's API key: vLLM reads it, the helpers send it
+KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def render_env(header: str, values: dict) -> str:
+    """An env file as `docker run --env-file` reads it: a comment, then one NAME=value a line, values verbatim.
+    A name outside [A-Za-z0-9_] or a value with a control character would split or hide a line: refused (the
+    error names the variable, never its value)."""
+    lines = [f"# {header}"]
+    for name, value in values.items():
+        if not _ENV_NAME.fullmatch(name) or _CONTROL.search(str(value)):
+            raise ValueError(f"env file variable {name!r}: needs a name of [A-Za-z0-9_] and a one-line value")
+        lines.append(f"{name}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def _env_entry(line: str):
+    """(name, value) of a NAME=value line; None for a comment, a blank line or a line without '='."""
+    name, eq, value = line.partition("=")
+    if not eq or line.lstrip().startswith("#"):
+        return None
+    return name.strip(), value
+
+
+def parse_env(text: str) -> dict:
+    """NAME=value lines, values verbatim as `docker run --env-file` reads them; comments skipped."""
+    return dict(entry for entry in map(_env_entry, text.splitlines()) if entry)
+
+
 def read_env_file(path) -> dict:
-    """KEY=value lines of an env file sparkfleet wrote (engine.env, hub.env), values verbatim as
-    `docker run --env-file` reads them; comments skipped; {} when the file is absent or unreadable."""
+    """parse_env of an env file sparkfleet wrote; {} when the file is absent or unreadable."""
     try:
-        lines = Path(path).read_text().splitlines()
+        return parse_env(Path(path).read_text())
     except OSError:
         return {}
-    values = {}
-    for line in lines:
-        key, eq, value = line.partition("=")
-        if eq and not line.lstrip().startswith("#"):
-            values[key.strip()] = value
-    return values
+
+
+def env_kept(live: str, fabric) -> str:
+    """What a rollback keeps of the running release's engine env: its fabric lines (a group member's, derived from
+    the release) and, as KEPT_NAME lines, the names of its other variables, never their values nor the API key."""
+    kept = []
+    for line in live.splitlines():
+        entry = _env_entry(line)
+        if entry and entry[0] in fabric:
+            kept.append(line)
+        elif entry and entry[0] != API_KEY_VAR:
+            kept.append(KEPT_NAME + entry[0])
+    return "".join(f"{line}\n" for line in kept)
+
+
+def env_restored(kept: str, live: str, fabric) -> str:
+    """The engine env of a rolled-back release: today's comments, API key and today's values of the kept names
+    (a name the kept release lacked is left out, so is one today's file dropped), then the kept fabric lines.
+    A kept file of an older rule holds NAME=value lines: only their names are read."""
+    names, fabric_lines = set(), []
+    for line in kept.splitlines():
+        entry = None if line.startswith(KEPT_NAME) else _env_entry(line)
+        if line.startswith(KEPT_NAME):
+            names.add(line[len(KEPT_NAME):].strip())
+        elif entry and entry[0] in fabric:
+            fabric_lines.append(line)
+        elif entry:
+            names.add(entry[0])
+    restored = []
+    for line in live.splitlines():
+        entry = _env_entry(line)
+        if entry is None or (entry[0] not in fabric and (entry[0] == API_KEY_VAR or entry[0] in names)):
+            restored.append(line)
+    return "".join(f"{line}\n" for line in restored + fabric_lines)
+
+
+def write_private(path, text: str) -> None:
+    """Replace a file atomically with a root-only (0600) one: never readable by others, never half-written."""
+    staged = Path(f"{path}.sparkfleet-new")
+    staged.unlink(missing_ok=True)
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(staged, path)
+
+
+def keep_env(live, kept, fabric) -> None:
+    """Before a new release replaces the running one: its engine env set aside (env_kept)."""
+    write_private(kept, env_kept(Path(live).read_text(), fabric))
+
+
+def restore_env(live, kept, fabric) -> None:
+    """A rollback's env swap: the kept release's env written from today's (env_restored), and the running one's
+    kept in turn, so a second rollback returns."""
+    live_text, kept_text = Path(live).read_text(), Path(kept).read_text()
+    write_private(live, env_restored(kept_text, live_text, fabric))
+    write_private(kept, env_kept(live_text, fabric))
+
+
+# --- The memory plan (its path: contract/paths.py MEMORY_PLAN): written by the planner, read by sparkfleet-memcheck
+
+def within_budget(shares, budget: float) -> tuple[float, bool]:
+    """(the shares' sum, whether it fits the budget): the one rule the planner and the pre-start check apply."""
+    total = round(sum(shares), 6)
+    return total, total <= budget + 1e-9
+
+
+def read_memory_plan(path) -> tuple[float, dict] | None:
+    """(budget, {unit: share}) of a memory plan file; None when it is absent or not the planner's shape."""
+    try:
+        plan = json.loads(Path(path).read_text())
+        return float(plan["budget"]), {str(row["unit"]): float(row["share"]) for row in plan["shares"].values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def write_record(model_dir, verified: dict) -> None:
@@ -496,8 +595,21 @@ def ask(base: str, probe: dict, served_name: str = "", key=None, gate: bool = Fa
     return answer_problem(probe, status, reply, served_name), reply
 
 
-if __name__ == "__main__":  # `python3 sparkfleet_host.py DIR`: what testinfra compares with the manifest
+def _main(argv) -> None:
+    """`sparkfleet_host.py DIR`: what testinfra compares with the manifest. `sparkfleet_host.py env-keep|env-restore
+    LIVE KEPT FABRIC,NAMES`: a rollback's edit of the engine env, with no secret on the command line."""
+    if argv[:1] in (["env-keep"], ["env-restore"]) and len(argv) == 4:
+        edit, fabric = keep_env if argv[0] == "env-keep" else restore_env, set(filter(None, argv[3].split(",")))
+        try:
+            edit(argv[1], argv[2], fabric)
+        except OSError as exc:
+            raise SystemExit(f"sparkfleet_host {argv[0]}: {exc.filename}: {exc.strerror}")
+        return
+    found, other = scan(argv[0])
+    print(json.dumps({"record": read_record(argv[0]), "files": found, "others": other}))
+
+
+if __name__ == "__main__":
     import sys
 
-    found, other = scan(sys.argv[1])
-    print(json.dumps({"record": read_record(sys.argv[1]), "files": found, "others": other}))
+    _main(sys.argv[1:])

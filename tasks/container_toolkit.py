@@ -64,7 +64,7 @@ def container_toolkit(plan: HostPlan, arch: str):
     if s.gpu_device_mode == "cdi":
         unit = files.template(name="CDI spec unit (at boot, after the driver)",
                               src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
-                              dest=f"/etc/systemd/system/{CDI_UNIT}", unit=paths.UNIT_NAME, generate=CDI_GENERATE,
+                              dest=paths.unit_path(CDI_UNIT), unit=paths.UNIT_NAME, generate=CDI_GENERATE,
                               stamp=CDI_STAMP)
         systemd.service(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
                         daemon_reload=unit.will_change)

@@ -19,13 +19,9 @@ from sparkfleet.host.operations import (
     secret_file,
 )
 from sparkfleet.host.preflight import HostFacts
+from sparkfleet.contract.formats import memory_plan_json
 from sparkfleet.host.run import ModelResult, ServiceResult
-from sparkfleet.host.services import (
-    MEMORY_PLAN,
-    SYSTEMD_DIR,
-    memory_plan_json,
-    services_pruned,
-)
+from sparkfleet.host.services import services_pruned
 from sparkfleet.host.serving import start_limit_cleared
 from sparkfleet.release.plan import HostPlan
 
@@ -88,8 +84,8 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
               dest=paths.RELEASE_FILE, mode="0644")
     services_pruned(name="Units of services dropped from the settings stopped and removed",
                     keep=[svc.unit for svc in plan.services])
-    files.put(name="Memory plan (every engine unit's share, the budget)", src=io.StringIO(memory_plan_json(plan)),
-              dest=MEMORY_PLAN, mode="0644")
+    files.put(name="Memory plan (every engine unit's share, the budget)",
+              src=io.StringIO(memory_plan_json(plan.memory_plan)), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
     if not plan.runs_engine:
         unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
@@ -105,7 +101,7 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     services_started = {}
     for svc in plan.services:
         svc_unit = files.put(name=f"Service {svc.name}: unit {svc.unit}",
-                             src=io.StringIO(plan.render_service_unit(svc)), dest=f"{SYSTEMD_DIR}/{svc.unit}",
+                             src=io.StringIO(plan.render_service_unit(svc)), dest=paths.unit_path(svc.unit),
                              mode="0644")
         start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
         fetched = model_result.services_fetched.get(svc.name)

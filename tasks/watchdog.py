@@ -35,10 +35,10 @@ def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: Servi
     files.put(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
               mode="0755")
     unit = files.template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
-                          dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
+                          dest=paths.unit_path(WATCHDOG_UNIT), unit=paths.UNIT_NAME, watchdog=WATCHDOG,
                           config=paths.SERVING_FILE, state=WATCHDOG_STATE)
     timer = files.template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
-                           dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
+                           dest=paths.unit_path(WATCHDOG_TIMER), interval_s=s.watchdog_interval_s)
     systemd.service(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
                     running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
                     daemon_reload=unit.will_change or timer.will_change)

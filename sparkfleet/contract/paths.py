@@ -1,6 +1,14 @@
 """Where sparkfleet puts things on a host: one place, so tests and tasks agree."""
 
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import MODULE_FILE, host_module
+
+SYSTEMD_DIR = "/etc/systemd/system"  # where every unit sparkfleet installs lives (unit_path)
+
+
+def unit_path(unit: str) -> str:
+    """The file of a unit sparkfleet installs."""
+    return f"{SYSTEMD_DIR}/{unit}"
+
 
 UNIT_NAME = "sparkfleet-vllm.service"
 # Engines listen on loopback only, ENGINE_PORT_OFFSET above the port the host's guard answers on (the API port).
@@ -15,16 +23,16 @@ def engine_port(api_port: int) -> int:
 
 
 
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+UNIT_PATH = unit_path(UNIT_NAME)
 RAY_UNIT_NAME = "sparkfleet-ray.service"  # a tensor-parallel member's Ray node (head or worker)
-RAY_UNIT_PATH = f"/etc/systemd/system/{RAY_UNIT_NAME}"
+RAY_UNIT_PATH = unit_path(RAY_UNIT_NAME)
 RAY_CONTAINER = "sparkfleet-ray"
-RAY_DIR = "/var/lib/sparkfleet/ray"  # Ray's /tmp/ray in both containers: the head's vLLM reaches the raylet's sockets
+STATE_DIR = "/var/lib/sparkfleet"  # what sparkfleet keeps on a host that is not configuration
+RAY_DIR = f"{STATE_DIR}/ray"  # Ray's /tmp/ray in both containers: the head's vLLM reaches the raylet's sockets
 SHARE_UNIT_NAME = "sparkfleet-share.service"
-SHARE_UNIT_PATH = f"/etc/systemd/system/{SHARE_UNIT_NAME}"
+SHARE_UNIT_PATH = unit_path(SHARE_UNIT_NAME)
 CONFIG_DIR = "/etc/sparkfleet"
-ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: VLLM_API_KEY and engine_env
-API_KEY_VAR = "VLLM_API_KEY"  # the API key's line of ENGINE_ENV: a rollback writes today's, never a kept one
+ENGINE_ENV = f"{CONFIG_DIR}/engine.env"  # 0600: the API key and engine_env (format: contract/formats.py)
 HUB_ENV = f"{CONFIG_DIR}/hub.env"  # 0600: the hub token
 FLEET_TOKEN = f"{CONFIG_DIR}/fleet.token"  # 0600, owned by SHARE_USER: what the peer shares ask for
 # 0600, root: a group member's Ray token, mounted read-only (same path) into its Ray container and the head's engine
@@ -34,18 +42,29 @@ RELEASE_FILE = f"{CONFIG_DIR}/release.json"
 SERVING_FILE = f"{CONFIG_DIR}/serving.json"  # what counts as serving (contract/serving.py) and the watchdog's settings
 PREVIOUS_DIR = f"{CONFIG_DIR}/previous"  # the replaced unit, env and release record: rollback needs no download
 PREVIOUS_RELEASE_FILE = f"{PREVIOUS_DIR}/release.json"
+PREVIOUS_ENGINE_ENV = f"{PREVIOUS_DIR}/engine.env"  # 0600: the kept release's fabric lines and engine_env names
+MEMORY_PLAN = f"{CONFIG_DIR}/memory.json"  # every engine unit's share, the budget (contract/formats.py memory_plan)
 LIB_DIR = "/opt/sparkfleet"
 BIN_DIR = f"{LIB_DIR}/bin"
 RUNTIME_DIR = f"{LIB_DIR}/runtime"  # the hub and openai clients, shipped from the controller
 # The one rule for which runtime bundle the helpers run with: the newest unpacked (by mtime; the
 # names are content hashes, so their order means nothing). Prints its path, no trailing slash.
 NEWEST_RUNTIME_COMMAND = f"ls -dt {RUNTIME_DIR}/runtime-*/ 2>/dev/null | head -1 | sed 's:/*$::'"
-MANIFEST_DIR = "/var/lib/sparkfleet/manifests"
+HOST_MODULE = f"{BIN_DIR}/{MODULE_FILE.name}"  # the helpers' stdlib module: its own commands edit the env files
+MEMCHECK = f"{BIN_DIR}/sparkfleet-memcheck"  # a vLLM unit's pre-start memory check
+WATCHDOG = f"{BIN_DIR}/sparkfleet-watchdog"
+WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
+WATCHDOG_UNIT = "sparkfleet-watchdog.service"
+WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
+MANIFEST_DIR = f"{STATE_DIR}/manifests"
 VERIFIED_RECORD = host_module.RECORD_NAME  # inside each model directory
 STAGING_DIR_NAME = host_module.STAGING_NAME  # under model_root: same file system, atomic rename
 TOOLKIT_KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 DAEMON_JSON = "/etc/docker/daemon.json"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_UNIT = "sparkfleet-cdi.service"
+CDI_STAMP = f"{STATE_DIR}/cdi-driver"  # the driver version the spec was generated for
 TOOLKIT_PACKAGES = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
@@ -53,3 +72,21 @@ TOOLKIT_PACKAGES = (
     "libnvidia-container1",
 )
 RAY_CHECK = f"{BIN_DIR}/sparkfleet-ray-check"  # on a member: which Ray nodes are alive, with how many GPUs
+
+# The front door (hosts of the inventory group front_door) and each host's guard: HAProxy instances of their own.
+FRONT_DOOR_UNIT_NAME = "sparkfleet-front-door.service"
+FRONT_DOOR_UNIT_PATH = unit_path(FRONT_DOOR_UNIT_NAME)
+FRONT_DOOR_DIR = f"{CONFIG_DIR}/front-door"
+FRONT_DOOR_CONFIG = f"{FRONT_DOOR_DIR}/haproxy.cfg"
+FRONT_DOOR_USERS_MAP = f"{FRONT_DOOR_DIR}/users.map"  # 0600: "<key> <user>" lines
+FRONT_DOOR_BACKEND_MAP = f"{FRONT_DOOR_DIR}/backend.map"  # 0600: the engines' Authorization header
+FRONT_DOOR_TLS_PEM = f"{FRONT_DOOR_DIR}/tls.pem"  # 0600: certificate and key, as HAProxy reads them
+FRONT_DOOR_RUNTIME_NAME = "sparkfleet-front-door"  # systemd's RuntimeDirectory= and StateDirectory= name
+FRONT_DOOR_SOCKET = f"/run/{FRONT_DOOR_RUNTIME_NAME}/admin.sock"
+FRONT_DOOR_STATE_FILE = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/servers.state"
+GUARD_UNIT_NAME = "sparkfleet-guard.service"
+GUARD_UNIT_PATH = unit_path(GUARD_UNIT_NAME)
+GUARD_DIR = f"{CONFIG_DIR}/guard"
+GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
+GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
+GUARD_RUNTIME_NAME = "sparkfleet-guard"

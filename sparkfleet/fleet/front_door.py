@@ -22,23 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.contract import serving
+from sparkfleet.contract import paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 GROUP = "front_door"  # the inventory group whose hosts run a front door
-UNIT_NAME = "sparkfleet-front-door.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
-CONFIG_DIR = "/etc/sparkfleet/front-door"
-CONFIG = f"{CONFIG_DIR}/haproxy.cfg"
-USERS_MAP = f"{CONFIG_DIR}/users.map"  # 0600: "<key> <user>" lines
-BACKEND_MAP = f"{CONFIG_DIR}/backend.map"  # 0600: the engines' Authorization header
-TLS_PEM = f"{CONFIG_DIR}/tls.pem"  # 0600: certificate and key, as HAProxy reads them
-RUNTIME_DIR = "sparkfleet-front-door"
-SOCKET = f"/run/{RUNTIME_DIR}/admin.sock"
-STATE_DIR = "sparkfleet-front-door"
-STATE_FILE = f"/var/lib/{STATE_DIR}/servers.state"
+UNIT_NAME = paths.FRONT_DOOR_UNIT_NAME  # the front door's host paths: contract/paths.py
+UNIT_PATH = paths.FRONT_DOOR_UNIT_PATH
+CONFIG_DIR = paths.FRONT_DOOR_DIR
+CONFIG = paths.FRONT_DOOR_CONFIG
+USERS_MAP = paths.FRONT_DOOR_USERS_MAP
+BACKEND_MAP = paths.FRONT_DOOR_BACKEND_MAP
+TLS_PEM = paths.FRONT_DOOR_TLS_PEM
+RUNTIME_DIR = STATE_DIR = paths.FRONT_DOOR_RUNTIME_NAME
+SOCKET = paths.FRONT_DOOR_SOCKET
+STATE_FILE = paths.FRONT_DOOR_STATE_FILE
 BACKEND = "engines"
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
 # prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per connection: 500

@@ -16,12 +16,12 @@ from sparkfleet.contract import paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
 
-UNIT_NAME = "sparkfleet-guard.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
-CONFIG_DIR = "/etc/sparkfleet/guard"
-CONFIG = f"{CONFIG_DIR}/haproxy.cfg"
-KEY_MAP = f"{CONFIG_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
-RUNTIME_DIR = "sparkfleet-guard"
+UNIT_NAME = paths.GUARD_UNIT_NAME  # the guard's host paths: contract/paths.py
+UNIT_PATH = paths.GUARD_UNIT_PATH
+CONFIG_DIR = paths.GUARD_DIR
+CONFIG = paths.GUARD_CONFIG
+KEY_MAP = paths.GUARD_KEY_MAP
+RUNTIME_DIR = paths.GUARD_RUNTIME_NAME
 KEY_NAME = "engines"
 KEY_USER = "backend"  # what the log names a caller holding the backend key
 # A guard buffers nothing (HAProxy's default 16 KiB buffers); its callers are the front doors and the controller.

@@ -104,7 +104,7 @@ def image_pinned(image: str, ref: str, digest: str, archive: str | None = None):
     if archive is None:
         yield StringCommand(*env, "sh -c", QuoteString(_PULL_PINNED))
         return
-    upload = f"/var/lib/sparkfleet/{Path(archive).name}"
+    upload = f"{paths.STATE_DIR}/{Path(archive).name}"
     yield from files.put._inner(src=archive, dest=upload)
     yield StringCommand(*env, "UPLOAD=" + shlex.quote(upload), "sh -c", QuoteString(_LOAD_PINNED))
 
@@ -196,41 +196,15 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-_KEPT_ENV = f"{paths.PREVIOUS_DIR}/{Path(paths.ENGINE_ENV).name}"
-# What a rollback keeps of the running release's engine environment: the lines derived from its group (the fabric)
-# and, as `#key NAME` lines, the names of its engine_env (a secret setting), never their values. The API key and
-# the engine_env values a rollback writes are always today's: an older (leaked, rotated) one never comes back.
-_AWK_KEY = 'key = substr($0, 1, index($0, "=") - 1)'
-_AWK_KEPT = (f'/^#/ || !/=/ {{ next }} {{ {_AWK_KEY} }} key ~ fabric {{ print; next }} '
-             f'key != "{paths.API_KEY_VAR}" {{ print "#key " key }}')
-# kept (first file): its fabric lines and engine_env names (a kept file of the older rule holds NAME=value
-# lines: only the name is read); live (second file): its comments, today's API key and today's values of those
-# names, then the kept fabric lines.
-_AWK_RESTORED = (f'FILENAME == ARGV[1] {{ if ($0 ~ /^#key /) keys[substr($0, 6)] = 1; else if (index($0, "=")) '
-                 f'{{ {_AWK_KEY}; if (key ~ fabric) lines[++n] = $0; else keys[key] = 1 }}; next }} '
-                 f'/^#/ || !/=/ {{ print; next }} {{ {_AWK_KEY} }} key ~ fabric {{ next }} '
-                 f'key == "{paths.API_KEY_VAR}" || key in keys {{ print }} '
-                 f'END {{ for (i = 1; i <= n; i++) print lines[i] }}')
-
-
-_FABRIC_KEY = "^(" + "|".join(FABRIC_ENV) + ")$"
-
-
-def _awk(program: str) -> str:
-    return f"awk -v fabric={shlex.quote(_FABRIC_KEY)} {shlex.quote(program)}"
-
-
-def env_kept_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
-    """The running release's engine environment set aside (root-only): its fabric lines and engine_env names."""
-    return f"( umask 077 && {_awk(_AWK_KEPT)} {live} > {kept} )"
-
-
-def env_restored_command(live: str = paths.ENGINE_ENV, kept: str = _KEPT_ENV) -> str:
-    """The rolled-back engine environment: today's API key, today's values of the kept release's engine_env names
-    (a name it did not have is left out, so is one today's inventory dropped) and its fabric lines; the running
-    release's are kept in turn, so a second rollback returns."""
-    return (f"( umask 077 && {_awk(_AWK_KEPT)} {live} > {kept}.swap && {_awk(_AWK_RESTORED)} {kept} {live}"
-            f" > {live}.new ) && mv -f {live}.new {live} && mv -f {kept}.swap {kept}")
+def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PREVIOUS_ENGINE_ENV,
+                module: str = paths.HOST_MODULE) -> str:
+    """A rollback's edit of the engine environment, made by the owner of its format (the host module's `env-keep`
+    or `env-restore`, which read and write the root-only files themselves: no secret on the command line).
+    env-keep sets the running release's aside: its fabric lines and the names of its engine_env (a secret
+    setting), never their values nor its API key. env-restore writes the kept release's from today's file: today's
+    API key and today's values of the kept names, then the kept fabric lines; the running one is kept in turn, so a
+    second rollback returns. An older (leaked, rotated) key or value never comes back."""
+    return " ".join(shlex.quote(arg) for arg in ("python3", module, action, live, kept, ",".join(FABRIC_ENV)))
 
 
 @operation()
@@ -251,7 +225,7 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
     yield StringCommand(
         "mkdir -p", paths.PREVIOUS_DIR, "&& rm -f", *kept_units, "&& cp -p", *live, paths.RELEASE_FILE,
         paths.PREVIOUS_DIR + "/",
-        "&&", env_kept_command(),
+        "&&", env_command("env-keep"),
     )
 
 
@@ -260,7 +234,7 @@ def previous_release_restored(previous: dict, current: dict):
     """Swap the kept release with the running one (so a second rollback returns), then restart.
 
     The engine environment swapped in holds today's API key and engine_env values, never
-    an older one (env_restored_command).
+    an older one (env_command).
     """
     if previous["release_id"] == current.get("release_id"):
         host.noop(f"release {current.get('release_id')} is already the running one")
@@ -271,7 +245,7 @@ def previous_release_restored(previous: dict, current: dict):
     live = paths.RELEASE_FILE
     kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
     yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
-    yield env_restored_command()
+    yield env_command("env-restore")
     yield from units_restored(previous.get("role", "single"), host.name)
 
 

@@ -1,4 +1,4 @@
-"""RAG services on a host: their memory plan file, dropped services removed, and every converge's probe.
+"""RAG services on a host: dropped services removed, and every converge's probe.
 
 A service is a vLLM unit `sparkfleet-vllm-<name>.service` running container `vllm-<name>`; the names follow
 the settings grammar ([a-z][a-z0-9-]*), so they are safe unquoted, and anything read back from the host
@@ -7,7 +7,6 @@ that does not match it is ignored, never acted on.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -17,23 +16,14 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_command, health_gate
 
-SYSTEMD_DIR = "/etc/systemd/system"
-MEMORY_PLAN = f"{paths.CONFIG_DIR}/memory.json"  # what sparkfleet-memcheck reads: every unit's share
 _SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
-
-
-def memory_plan_file(plan) -> dict:
-    """The host's memory plan as the pre-start check reads it: the budget and each engine unit's share."""
-    units = {paths.UNIT_NAME: plan.settings.gpu_memory_utilization}
-    units.update({svc.unit: svc.service.gpu_memory_utilization for svc in plan.services})
-    return {"budget": plan.settings.gpu_memory_budget, "units": units}
 
 
 class ServiceUnits(FactBase[list]):
     """The service units installed on the host (file names matching the service grammar, sorted)."""
 
     def command(self):
-        return f"ls -1 {SYSTEMD_DIR} 2>/dev/null || true"
+        return f"ls -1 {paths.SYSTEMD_DIR} 2>/dev/null || true"
 
     def process(self, output):
         return sorted(line for line in output if _SERVICE_UNIT.fullmatch(line))
@@ -50,7 +40,7 @@ def services_pruned(keep: list[str]):
         container = "vllm-" + _SERVICE_UNIT.fullmatch(unit).group(1)
         yield f"systemctl disable --now {unit} || true"
         yield f"docker rm -f {container} >/dev/null 2>&1 || true"
-        yield f"rm -f {SYSTEMD_DIR}/{unit}"
+        yield f"rm -f {paths.unit_path(unit)}"
     yield "systemctl daemon-reload"
 
 
@@ -91,7 +81,3 @@ def service_serving(unit: str, served_name: str, kind: str, port: int, timeout_s
                             "systemctl reset-failed", unit, "2>/dev/null;", "systemctl restart", unit)
     yield from health_gate._inner(served_name=served_name, port=port, tools=False,
                                   timeout_s=timeout_s, runtime=runtime, container=container, kind=kind, unit=unit)
-
-
-def memory_plan_json(plan) -> str:
-    return json.dumps(memory_plan_file(plan), indent=1, sort_keys=True) + "\n"

@@ -11,12 +11,10 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
+# the watchdog's host paths live in the contract; tasks/watchdog.py takes them from here
+from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT  # noqa: F401
 
-WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
 WATCHDOG_RUN = f"python3 {WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
-WATCHDOG_STATE = "/var/lib/sparkfleet/watchdog.json"
-WATCHDOG_UNIT = "sparkfleet-watchdog.service"
-WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
 
 
 def probe_verdict(probe: dict) -> str:

@@ -17,9 +17,7 @@ from pyinfra.operations import apt
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import DockerServerVersion, Unreadable, read_json_object
 
-CDI_SPEC = "/etc/cdi/nvidia.yaml"
-CDI_UNIT = "sparkfleet-cdi.service"
-CDI_STAMP = "/var/lib/sparkfleet/cdi-driver"  # the driver version the spec was generated for
+CDI_SPEC, CDI_UNIT, CDI_STAMP = paths.CDI_SPEC, paths.CDI_UNIT, paths.CDI_STAMP
 CDI_GENERATE = f"/usr/bin/nvidia-ctk cdi generate --output={CDI_SPEC}"
 DOCKER_CDI_MIN = (25, 0)  # the first Docker whose `docker run --device` takes a CDI name
 DOCKER_CDI_DEFAULT = (28, 2)  # the first Docker with CDI on by default; 25 to 28.1 need features.cdi

@@ -13,13 +13,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.formats import API_KEY_VAR
 from sparkfleet.contract.settings import Settings
 
 ENGINES_DIR = Path(__file__).parent / "engines"
 
 # vLLM flags that carry a secret: on the command line it would sit in the world-readable unit and in `ps`.
 SECRET_FLAGS = {
-    "--api-key": "set the `api_key` setting instead (it reaches vLLM as VLLM_API_KEY from a root-only env file)",
+    "--api-key": f"set the `api_key` setting instead (it reaches vLLM as {API_KEY_VAR} from a root-only env file)",
     "--hf-token": "remove it: the engine serves a local directory that sparkfleet fetched with `hub_token`",
 }
 # vLLM 0.33 flags that open an admin surface, load code, or log what users send (vllm/entrypoints/openai/cli_args.py,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.formats import API_KEY_VAR, host_memory_bytes
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -108,7 +109,8 @@ class HostPlan:
         else:
             weights = self.known_weight_bytes
         return fit_report(self.config, weights,
-                          memory_bytes=int(s.host_memory_gb * 1e9), gpu_memory_utilization=s.gpu_memory_utilization,
+                          memory_bytes=host_memory_bytes(s.host_memory_gb),
+                          gpu_memory_utilization=s.gpu_memory_utilization,
                           max_model_len=min(s.max_model_len, self.shape.max_position_embeddings),
                           kv_cache_dtype=s.kv_cache_dtype, max_num_seqs=s.max_num_seqs,
                           bandwidth=s.memory_bandwidth_gbs * 1e9, num_speculative_tokens=self.speculative_tokens,
@@ -271,7 +273,7 @@ class HostPlan:
             "ray_unit": self.render_ray_unit() if self.group else None,
             "ray_env": self.ray_env if self.group else None,
             "services": [{"name": svc.name, **svc.record(), "hub_error": svc.hub_error,
-                          "fit": svc.fit(int(self.settings.host_memory_gb * 1e9)).to_dict(),
+                          "fit": svc.fit(host_memory_bytes(self.settings.host_memory_gb)).to_dict(),
                           "docker_options": svc.docker_options, "unit_text": self.render_service_unit(svc)}
                          for svc in self.services],
             "memory_plan": self.memory_plan,
@@ -330,8 +332,8 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
                         f"(mtp_num_hidden_layers in its config.json): remove speculative_method")
     if s.enable_auto_tool_choice and not s.tool_call_parser:
         problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
-    if "VLLM_API_KEY" in s.engine_env:
-        problems.append(f"{name}: engine_env sets VLLM_API_KEY, which sparkfleet writes from `api_key`: "
+    if API_KEY_VAR in s.engine_env:
+        problems.append(f"{name}: engine_env sets {API_KEY_VAR}, which sparkfleet writes from `api_key`: "
                         f"set api_key instead")
     remote_code = (getattr(catalogue().get(s.recipe), "trust_remote_code", False), s.allow_trust_remote_code)
     problems += [f"{name}: setting `extra_engine_args`: {p}"

@@ -7,7 +7,7 @@ import re
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sparkfleet import TEMPLATES_DIR
-from sparkfleet.contract import paths
+from sparkfleet.contract import formats, paths
 
 _templates = Environment(
     loader=FileSystemLoader(TEMPLATES_DIR),
@@ -63,7 +63,8 @@ def _engine_unit(plan, served_name: str, share: float, container: str, docker_op
         image=plan.engine_ref,
         release_id=plan.chat_release_id or "unresolved",
         release_file=paths.RELEASE_FILE,
-        bin_dir=paths.BIN_DIR,
+        memcheck=paths.MEMCHECK,
+        memory_plan=paths.MEMORY_PLAN,
         docker_options=_lines(docker_options),
         engine_args=_lines(args),
         ray_unit=paths.RAY_UNIT_NAME if plan.group and container == plan.settings.container_name else None,
@@ -109,10 +110,10 @@ def ray_unit(plan) -> str:
 
 
 def engine_env(s, fabric: dict[str, str]) -> str:
-    """The engine containers' environment file: the API key, a member's fabric variables, then engine_env
-    (settings refuse an engine_env key that sparkfleet derives)."""
-    return _templates.get_template("engine.env.j2").render(s=s, env={**fabric, **s.engine_env})
+    """The engine containers' environment file (contract/formats.py): the API key, a member's fabric variables,
+    then engine_env (settings refuse an engine_env key that sparkfleet derives)."""
+    return formats.engine_env(s.api_key, {**fabric, **s.engine_env})
 
 
 def hub_env(s) -> str:
-    return _templates.get_template("hub.env.j2").render(s=s)
+    return formats.hub_env(s.hub_token)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import formats, paths
+from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
@@ -177,12 +178,10 @@ def min_share(report: FitReport) -> float:
 
 
 def memory_plan(s: Settings, shares: dict[str, float]) -> dict:
-    """The host's one memory plan: the chat's share and each service's, their sum against the budget."""
-    memory = s.host_memory_gb * 1e9
-    rows = {"chat": s.gpu_memory_utilization, **shares}
-    total = round(sum(rows.values()), 6)
-    return {"budget": s.gpu_memory_budget, "total": total, "fits": total <= s.gpu_memory_budget + 1e-9,
-            "shares": {name: {"share": share, "bytes": int(share * memory)} for name, share in rows.items()}}
+    """The host's one memory plan (contract/formats.py): the chat's share and each service's, by unit."""
+    rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization),
+            **{name: (unit_name(name), share) for name, share in shares.items()}}
+    return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows)
 
 
 def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:
@@ -236,7 +235,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
             problems.append(f"{where}: {unreadable}")
             plan.config = None  # the recipe's facts stand in, so the rest of the plan can still be checked
         try:
-            refusal = check_fit(plan.fit(int(s.host_memory_gb * 1e9)))
+            refusal = check_fit(plan.fit(host_memory_bytes(s.host_memory_gb)))
         except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)
             refusal = f"{exc} ({service.model_repo})"
         if refusal:
@@ -245,7 +244,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
     problems += port_problems(host, s, {p.name: p.service.api_port for p in plans})
     memory = memory_plan(s, {p.name: p.service.gpu_memory_utilization for p in plans})
     if not memory["fits"]:
-        memory_bytes = int(s.host_memory_gb * 1e9)
+        memory_bytes = host_memory_bytes(s.host_memory_gb)
         problems.append(oversubscribed(host, s, memory, {p.name: min_share(p.fit(memory_bytes)) for p in plans}))
     return plans, problems
 
@@ -260,7 +259,7 @@ def plan_rows(plan) -> list[tuple[str, str]]:
                         for name, row in memory["shares"].items())
     rows = [("memory plan", f"{shares} = {memory['total']:g} of gpu_memory_budget {memory['budget']:g}")]
     for svc in plan.services:
-        fit = svc.fit(int(plan.settings.host_memory_gb * 1e9))
+        fit = svc.fit(host_memory_bytes(plan.settings.host_memory_gb))
         source = "the hub's manifest" if svc.manifest else f"recipe {svc.recipe.name}, offline"
         rows.append((f"service {svc.name}", (
             f"{svc.kind} {svc.service.served_model_name} on port {svc.service.api_port} ({svc.unit}); share "

@@ -14,6 +14,7 @@ import time
 import requests
 from openai import OpenAI
 
+from sparkfleet.contract import paths
 from tests.e2e.conftest import (
     ENGINE_PATHS,
     HOSTS,
@@ -93,10 +94,10 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
         assert {name: (svc["unit"], svc["api_port"], svc["kind"]) for name, svc in record["services"].items()} == {
             "embed": ("sparkfleet-vllm-embed.service", 8001, "embedding"),
             "rerank": ("sparkfleet-vllm-rerank.service", 8002, "reranker")}
-        memory = json.loads(ssh(state, HOST, "cat /etc/sparkfleet/memory.json"))
-        assert memory == {"budget": 0.95, "units": {"sparkfleet-vllm.service": 0.3,
-                                                    "sparkfleet-vllm-embed.service": 0.03,
-                                                    "sparkfleet-vllm-rerank.service": 0.03}}
+        memory = json.loads(ssh(state, HOST, f"cat {paths.MEMORY_PLAN}"))  # the planner's plan, as memcheck reads it
+        assert (memory["budget"], {row["unit"]: row["share"] for row in memory["shares"].values()}) == (0.95, {
+            "sparkfleet-vllm.service": 0.3, "sparkfleet-vllm-embed.service": 0.03,
+            "sparkfleet-vllm-rerank.service": 0.03})
 
         for port, served in SERVED.items():  # from another host: only through the guard, only its paths
             lan = f"http://sparkfleet-spark-1:{port}"

@@ -221,16 +221,22 @@ def run_sh(command: str) -> None:
     subprocess.run(["sh", "-c", command], check=True)
 
 
-def test_a_rollback_takes_todays_secrets_and_never_an_older_engine_env_value(tmp_path):
-    from sparkfleet.host.operations import env_kept_command, env_restored_command
+def env_edit(action: str, live, kept) -> str:
+    """The rollback's command for the engine env, run with the real host module on these files."""
+    from sparkfleet.contract.shared import MODULE_FILE
+    from sparkfleet.host.operations import env_command
 
+    return env_command(action, str(live), str(kept), module=str(MODULE_FILE))
+
+
+def test_a_rollback_takes_todays_secrets_and_never_an_older_engine_env_value(tmp_path):
     live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
     live.write_text(OLD_ENV)  # the running release (a group member) is replaced by a single-host one
-    run_sh(env_kept_command(str(live), str(kept)))
+    run_sh(env_edit("env-keep", live, kept))
     assert kept.read_text() == "#key HF_TOKEN\n#key SIM_DELAY\n" + FABRIC  # names, never values
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     live.write_text(NEW_ENV)  # the new release, after the user rotated the key and the token
-    run_sh(env_restored_command(str(live), str(kept)))
+    run_sh(env_edit("env-restore", live, kept))
     # today's key and token; SIM_FAIL_HEALTH came with the release rolled back; SIM_DELAY is gone from today's
     # inventory, so its older value stays gone
     assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\nHF_TOKEN=rotated-token\n" + FABRIC
@@ -240,22 +246,18 @@ def test_a_rollback_takes_todays_secrets_and_never_an_older_engine_env_value(tmp
 
 
 def test_a_kept_env_written_by_the_older_rule_gives_back_names_and_fabric_never_values(tmp_path):
-    from sparkfleet.host.operations import env_restored_command
-
     live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
     live.write_text(NEW_ENV)
     kept.write_text(OLD_ENV.replace("VLLM_API_KEY=old-key-0000000000\n", ""))  # the older rule kept all but the key
-    run_sh(env_restored_command(str(live), str(kept)))
+    run_sh(env_edit("env-restore", live, kept))
     assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\nHF_TOKEN=rotated-token\n" + FABRIC
 
 
 def test_an_empty_kept_env_restores_todays_key_alone(tmp_path):
-    from sparkfleet.host.operations import env_restored_command
-
     live, kept = tmp_path / "engine.env", tmp_path / "previous.env"
     live.write_text(NEW_ENV)
     kept.write_text("")
-    run_sh(env_restored_command(str(live), str(kept)))
+    run_sh(env_edit("env-restore", live, kept))
     assert live.read_text() == HEADER + "VLLM_API_KEY=rotated-key-1111111\n"
 
 

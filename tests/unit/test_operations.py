@@ -1,6 +1,7 @@
 """Every custom operation against fake facts (pyinfra-testing's runner), and the
 model operation in Python: converged facts must produce no commands."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,11 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
+from sparkfleet.contract.formats import API_KEY_VAR
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
-    env_kept_command,
-    env_restored_command,
+    env_command,
     health_gate_results,
     image_pinned,
     old_models_removed,
@@ -38,6 +39,10 @@ TestOldModelsRemoved = make_operation_tests("sparkfleet.host", "operations.old_m
                                            CASES / "old_models_removed")
 TestImagePinned = make_operation_tests("sparkfleet.host", "operations.image_pinned", CASES / "image_pinned")
 TestHealthGate = make_operation_tests("sparkfleet.host", "operations.health_gate", CASES / "health_gate")
+TestReleaseKept = make_operation_tests("sparkfleet.host", "operations.release_kept_for_rollback",
+                                       CASES / "release_kept_for_rollback")
+TestPreviousRestored = make_operation_tests("sparkfleet.host", "operations.previous_release_restored",
+                                            CASES / "previous_release_restored")
 
 MANIFEST = Manifest("huggingface", "Qwen/Qwen3.5-35B-A3B-FP8", "main", "a" * 40, (
     ManifestFile("config.json", 120, blob_sha1="1" * 40),
@@ -219,7 +224,7 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
 UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
 CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
-KEEP_ENV = env_kept_command()  # its effect on an engine env file: test_hostile_point8.py
+KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_point8.py
 
 
 def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
@@ -269,7 +274,7 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
          "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
          "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
-        env_restored_command(),
+        env_command("env-restore"),
         ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
          "mv -f /etc/systemd/system/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-ray.service; fi"),
         ("{ [ -e /etc/sparkfleet/previous/sparkfleet-vllm.service ] || { echo 'spark-1: /etc/sparkfleet/previous/"
@@ -282,6 +287,19 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         "systemctl daemon-reload",
         "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
     ]
+
+
+def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_on_the_command_line():
+    """No grep, sed or awk of engine.env: the host module edits it (test_hostile_point8.py runs its edits), and no
+    command names the API key's variable, let alone a value."""
+    kept = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+                  {UNIT: "[Unit]\n"})[0]
+    restored = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})[0]
+    for command in kept + restored:
+        assert not {"grep", "sed", "awk"} & set(re.split(r"[\s;|&(){}]+", command)), command
+        assert API_KEY_VAR not in command, command
+    assert kept[0].endswith(env_command("env-keep")) and env_command("env-restore") in restored
+    assert env_command("env-keep").startswith("python3 /opt/sparkfleet/bin/sparkfleet_host.py env-keep ")
 
 
 def test_rollback_to_the_running_release_is_a_noop():

@@ -63,9 +63,9 @@ def test_the_default_rag_host_memory_plan():
     """chat 0.88 + embed 0.03 + rerank 0.03 = 0.94 of the budget 0.95; each service's fit in its 3.84 GB."""
     p = plan(services=RAG)
     assert p.memory_plan == {"budget": 0.95, "total": 0.94, "fits": True, "shares": {
-        "chat": {"share": 0.88, "bytes": 112_640_000_000},
-        "embed": {"share": 0.03, "bytes": 3_840_000_000},
-        "rerank": {"share": 0.03, "bytes": 3_840_000_000}}}
+        "chat": {"unit": "sparkfleet-vllm.service", "share": 0.88, "bytes": 112_640_000_000},
+        "embed": {"unit": "sparkfleet-vllm-embed.service", "share": 0.03, "bytes": 3_840_000_000},
+        "rerank": {"unit": "sparkfleet-vllm-rerank.service", "share": 0.03, "bytes": 3_840_000_000}}}
     fit = p.services[0].fit(128 * 10**9)
     # 3,840,000,000 - weights 1,191,586,416 - reserve 1,073,741,824 = 1,574,671,760 of KV cache;
     # 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114,688 bytes/token: 13,730 tokens.
@@ -160,19 +160,23 @@ def test_a_dropped_services_model_stays_while_its_release_can_be_rolled_back_to(
 def test_the_service_unit_runs_its_own_container_share_and_port():
     p = plan(services=RAG)
     unit = p.render_service_unit(p.services[0])
-    assert "ExecStartPre=/opt/sparkfleet/bin/sparkfleet-memcheck 0.03\n" in unit
+    assert "ExecStartPre=/opt/sparkfleet/bin/sparkfleet-memcheck 0.03 /etc/sparkfleet/memory.json\n" in unit
     assert "ExecStart=/usr/bin/docker run --rm --name vllm-embed \\\n" in unit
     assert "ExecStop=/usr/bin/docker stop --time 60 vllm-embed\n" in unit
     assert "    --env-file /etc/sparkfleet/engine.env \\\n" in unit  # the same API key as the chat model
     assert "    --port 18001 \\\n" in unit and "    --convert embed\n" in unit
 
 
-def test_the_memory_plan_file_lists_every_engine_unit():
-    from sparkfleet.host.services import memory_plan_file
+def test_the_memory_plan_file_is_the_planners_plan_and_names_every_engine_unit(tmp_path):
+    from sparkfleet.contract.formats import memory_plan_json
+    from sparkfleet.contract.shared import host_module
 
-    assert memory_plan_file(plan(services=RAG, gpu_memory_utilization=0.8)) == {"budget": 0.95, "units": {
+    p = plan(services=RAG, gpu_memory_utilization=0.8)
+    (tmp_path / "memory.json").write_text(memory_plan_json(p.memory_plan))  # what the service stage writes
+    assert json.loads((tmp_path / "memory.json").read_text()) == p.memory_plan
+    assert host_module.read_memory_plan(tmp_path / "memory.json") == (0.95, {
         "sparkfleet-vllm.service": 0.8, "sparkfleet-vllm-embed.service": 0.03,
-        "sparkfleet-vllm-rerank.service": 0.03}}
+        "sparkfleet-vllm-rerank.service": 0.03})
 
 
 def fake_resolver():

@@ -1,0 +1,55 @@
+"""The format of each file sparkfleet writes on a host and reads back, with one owner each.
+
+The env files (engine.env, hub.env) and the memory plan are read by the host helpers too, so their rules
+live in the host module (files/sparkfleet_host.py: render, parse, the rollback's edit, the budget rule)
+and the controller takes them from here. The release record's keys are release/plan.py's
+`release_record`, checked when read back by host/facts.py `RELEASE_KEYS`; the watchdog's state is
+files/sparkfleet-watchdog's own (no other reader).
+"""
+
+from __future__ import annotations
+
+import json
+
+from sparkfleet.contract.shared import host_module
+
+API_KEY_VAR = host_module.API_KEY_VAR  # engine.env's API key: vLLM reads it, the helpers send it
+HUB_TOKEN_VARS = ("HF_TOKEN", "MODELSCOPE_API_TOKEN")  # hub.env: what the official clients read
+ENGINE_ENV_HEADER = "Managed by sparkfleet. Root-only: read by `docker run --env-file`."
+HUB_ENV_HEADER = "Managed by sparkfleet. Root-only: read by sparkfleet-fetch."
+parse_env = host_module.parse_env
+within_budget = host_module.within_budget
+
+
+def engine_env(api_key: str | None, env: dict[str, str]) -> str:
+    """engine.env: the API key when one is set, then every other variable by name (case-insensitively)."""
+    if API_KEY_VAR in env:
+        raise ValueError(f"{API_KEY_VAR} is written from the `api_key` setting, not from the environment")
+    head = {API_KEY_VAR: api_key} if api_key else {}
+    by_name = dict(sorted(env.items(), key=lambda item: item[0].lower()))  # the order the old template wrote
+    return host_module.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
+
+
+def hub_env(hub_token: str | None) -> str:
+    """hub.env: the hub token under each official client's name (nothing when no token is set)."""
+    return host_module.render_env(HUB_ENV_HEADER, dict.fromkeys(HUB_TOKEN_VARS, hub_token) if hub_token else {})
+
+
+def host_memory_bytes(host_memory_gb: float) -> int:
+    """The host's memory in bytes, as the fit and the memory plan count it (the setting is decimal GB)."""
+    return int(host_memory_gb * 1e9)
+
+
+def memory_plan(budget: float, memory_bytes: int, shares: dict[str, tuple[str, float]]) -> dict:
+    """The host's one memory plan: the budget, each engine's unit, share and bytes (by name: "chat", each
+    service), their sum and whether it fits. The planner refuses one that does not fit, `plan` prints it, the
+    release record keeps it, and sparkfleet-memcheck reads it from paths.MEMORY_PLAN (read_memory_plan)."""
+    total, fits = within_budget([share for _, share in shares.values()], budget)
+    return {"budget": budget, "total": total, "fits": fits,
+            "shares": {name: {"unit": unit, "share": share, "bytes": int(share * memory_bytes)}
+                       for name, (unit, share) in shares.items()}}
+
+
+def memory_plan_json(plan: dict) -> str:
+    """The memory plan file's bytes (sorted keys: the same plan, the same file)."""
+    return json.dumps(plan, indent=1, sort_keys=True) + "\n"
