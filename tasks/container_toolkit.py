@@ -4,11 +4,12 @@ before a first start, a container started like the engine must see the GPU."""
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, server
 
 from sparkfleet import TEMPLATES_DIR
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import NvidiaSmi
+from sparkfleet.host.managed import managed_template, managed_unit
 from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (
     CDI_GENERATE,
@@ -57,16 +58,16 @@ def container_toolkit(plan: HostPlan, arch: str):
     changed = [runtime]
     if s.gpu_device_mode == "cdi":
         changed.append(docker_takes_cdi_devices(name="Docker takes CDI devices (features.cdi before 28.2)"))
-    systemd.service(
+    managed_unit(
         name="Docker restarted only if daemon.json changed",
         service="docker.service", running=True, enabled=True, restarted=any(op.will_change for op in changed),
     )
     if s.gpu_device_mode == "cdi":
-        unit = files.template(name="CDI spec unit (at boot, after the driver)",
+        unit = managed_template(name="CDI spec unit (at boot, after the driver)",
                               src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
                               dest=f"/etc/systemd/system/{CDI_UNIT}", unit=paths.UNIT_NAME, generate=CDI_GENERATE,
                               stamp=CDI_STAMP)
-        systemd.service(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
+        managed_unit(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
                         daemon_reload=unit.will_change)
         cdi_spec_current(name="CDI spec current for the loaded driver", driver=host.get_fact(NvidiaSmi).driver)
     container_sees_gpu(name="A container started like the engine sees the GPU", image=plan.engine_ref,

@@ -6,15 +6,14 @@ A worker of a tensor-parallel group runs no engine: its timer is off (one left f
 would restart a unit that is gone). Its Ray unit restarts itself (Restart=always), the head's watchdog
 restarts the group's engine, and the health stage's Ray gate checks the worker on every converge."""
 
-import io
 import json
 
 from pyinfra import host, state
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR, TEMPLATES_DIR
 from sparkfleet.contract import paths
+from sparkfleet.host.managed import managed_file, managed_template, managed_unit
 from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.serving import (
     WATCHDOG,
@@ -32,19 +31,19 @@ from sparkfleet.release.plan import HostPlan
 def watchdog(plan: HostPlan, runtime: str, started):
     s = plan.settings
     if not plan.runs_engine:
-        systemd.service(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
+        managed_unit(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
                         service=WATCHDOG_TIMER, running=False, enabled=False)
         return
-    files.put(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
+    managed_file(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
               mode="0755")
-    files.put(name="Watchdog settings", src=io.StringIO(json.dumps(watchdog_config(s), indent=1, sort_keys=True)
-                                                         + "\n"), dest=WATCHDOG_CONFIG, mode="0644")
-    unit = files.template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
+    managed_file(name="Watchdog settings", content=json.dumps(watchdog_config(s), indent=1, sort_keys=True) + "\n",
+                 dest=WATCHDOG_CONFIG, mode="0644")
+    unit = managed_template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
                           dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
                           config=WATCHDOG_CONFIG, state=WATCHDOG_STATE)
-    timer = files.template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
+    timer = managed_template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
                            dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
-    systemd.service(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
+    managed_unit(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
                     running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
                     daemon_reload=unit.will_change or timer.will_change)
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",

@@ -16,6 +16,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
+from sparkfleet.host.state import unit_files
 
 SYSTEMD_DIR = "/etc/systemd/system"
 MEMORY_PLAN = f"{paths.CONFIG_DIR}/memory.json"  # what sparkfleet-memcheck reads: every unit's share
@@ -29,20 +30,10 @@ def memory_plan_file(plan) -> dict:
     return {"budget": plan.settings.gpu_memory_budget, "units": units}
 
 
-class ServiceUnits(FactBase[list]):
-    """The service units installed on the host (file names matching the service grammar, sorted)."""
-
-    def command(self):
-        return f"ls -1 {SYSTEMD_DIR} 2>/dev/null || true"
-
-    def process(self, output):
-        return sorted(line for line in output if _SERVICE_UNIT.fullmatch(line))
-
-
 @operation()
 def services_pruned(keep: list[str]):
     """Units of services no longer in the settings: stopped, disabled, their unit file and container gone."""
-    stale = [unit for unit in host.get_fact(ServiceUnits) if unit not in keep]
+    stale = [unit for unit in unit_files(host) if _SERVICE_UNIT.fullmatch(unit) and unit not in keep]
     if not stale:
         host.noop("no dropped service")
         return

@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
+from sparkfleet.host.state import unit_state
 from sparkfleet.contract.settings import Settings
 
 WATCHDOG = f"{paths.BIN_DIR}/sparkfleet-watchdog"
@@ -84,21 +85,11 @@ class ServingProbe(FactBase[dict]):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
 
 
-class UnitFailed(FactBase[bool]):
-    """The unit is `failed` (a crash loop hit its start limit): systemd refuses to start it until reset."""
-
-    def command(self, unit: str):
-        return f"systemctl is-failed --quiet {shlex.quote(unit)} && echo failed || echo ok"
-
-    def process(self, output):
-        return output == ["failed"]
-
-
 @operation()
 def start_limit_cleared(unit: str):
     """A converge tries a failed unit again: systemd's start limit (which ended a crash loop) is reset, so
     the start that follows is not refused as "repeated too quickly"."""
-    if not host.get_fact(UnitFailed, unit=unit):
+    if not unit_state(host, unit)["failed"]:
         host.noop(f"{unit} is not failed")
         return
     yield StringCommand("systemctl reset-failed", QuoteString(unit))
