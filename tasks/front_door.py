@@ -7,7 +7,7 @@ host counts as converged.
 """
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server
+from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from sparkfleet.fleet.front_door import (
@@ -21,7 +21,7 @@ from sparkfleet.fleet.front_door import (
     front_door_plan,
 )
 from sparkfleet.fleet.inventory import DeployRefused
-from sparkfleet.host.managed import managed_directory, managed_file, managed_unit
+from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -34,8 +34,8 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     except SettingsError as exc:
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     s = door.settings
-    apt.packages(name="socat installed (the front door's runtime API)", packages=["socat"], update=True,
-                 cache_time=86400)  # HAProxy itself: the guard stage
+    # HAProxy itself: the guard stage
+    managed_packages(name="socat installed (the front door's runtime API)", packages=["socat"])
     managed_directory(name="Front door config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
         managed_file(name="Front door config", content=door.config(), dest=CONFIG, mode="0644"),

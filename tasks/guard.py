@@ -7,11 +7,10 @@ that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt
 
 from sparkfleet.fleet.guard import CONFIG, CONFIG_DIR, KEY_MAP, UNIT_NAME, UNIT_PATH, guard_plan
 from sparkfleet.fleet.inventory import DeployRefused
-from sparkfleet.host.managed import managed_directory, managed_file, managed_unit
+from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -23,7 +22,7 @@ def guard(plan: HostPlan):
         wanted = guard_plan(plan)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
-    apt.packages(name="HAProxy installed", packages=["haproxy"], update=True, cache_time=86400)
+    managed_packages(name="HAProxy installed", packages=["haproxy"])
     managed_unit(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
                     service="haproxy.service", running=False, enabled=False)
     if wanted is None:

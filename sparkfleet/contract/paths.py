@@ -60,3 +60,5 @@ MANAGED_GLOBS = (
 )
 # The units that read covers besides each /etc/systemd/system/sparkfleet-* unit.
 MANAGED_UNITS = ("docker.service", "haproxy.service")
+# The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
+MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES)

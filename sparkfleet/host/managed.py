@@ -12,9 +12,10 @@ from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.util import get_template
+from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.operations.util.files import chmod, chown
 
-from sparkfleet.host.state import file_state, forget, unit_state
+from sparkfleet.host.state import file_state, forget, installed_packages, unit_state
 
 
 def _mode(mode: str | int) -> int:
@@ -132,3 +133,16 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
     for verb in verbs:
         yield StringCommand("systemctl", verb) if verb == "daemon-reload" else StringCommand(
             "systemctl", verb, QuoteString(service))
+
+
+@operation()
+def managed_packages(packages: list[str]):
+    """These Debian packages installed (any version: their pins are the toolkit stage's); the apt lists are
+    refreshed only when one is missing."""
+    have = installed_packages(host)
+    missing = [p for p in packages if p not in have]
+    if not missing:
+        host.noop(f"installed: {', '.join(f'{p} {have[p]}' for p in packages)}")
+        return
+    yield noninteractive_apt("update")
+    yield StringCommand(noninteractive_apt("install"), *(QuoteString(p) for p in missing))

@@ -31,6 +31,8 @@ _STAT_ONE = (
     'if [ "$t" = file ]; then h=$(sha256sum < "$f" | cut -c1-64); fi; '
     'printf "F %s %s %s %s\\n" "$t" "$m" "${h:--}" "$f"'
 )
+_DEB_FORMAT = "P ${Package} ${Version} ${db:Status-Abbrev}\n"
+_DEB_LINE = re.compile(r"P ([a-z0-9][a-z0-9+.-]*) (\S+) (\S+)\s*")
 _UNITS = (
     'command -v systemctl >/dev/null || exit 0; '
     f'for f in {UNIT_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
@@ -51,17 +53,25 @@ def glob_word(pattern: str) -> str:
     return shlex.quote(f"{head}/{before}") + "*" + (shlex.quote(after) if after else "")
 
 
-def state_command(globs, units) -> str:
+def state_command(globs, units, packages=()) -> str:
     files = " ".join(glob_word(g) for g in globs)
     named = " ".join(shlex.quote(u) for u in units)
-    return f"for f in {files}; do {_STAT_ONE}; done; set -- {named}; {_UNITS}"
+    debs = (f"command -v dpkg-query >/dev/null && dpkg-query -W -f {shlex.quote(_DEB_FORMAT)} -- "
+            f"{' '.join(shlex.quote(p) for p in packages)} 2>/dev/null; " if packages else "")
+    return f"for f in {files}; do {_STAT_ONE}; done; {debs}set -- {named}; {_UNITS}"
 
 
 def parse_state(lines: list[str]) -> dict:
-    """{"files": {path: {type, mode, user, group, sha256}}, "units": {unit: {running, enabled}}}. What the host
-    printed is data: a line that does not parse is left out (its file reads as absent: put again, never trusted)."""
-    files, units, unit = {}, {}, None
+    """{"files": {path: {type, mode, user, group, sha256}}, "units": {unit: {running, enabled, failed}},
+    "packages": {name: installed version}}. What the host printed is data: a line that does not parse is left out
+    (its file reads as absent: put again, never trusted)."""
+    files, units, unit, packages = {}, {}, None, {}
     for line in lines:
+        deb = _DEB_LINE.fullmatch(line)
+        if deb:
+            if deb.group(3).startswith("ii"):
+                packages[deb.group(1)] = deb.group(2)
+            continue
         found = _FILE_LINE.fullmatch(line.strip())
         if found:
             kind, mode, user, group, digest, path = found.groups()
@@ -79,14 +89,14 @@ def parse_state(lines: list[str]) -> dict:
             unit["failed"] = value == "failed"
         elif unit is not None and key == "UnitFileState":
             unit["enabled"] = value in ENABLED
-    return {"files": files, "units": units}
+    return {"files": files, "units": units, "packages": packages}
 
 
 class HostState(FactBase[dict]):
     """Every managed file's and unit's state in one command (parse_state)."""
 
     def command(self):
-        return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS)
+        return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS, paths.MANAGED_PACKAGES)
 
     def process(self, output):
         return parse_state(list(output))
@@ -152,6 +162,11 @@ def unit_files(host) -> list[str]:
     prefix = f"{UNIT_DIR}/{UNIT_PREFIX}"
     return sorted(path.rpartition("/")[2] for path, found in snapshot(host)["files"].items()
                   if path.startswith(prefix) and found["type"] == "file")
+
+
+def installed_packages(host) -> dict[str, str]:
+    """The managed Debian packages installed (name -> version)."""
+    return snapshot(host).get("packages", {})
 
 
 def forget(host, name: str) -> None:
