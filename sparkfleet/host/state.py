@@ -45,9 +45,11 @@ _UNITS = (
 def glob_word(pattern: str) -> str:
     """A path for the shell, quoted, its last component's one `*` left to the shell (depth 1, never deeper)."""
     head, _, name = pattern.rpartition("/")
+    if "*" in head:
+        raise ValueError(f"{pattern}: only the last component of a managed path may hold one `*`")
     if "*" not in name:
         return shlex.quote(pattern)
-    if "*" in head or not _NAME_PATTERN.fullmatch(name):
+    if not _NAME_PATTERN.fullmatch(name):
         raise ValueError(f"{pattern}: only the last component of a managed path may hold one `*`")
     before, _, after = name.partition("*")
     return shlex.quote(f"{head}/{before}") + "*" + (shlex.quote(after) if after else "")
