@@ -17,7 +17,7 @@ from pyinfra.api import FactBase
 
 from sparkfleet.contract import paths
 
-_FILE_LINE = re.compile(r"F (file|dir|link) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-) (/\S*)")
+_FILE_LINE = re.compile(r"F (file|dir|link) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-) (/.*)")
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]*\*?[A-Za-z0-9._-]*")
 RUNNING = ("running", "waiting", "exited", "listening", "mounted")  # as pyinfra's SystemdStatus
 ENABLED = ("enabled", "static")  # as pyinfra's SystemdEnabled
@@ -74,7 +74,7 @@ def parse_state(lines: list[str]) -> dict:
             if deb.group(3).startswith("ii"):
                 packages[deb.group(1)] = deb.group(2)
             continue
-        found = _FILE_LINE.fullmatch(line.strip())
+        found = _FILE_LINE.fullmatch(line.rstrip("\r\n"))
         if found:
             kind, mode, user, group, digest, path = found.groups()
             files[path] = {"type": kind, "mode": int(mode, 8), "user": user, "group": group,
