@@ -56,7 +56,7 @@ RAY_CHECK = f"{BIN_DIR}/sparkfleet-ray-check"  # on a member: which Ray nodes ar
 # manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*",
-    BIN_DIR, f"{BIN_DIR}/*", "/etc/systemd/system/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
+    BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", "/etc/systemd/system/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
 )
 # The units that read covers besides each /etc/systemd/system/sparkfleet-* unit.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

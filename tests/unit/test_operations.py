@@ -369,8 +369,8 @@ def run_bundle(tmp_path, sha256):
     with tarfile.open(tarball, "w:gz") as tar:
         tar.add(payload, arcname="openai")
     name, runtime = tarball.name.removesuffix(".tar.gz"), tmp_path / "runtime"
-    facts = {"files.Directory": {f"path=/opt/sparkfleet/runtime/{name}": None,
-                                 f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
+    facts = {"state.HostState": {"files": {}, "units": {}},
+             "files.Directory": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
                                  "path=/opt/sparkfleet/runtime": {"mode": 755}},
              "files.File": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None}}
     commands, _ = run_op(runtime_bundle, facts, str(tarball), sha256(hashlib.sha256(tarball.read_bytes()).hexdigest()))
