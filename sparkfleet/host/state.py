@@ -175,3 +175,50 @@ def forget(host, name: str) -> None:
     """An operation is about to change this path or unit: a later read in this phase asks the host again."""
     held = snapshot(host)
     held.setdefault("forgotten", set()).add(name)
+
+
+_SECTION = "@@sparkfleet-fact"
+
+
+class Facts(FactBase[dict]):
+    """Several facts' commands in one round trip, each in its own subshell between markers, with its exit status:
+    {index: (status, stdout lines)}."""
+
+    def command(self, commands: list[str]):
+        # the echo before each end marker ends an output whose last line has no newline (find -printf '%P\0')
+        return "; ".join(f"echo {_SECTION} {i}; ( {c} ); rc=$?; echo; echo {_SECTION}-rc {i} $rc"
+                         for i, c in enumerate(commands))
+
+    def process(self, output):
+        found, lines, current = {}, [], None
+        for line in output:
+            marker = line.split(" ")
+            if marker[0] == _SECTION and len(marker) == 2:
+                current, lines = marker[1], []
+            elif marker[0] == f"{_SECTION}-rc" and len(marker) == 3 and marker[1] == current:
+                found[int(current)] = (int(marker[2]) if marker[2].isdigit() else 1,
+                                       lines[:-1] if lines and lines[-1] == "" else lines)
+                current = None
+            elif current is not None:
+                lines.append(line)
+        return found
+
+
+def read_facts(host, wanted: dict) -> dict:
+    """{name: value} for {name: (fact class, kwargs)}, as host.get_fact would return each, in one round trip. A fact
+    whose command failed, or that needs a binary checked or another shell, is read again on its own (as before)."""
+    batched = {name: (cls, kwargs) for name, (cls, kwargs) in wanted.items()
+               if not cls().requires_command(**kwargs) and not cls.shell_executable}
+    facts = {name: cls() for name, (cls, _) in batched.items()}  # process() may read what command() kept
+    commands = []
+    for name, (_, kwargs) in batched.items():
+        command = facts[name].command(**kwargs)
+        commands.append(command.get_raw_value() if hasattr(command, "get_raw_value") else str(command))
+    answers = host.get_fact(Facts, commands=commands) if commands else {}
+    values = {}
+    for index, name in enumerate(batched):
+        status, lines = answers.get(index, (1, []))
+        if status == 0:
+            values[name] = facts[name].process(lines) if lines else facts[name].default()
+    return {name: values[name] if name in values else host.get_fact(cls, **kwargs)
+            for name, (cls, kwargs) in wanted.items()}

@@ -60,3 +60,59 @@ def test_lines_the_parser_does_not_understand_are_left_out():
 def test_packages_are_read_with_dpkg_query(tmp_path):
     _, state = read([], ["dpkg", "no-such-package-here"])
     assert "dpkg" in state["packages"] and "no-such-package-here" not in state["packages"]
+
+
+class LocalHost:
+    """A host that is this machine: each fact's command run by sh, as pyinfra would read it over SSH."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def get_fact(self, cls, **kwargs):
+        self.reads += 1
+        fact = cls()
+        command = fact.command(**kwargs)
+        command = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        lines = out.stdout.splitlines()
+        return fact.process(lines) if out.returncode == 0 and lines else fact.default()
+
+
+def test_preflights_facts_read_in_one_round_trip_equal_each_read_on_its_own(tmp_path):
+    from pyinfra.facts.server import Arch
+
+    from sparkfleet.host.facts import DockerState, FreeBytes, JsonFile, MemInfo, ModelFiles, NvidiaSmi, PythonVersion
+    from sparkfleet.host.state import read_facts
+
+    (tmp_path / "release.json").write_text('{"release_id": "abc"}\n')
+    (tmp_path / "empty.json").write_text("")
+    model = tmp_path / "models" / "Q--M@a"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    wanted = {"arch": (Arch, {}), "gpu": (NvidiaSmi, {}), "docker": (DockerState, {}), "python": (PythonVersion, {}),
+              "release": (JsonFile, {"path": str(tmp_path / "release.json")}),
+              "empty": (JsonFile, {"path": str(tmp_path / "empty.json")}),
+              "absent": (JsonFile, {"path": str(tmp_path / "none.json")}),
+              "model": (ModelFiles, {"model_dir": str(model), "record": ".sparkfleet-verified.json"}),
+              "meminfo": (MemInfo, {}), "free": (FreeBytes, {"path": str(tmp_path)})}
+    host = LocalHost()
+    together = read_facts(host, wanted)
+    assert host.reads == 1
+    alone = {name: host.get_fact(cls, **kwargs) for name, (cls, kwargs) in wanted.items()}
+    for name in ("arch", "gpu", "docker", "python", "release", "empty", "absent", "model"):
+        assert together[name] == alone[name], name
+    assert together["release"] == '{"release_id": "abc"}' and together["empty"] == "" and together["absent"] is None
+    assert type(together["meminfo"]) is type(alone["meminfo"]) and type(together["free"]) is type(alone["free"])
+
+
+def test_a_fact_whose_command_fails_in_the_batch_is_read_on_its_own():
+    from pyinfra.api import FactBase
+
+    from sparkfleet.host.state import read_facts
+
+    class Failing(FactBase):
+        def command(self):
+            return "echo partial; exit 3"
+
+    host = LocalHost()
+    assert read_facts(host, {"x": (Failing, {})}) == {"x": None} and host.reads == 2
