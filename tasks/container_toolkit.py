@@ -9,7 +9,7 @@ from pyinfra.operations import apt, server
 from sparkfleet import TEMPLATES_DIR
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import NvidiaSmi
-from sparkfleet.host.managed import managed_template, managed_unit
+from sparkfleet.host.managed import managed_file, managed_template, managed_unit
 from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (
     CDI_GENERATE,
@@ -34,11 +34,8 @@ def container_toolkit(plan: HostPlan, arch: str):
         src=s.toolkit_key_url, dest=paths.TOOLKIT_KEYRING, fingerprint=s.toolkit_key_fingerprint,
     )
     repo_url = s.toolkit_repo_url.format(arch=DEB_ARCH.get(arch, arch))
-    source = apt.repo(
-        name="Toolkit apt source",
-        src=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /",
-        filename="nvidia-container-toolkit",
-    )
+    source = managed_file(name="Toolkit apt source", content=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /\n",
+                          dest=paths.TOOLKIT_SOURCE, mode="0644")
     server.shell(
         name="Refresh apt lists of the toolkit source only",
         commands=[(f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "

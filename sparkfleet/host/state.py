@@ -38,7 +38,8 @@ _UNITS = (
     f'for f in {UNIT_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
     f"set -- \"$@\" $(systemctl list-units --all --plain --no-legend '{UNIT_PREFIX}*' 2>/dev/null | "
     "awk '{print $1}'); "
-    'systemctl show --property=Id --property=ActiveState --property=SubState --property=UnitFileState -- "$@" 2>/dev/null | sed "s/^/U /"'
+    'systemctl show --property=Id --property=ActiveState --property=SubState --property=UnitFileState -- "$@" '
+    '2>/dev/null | sed "s/^/U /"'
 )
 
 
