@@ -61,11 +61,11 @@ def container_toolkit(plan: HostPlan, arch: str):
     )
     if s.gpu_device_mode == "cdi":
         unit = managed_template(name="CDI spec unit (at boot, after the driver)",
-                              src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
-                              dest=f"/etc/systemd/system/{CDI_UNIT}", unit=paths.UNIT_NAME, generate=CDI_GENERATE,
-                              stamp=CDI_STAMP)
+                                src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
+                                dest=f"/etc/systemd/system/{CDI_UNIT}", unit=paths.UNIT_NAME, generate=CDI_GENERATE,
+                                stamp=CDI_STAMP)
         managed_unit(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
-                        daemon_reload=unit.will_change)
+                     daemon_reload=unit.will_change)
         cdi_spec_current(name="CDI spec current for the loaded driver", driver=host.get_fact(NvidiaSmi).driver)
     container_sees_gpu(name="A container started like the engine sees the GPU", image=plan.engine_ref,
                        gpu_options=GPU_OPTIONS[s.gpu_device_mode], pull=not s.engine_image_archive)

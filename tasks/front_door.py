@@ -47,9 +47,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
                                    content=door.tls_pem()))
     unit = managed_file(name="Front door unit", content=door.unit(), dest=UNIT_PATH, mode="0644")
     started = managed_unit(name="Front door enabled and running", service=UNIT_NAME, running=True, enabled=True,
-                              restarted=unit.will_change,
-                              reloaded=not unit.will_change and any(op.will_change for op in changes),
-                              daemon_reload=unit.will_change)
+                           restarted=unit.will_change,
+                           reloaded=not unit.will_change and any(op.will_change for op in changes),
+                           daemon_reload=unit.will_change)
     scheme = "https" if door.tls else "http"
     wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk -o /dev/null {scheme}://127.0.0.1:"
             f"{s.front_door_port}/health && exit 0; sleep 1; done; "

@@ -24,10 +24,10 @@ def guard(plan: HostPlan):
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
     managed_packages(name="HAProxy installed", packages=["haproxy"])
     managed_unit(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
-                    service="haproxy.service", running=False, enabled=False)
+                 service="haproxy.service", running=False, enabled=False)
     if wanted is None:
         managed_unit(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
-                        enabled=False)
+                     enabled=False)
         return
     managed_directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
@@ -36,5 +36,5 @@ def guard(plan: HostPlan):
     ]
     unit = managed_file(name="Guard unit", content=wanted.unit(), dest=UNIT_PATH, mode="0644")
     managed_unit(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
-                    restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
-                    daemon_reload=unit.will_change)
+                 restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
+                 daemon_reload=unit.will_change)

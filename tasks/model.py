@@ -25,9 +25,9 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
     s = plan.settings
     for script in HOST_SCRIPTS:
         managed_file(name=f"Helper {script}", src=str(FILES_DIR / script),
-                  dest=f"{paths.BIN_DIR}/{script}", mode="0755")
+                     dest=f"{paths.BIN_DIR}/{script}", mode="0755")
     managed_file(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
-              dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
+                 dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
     tarball = str(prepared.bundle.path)
     runtime_bundle(name="Hub and openai clients (runtime bundle, sha256 checked)", tarball=tarball,
                    sha256=prepared.bundle.sha256)
@@ -44,8 +44,8 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared):
         share = managed_file(name="Model share unit", content=plan.render_share_unit(),
                              dest=paths.SHARE_UNIT_PATH, mode="0644")
         managed_unit(name="Model share running (verified files, read-only, fleet only)",
-                        service=paths.SHARE_UNIT_NAME, running=True, enabled=True,
-                        restarted=share.will_change or token.will_change, daemon_reload=share.will_change)
+                     service=paths.SHARE_UNIT_NAME, running=True, enabled=True,
+                     restarted=share.will_change or token.will_change, daemon_reload=share.will_change)
 
     common = dict(manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
                   full_verify=s.full_verify, model_files=facts.model_files)

@@ -48,13 +48,13 @@ def ray_node(plan: HostPlan) -> bool:
     token = secret_file(name=f"Ray token of {plan.group.name} (root-only)", dest=paths.RAY_TOKEN,
                         content=ray_token(plan.group.name))
     managed_file(name="Helper sparkfleet-ray-check", src=str(FILES_DIR / "sparkfleet-ray-check"), dest=paths.RAY_CHECK,
-              mode="0755")
+                 mode="0755")
     ray_unit = managed_file(name=f"Ray unit ({plan.role} of {plan.group.name})", content=plan.render_ray_unit(),
                             dest=paths.RAY_UNIT_PATH, mode="0644")
     start_limit_cleared(name="Start limit of a failed Ray unit reset", unit=paths.RAY_UNIT_NAME)
     restarted = ray_unit.will_change or token.will_change
     managed_unit(name=f"Ray {plan.role} enabled and running", service=paths.RAY_UNIT_NAME, running=True,
-                    enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
+                 enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
     return restarted
 
 
@@ -103,7 +103,7 @@ def service(plan: HostPlan, facts: HostFacts, model_changed: bool, services_fetc
     for svc in plan.services:
         svc_unit = managed_file(name=f"Service {svc.name}: unit {svc.unit}",
                                 content=plan.render_service_unit(svc), dest=f"{SYSTEMD_DIR}/{svc.unit}",
-                             mode="0644")
+                                mode="0644")
         start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
         fetched = (services_fetched or {}).get(svc.name)
         services_started[svc.name] = managed_unit(

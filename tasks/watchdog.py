@@ -32,20 +32,20 @@ def watchdog(plan: HostPlan, runtime: str, started):
     s = plan.settings
     if not plan.runs_engine:
         managed_unit(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
-                        service=WATCHDOG_TIMER, running=False, enabled=False)
+                     service=WATCHDOG_TIMER, running=False, enabled=False)
         return
     managed_file(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
-              mode="0755")
+                 mode="0755")
     managed_file(name="Watchdog settings", content=json.dumps(watchdog_config(s), indent=1, sort_keys=True) + "\n",
                  dest=WATCHDOG_CONFIG, mode="0644")
     unit = managed_template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
-                          dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
-                          config=WATCHDOG_CONFIG, state=WATCHDOG_STATE)
+                            dest=f"/etc/systemd/system/{WATCHDOG_UNIT}", unit=paths.UNIT_NAME, watchdog=WATCHDOG,
+                            config=WATCHDOG_CONFIG, state=WATCHDOG_STATE)
     timer = managed_template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
-                           dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
+                             dest=f"/etc/systemd/system/{WATCHDOG_TIMER}", interval_s=s.watchdog_interval_s)
     managed_unit(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
-                    running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
-                    daemon_reload=unit.will_change or timer.will_change)
+                 running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
+                 daemon_reload=unit.will_change or timer.will_change)
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",
                     served_name=s.served_model_name, port=s.api_port,
                     tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=runtime,
