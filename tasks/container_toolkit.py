@@ -4,11 +4,12 @@ before a first start, a container started like the engine must see the GPU."""
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, server
 
 from sparkfleet import TEMPLATES_DIR
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import NvidiaSmi
+from sparkfleet.host.managed import managed_file, managed_template, managed_unit
 from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (
     CDI_GENERATE,
@@ -33,11 +34,8 @@ def container_toolkit(plan: HostPlan, arch: str):
         src=s.toolkit_key_url, dest=paths.TOOLKIT_KEYRING, fingerprint=s.toolkit_key_fingerprint,
     )
     repo_url = s.toolkit_repo_url.format(arch=DEB_ARCH.get(arch, arch))
-    source = apt.repo(
-        name="Toolkit apt source",
-        src=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /",
-        filename="nvidia-container-toolkit",
-    )
+    source = managed_file(name="Toolkit apt source", content=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /\n",
+                          dest=paths.TOOLKIT_SOURCE, mode="0644")
     server.shell(
         name="Refresh apt lists of the toolkit source only",
         commands=[(f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
@@ -57,17 +55,17 @@ def container_toolkit(plan: HostPlan, arch: str):
     changed = [runtime]
     if s.gpu_device_mode == "cdi":
         changed.append(docker_takes_cdi_devices(name="Docker takes CDI devices (features.cdi before 28.2)"))
-    systemd.service(
+    managed_unit(
         name="Docker restarted only if daemon.json changed",
         service="docker.service", running=True, enabled=True, restarted=any(op.will_change for op in changed),
     )
     if s.gpu_device_mode == "cdi":
-        unit = files.template(name="CDI spec unit (at boot, after the driver)",
-                              src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
-                              dest=paths.unit_path(CDI_UNIT), unit=paths.UNIT_NAME, generate=CDI_GENERATE,
-                              stamp=CDI_STAMP)
-        systemd.service(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
-                        daemon_reload=unit.will_change)
+        unit = managed_template(name="CDI spec unit (at boot, after the driver)",
+                                src=str(TEMPLATES_DIR / "sparkfleet-cdi.service.j2"),
+                                dest=paths.unit_path(CDI_UNIT), unit=paths.UNIT_NAME, generate=CDI_GENERATE,
+                                stamp=CDI_STAMP)
+        managed_unit(name="CDI spec unit enabled", service=CDI_UNIT, enabled=True,
+                     daemon_reload=unit.will_change)
         cdi_spec_current(name="CDI spec current for the loaded driver", driver=host.get_fact(NvidiaSmi).driver)
     container_sees_gpu(name="A container started like the engine sees the GPU", image=plan.engine_ref,
                        gpu_options=GPU_OPTIONS[s.gpu_device_mode], pull=not s.engine_image_archive)

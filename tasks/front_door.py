@@ -6,10 +6,8 @@ finish, drained backends stay drained); the front door must answer before the
 host counts as converged.
 """
 
-import io
-
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from sparkfleet.contract import serving
@@ -24,6 +22,7 @@ from sparkfleet.fleet.front_door import (
     front_door_plan,
 )
 from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -36,22 +35,22 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     except SettingsError as exc:
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     s = door.settings
-    apt.packages(name="socat installed (the front door's runtime API)", packages=["socat"], update=True,
-                 cache_time=86400)  # HAProxy itself: the guard stage
-    files.directory(name="Front door config directory (root-only)", path=CONFIG_DIR, mode="0700")
+    # HAProxy itself: the guard stage
+    managed_packages(name="socat installed (the front door's runtime API)", packages=["socat"])
+    managed_directory(name="Front door config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
-        files.put(name="Front door config", src=io.StringIO(door.config()), dest=CONFIG, mode="0644"),
+        managed_file(name="Front door config", content=door.config(), dest=CONFIG, mode="0644"),
         secret_file(name="Front door users (root-only)", dest=USERS_MAP, content=door.users_map()),
         secret_file(name="Front door key for the engines (root-only)", dest=BACKEND_MAP, content=door.backend_map()),
     ]
     if door.tls:
         changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=TLS_PEM,
                                    content=door.tls_pem()))
-    unit = files.put(name="Front door unit", src=io.StringIO(door.unit()), dest=UNIT_PATH, mode="0644")
-    started = systemd.service(name="Front door enabled and running", service=UNIT_NAME, running=True, enabled=True,
-                              restarted=unit.will_change,
-                              reloaded=not unit.will_change and any(op.will_change for op in changes),
-                              daemon_reload=unit.will_change)
+    unit = managed_file(name="Front door unit", content=door.unit(), dest=UNIT_PATH, mode="0644")
+    started = managed_unit(name="Front door enabled and running", service=UNIT_NAME, running=True, enabled=True,
+                           restarted=unit.will_change,
+                           reloaded=not unit.will_change and any(op.will_change for op in changes),
+                           daemon_reload=unit.will_change)
     scheme, health = "https" if door.tls else "http", serving.HEALTH  # its /health: 200 once a backend is in
     wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk --max-time {health['timeout_s']} -o /dev/null "
             f"{scheme}://127.0.0.1:{s.front_door_port}{health['path']} && exit 0; sleep 1; done; "

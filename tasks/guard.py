@@ -6,13 +6,11 @@ off. A change of rules or key is a reload (connections in flight finish); a chan
 that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
-import io
-
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, systemd
 
 from sparkfleet.fleet.guard import CONFIG, CONFIG_DIR, KEY_MAP, UNIT_NAME, UNIT_PATH, guard_plan
 from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -24,19 +22,19 @@ def guard(plan: HostPlan):
         wanted = guard_plan(plan)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
-    apt.packages(name="HAProxy installed", packages=["haproxy"], update=True, cache_time=86400)
-    systemd.service(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
-                    service="haproxy.service", running=False, enabled=False)
+    managed_packages(name="HAProxy installed", packages=["haproxy"])
+    managed_unit(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
+                 service="haproxy.service", running=False, enabled=False)
     if wanted is None:
-        systemd.service(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
-                        enabled=False)
+        managed_unit(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
+                     enabled=False)
         return
-    files.directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
+    managed_directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
     changes = [
-        files.put(name="Guard config", src=io.StringIO(wanted.config()), dest=CONFIG, mode="0644"),
+        managed_file(name="Guard config", content=wanted.config(), dest=CONFIG, mode="0644"),
         secret_file(name="Guard's backend key (root-only)", dest=KEY_MAP, content=wanted.key_map()),
     ]
-    unit = files.put(name="Guard unit", src=io.StringIO(wanted.unit()), dest=UNIT_PATH, mode="0644")
-    systemd.service(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
-                    restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
-                    daemon_reload=unit.will_change)
+    unit = managed_file(name="Guard unit", content=wanted.unit(), dest=UNIT_PATH, mode="0644")
+    managed_unit(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
+                 restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
+                 daemon_reload=unit.will_change)

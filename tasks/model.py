@@ -1,15 +1,14 @@
 """Stage 3: the model's files, from the nearest source, verified against the hub's manifest."""
 
-import io
-
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server
 
 from sparkfleet import FILES_DIR
 from sparkfleet.controller.copy import controller_copy
 from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.contract import paths
+from sparkfleet.host.managed import managed_directory, managed_file, managed_permissions, managed_unit
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
@@ -27,31 +26,31 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
     service's model operation by service name."""
     s = plan.settings
     for script in HOST_SCRIPTS:
-        files.put(name=f"Helper {script}", src=str(FILES_DIR / script),
-                  dest=f"{paths.BIN_DIR}/{script}", mode="0755")
-    files.put(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
-              dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
+        managed_file(name=f"Helper {script}", src=str(FILES_DIR / script),
+                     dest=f"{paths.BIN_DIR}/{script}", mode="0755")
+    managed_file(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
+                 dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
     # the helpers read it on every run: a change needs no restart
-    files.put(name="Serving file (the probes, the watchdog's settings)", src=io.StringIO(serving_file(s)),
-              dest=paths.SERVING_FILE, mode="0644")
+    managed_file(name="Serving file (the probes, the watchdog's settings)", content=serving_file(s),
+                 dest=paths.SERVING_FILE, mode="0644")
     tarball = str(prepared.bundle.path)
     runtime_bundle(name="Hub and openai clients (runtime bundle, sha256 checked)", tarball=tarball,
                    sha256=prepared.bundle.sha256)
     runtime = runtime_path(tarball)
     secret_file(name="Hub token (root-only)", dest=paths.HUB_ENV, content=plan.render_hub_env())
 
-    files.directory(name="Model root", path=s.model_root, mode="0755")
+    managed_directory(name="Model root", path=s.model_root, mode="0755")
     if s.model_source == "peer":
         server.user(name="Share user (unprivileged, no login)", user=paths.SHARE_USER, system=True,
                     home="/nonexistent", create_home=False, ensure_home=False, shell="/usr/sbin/nologin")
         token = secret_file(name="Fleet token (0600)", dest=paths.FLEET_TOKEN, content=fleet_token() + "\n")
-        files.file(name="Fleet token readable by the share user alone", path=paths.FLEET_TOKEN,
-                   user=paths.SHARE_USER, group=paths.SHARE_USER, mode="0600")
-        share = files.put(name="Model share unit", src=io.StringIO(plan.render_share_unit()),
-                          dest=paths.SHARE_UNIT_PATH, mode="0644")
-        systemd.service(name="Model share running (verified files, read-only, fleet only)",
-                        service=paths.SHARE_UNIT_NAME, running=True, enabled=True,
-                        restarted=share.will_change or token.will_change, daemon_reload=share.will_change)
+        managed_permissions(name="Fleet token readable by the share user alone", path=paths.FLEET_TOKEN,
+                            user=paths.SHARE_USER, group=paths.SHARE_USER, mode="0600")
+        share = managed_file(name="Model share unit", content=plan.render_share_unit(),
+                             dest=paths.SHARE_UNIT_PATH, mode="0644")
+        managed_unit(name="Model share running (verified files, read-only, fleet only)",
+                     service=paths.SHARE_UNIT_NAME, running=True, enabled=True,
+                     restarted=share.will_change or token.will_change, daemon_reload=share.will_change)
 
     common = dict(manifest=plan.manifest, model_dir=plan.model_dir, endpoint=s.hub_endpoint, runtime=runtime,
                   full_verify=s.full_verify, model_files=facts.model_files)

@@ -14,15 +14,17 @@ from sparkfleet.host.facts import (
     FabricInterface,
     FabricReach,
     FreeBytes,
+    JsonFile,
     MemInfo,
     ModelFiles,
     NvidiaSmi,
     PythonVersion,
     Unreadable,
-    read_json_object,
+    json_object,
 )
 from sparkfleet.fleet.inventory import plans
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
+from sparkfleet.host.state import read_facts
 from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import (
     HostFacts,
@@ -34,10 +36,9 @@ from sparkfleet.host.run import run_of
 from sparkfleet.release.plan import HostPlan
 
 
-def files_to_fetch(target, manifest, model_dir: str):
-    """(what the host holds in model_dir, the bytes still to download there): the free-disk check covers the
-    chat model and every service's."""
-    held = target.get_fact(ModelFiles, model_dir=model_dir, record=VERIFIED_RECORD)
+def files_to_fetch(held, manifest):
+    """(what the host holds in a model directory, the bytes still to download there): the free-disk check covers
+    the chat model and every service's."""
     needed = [] if isinstance(held, Unreadable) else files_needing_work(manifest, held["record"], held["files"])
     return held, missing_bytes(manifest, needed)
 
@@ -47,18 +48,20 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
 
     def read():
         s = plan.settings
-        model_state, chat_bytes = files_to_fetch(target, plan.manifest, plan.model_dir)
-        service_bytes = sum(files_to_fetch(target, svc.manifest, svc.model_dir)[1] for svc in plan.services)
+        models = [plan.model_dir, *(svc.model_dir for svc in plan.services)]
+        got = read_facts(target, {
+            "arch": (Arch, {}), "gpu": (NvidiaSmi, {}), "meminfo": (MemInfo, {}),
+            "free_bytes": (FreeBytes, {"path": s.model_root}), "docker": (DockerState, {}),
+            "python": (PythonVersion, {}), "release": (JsonFile, {"path": RELEASE_FILE}),
+            **{f"model {i}": (ModelFiles, {"model_dir": d, "record": VERIFIED_RECORD}) for i, d in enumerate(models)},
+        })  # one round trip
+        model_state, chat_bytes = files_to_fetch(got["model 0"], plan.manifest)
+        service_bytes = sum(files_to_fetch(got[f"model {i}"], svc.manifest)[1]
+                            for i, svc in enumerate(plan.services, start=1))
         facts = HostFacts(
-            arch=target.get_fact(Arch),
-            gpu=target.get_fact(NvidiaSmi),
-            meminfo=target.get_fact(MemInfo),
-            free_bytes=target.get_fact(FreeBytes, path=s.model_root),
-            needed_bytes=chat_bytes + service_bytes,
-            docker=target.get_fact(DockerState),
-            python=target.get_fact(PythonVersion),
-            model_files=model_state,
-            release=read_json_object(target, RELEASE_FILE),
+            arch=got["arch"], gpu=got["gpu"], meminfo=got["meminfo"], free_bytes=got["free_bytes"],
+            needed_bytes=chat_bytes + service_bytes, docker=got["docker"], python=got["python"],
+            model_files=model_state, release=json_object(RELEASE_FILE, got["release"]),
         )
         return facts, preflight_problems(target.name, s, facts)
 

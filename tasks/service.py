@@ -4,15 +4,14 @@ A member of a tensor-parallel group runs a Ray node (sparkfleet-ray.service); on
 runs each operation on every host before the next one, so the Ray operations come before the vLLM unit's: every
 member's Ray node is up before the head's engine starts."""
 
-import io
 import json
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR
 from sparkfleet.controller.fleet_token import ray_token
 from sparkfleet.contract import paths
+from sparkfleet.host.managed import managed_absent, managed_file, managed_unit
 from sparkfleet.host.operations import (
     image_pinned,
     release_kept_for_rollback,
@@ -28,10 +27,11 @@ from sparkfleet.release.plan import HostPlan
 
 def unit_removed(unit_name: str, unit_path: str, why: str) -> None:
     """A unit this host no longer runs: stopped, disabled, its file gone (nothing to do when it never had it)."""
-    systemd.service(name=f"{unit_name} stopped and disabled ({why})", service=unit_name, running=False,
-                    enabled=False)
-    removed = files.file(name=f"{unit_name} removed", path=unit_path, present=False)
-    systemd.daemon_reload(name=f"systemd reloaded without {unit_name}", _if=removed.did_change)
+    managed_unit(name=f"{unit_name} stopped and disabled ({why})", service=unit_name, running=False,
+                 enabled=False)
+    removed = managed_absent(name=f"{unit_name} removed", path=unit_path)
+    managed_unit(name=f"systemd reloaded without {unit_name}", service=unit_name, daemon_reload=True,
+                 _if=removed.did_change)
 
 
 def ray_node(plan: HostPlan) -> bool:
@@ -40,19 +40,18 @@ def ray_node(plan: HostPlan) -> bool:
     head's engine restarts with it. A new token (the controller's file deleted) restarts every member's node."""
     if not plan.group:
         unit_removed(paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH, "this host is in no tensor-parallel group")
-        files.file(name="Ray token removed (this host is in no tensor-parallel group)", path=paths.RAY_TOKEN,
-                   present=False)
+        managed_absent(name="Ray token removed (this host is in no tensor-parallel group)", path=paths.RAY_TOKEN)
         return False
     token = secret_file(name=f"Ray token of {plan.group.name} (root-only)", dest=paths.RAY_TOKEN,
                         content=ray_token(plan.group.name))
-    files.put(name="Helper sparkfleet-ray-check", src=str(FILES_DIR / "sparkfleet-ray-check"), dest=paths.RAY_CHECK,
-              mode="0755")
-    ray_unit = files.put(name=f"Ray unit ({plan.role} of {plan.group.name})", src=io.StringIO(plan.render_ray_unit()),
-                         dest=paths.RAY_UNIT_PATH, mode="0644")
+    managed_file(name="Helper sparkfleet-ray-check", src=str(FILES_DIR / "sparkfleet-ray-check"), dest=paths.RAY_CHECK,
+                 mode="0755")
+    ray_unit = managed_file(name=f"Ray unit ({plan.role} of {plan.group.name})", content=plan.render_ray_unit(),
+                            dest=paths.RAY_UNIT_PATH, mode="0644")
     start_limit_cleared(name="Start limit of a failed Ray unit reset", unit=paths.RAY_UNIT_NAME)
     restarted = ray_unit.will_change or token.will_change
-    systemd.service(name=f"Ray {plan.role} enabled and running", service=paths.RAY_UNIT_NAME, running=True,
-                    enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
+    managed_unit(name=f"Ray {plan.role} enabled and running", service=paths.RAY_UNIT_NAME, running=True,
+                 enabled=True, restarted=restarted, daemon_reload=ray_unit.will_change)
     return restarted
 
 
@@ -77,22 +76,22 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
                               installed_release=installed.get("release_id"), new_release=plan.release_id,
                               unit_texts={path: text for path, text in new_units.items() if text})
     env = secret_file(name="Engine environment (root-only)", dest=paths.ENGINE_ENV, content=plan.render_engine_env())
-    unit = files.put(name="vLLM unit", src=io.StringIO(unit_text), dest=paths.UNIT_PATH,
-                     mode="0644") if plan.runs_engine else None
+    unit = managed_file(name="vLLM unit", content=unit_text, dest=paths.UNIT_PATH,
+                        mode="0644") if plan.runs_engine else None
     record = plan.release_record(installed)
-    files.put(name="Release record", src=io.StringIO(json.dumps(record, indent=2) + "\n"),
-              dest=paths.RELEASE_FILE, mode="0644")
+    managed_file(name="Release record", content=json.dumps(record, indent=2) + "\n",
+                 dest=paths.RELEASE_FILE, mode="0644")
     services_pruned(name="Units of services dropped from the settings stopped and removed",
                     keep=[svc.unit for svc in plan.services])
-    files.put(name="Memory plan (every engine unit's share, the budget)",
-              src=io.StringIO(memory_plan_json(plan.memory_plan)), dest=paths.MEMORY_PLAN, mode="0644")
+    managed_file(name="Memory plan (every engine unit's share, the budget)",
+                 content=memory_plan_json(plan.memory_plan), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
     if not plan.runs_engine:
         unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
         started = None
     else:
         start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
-        started = systemd.service(
+        started = managed_unit(
             name="vLLM service enabled and running",
             service=paths.UNIT_NAME, running=True, enabled=True,
             restarted=unit.will_change or env.will_change or model_result.fetched.will_change or ray_restarted,
@@ -100,12 +99,12 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
         )
     services_started = {}
     for svc in plan.services:
-        svc_unit = files.put(name=f"Service {svc.name}: unit {svc.unit}",
-                             src=io.StringIO(plan.render_service_unit(svc)), dest=paths.unit_path(svc.unit),
-                             mode="0644")
+        svc_unit = managed_file(name=f"Service {svc.name}: unit {svc.unit}",
+                                content=plan.render_service_unit(svc), dest=paths.unit_path(svc.unit),
+                                mode="0644")
         start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
         fetched = model_result.services_fetched.get(svc.name)
-        services_started[svc.name] = systemd.service(
+        services_started[svc.name] = managed_unit(
             name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) enabled and running",
             service=svc.unit, running=True, enabled=True, daemon_reload=svc_unit.will_change,
             restarted=svc_unit.will_change or env.will_change or bool(fetched and fetched.will_change),

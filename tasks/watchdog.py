@@ -9,10 +9,10 @@ restarts the group's engine, and the health stage's Ray gate checks the worker o
 
 from pyinfra import host, state
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
 
 from sparkfleet import FILES_DIR, TEMPLATES_DIR
 from sparkfleet.contract import paths
+from sparkfleet.host.managed import managed_file, managed_template, managed_unit
 from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.serving import (
@@ -29,19 +29,19 @@ from sparkfleet.release.plan import HostPlan
 def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: ServiceResult):
     s = plan.settings
     if not plan.runs_engine:
-        systemd.service(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
-                        service=WATCHDOG_TIMER, running=False, enabled=False)
+        managed_unit(name=f"Watchdog timer off (a worker of {plan.group.name} runs no engine)",
+                     service=WATCHDOG_TIMER, running=False, enabled=False)
         return
-    files.put(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
-              mode="0755")
-    unit = files.template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
-                          dest=paths.unit_path(WATCHDOG_UNIT), unit=paths.UNIT_NAME, watchdog=WATCHDOG,
-                          config=paths.SERVING_FILE, state=WATCHDOG_STATE)
-    timer = files.template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
-                           dest=paths.unit_path(WATCHDOG_TIMER), interval_s=s.watchdog_interval_s)
-    systemd.service(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
-                    running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
-                    daemon_reload=unit.will_change or timer.will_change)
+    managed_file(name="Helper sparkfleet-watchdog", src=str(FILES_DIR / "sparkfleet-watchdog"), dest=WATCHDOG,
+                 mode="0755")
+    unit = managed_template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
+                            dest=paths.unit_path(WATCHDOG_UNIT), unit=paths.UNIT_NAME, watchdog=WATCHDOG,
+                            config=paths.SERVING_FILE, state=WATCHDOG_STATE)
+    timer = managed_template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
+                             dest=paths.unit_path(WATCHDOG_TIMER), interval_s=s.watchdog_interval_s)
+    managed_unit(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
+                 running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
+                 daemon_reload=unit.will_change or timer.will_change)
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",
                     served_name=s.served_model_name, port=s.api_port,
                     tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=model_result.runtime,

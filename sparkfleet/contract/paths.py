@@ -90,3 +90,14 @@ GUARD_DIR = f"{CONFIG_DIR}/guard"
 GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
 GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
+
+# What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
+# manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
+MANAGED_GLOBS = (
+    CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*",
+    BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
+)
+# The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
+MANAGED_UNITS = ("docker.service", "haproxy.service")
+# The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
+MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES)

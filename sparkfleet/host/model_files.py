@@ -9,11 +9,11 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import ModelFiles
+from sparkfleet.host.state import file_state
 from sparkfleet.contract.shared import host_module
 from sparkfleet.model.manifest import Manifest
 
@@ -34,7 +34,7 @@ def runtime_bundle(tarball: str, sha256: str):
     one recorded when the controller built it (checked on the host, before anything is unpacked)."""
     name = Path(tarball).name.removesuffix(".tar.gz")
     target = f"{paths.RUNTIME_DIR}/{name}"
-    if host.get_fact(Directory, path=target):
+    if (file_state(host, target) or {}).get("type") == "dir":
         host.noop(f"runtime {name} present")
         return
     upload = f"{paths.RUNTIME_DIR}/{name}.tar.gz"

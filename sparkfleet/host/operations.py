@@ -18,7 +18,6 @@ from pyinfra.api import (
 )
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.facts.docker import DockerImage
-from pyinfra.facts.files import File, Sha1File, Sha256File
 from pyinfra.operations import files
 
 from sparkfleet.contract import paths
@@ -31,6 +30,7 @@ from sparkfleet.host.facts import (
     release_problem,
 )
 from sparkfleet.host.run import run_of
+from sparkfleet.host.state import file_state, forget
 from sparkfleet.release.group import FABRIC_ENV
 
 _INSTALL_ONE_KEY = (
@@ -147,12 +147,12 @@ def secret_file(dest: str, content: str):
     if not (host.current_op_global_arguments or {}).get("name"):
         raise OperationValueError(f"secret_file({dest}) needs name=: pyinfra would print its arguments")
     want = hashlib.sha256(content.encode()).hexdigest()
-    have = host.get_fact(Sha256File, path=dest)
-    mode = (host.get_fact(File, path=dest) or {}).get("mode")
-    if have == want and mode == 600:
+    found = file_state(host, dest) or {}
+    if found.get("sha256") == want and found.get("mode") == 0o600:
         host.noop(f"{dest} is current (0600)")
         return
-    if have == want:
+    forget(host, dest)
+    if found.get("sha256") == want:
         yield StringCommand("chmod 0600", QuoteString(dest))
         return
     staged = f"{dest}.sparkfleet-new"
@@ -192,8 +192,8 @@ def _private_staging(dest: str) -> str | None:
     return host.get_temp_filename(secrets.token_hex(16))
 
 
-def _sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PREVIOUS_ENGINE_ENV,
@@ -215,9 +215,9 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
 
     `unit_texts` are the new release's unit files by path: where every live unit already is the new one (or is
     gone), an earlier run of this release replaced it, and the kept copy is not overwritten with the new one."""
-    live = {path: host.get_fact(Sha1File, path=path) for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)}
-    live = {path: sha1 for path, sha1 in live.items() if sha1}
-    replaced = all(path in unit_texts and sha1 == _sha1(unit_texts[path]) for path, sha1 in live.items())
+    live = {path: (file_state(host, path) or {}).get("sha256") for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)}
+    live = {path: digest for path, digest in live.items() if digest}
+    replaced = all(path in unit_texts and digest == _sha256(unit_texts[path]) for path, digest in live.items())
     if installed_release in (None, new_release) or replaced:
         host.noop("no running release is being replaced")
         return

@@ -15,24 +15,17 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_command, health_gate
+from sparkfleet.host.state import unit_files
 
 _SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
 
 
-class ServiceUnits(FactBase[list]):
-    """The service units installed on the host (file names matching the service grammar, sorted)."""
-
-    def command(self):
-        return f"ls -1 {paths.SYSTEMD_DIR} 2>/dev/null || true"
-
-    def process(self, output):
-        return sorted(line for line in output if _SERVICE_UNIT.fullmatch(line))
 
 
 @operation()
 def services_pruned(keep: list[str]):
     """Units of services no longer in the settings: stopped, disabled, their unit file and container gone."""
-    stale = [unit for unit in host.get_fact(ServiceUnits) if unit not in keep]
+    stale = [unit for unit in unit_files(host) if _SERVICE_UNIT.fullmatch(unit) and unit not in keep]
     if not stale:
         host.noop("no dropped service")
         return

@@ -4,7 +4,6 @@ that does not answer (restart, then the full health gate). A healthy host costs 
 from __future__ import annotations
 
 import json
-import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
@@ -13,6 +12,7 @@ from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 # the watchdog's host paths live in the contract; tasks/watchdog.py takes them from here
 from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT  # noqa: F401
+from sparkfleet.host.state import unit_state
 
 WATCHDOG_RUN = f"python3 {WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
 
@@ -71,21 +71,11 @@ class ServingProbe(FactBase[dict]):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
 
 
-class UnitFailed(FactBase[bool]):
-    """The unit is `failed` (a crash loop hit its start limit): systemd refuses to start it until reset."""
-
-    def command(self, unit: str):
-        return f"systemctl is-failed --quiet {shlex.quote(unit)} && echo failed || echo ok"
-
-    def process(self, output):
-        return output == ["failed"]
-
-
 @operation()
 def start_limit_cleared(unit: str):
     """A converge tries a failed unit again: systemd's start limit (which ended a crash loop) is reset, so
     the start that follows is not refused as "repeated too quickly"."""
-    if not host.get_fact(UnitFailed, unit=unit):
+    if not unit_state(host, unit)["failed"]:
         host.noop(f"{unit} is not failed")
         return
     yield StringCommand("systemctl reset-failed", QuoteString(unit))

@@ -8,14 +8,13 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import FileContents
-from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt
 
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import DockerServerVersion, Unreadable, read_json_object
+from sparkfleet.host.state import installed_packages, unit_state
 
 CDI_SPEC, CDI_UNIT, CDI_STAMP = paths.CDI_SPEC, paths.CDI_UNIT, paths.CDI_STAMP
 CDI_GENERATE = f"/usr/bin/nvidia-ctk cdi generate --output={CDI_SPEC}"
@@ -77,7 +76,7 @@ class DebVersionAtLeast(FactBase[bool]):
 def toolkit_at_least(minimum: str):
     """No forced downgrade: an installed toolkit that meets `minimum` is kept as it is; otherwise the
     newest from the signed repository is installed, and it must meet the minimum."""
-    installed = installed_toolkit(host.get_fact(DebPackages))
+    installed = installed_toolkit({name: [version] for name, version in installed_packages(host).items()})
     if installed and host.get_fact(DebVersionAtLeast, version=installed, minimum=minimum):
         host.noop(f"toolkit {installed} kept (min_toolkit_version {minimum})")
         return
@@ -174,8 +173,7 @@ def container_sees_gpu(image: str, gpu_options: tuple[str, ...], pull: bool):
     engine_image_archive it is loaded only in the service stage, so the health gate checks it then.
     Once the engine runs, its own container is the one checked (the watchdog's probe); on a group's worker,
     its Ray node's (the Ray check counts its GPU)."""
-    running = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME, paths.RAY_UNIT_NAME])
-    if running.get(paths.UNIT_NAME) or running.get(paths.RAY_UNIT_NAME):
+    if unit_state(host, paths.UNIT_NAME)["running"] or unit_state(host, paths.RAY_UNIT_NAME)["running"]:
         host.noop("a GPU container runs: the watchdog or the Ray check sees its GPU")
         return
     # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.

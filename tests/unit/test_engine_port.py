@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys

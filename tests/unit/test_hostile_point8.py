@@ -277,8 +277,7 @@ def secret_commands(**escalation):
 
     from sparkfleet.host.operations import secret_file
 
-    host = create_host(FakeState(), facts={"files.Sha256File": {f"path={ENV}": None},
-                                           "files.File": {f"path={ENV}": None}})
+    host = create_host(FakeState(), facts={"state.HostState": {"files": {}, "units": {}}})
     host.current_op_global_arguments = {"name": "Engine environment (root-only)", **escalation}
     host._get_temp_directory = lambda: "/tmp"  # pyinfra's own temp names, not the fake host's fixed one
     host.get_temp_filename = functools.partial(Host.get_temp_filename, host)

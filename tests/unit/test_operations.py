@@ -1,6 +1,7 @@
 """Every custom operation against fake facts (pyinfra-testing's runner), and the
 model operation in Python: converged facts must produce no commands."""
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -189,8 +190,9 @@ SECRET = "VLLM_API_KEY=sk-rotated-4242\n"
 
 
 def secret_facts(sha256, mode):
-    return {"files.Sha256File": {f"path={ENV}": sha256},
-            "files.File": {f"path={ENV}": None if mode is None else {"mode": mode, "user": "root", "group": "root"}}}
+    found = {} if mode is None else {ENV: {"type": "file", "mode": int(str(mode), 8), "user": "root", "group": "root",
+                                          "sha256": sha256}}
+    return {"state.HostState": {"files": found, "units": {}}}
 
 
 def test_secret_file_is_made_0600_before_its_bytes_land_and_never_shows_them():
@@ -222,17 +224,19 @@ def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_argume
 
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
-UNIT_SHA1 = "e24fbc79ade688df0a3d97a7e8fbc6216ea2823a"  # sha1 of "[Unit]\n"
+UNIT_SHA256 = hashlib.sha256(b"[Unit]\n").hexdigest()
 CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
 KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_point8.py
 
 
 def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
-    return {"files.Sha1File": {f"path={UNIT}": vllm, f"path={RAY_UNIT}": ray}}
+    found = {path: {"type": "file", "mode": 0o644, "user": "root", "group": "root", "sha256": digest}
+             for path, digest in ((UNIT, vllm), (RAY_UNIT, ray)) if digest}
+    return {"state.HostState": {"files": found, "units": {}}}
 
 
 def test_release_is_kept_without_its_secret_when_a_new_release_replaces_it():
-    commands, _ = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+    commands, _ = run_op(release_kept_for_rollback, unit_facts("1" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
                          {UNIT: "[Unit]\n"})
     assert commands == [(
         f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p /etc/systemd/system/sparkfleet-vllm.service "
@@ -240,25 +244,25 @@ def test_release_is_kept_without_its_secret_when_a_new_release_replaces_it():
 
 
 def test_a_members_ray_unit_is_kept_beside_its_engine_unit_and_a_workers_alone():
-    head = run_op(release_kept_for_rollback, unit_facts("1" * 40, "2" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+    head = run_op(release_kept_for_rollback, unit_facts("1" * 64, "2" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
                   {UNIT: "[Unit]\n"})[0]
     assert head == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} {UNIT} "
                     f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
     # a worker leaving its group: its Ray unit is kept though the new (single) release writes only a vLLM unit
-    worker = run_op(release_kept_for_rollback, unit_facts(None, "2" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+    worker = run_op(release_kept_for_rollback, unit_facts(None, "2" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
                     {UNIT: "[Unit]\n"})[0]
     assert worker == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} "
                       f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
     # the worker's Ray unit already is the new release's: an earlier run of it replaced the old one
-    assert run_op(release_kept_for_rollback, unit_facts(None, UNIT_SHA1), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+    assert run_op(release_kept_for_rollback, unit_facts(None, UNIT_SHA256), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
                   {RAY_UNIT: "[Unit]\n"})[0] == []
 
 
 def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_unit_already_replaced():
-    assert run_op(release_kept_for_rollback, unit_facts("1" * 40), "bbbbbbbbbbbb", "bbbbbbbbbbbb",
+    assert run_op(release_kept_for_rollback, unit_facts("1" * 64), "bbbbbbbbbbbb", "bbbbbbbbbbbb",
                   {UNIT: "[Unit]\n"}) == ([], "no running release is being replaced")
     assert run_op(release_kept_for_rollback, unit_facts(None), None, "bbbbbbbbbbbb", {UNIT: "[Unit]\n"})[0] == []
-    assert run_op(release_kept_for_rollback, unit_facts(UNIT_SHA1), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
+    assert run_op(release_kept_for_rollback, unit_facts(UNIT_SHA256), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
                   {UNIT: "[Unit]\n"})[0] == []
 
 
@@ -383,8 +387,8 @@ def run_bundle(tmp_path, sha256):
     with tarfile.open(tarball, "w:gz") as tar:
         tar.add(payload, arcname="openai")
     name, runtime = tarball.name.removesuffix(".tar.gz"), tmp_path / "runtime"
-    facts = {"files.Directory": {f"path=/opt/sparkfleet/runtime/{name}": None,
-                                 f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
+    facts = {"state.HostState": {"files": {}, "units": {}},
+             "files.Directory": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None,
                                  "path=/opt/sparkfleet/runtime": {"mode": 755}},
              "files.File": {f"path=/opt/sparkfleet/runtime/{name}.tar.gz": None}}
     commands, _ = run_op(runtime_bundle, facts, str(tarball), sha256(hashlib.sha256(tarball.read_bytes()).hexdigest()))
@@ -408,3 +412,11 @@ def test_bundle_whose_hash_differs_is_refused_and_nothing_unpacked(tmp_path):
     assert rc == 1 and len(err.splitlines()) == 1 and recorded in err and "refused" in err
     assert target.name in err and not target.exists() and not target.with_name(f"{target.name}.partial").exists()
     assert not (target.parent / f"{target.name}.tar.gz").exists()
+
+
+TestManagedFile = make_operation_tests("sparkfleet.host", "managed.managed_file", CASES / "managed_file")
+TestManagedDirectory = make_operation_tests("sparkfleet.host", "managed.managed_directory", CASES / "managed_directory")
+TestManagedPermissions = make_operation_tests("sparkfleet.host", "managed.managed_permissions",
+                                              CASES / "managed_permissions")
+TestManagedAbsent = make_operation_tests("sparkfleet.host", "managed.managed_absent", CASES / "managed_absent")
+TestManagedUnit = make_operation_tests("sparkfleet.host", "managed.managed_unit", CASES / "managed_unit")

@@ -14,8 +14,8 @@ from pyinfra.connectors.util import CommandOutput
 from pyinfra_testing.operations import make_operation_tests
 
 from sparkfleet.host.operations import health_gate_results, record_health_gate
+from sparkfleet.host.state import parse_state
 from sparkfleet.host.serving import (
-    UnitFailed,
     describe,
     probe_verdict,
     watchdog_cell,
@@ -263,8 +263,10 @@ def test_the_serving_check_is_the_gate_a_rollout_reads_when_nothing_changed():
                                           "bad-release": "failed"}
 
 
-def test_unit_failed_fact_asks_systemd():
-    fact = UnitFailed()
-    assert fact.command(unit="sparkfleet-vllm.service") == (
-        "systemctl is-failed --quiet sparkfleet-vllm.service && echo failed || echo ok")
-    assert fact.process(["failed"]) is True and fact.process(["ok"]) is False
+def test_a_failed_unit_reads_as_failed_in_the_batched_state():
+    lines = ["U Id=sparkfleet-vllm.service", "U ActiveState=failed", "U SubState=failed", "U UnitFileState=enabled",
+             "U ", "U Id=sparkfleet-watchdog.timer", "U ActiveState=active", "U SubState=waiting",
+             "U UnitFileState=enabled"]
+    units = parse_state(lines)["units"]
+    assert units["sparkfleet-vllm.service"] == {"running": False, "enabled": True, "failed": True}
+    assert units["sparkfleet-watchdog.timer"] == {"running": True, "enabled": True, "failed": False}

@@ -1,0 +1,225 @@
+"""One read of everything a no-op converge decides from: the mode, owner and sha256 of every file sparkfleet manages
+outside the model root (paths.MANAGED_GLOBS) and the state of its units, in a single command.
+
+pyinfra 3 caches no fact and runs an operation's facts twice (when the deploy is planned, again when it runs): a
+converge of files.put calls costs a few round trips per file. The managed operations (sparkfleet/host/managed.py)
+read this snapshot instead; it is kept while nothing on the host changed, and one an operation changes is read
+again on its own. The read is POSIX shell (stat, sha256sum, systemctl): it works on a bare host, before any helper
+is installed. Secret files are hashed on the host: their content never leaves it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra.api import FactBase
+
+from sparkfleet.contract import paths
+
+_FILE_LINE = re.compile(r"F (file|dir|link) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-) (/.*)")
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]*\*?[A-Za-z0-9._-]*")
+RUNNING = ("running", "waiting", "exited", "listening", "mounted")  # as pyinfra's SystemdStatus
+ENABLED = ("enabled", "static")  # as pyinfra's SystemdEnabled
+UNIT_PREFIX = "sparkfleet-"
+UNIT_DIR = paths.SYSTEMD_DIR
+NO_UNIT = {"running": False, "enabled": False, "failed": False}  # no file, not loaded
+
+_STAT_ONE = (
+    'if [ -L "$f" ]; then t=link; elif [ -f "$f" ]; then t=file; elif [ -d "$f" ]; then t=dir; else continue; fi; '
+    'm=$(stat -c "%a %U %G" -- "$f") || continue; h=-; '
+    'if [ "$t" = file ]; then h=$(sha256sum < "$f" | cut -c1-64); fi; '
+    'printf "F %s %s %s %s\\n" "$t" "$m" "${h:--}" "$f"'
+)
+_DEB_FORMAT = "P ${Package} ${Version} ${db:Status-Abbrev}\n"
+_DEB_LINE = re.compile(r"P ([a-z0-9][a-z0-9+.-]*) (\S+) (\S+)\s*")
+_UNITS = (
+    'command -v systemctl >/dev/null || exit 0; '
+    f'for f in {UNIT_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
+    f"set -- \"$@\" $(systemctl list-units --all --plain --no-legend '{UNIT_PREFIX}*' 2>/dev/null | "
+    "awk '{print $1}'); "
+    'systemctl show --property=Id --property=ActiveState --property=SubState --property=UnitFileState -- "$@" '
+    '2>/dev/null | sed "s/^/U /"'
+)
+
+
+def glob_word(pattern: str) -> str:
+    """A path for the shell, quoted, its last component's one `*` left to the shell (depth 1, never deeper)."""
+    head, _, name = pattern.rpartition("/")
+    if "*" in head:
+        raise ValueError(f"{pattern}: only the last component of a managed path may hold one `*`")
+    if "*" not in name:
+        return shlex.quote(pattern)
+    if not _NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"{pattern}: only the last component of a managed path may hold one `*`")
+    before, _, after = name.partition("*")
+    return shlex.quote(f"{head}/{before}") + "*" + (shlex.quote(after) if after else "")
+
+
+def state_command(globs, units, packages=()) -> str:
+    files = " ".join(glob_word(g) for g in globs)
+    named = " ".join(shlex.quote(u) for u in units)
+    debs = (f"command -v dpkg-query >/dev/null && dpkg-query -W -f {shlex.quote(_DEB_FORMAT)} -- "
+            f"{' '.join(shlex.quote(p) for p in packages)} 2>/dev/null; " if packages else "")
+    return f"for f in {files}; do {_STAT_ONE}; done; {debs}set -- {named}; {_UNITS}"
+
+
+def parse_state(lines: list[str]) -> dict:
+    """{"files": {path: {type, mode, user, group, sha256}}, "units": {unit: {running, enabled, failed}},
+    "packages": {name: installed version}}. What the host printed is data: a line that does not parse is left out
+    (its file reads as absent: put again, never trusted)."""
+    files, units, unit, packages = {}, {}, None, {}
+    for line in lines:
+        deb = _DEB_LINE.fullmatch(line)
+        if deb:
+            if deb.group(3).startswith("ii"):
+                packages[deb.group(1)] = deb.group(2)
+            continue
+        found = _FILE_LINE.fullmatch(line.rstrip("\r\n"))
+        if found:
+            kind, mode, user, group, digest, path = found.groups()
+            files[path] = {"type": kind, "mode": int(mode, 8), "user": user, "group": group,
+                           "sha256": None if digest == "-" else digest}
+            continue
+        if not line.startswith("U "):
+            continue
+        key, _, value = line[2:].strip().partition("=")
+        if key == "Id":
+            unit = units.setdefault(value, dict(NO_UNIT)) if value else None
+        elif unit is not None and key == "SubState":
+            unit["running"] = value in RUNNING
+        elif unit is not None and key == "ActiveState":
+            unit["failed"] = value == "failed"
+        elif unit is not None and key == "UnitFileState":
+            unit["enabled"] = value in ENABLED
+    return {"files": files, "units": units, "packages": packages}
+
+
+class HostState(FactBase[dict]):
+    """Every managed file's and unit's state in one command (parse_state)."""
+
+    def command(self):
+        return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS, paths.MANAGED_PACKAGES)
+
+    def process(self, output):
+        return parse_state(list(output))
+
+
+class PathState(HostState):
+    """One path outside the managed globs (the model root), read the same way."""
+
+    def command(self, path: str):
+        return state_command([path], [])
+
+
+class UnitState(HostState):
+    """One unit outside the managed units, read the same way."""
+
+    def command(self, unit: str):
+        return state_command([], [unit])
+
+
+def _changes_so_far(host) -> int:
+    """How many of this host's operations have run commands in this run: a snapshot older than the last is stale."""
+    state = host.state
+    if not getattr(state, "is_executing", False):
+        return 0
+    return sum(1 for data in getattr(state, "ops", {}).get(host, {}).values() if data.operation_meta.executed)
+
+
+def snapshot(host) -> dict:
+    """The host's batched state, read again only after an operation on it ran commands."""
+    key = _changes_so_far(host)
+    held = getattr(host, "_sparkfleet_state", None)
+    if held is None or held[0] != key:
+        held = (key, host.get_fact(HostState))
+        host._sparkfleet_state = held
+    return held[1]
+
+
+def _covered(path: str) -> bool:
+    head, _, name = path.rpartition("/")
+    return any(path == g or ("*" in g and g.rpartition("/")[0] == head
+                             and re.fullmatch(re.escape(g.rpartition("/")[2]).replace(r"\*", ".*"), name))
+               for g in paths.MANAGED_GLOBS)
+
+
+def file_state(host, path: str) -> dict | None:
+    """A path's {type, mode, user, group, sha256}, None when absent."""
+    held = snapshot(host)
+    if path in held.get("forgotten", ()) or not _covered(path):
+        return host.get_fact(PathState, path=path)["files"].get(path)
+    return held["files"].get(path)
+
+
+def unit_state(host, unit: str) -> dict:
+    """A unit's {running, enabled, failed}: a sparkfleet unit the read did not list has no file and is not loaded."""
+    held = snapshot(host)
+    if unit in held.get("forgotten", ()) or not (unit.startswith(UNIT_PREFIX) or unit in paths.MANAGED_UNITS):
+        return host.get_fact(UnitState, unit=unit)["units"].get(unit, dict(NO_UNIT))
+    return {**NO_UNIT, **held["units"].get(unit, {})}
+
+
+def unit_files(host) -> list[str]:
+    """The names of the unit files in systemd's unit directory that sparkfleet names (sparkfleet-*), sorted."""
+    prefix = f"{UNIT_DIR}/{UNIT_PREFIX}"
+    return sorted(path.rpartition("/")[2] for path, found in snapshot(host)["files"].items()
+                  if path.startswith(prefix) and found["type"] == "file")
+
+
+def installed_packages(host) -> dict[str, str]:
+    """The managed Debian packages installed (name -> version)."""
+    return snapshot(host).get("packages", {})
+
+
+def forget(host, name: str) -> None:
+    """An operation is about to change this path or unit: a later read in this phase asks the host again."""
+    held = snapshot(host)
+    held.setdefault("forgotten", set()).add(name)
+
+
+_SECTION = "@@sparkfleet-fact"
+
+
+class Facts(FactBase[dict]):
+    """Several facts' commands in one round trip, each in its own subshell between markers, with its exit status:
+    {index: (status, stdout lines)}."""
+
+    def command(self, commands: list[str]):
+        # the echo before each end marker ends an output whose last line has no newline (find -printf '%P\0')
+        return "; ".join(f"echo {_SECTION} {i}; ( {c} ); rc=$?; echo; echo {_SECTION}-rc {i} $rc"
+                         for i, c in enumerate(commands))
+
+    def process(self, output):
+        found, lines, current = {}, [], None
+        for line in output:
+            marker = line.split(" ")
+            if marker[0] == _SECTION and len(marker) == 2:
+                current, lines = marker[1], []
+            elif marker[0] == f"{_SECTION}-rc" and len(marker) == 3 and marker[1] == current:
+                found[int(current)] = (int(marker[2]) if marker[2].isdigit() else 1,
+                                       lines[:-1] if lines and lines[-1] == "" else lines)
+                current = None
+            elif current is not None:
+                lines.append(line)
+        return found
+
+
+def read_facts(host, wanted: dict) -> dict:
+    """{name: value} for {name: (fact class, kwargs)}, as host.get_fact would return each, in one round trip. A fact
+    whose command failed, or that needs a binary checked or another shell, is read again on its own (as before)."""
+    batched = {name: (cls, kwargs) for name, (cls, kwargs) in wanted.items()
+               if not cls().requires_command(**kwargs) and not cls.shell_executable}
+    facts = {name: cls() for name, (cls, _) in batched.items()}  # process() may read what command() kept
+    commands = []
+    for name, (_, kwargs) in batched.items():
+        command = facts[name].command(**kwargs)
+        commands.append(command.get_raw_value() if hasattr(command, "get_raw_value") else str(command))
+    answers = host.get_fact(Facts, commands=commands) if commands else {}
+    values = {}
+    for index, name in enumerate(batched):
+        status, lines = answers.get(index, (1, []))
+        if status == 0:
+            values[name] = facts[name].process(lines) if lines else facts[name].default()
+    return {name: values[name] if name in values else host.get_fact(cls, **kwargs)
+            for name, (cls, kwargs) in wanted.items()}

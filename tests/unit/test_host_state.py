@@ -1,0 +1,118 @@
+"""The batched read of a host's managed files, run by a real shell on a scratch tree: modes, owners and sha256,
+directories and links told apart, a secret's hash but never its bytes, and nothing deeper than one level."""
+
+import getpass
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+from sparkfleet.host.state import glob_word, parse_state, state_command
+
+SECRET = b"VLLM_API_KEY=sk-never-printed\n"
+
+
+def read(globs, packages=()):
+    out = subprocess.run(["sh", "-c", state_command(globs, [], packages)], capture_output=True, text=True, check=True)
+    return out.stdout, parse_state(out.stdout.splitlines())
+
+
+def test_files_directories_and_links_each_with_mode_owner_and_hash(tmp_path):
+    (tmp_path / "etc").mkdir(mode=0o700)
+    env = tmp_path / "etc" / "engine.env"
+    env.write_bytes(SECRET)
+    env.chmod(0o600)
+    (tmp_path / "etc" / "link").symlink_to(env)
+    (tmp_path / "etc" / "deep").mkdir()
+    (tmp_path / "etc" / "deep" / "shard").write_bytes(b"x")
+    text, state = read([str(tmp_path / "etc"), f"{tmp_path}/etc/*", f"{tmp_path}/absent/*"])
+    user = getpass.getuser()
+    files = state["files"]
+    assert files[str(env)] == {"type": "file", "mode": 0o600, "user": user, "group": files[str(env)]["group"],
+                               "sha256": hashlib.sha256(SECRET).hexdigest()}
+    assert files[str(tmp_path / "etc")]["type"] == "dir" and files[str(tmp_path / "etc")]["mode"] == 0o700
+    assert files[str(tmp_path / "etc" / "link")]["type"] == "link"
+    assert str(tmp_path / "etc" / "deep" / "shard") not in files  # depth 1 only
+    assert b"sk-never-printed" not in text.encode()
+
+
+def test_a_path_with_a_space_or_quote_stays_one_word(tmp_path):
+    odd = tmp_path / "it's here"
+    odd.mkdir()
+    (odd / "a.cfg").write_text("x")
+    _, state = read([f"{odd}/*.cfg"])
+    assert list(state["files"]) == [f"{odd}/a.cfg"]
+
+
+def test_a_wildcard_above_the_last_component_is_refused():
+    with pytest.raises(ValueError, match="only the last component"):
+        glob_word("/etc/*/x.cfg")
+
+
+def test_lines_the_parser_does_not_understand_are_left_out():
+    state = parse_state(["F file 644 root root notahash /etc/x", "F file 99x root root - /etc/y", "junk",
+                         "P haproxy 2.6.12-1 ii ", "P socat 1.7 rc "])
+    assert state["files"] == {} and state["packages"] == {"haproxy": "2.6.12-1"}
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/dpkg-query"), reason="no dpkg here")
+def test_packages_are_read_with_dpkg_query(tmp_path):
+    _, state = read([], ["dpkg", "no-such-package-here"])
+    assert "dpkg" in state["packages"] and "no-such-package-here" not in state["packages"]
+
+
+class LocalHost:
+    """A host that is this machine: each fact's command run by sh, as pyinfra would read it over SSH."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def get_fact(self, cls, **kwargs):
+        self.reads += 1
+        fact = cls()
+        command = fact.command(**kwargs)
+        command = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        lines = out.stdout.splitlines()
+        return fact.process(lines) if out.returncode == 0 and lines else fact.default()
+
+
+def test_preflights_facts_read_in_one_round_trip_equal_each_read_on_its_own(tmp_path):
+    from pyinfra.facts.server import Arch
+
+    from sparkfleet.host.facts import DockerState, FreeBytes, JsonFile, MemInfo, ModelFiles, NvidiaSmi, PythonVersion
+    from sparkfleet.host.state import read_facts
+
+    (tmp_path / "release.json").write_text('{"release_id": "abc"}\n')
+    (tmp_path / "empty.json").write_text("")
+    model = tmp_path / "models" / "Q--M@a"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    wanted = {"arch": (Arch, {}), "gpu": (NvidiaSmi, {}), "docker": (DockerState, {}), "python": (PythonVersion, {}),
+              "release": (JsonFile, {"path": str(tmp_path / "release.json")}),
+              "empty": (JsonFile, {"path": str(tmp_path / "empty.json")}),
+              "absent": (JsonFile, {"path": str(tmp_path / "none.json")}),
+              "model": (ModelFiles, {"model_dir": str(model), "record": ".sparkfleet-verified.json"}),
+              "meminfo": (MemInfo, {}), "free": (FreeBytes, {"path": str(tmp_path)})}
+    host = LocalHost()
+    together = read_facts(host, wanted)
+    assert host.reads == 1
+    alone = {name: host.get_fact(cls, **kwargs) for name, (cls, kwargs) in wanted.items()}
+    for name in ("arch", "gpu", "docker", "python", "release", "empty", "absent", "model"):
+        assert together[name] == alone[name], name
+    assert together["release"] == '{"release_id": "abc"}' and together["empty"] == "" and together["absent"] is None
+    assert type(together["meminfo"]) is type(alone["meminfo"]) and type(together["free"]) is type(alone["free"])
+
+
+def test_a_fact_whose_command_fails_in_the_batch_is_read_on_its_own():
+    from pyinfra.api import FactBase
+
+    from sparkfleet.host.state import read_facts
+
+    class Failing(FactBase):
+        def command(self):
+            return "echo partial; exit 3"
+
+    host = LocalHost()
+    assert read_facts(host, {"x": (Failing, {})}) == {"x": None} and host.reads == 2
