@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import fleet
 
     ap = argparse.ArgumentParser(prog="python -m sim.fleet", description="the simulated DGX Spark fleet")
+    ap.add_argument("--fleet", metavar="NAME", help="a fleet beside the default one, e.g. --fleet b: sparkfleet-b-* "
+                                                 "containers, state in .sim/fleets/b/ (also SPARKFLEET_SIM_FLEET)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("up", help="build what is missing and start the fleet (idempotent)")
     p.add_argument("--hosts", type=int, default=3)
