@@ -43,8 +43,10 @@ def worker_fleet(worker: str | None, fleets: str) -> str | None:
 _FLEET = worker_fleet(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("SPARKFLEET_E2E_FLEETS", "default,b"))
 if _FLEET is not None:  # before anything imports sim.fleet, and inherited by pyinfra, tools and tests/infra
     os.environ["SPARKFLEET_SIM_FLEET"] = _FLEET
-    if _FLEET != "default":  # the controller's tokens and copies of a named fleet's own (a rotation stays there)
-        os.environ["SPARKFLEET_CACHE"] = str(ROOT / ".sim" / "fleets" / _FLEET / "cache")
+if os.environ.get("SPARKFLEET_SIM_FLEET", "default") not in ("", "default"):
+    # a named fleet's controller cache of its own: tokens, runtime bundle and model copies (a rotation, or two
+    # converges building the runtime bundle at once, stays in one fleet)
+    os.environ["SPARKFLEET_CACHE"] = str(ROOT / ".sim" / "fleets" / os.environ["SPARKFLEET_SIM_FLEET"] / "cache")
 
 
 def pytest_collection_modifyitems(config, items):
