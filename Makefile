@@ -1,6 +1,9 @@
 # The two commands of the README: `make demo` and `make test`.
 PY := .venv/bin/python
 HOSTS ?= 3
+# the simulated fleets `make e2e` runs on at once, one pytest-xdist worker each ("default": `python -m sim`'s)
+E2E_FLEETS ?= default,b
+comma := ,
 
 .PHONY: venv demo test unit unit-offline install-check e2e down
 
@@ -17,10 +20,10 @@ demo: venv
 	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py --limit front_door
 	$(PY) -m tools.bench_front_door inventory/sim_front_door.py --chat
 
-## Unit tests, then end-to-end tests against the simulated fleet.
+## Unit tests, then end-to-end tests against the simulated fleets.
 test: venv
-	@bash sim/bootstrap.sh
-	$(PY) -m pytest -v --durations=15
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory e2e
 
 ## Two workers (pytest-xdist): the tests wait on their loopback servers and subprocesses as much as they compute.
 unit: venv
@@ -34,9 +37,13 @@ unit-offline: venv
 install-check: venv
 	$(PY) -m pytest tests/e2e/test_install.py -q -p no:cacheprovider
 
+## The e2e modules split between the fleets of E2E_FLEETS (each worker brings its own up), images built once first.
 e2e: venv
 	@bash sim/bootstrap.sh
-	$(PY) -m pytest tests/e2e -v --durations=15
+	$(PY) -m sim build
+	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e -v --durations=15 -p no:cacheprovider \
+		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder
 
 down: venv
 	$(PY) -m sim down
+	for f in $(subst $(comma), ,$(E2E_FLEETS)); do $(PY) -m sim --fleet $$f down; done

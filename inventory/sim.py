@@ -3,20 +3,24 @@
 Bring it up first:  python -m sim up [--hosts N]
 then:               pyinfra inventory/sim.py deploy.py
 
-Reads .sim/state.json (written by `sim up`). Every module-level list is a
-pyinfra group; names starting with "_" are not.
+Reads .sim/state.json (written by `sim up`); with SPARKFLEET_SIM_FLEET=NAME, the named
+fleet's .sim/fleets/NAME/state.json (`python -m sim --fleet NAME up`). Every module-level
+list is a pyinfra group; names starting with "_" are not.
 """
 
 import json as _json
+import os as _os
 from pathlib import Path as _Path
 
-_STATE_FILE = _Path(__file__).resolve().parents[1] / ".sim" / "state.json"
+_SIM = _Path(__file__).resolve().parents[1] / ".sim"
+_FLEET = _os.environ.get("SPARKFLEET_SIM_FLEET", "").strip()
+_STATE_FILE = (_SIM / "fleets" / _FLEET if _FLEET not in ("", "default") else _SIM) / "state.json"
 
 try:
     _state = _json.loads(_STATE_FILE.read_text())
 except FileNotFoundError:
     raise RuntimeError(
-        "the simulated fleet is not up: run `python -m sim up` first "
+        f"the simulated fleet is not up: run `python -m sim{' --fleet ' + _FLEET if _FLEET else ''} up` first "
         f"(no {_STATE_FILE})"
     ) from None
 

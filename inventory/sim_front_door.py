@@ -6,14 +6,13 @@
 The sim publishes each host's port 8080 on a free 127.0.0.1 port; `docker port` says which.
 """
 
-import json as _json
 import runpy as _runpy
 import subprocess as _subprocess
 from pathlib import Path as _Path
 
 _here = _Path(__file__).resolve().parent
 _sim = _runpy.run_path(str(_here / "sim.py"))
-_state = _json.loads((_here.parent / ".sim" / "state.json").read_text())
+_state = _sim["_state"]  # the selected fleet's state.json (SPARKFLEET_SIM_FLEET)
 _published = _subprocess.run(["docker", "port", _state["hosts"][0]["container"], "8080/tcp"],
                              capture_output=True, text=True, check=False).stdout.split()
 if not _published:

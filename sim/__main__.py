@@ -1,7 +1,14 @@
-"""`python -m sim ...`: the simulated fleet (a separate room: sparkfleet never imports it)."""
+"""`python -m sim [--fleet NAME] ...`: the simulated fleet (a separate room: sparkfleet never imports it)."""
 
 import sys
 
-from sim.fleet.cli import main
+from sim import select_fleet
 
-sys.exit(main(sys.argv[1:]))
+argv = select_fleet(sys.argv[1:])
+try:
+    from sim.fleet.cli import main  # after select_fleet: the fleet's names are fixed at import
+except RuntimeError as e:  # SimError: a bad fleet name
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+sys.exit(main(argv))

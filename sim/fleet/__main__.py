@@ -1,5 +1,6 @@
+"""`python -m sim.fleet ...`: the same as `python -m sim ...`, run afresh (this package is imported before
+this file runs, too early for a --fleet argument to choose the fleet's names)."""
+import os
 import sys
 
-from .cli import main
-
-sys.exit(main(sys.argv[1:]))
+os.execv(sys.executable, [sys.executable, "-m", "sim", *sys.argv[1:]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,9 +14,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = REPO_ROOT / ".sim"
 IMAGES_DIR = REPO_ROOT / "sim" / "images"
-STATE_FILE = SIM_DIR / "state.json"
-
-LABEL = "sparkfleet.sim"          # every container/volume/network we create carries it
 HASH_LABEL = "sparkfleet.sim.hash"  # input hash of an image
 CONFIG_LABEL = "sparkfleet.sim.config"  # hash of a container's run configuration
 
@@ -24,6 +22,29 @@ VERBOSE = os.environ.get("SPARKFLEET_SIM_VERBOSE", "1") != "0"
 
 class SimError(RuntimeError):
     pass
+
+
+def fleet_name(value: str | None) -> str:
+    """The fleet a name selects: "" (or "default") is the default fleet; others are short lowercase names, as
+    they go into container, volume and network names."""
+    value = (value or "").strip()
+    if value in ("", "default"):
+        return ""
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,11}", value):
+        raise SimError(f"fleet name {value!r}: use 1-12 lowercase letters and digits starting with a letter "
+                       "(SPARKFLEET_SIM_FLEET or --fleet)")
+    return value
+
+
+# The fleet this process works on (SPARKFLEET_SIM_FLEET; `python -m sim --fleet NAME` sets it): the default
+# fleet keeps .sim/ and today's names; a named one has its state in .sim/fleets/NAME/ (image caches are shared).
+FLEET = fleet_name(os.environ.get("SPARKFLEET_SIM_FLEET"))
+FLEET_DIR = SIM_DIR / "fleets" / FLEET if FLEET else SIM_DIR
+STATE_FILE = FLEET_DIR / "state.json"
+PREFIX = f"sparkfleet-{FLEET}" if FLEET else "sparkfleet"  # container, volume and network names start with it
+# every container/volume/network of the fleet carries it (a named fleet's own key: no other fleet's `down` or
+# `up` counts its containers as theirs)
+LABEL = f"sparkfleet.sim.fleet.{FLEET}" if FLEET else "sparkfleet.sim"
 
 
 def log(msg: str) -> None:

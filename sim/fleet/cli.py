@@ -58,12 +58,12 @@ def _print_status(st: dict) -> None:
     svc = st["services"] or {}
     print(f"services: {svc.get('status')}  hub={s['hub']['controller_url']} ({'ok' if svc.get('hub') else 'DOWN'})"
           f"  registry={s['registry']['controller']} ({'ok' if svc.get('registry') else 'DOWN'})")
-    print(f"{'HOST':<10} {'CONTAINER':<20} {'STATUS':<9} {'SYSTEMD':<10} {'SSH':>6} {'API':>6}  GPU")
+    print(f"{'HOST':<10} {'CONTAINER':<24} {'STATUS':<9} {'SYSTEMD':<10} {'SSH':>6} {'API':>6}  GPU")
     for h in st["hosts"]:
         g = h.get("gpu") or {}
         gpu = "-" if not g else (f"{g.get('name')} driver {g.get('driver')}" if g.get("present", True)
                                  else "absent (driver not loaded)")
-        print(f"{h['name']:<10} {h['container']:<20} {h['status']:<9} {str(h['system']):<10} "
+        print(f"{h['name']:<10} {h['container']:<24} {h['status']:<9} {str(h['system']):<10} "
               f"{h['ssh_port']:>6} {h['api_port']:>6}  {gpu}")
     print(f"ssh: ssh -i {s['ssh_key']} -p PORT -o UserKnownHostsFile={Path(s['ssh_key']).parent / 'known_hosts'} "
           f"root@127.0.0.1")
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import fleet
 
     ap = argparse.ArgumentParser(prog="python -m sim.fleet", description="the simulated DGX Spark fleet")
+    ap.add_argument("--fleet", metavar="NAME", help="a fleet beside the default one, e.g. --fleet b: sparkfleet-b-* "
+                                                 "containers, state in .sim/fleets/b/ (also SPARKFLEET_SIM_FLEET)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("up", help="build what is missing and start the fleet (idempotent)")
     p.add_argument("--hosts", type=int, default=3)

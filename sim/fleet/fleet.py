@@ -2,36 +2,55 @@
 services container (hub, apt repository, registry) on the docker network
 sparkfleet-sim; the Sparks also share sparkfleet-sim-fabric (MTU 9000, fixed
 addresses), their ConnectX-7 link. All state lives in .sim/ (state.json, the SSH
-key, caches).
+key, caches). A named fleet (SPARKFLEET_SIM_FLEET=b) runs beside it: sparkfleet-b-*
+containers and networks, its own fabric subnet, state in .sim/fleets/b/.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import socket
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import apt_repo, images
-from ._util import (CONFIG_LABEL, IMAGES_DIR, LABEL, REPO_ROOT, SIM_DIR, STATE_FILE, SimError, docker, free_port,
-                    log, port_is_free, read_json, run, sha256_bytes, wait_for, write_json)
+from ._util import (CONFIG_LABEL, FLEET, FLEET_DIR, IMAGES_DIR, LABEL, PREFIX, REPO_ROOT, SIM_DIR,
+                    STATE_FILE, SimError, docker, free_port, log, port_is_free, read_json, run, sha256_bytes,
+                    wait_for, write_json)
 
-NETWORK = "sparkfleet-sim"
-FABRIC_NETWORK = "sparkfleet-sim-fabric"
+NETWORK = f"{PREFIX}-sim"
+FABRIC_NETWORK = f"{PREFIX}-sim-fabric"
+FABRIC_FILE = "/etc/sparkfleet-sim/fabric.json"
 # interface name, MTU and subnet of the fabric: the spark image's boot unit reads the same file
-FABRIC = read_json(IMAGES_DIR / "spark" / "rootfs" / "etc" / "sparkfleet-sim" / "fabric.json")
+FABRIC = read_json(IMAGES_DIR / "spark" / "rootfs" / FABRIC_FILE.lstrip("/"))
+
+
+def fabric_subnet(fleet: str) -> str:
+    """The fleet's fabric subnet: the image's for the default fleet; for a named one a /24 of 10.200.0.0/16
+    picked by its name (not the default's), written into each of its hosts before the first boot."""
+    if not fleet:
+        return FABRIC["subnet"]
+    default = ipaddress.ip_network(FABRIC["subnet"]).network_address.packed[2]
+    third = 1 + int(sha256_bytes("fabric", fleet)[:8], 16) % 253
+    return f"10.200.{third + (third >= default)}.0/24"
+
+
+FABRIC = {**FABRIC, "subnet": fabric_subnet(FLEET)}
 FABRIC_SUBNET = ipaddress.ip_network(FABRIC["subnet"])
 FABRIC_DYNAMIC = list(FABRIC_SUBNET.subnets(1))[1]  # scratch hosts' addresses; fleet hosts' are fixed below it
 FABRIC_SCRIPT = "/usr/local/sbin/sparkfleet-sim-fabric"
-SERVICES = "sparkfleet-services"
+SERVICES = f"{PREFIX}-services"
 HUB_ALIAS, APT_ALIAS, REGISTRY_ALIAS = "sparkfleet-hub", "sparkfleet-apt", "sparkfleet-registry"
 HUB_PORT, APT_PORT, REGISTRY_PORT = 8080, 8081, 5000
 HUB_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
-SSH_KEY = SIM_DIR / "id_ed25519"
-KNOWN_HOSTS = SIM_DIR / "known_hosts"  # the hosts' real SSH host keys: inventory/sim.py checks them strictly
+SSH_KEY = FLEET_DIR / "id_ed25519"
+KNOWN_HOSTS = FLEET_DIR / "known_hosts"  # the hosts' real SSH host keys: inventory/sim.py checks them strictly
 BOOTSTRAP = REPO_ROOT / "sim" / "bootstrap.sh"
 DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0",
                "compute_cap": "12.1"}
@@ -49,7 +68,7 @@ BOOT_TIMEOUT = float(os.environ.get("SPARKFLEET_SIM_BOOT_TIMEOUT", "120"))
 
 
 def container_name(host: str) -> str:
-    return f"sparkfleet-{host}"
+    return f"{PREFIX}-{host}"
 
 
 # --------------------------------------------------------------------------- docker plumbing
@@ -113,7 +132,10 @@ def _ensure_fabric() -> None:
         if attached:
             docker("rm", "-f", *attached, timeout=180)
         docker("network", "rm", FABRIC_NETWORK)
-    docker("network", "create", *_fabric_options(), FABRIC_NETWORK)
+    cp = docker("network", "create", *_fabric_options(), FABRIC_NETWORK, check=False)
+    if cp.returncode != 0:
+        raise SimError(f"cannot create {FABRIC_NETWORK} on {FABRIC_SUBNET}: {cp.stderr.strip()} (another docker "
+                       "network holds the subnet: give this fleet another name)")
 
 
 def _fabric_endpoint(info: dict) -> str | None:
@@ -182,7 +204,7 @@ def _ssh_banner(port: int) -> bool:
 # --------------------------------------------------------------------------- SSH key
 
 def ensure_ssh_key() -> Path:
-    SIM_DIR.mkdir(parents=True, exist_ok=True)
+    FLEET_DIR.mkdir(parents=True, exist_ok=True)
     if not SSH_KEY.exists() or not SSH_KEY.with_suffix(".pub").exists():
         for p in (SSH_KEY, SSH_KEY.with_suffix(".pub")):
             p.unlink(missing_ok=True)
@@ -296,9 +318,19 @@ def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role:
            "-p", f"127.0.0.1:{ssh_port}:22", "-p", f"127.0.0.1:{api_port}:8000",
            "-p", "127.0.0.1::8080",  # a front door (group_data's front_door_port); `docker port` tells where
            images.SPARK_IMAGE, "/sbin/init")
+    if FLEET:
+        _copy_fabric_file(c)
     fixed = fabric_address(name) if role == "host" else None
     docker("network", "connect", *(["--ip", fixed] if fixed else []), FABRIC_NETWORK, c)
     docker("start", c)
+
+
+def _copy_fabric_file(container: str) -> None:
+    """A named fleet's fabric settings (its own subnet) in the created host, for the boot unit to find."""
+    with tempfile.TemporaryDirectory(dir=FLEET_DIR) as d:
+        path = Path(d) / "fabric.json"
+        path.write_text(json.dumps(FABRIC) + "\n")
+        docker("cp", str(path), f"{container}:{FABRIC_FILE}")
 
 
 def _system_state(c: str) -> str:
@@ -372,8 +404,9 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
         raise SimError(f"faults for unknown hosts: {sorted(unknown)}")
     t0 = time.monotonic()
     bootstrap()
-    hashes = images.ensure_all()
-    apt = apt_repo.ensure_repo()
+    with _build_lock():
+        hashes = images.ensure_all()
+        apt = apt_repo.ensure_repo()
     key = ensure_ssh_key()
     pubkey = key.with_suffix(".pub").read_text()
     prev = read_json(STATE_FILE, {}) or {}
@@ -423,6 +456,15 @@ def _make_state(host_rows: list[dict], ports: dict, apt: dict, key: Path) -> dic
     }
 
 
+@contextlib.contextmanager
+def _build_lock():
+    """One fleet at a time builds the shared images and apt repository (two fleets coming up at once)."""
+    SIM_DIR.mkdir(parents=True, exist_ok=True)
+    with open(SIM_DIR / "build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def _host_containers() -> list[str]:
     cp = docker("ps", "-a", "--filter", f"label={LABEL}.role=host", "--format", "{{.Names}}", check=False)
     return sorted(n for n in cp.stdout.split() if n)
@@ -439,7 +481,7 @@ def _remove_containers(names: list[str], volumes: bool) -> None:
 
 
 def down() -> None:
-    """Remove the fleet's containers, volumes and network (image caches stay)."""
+    """Remove the fleet's containers, volumes and network (image caches and other fleets stay)."""
     t0 = time.monotonic()
     bootstrap()
     cp = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False)

@@ -1,11 +1,16 @@
 """One simulated fleet for every end-to-end test: brought up clean once per run.
 
 Tests that break something (a GPU fault knob, a reboot) repair it before they end.
+Under pytest-xdist (`make e2e`: `-n 2`) each worker has a fleet of its own, the
+fleets of SPARKFLEET_E2E_FLEETS in worker order ("default" is `python -m sim`'s;
+default: "default,b"), and the modules go to the workers whole, longest first.
+Without xdist the tests use SPARKFLEET_SIM_FLEET's fleet (unset: the default one).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -18,6 +23,44 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "inventory/sim.py"
 HOSTS = ("spark-1", "spark-2", "spark-3")
+# minutes each module took (the slowest first to a worker: the two fleets finish about together); others 2
+MODULE_MINUTES = {"test_serving.py": 17, "test_tensor_parallel.py": 10.5, "test_front_door.py": 6,
+                  "test_rollout.py": 6, "test_bench.py": 5}
+
+
+def worker_fleet(worker: str | None, fleets: str) -> str | None:
+    """The fleet of an xdist worker ("gw1": the second of the comma-separated fleets); None without xdist."""
+    if not worker:
+        return None
+    names = [f.strip() for f in fleets.split(",") if f.strip()]
+    n = int(worker.removeprefix("gw"))
+    if n >= len(names):
+        raise pytest.UsageError(f"pytest-xdist worker {worker} has no simulated fleet: SPARKFLEET_E2E_FLEETS "
+                                f"names {len(names)} ({fleets!r}); run with -n {len(names)} or name more fleets")
+    return names[n]
+
+
+_FLEET = worker_fleet(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("SPARKFLEET_E2E_FLEETS", "default,b"))
+if _FLEET is not None:  # before anything imports sim.fleet, and inherited by pyinfra, tools and tests/infra
+    os.environ["SPARKFLEET_SIM_FLEET"] = _FLEET
+if os.environ.get("SPARKFLEET_SIM_FLEET", "default") not in ("", "default"):
+    # a named fleet's controller cache of its own: tokens, runtime bundle and model copies (a rotation, or two
+    # converges building the runtime bundle at once, stays in one fleet)
+    os.environ["SPARKFLEET_CACHE"] = str(ROOT / ".sim" / "fleets" / os.environ["SPARKFLEET_SIM_FLEET"] / "cache")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the modules in order of MODULE_MINUTES, longest first (`--dist loadfile` hands them out
+    whole in this order), each module's tests in their own order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: -MODULE_MINUTES.get(item.path.name, 2) if "e2e" in item.path.parts else 0)
+
+
+def container(host: str) -> str:
+    """The Docker container of a simulated host in this run's fleet."""
+    from sim.fleet.fleet import container_name
+
+    return container_name(host)
 
 
 @dataclass

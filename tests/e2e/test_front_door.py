@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from .conftest import HOSTS, ROOT, api_port, ssh
+from .conftest import HOSTS, ROOT, api_port, container, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ ENGINE_KEY = "sim-key"  # inventory/sim.py's api_key: the engines' key, which on
 
 def door_port() -> int:
     """The 127.0.0.1 port where spark-1's front door port (8080) is published."""
-    out = subprocess.run(["docker", "port", "sparkfleet-spark-1", "8080/tcp"], capture_output=True, text=True,
+    out = subprocess.run(["docker", "port", container("spark-1"), "8080/tcp"], capture_output=True, text=True,
                          check=True).stdout
     return int(out.split()[0].rsplit(":", 1)[1])
 
@@ -246,7 +246,7 @@ def test_a_removed_user_is_refused_after_one_converge_and_no_reply_carries_the_e
     assert again.returncode == 0, again.stderr[-3000:]
 
 
-def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet):
+def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet, tmp_path):
     inventory, url = door
     proc = sparkfleet("status", inventory, "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -254,7 +254,7 @@ def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet):
     assert front["url"] == url
     assert front["backends"] == [{"host": h, "state": "in"} for h in HOSTS]
     bench = sparkfleet("bench", inventory, "--front-door", "--concurrency", "1", "--requests", "2",
-                       "--max-tokens", "8", "--out", str(ROOT / ".sim" / "bench-front-door"))
+                       "--max-tokens", "8", "--out", str(tmp_path / "bench-front-door"))
     assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
     assert url in bench.stdout
     ssh(sim_fleet, "spark-1", "systemctl stop sparkfleet-front-door")

@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from .conftest import ENGINE_PATHS, ROOT, lan_statuses, ssh
+from .conftest import ENGINE_PATHS, ROOT, container, lan_statuses, ssh
 
 pytestmark = pytest.mark.e2e
 
 HOST, OTHER = "spark-1", "spark-2"
-LAN = "http://sparkfleet-spark-1"  # spark-1's address on the sim's network, as spark-2 reaches it
+LAN = f"http://{container(HOST)}"  # spark-1's address on the sim's network, as spark-2 reaches it
 BACKEND_KEY = "sim-key"  # inventory/sim.py's api_key
 USER_KEY = "demo-user-key-0123456789"  # inventory/sim_front_door.py's user demo
 CHAT_SERVED = ("/v1/models", "/v1/chat/completions", "/metrics")

@@ -19,6 +19,7 @@ from tests.e2e.conftest import (
     ENGINE_PATHS,
     HOSTS,
     ROOT,
+    container,
     converge,
     lan_statuses,
     sparkfleet,
@@ -100,7 +101,7 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
             "sparkfleet-vllm-rerank.service": 0.03})
 
         for port, served in SERVED.items():  # from another host: only through the guard, only its paths
-            lan = f"http://sparkfleet-spark-1:{port}"
+            lan = f"http://{container('spark-1')}:{port}"
             for key in (None, "demo-user-key-0123456789"):
                 assert lan_statuses(state, "spark-2", lan, key=key) == {
                     p: "200" if p == "/health" else "401" for p in ENGINE_PATHS}, (port, key)
@@ -108,7 +109,7 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
             assert (keyed["/v1/models"], keyed["/metrics"]) == ("200", "200"), (port, keyed)
             assert {p: keyed[p] for p in ENGINE_PATHS if p not in ("/health", *served)} == {
                 p: "404" for p in ENGINE_PATHS if p not in ("/health", *served)}, port
-            assert lan_statuses(state, "spark-2", f"http://sparkfleet-spark-1:{port + 10000}", ("/health",)) == {
+            assert lan_statuses(state, "spark-2", f"http://{container('spark-1')}:{port + 10000}", ("/health",)) == {
                 "/health": "000"}, port  # the engine itself: loopback only
 
         with tunnel(state, HOST, 8001) as embed_url, tunnel(state, HOST, 8002) as rerank_url:

@@ -55,7 +55,7 @@ def ssh(state: dict, host: str | dict, command: str, check: bool = True, timeout
 
 
 def test_state_file_shape(_fleet):
-    state = json.loads((REPO / ".sim" / "state.json").read_text())
+    state = json.loads((Path(_fleet["ssh_key"]).parent / "state.json").read_text())  # .sim/ or .sim/fleets/NAME/
     assert state == _fleet
     assert [h["name"] for h in state["hosts"]] == [f"spark-{i}" for i in range(1, len(state["hosts"]) + 1)]
     assert len(state["hosts"]) >= 2
@@ -79,15 +79,17 @@ def test_inventory_reads_state(_fleet):
 
 
 def test_known_hosts_holds_every_hosts_real_key(_fleet):
-    """inventory/sim.py checks host keys strictly against .sim/known_hosts: real keys, no warnings."""
+    """inventory/sim.py checks host keys strictly against .sim/known_hosts (a named fleet's: beside its key):
+    real keys, no warnings."""
+    known_hosts = Path(_fleet["ssh_key"]).parent / "known_hosts"
     d = dict(runpy.run_path(str(REPO / "inventory" / "sim.py"))["sparks"])["spark-1"]
-    assert d["ssh_strict_host_key_checking"] == "yes" and d["ssh_known_hosts_file"] == str(REPO / ".sim/known_hosts")
-    lines = (REPO / ".sim" / "known_hosts").read_text().splitlines()
+    assert d["ssh_strict_host_key_checking"] == "yes" and d["ssh_known_hosts_file"] == str(known_hosts)
+    lines = known_hosts.read_text().splitlines()
     for h in _fleet["hosts"]:
         assert any(line.startswith(f"[127.0.0.1]:{h['ssh_port']} ssh-ed25519 ") for line in lines), h["name"]
         proc = subprocess.run(
             ["ssh", "-i", _fleet["ssh_key"], "-p", str(h["ssh_port"]), "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={REPO / '.sim/known_hosts'}", "-o", "BatchMode=yes", "root@127.0.0.1",
+             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "BatchMode=yes", "root@127.0.0.1",
              "hostname"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and proc.stdout.strip() == h["name"], proc.stderr
 

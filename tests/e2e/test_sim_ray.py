@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from sim.fleet.fleet import FABRIC_SUBNET  # the run's fleet: conftest, imported first, chose it
 from tests.unit.helpers import make_model
 
 from .conftest import ssh
@@ -22,7 +23,8 @@ from .conftest import ssh
 pytestmark = pytest.mark.e2e
 
 HEAD, WORKER = "spark-1", "spark-2"
-ADDRESSES = {"spark-1": "10.200.77.11", "spark-2": "10.200.77.12", "spark-3": "10.200.77.13"}
+# spark-N: the fabric subnet's 10+N-th address (10.200.77.11-13 on the default fleet, a named one's own /24)
+ADDRESSES = {f"spark-{n}": str(FABRIC_SUBNET.network_address + 10 + n) for n in (1, 2, 3)}
 FABRIC = "enp1s0f0np0"
 RAY_PORT = 6380  # not the product's 6379
 RAY_DIR = "/var/lib/sparkfleet/sim-ray-check"  # the head's Ray session, /tmp/ray in both of its containers

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from sim import fleet
+from sparkfleet.model.hubs import cache_dir
 
 from .conftest import (
     INVENTORY,
@@ -159,7 +160,7 @@ def test_a_new_ray_token_restarts_the_groups_ray_and_engine_and_is_no_new_releas
     before, engine = release_ids(state), started_at(state, "spark-1")
     ray_started = {h: ssh(state, h, "docker inspect -f '{{.State.StartedAt}}' sparkfleet-ray") for h in PAIR}
     old = {h: ssh(state, h, "sha256sum < /etc/sparkfleet/ray.token") for h in PAIR}
-    (ROOT / ".cache" / "ray-spark-1+spark-2.token").unlink()
+    (cache_dir() / "ray-spark-1+spark-2.token").unlink()  # .cache/, or SPARKFLEET_CACHE (a named fleet's)
     done = converge(inventory=inventory)
     assert done.returncode == 0, done.output[-6000:]
     new = {h: ssh(state, h, "sha256sum < /etc/sparkfleet/ray.token") for h in PAIR}
