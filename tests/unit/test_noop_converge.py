@@ -20,6 +20,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import JsonObject
+from sparkfleet.host.run import ModelResult
 from sparkfleet.release.image import ImagePin
 from sparkfleet.release.plan import plan_hosts
 from tasks.guard import guard
@@ -177,9 +178,11 @@ def converge(spark: MemoryHost, plan) -> int:
     @deploy("Stages")
     def stages():
         facts = SimpleNamespace(release=JsonObject(paths.RELEASE_FILE))
-        started, _, _ = service(plan, facts, model_changed=False, services_fetched={})
+        model_result = ModelResult(runtime="/opt/sparkfleet/runtime/r1", fetched=SimpleNamespace(will_change=False),
+                                   services_fetched={})
+        service_result = service(plan, facts, model_result=model_result)
         guard(plan)
-        watchdog(plan, runtime="/opt/sparkfleet/runtime/r1", started=started)
+        watchdog(plan, model_result=model_result, service_result=service_result)
 
     connect_all(state)
     add_deploy(state, stages)
