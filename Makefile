@@ -23,6 +23,7 @@ demo: venv
 ## Unit tests, then end-to-end tests against the simulated fleets.
 test: venv
 	$(MAKE) --no-print-directory unit
+	$(PY) -m pytest tests/sim -n 2 -q -p no:cacheprovider
 	$(MAKE) --no-print-directory e2e
 
 ## Two workers (pytest-xdist): the tests wait on their loopback servers and subprocesses as much as they compute.
@@ -37,12 +38,14 @@ unit-offline: venv
 install-check: venv
 	$(PY) -m pytest tests/e2e/test_install.py -q -p no:cacheprovider
 
-## The e2e modules split between the fleets of E2E_FLEETS (each worker brings its own up), images built once first.
+## The e2e modules split between the fleets of E2E_FLEETS (each worker brings its own up), images built once first;
+## the extra fleets are taken down after, the default one is left as the tests left it.
 e2e: venv
 	@bash sim/bootstrap.sh
 	$(PY) -m sim build
 	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e -v --durations=15 -p no:cacheprovider \
-		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder
+		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder; rc=$$?; \
+	for f in $(filter-out default,$(subst $(comma), ,$(E2E_FLEETS))); do $(PY) -m sim --fleet $$f down; done; exit $$rc
 
 down: venv
 	$(PY) -m sim down
