@@ -17,7 +17,6 @@ from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.serving import (
     WATCHDOG,
-    WATCHDOG_STATE,
     WATCHDOG_TIMER,
     WATCHDOG_UNIT,
     serving,
@@ -36,7 +35,7 @@ def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: Servi
                  mode="0755")
     unit = managed_template(name="Watchdog unit", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.service.j2"),
                             dest=paths.unit_path(WATCHDOG_UNIT), unit=paths.UNIT_NAME, watchdog=WATCHDOG,
-                            config=paths.SERVING_FILE, state=WATCHDOG_STATE)
+                            config=paths.SERVING_FILE)
     timer = managed_template(name="Watchdog timer", src=str(TEMPLATES_DIR / "sparkfleet-watchdog.timer.j2"),
                              dest=paths.unit_path(WATCHDOG_TIMER), interval_s=s.watchdog_interval_s)
     managed_unit(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,

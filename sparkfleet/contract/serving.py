@@ -66,7 +66,8 @@ def watchdog_config(s: Settings) -> dict:
     return {
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
         "host": paths.ENGINE_HOST, "kind": "chat",
-        "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "enabled": s.watchdog,
+        "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "state_file": paths.WATCHDOG_STATE,
+        "enabled": s.watchdog,
         "start_timeout_s": s.start_timeout_s, "interval_s": s.watchdog_interval_s,
         "failures": s.watchdog_failures, "max_restarts": s.watchdog_max_restarts, "window_s": s.watchdog_window_s,
     }

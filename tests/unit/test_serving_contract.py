@@ -123,7 +123,8 @@ def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, 
     want = ("/v1/probe-here", {"model": "sim-qwen", **changed["body"]})
 
     rc, out, err = run_health(monkeypatch, capsys, "--serving", str(config), "--port", str(recorder.port),
-                              "--served-name", "sim-qwen", "--container", "vllm", "--timeout", "5")
+                              "--served-name", "sim-qwen", "--container", "vllm", "--timeout", "5",
+                              "--env-file", "/dev/null")
     assert rc == 0 and json.loads(out)["chat"] == "pong", err
     assert recorder.posts() == [want] and recorder.seen[0][:2] == ("GET", "/health")
 
@@ -213,7 +214,8 @@ def test_the_helpers_stop_on_a_missing_or_malformed_serving_file(tmp_path, text,
     assert line.endswith("run a converge, which writes it") or line.endswith("run a converge")
     if not text or "interval_s" not in problem:  # the gate needs no watchdog key
         gate = subprocess.run([sys.executable, str(ROOT / "files" / "sparkfleet-health"), "--serving", str(path),
-                               "--port", "9", "--served-name", "m", "--container", "vllm", "--once"],
+                               "--port", "9", "--served-name", "m", "--container", "vllm", "--once",
+                               "--env-file", "/dev/null"],
                               capture_output=True, text=True, timeout=30, env={"PYTHONPATH": str(ROOT / "files")})
         assert gate.returncode == 2 and len(gate.stderr.splitlines()) == 1 and problem in gate.stderr, gate.stderr
 
@@ -226,3 +228,5 @@ def test_the_helpers_copy_no_default():
         assert not re.search(rf'"({keys}|timeout_s|gate_timeout_s|\w+_timeout_s)"\s*:\s*[\dTF]', text), name
         assert "DEFAULTS" not in text and "/v1/chat/completions" not in text and "max_tokens" not in text, name
     assert "default=900" not in (ROOT / "files" / "sparkfleet-health").read_text()
+    for name in ("sparkfleet-watchdog", "sparkfleet-health"):  # no host path either: the converge passes them
+        assert not re.search(r'"/(etc|var|opt)/', (ROOT / "files" / name).read_text()), name
