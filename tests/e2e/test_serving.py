@@ -269,7 +269,8 @@ def test_a_crash_on_every_start_fails_the_converge_and_the_watchdog_gives_up(ser
     others = {h: started_at(state, h) for h in ("spark-1", "spark-3")}
     ready = converge(inventory=quick)
     assert ready.returncode == 0, ready.output[-3000:]
-    assert [h for h in HOSTS if "Watchdog | Watchdog settings" in ready.changed[h]] == ["spark-2"], ready.changed
+    settings_op = "Model | Serving file (the probes, the watchdog's settings)"
+    assert [h for h in HOSTS if settings_op in ready.changed[h]] == ["spark-2"], ready.changed
     assert json.loads(ssh(state, "spark-2", "cat /etc/sparkfleet/serving.json"))["interval_s"] == 5
     fleet.set_engine("spark-2", crash_on_start=True)
     try:
