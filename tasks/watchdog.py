@@ -15,12 +15,8 @@ from sparkfleet.contract import paths
 from sparkfleet.host.managed import managed_file, managed_template, managed_unit
 from sparkfleet.host.operations import record_health_gate
 from sparkfleet.host.run import ModelResult, ServiceResult
-from sparkfleet.host.serving import (
-    WATCHDOG,
-    WATCHDOG_TIMER,
-    WATCHDOG_UNIT,
-    serving,
-)
+from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_TIMER, WATCHDOG_UNIT
+from sparkfleet.host.serving import serving
 from sparkfleet.release.plan import HostPlan
 
 

@@ -10,11 +10,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
-# the watchdog's host paths live in the contract; tasks/watchdog.py takes them from here
-from sparkfleet.contract.paths import WATCHDOG, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT  # noqa: F401
 from sparkfleet.host.state import unit_state
 
-WATCHDOG_RUN = f"python3 {WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
+WATCHDOG_RUN = f"python3 {paths.WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
 
 
 def probe_verdict(probe: dict) -> str:
@@ -61,8 +59,8 @@ class ServingProbe(FactBase[dict]):
     and the unit's start."""
 
     def command(self):
-        absent = json.dumps({"serving": False, "failed": "absent", "detail": WATCHDOG, "starting": False})
-        return f"if [ -x {WATCHDOG} ]; then {WATCHDOG_RUN} --probe; else echo '{absent}'; fi"
+        absent = json.dumps({"serving": False, "failed": "absent", "detail": paths.WATCHDOG, "starting": False})
+        return f"if [ -x {paths.WATCHDOG} ]; then {WATCHDOG_RUN} --probe; else echo '{absent}'; fi"
 
     def process(self, output):
         try:

@@ -22,7 +22,6 @@ _NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]*\*?[A-Za-z0-9._-]*")
 RUNNING = ("running", "waiting", "exited", "listening", "mounted")  # as pyinfra's SystemdStatus
 ENABLED = ("enabled", "static")  # as pyinfra's SystemdEnabled
 UNIT_PREFIX = "sparkfleet-"
-UNIT_DIR = paths.SYSTEMD_DIR
 NO_UNIT = {"running": False, "enabled": False, "failed": False}  # no file, not loaded
 
 _STAT_ONE = (
@@ -35,7 +34,7 @@ _DEB_FORMAT = "P ${Package} ${Version} ${db:Status-Abbrev}\n"
 _DEB_LINE = re.compile(r"P ([a-z0-9][a-z0-9+.-]*) (\S+) (\S+)\s*")
 _UNITS = (
     'command -v systemctl >/dev/null || exit 0; '
-    f'for f in {UNIT_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
+    f'for f in {paths.SYSTEMD_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
     f"set -- \"$@\" $(systemctl list-units --all --plain --no-legend '{UNIT_PREFIX}*' 2>/dev/null | "
     "awk '{print $1}'); "
     'systemctl show --property=Id --property=ActiveState --property=SubState --property=UnitFileState -- "$@" '
@@ -162,7 +161,7 @@ def unit_state(host, unit: str) -> dict:
 
 def unit_files(host) -> list[str]:
     """The names of the unit files in systemd's unit directory that sparkfleet names (sparkfleet-*), sorted."""
-    prefix = f"{UNIT_DIR}/{UNIT_PREFIX}"
+    prefix = f"{paths.SYSTEMD_DIR}/{UNIT_PREFIX}"
     return sorted(path.rpartition("/")[2] for path, found in snapshot(host)["files"].items()
                   if path.startswith(prefix) and found["type"] == "file")
 

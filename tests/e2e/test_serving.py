@@ -12,7 +12,8 @@ import time
 import pytest
 
 from sim import fleet
-from sparkfleet.host.serving import WATCHDOG_RUN, WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
+from sparkfleet.contract.paths import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
+from sparkfleet.host.serving import WATCHDOG_RUN
 
 from .conftest import HOSTS, INVENTORY, chat_tokens, converge, sparkfleet, ssh, started_at, variant
 
