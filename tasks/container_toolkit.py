@@ -4,12 +4,12 @@ before a first start, a container started like the engine must see the GPU."""
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server
+from pyinfra.operations import server
 
 from sparkfleet import TEMPLATES_DIR
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import NvidiaSmi
-from sparkfleet.host.managed import managed_file, managed_template, managed_unit
+from sparkfleet.host.managed import managed_file, managed_packages, managed_template, managed_unit
 from sparkfleet.host.operations import apt_keyring
 from sparkfleet.host.toolkit import (
     CDI_GENERATE,
@@ -43,10 +43,10 @@ def container_toolkit(plan: HostPlan, arch: str):
         _if=source.did_change,
     )
     if s.toolkit_version:
-        apt.packages(
+        managed_packages(
             name=f"Toolkit packages at {s.toolkit_version}",
             packages=[f"{package}={s.toolkit_version}" for package in paths.TOOLKIT_PACKAGES],
-            extra_install_args="--allow-downgrades",
+            update=False, extra_install_args="--allow-downgrades",
         )
     else:
         toolkit_at_least(name=f"Toolkit packages at {s.min_toolkit_version} or newer (an installed one kept)",

@@ -1,14 +1,13 @@
 """Stage 3: the model's files, from the nearest source, verified against the hub's manifest."""
 
 from pyinfra.api import deploy
-from pyinfra.operations import server
 
 from sparkfleet import FILES_DIR
 from sparkfleet.controller.copy import controller_copy
 from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.contract import paths
-from sparkfleet.host.managed import managed_directory, managed_file, managed_permissions, managed_unit
+from sparkfleet.host.managed import managed_directory, managed_file, managed_permissions, managed_unit, managed_user
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
@@ -41,8 +40,8 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
 
     managed_directory(name="Model root", path=s.model_root, mode="0755")
     if s.model_source == "peer":
-        server.user(name="Share user (unprivileged, no login)", user=paths.SHARE_USER, system=True,
-                    home="/nonexistent", create_home=False, ensure_home=False, shell="/usr/sbin/nologin")
+        managed_user(name="Share user (unprivileged, no login)", user=paths.SHARE_USER, home="/nonexistent",
+                     shell="/usr/sbin/nologin")
         token = secret_file(name="Fleet token (0600)", dest=paths.FLEET_TOKEN, content=fleet_token() + "\n")
         managed_permissions(name="Fleet token readable by the share user alone", path=paths.FLEET_TOKEN,
                             user=paths.SHARE_USER, group=paths.SHARE_USER, mode="0600")

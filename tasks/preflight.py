@@ -29,6 +29,7 @@ from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import (
     HostFacts,
     MemberFacts,
+    converge_reads,
     pair_problems,
     preflight_problems,
 )
@@ -54,6 +55,7 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
             "free_bytes": (FreeBytes, {"path": s.model_root}), "docker": (DockerState, {}),
             "python": (PythonVersion, {}), "release": (JsonFile, {"path": RELEASE_FILE}),
             **{f"model {i}": (ModelFiles, {"model_dir": d, "record": VERIFIED_RECORD}) for i, d in enumerate(models)},
+            **converge_reads(s.model_root, plan.engine_ref),
         })  # one round trip
         model_state, chat_bytes = files_to_fetch(got["model 0"], plan.manifest)
         service_bytes = sum(files_to_fetch(got[f"model {i}"], svc.manifest)[1]

@@ -101,3 +101,5 @@ MANAGED_GLOBS = (
 MANAGED_UNITS = ("docker.service", "haproxy.service")
 # The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
 MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES)
+# The system users it reports (passwd entry): the ones sparkfleet makes.
+MANAGED_USERS = (SHARE_USER,)

@@ -18,6 +18,7 @@ from pyinfra.facts.gpg import GpgFactBase
 
 from sparkfleet.contract import paths
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
+from sparkfleet.host.state import fact
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class JsonFile(FactBase[str]):
 
 
 def read_json_object(host, path: str) -> JsonObject:
-    return json_object(path, host.get_fact(JsonFile, path=path))
+    return json_object(path, fact(host, JsonFile, path=path))
 
 
 RELEASE_KEYS = {"release_id": str, "model_dir": str, "served_model_name": str, "api_host": str, "api_port": int,

@@ -15,7 +15,7 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.operations.util.files import chmod, chown
 
-from sparkfleet.host.state import file_state, forget, installed_packages, unit_state
+from sparkfleet.host.state import file_state, forget, installed_packages, system_user, unit_state
 
 
 def _mode(mode: str | int) -> int:
@@ -136,13 +136,35 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
 
 
 @operation()
-def managed_packages(packages: list[str]):
-    """These Debian packages installed (any version: their pins are the toolkit stage's); the apt lists are
-    refreshed only when one is missing."""
+def managed_packages(packages: list[str], update: bool = True, extra_install_args: str = ""):
+    """These Debian packages installed: `name` at any version, `name=version` at that one. The apt lists are
+    refreshed first (unless `update` is off: the toolkit stage refreshes its own source) only when one is
+    missing or at another version."""
     have = installed_packages(host)
-    missing = [p for p in packages if p not in have]
+
+    def current(package: str) -> bool:
+        name, pinned, version = package.partition("=")
+        return name in have and (not pinned or have[name] == version)
+
+    missing = [p for p in packages if not current(p)]
     if not missing:
-        host.noop(f"installed: {', '.join(f'{p} {have[p]}' for p in packages)}")
+        host.noop(f"installed: {', '.join(f'{p} {have[p]}' for p in (p.partition('=')[0] for p in packages))}")
         return
-    yield noninteractive_apt("update")
-    yield StringCommand(noninteractive_apt("install"), *(QuoteString(p) for p in missing))
+    if update:
+        yield noninteractive_apt("update")
+    install = f"install {extra_install_args}".strip()
+    yield StringCommand(noninteractive_apt(install), *(QuoteString(p) for p in missing))
+
+
+@operation()
+def managed_user(user: str, home: str, shell: str):
+    """A system user (and its group) with this home, never made, and this shell: a service's own account."""
+    have = system_user(host, user)
+    if have and have["home"] == home and have["shell"] == shell:
+        host.noop(f"user {user} exists ({home}, {shell})")
+        return
+    if have is None:
+        yield StringCommand("useradd --system --user-group --no-create-home --home-dir", QuoteString(home),
+                            "--shell", QuoteString(shell), QuoteString(user))
+        return
+    yield StringCommand("usermod --home", QuoteString(home), "--shell", QuoteString(shell), QuoteString(user))

@@ -30,7 +30,7 @@ from sparkfleet.host.facts import (
     release_problem,
 )
 from sparkfleet.host.run import run_of
-from sparkfleet.host.state import file_state, forget
+from sparkfleet.host.state import fact, file_state, forget
 from sparkfleet.release.group import FABRIC_ENV
 
 _INSTALL_ONE_KEY = (
@@ -56,7 +56,7 @@ def apt_keyring(src: str, dest: str, fingerprint: str):
     anything else, or nothing readable, is replaced.
     """
     fingerprint = fingerprint.upper()
-    if primary_fingerprints(host.get_fact(KeyringKeys, path=dest)) == [fingerprint]:
+    if primary_fingerprints(fact(host, KeyringKeys, path=dest)) == [fingerprint]:
         host.noop(f"{dest} holds exactly key {fingerprint}")
         return
     yield StringCommand(
@@ -97,7 +97,7 @@ def image_pinned(image: str, ref: str, digest: str, archive: str | None = None):
     with one line naming the image and both digests, before any unit changes.
     """
     # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
-    if pinned_present(host.get_fact(DockerImage, object_id=shlex.quote(ref)), ref, digest):
+    if pinned_present(fact(host, DockerImage, object_id=shlex.quote(ref)), ref, digest):
         host.noop(f"{image} present as {ref}")
         return
     env = ["IMAGE=" + shlex.quote(image), "REF=" + shlex.quote(ref), "DIGEST=" + shlex.quote(digest)]
@@ -123,7 +123,7 @@ def old_models_removed(model_root: str, keep: list[str]):
     record = read_json_object(host, paths.RELEASE_FILE)
     if record.unreadable:
         raise _stop(record.unreadable, "no model directory was removed; repair or remove the file by hand")
-    present = host.get_fact(ModelDirs, model_root=model_root)
+    present = fact(host, ModelDirs, model_root=model_root)
     if isinstance(present, Unreadable):
         raise _stop(present, "no model directory was removed")
     stale = [d for d in present if d not in keep]

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
-from sparkfleet.host.facts import FabricLink, JsonObject, Unreadable, history_problem
+from pyinfra.facts.docker import DockerImage
+
+from sparkfleet.contract import paths
+from sparkfleet.host.facts import FabricLink, JsonFile, JsonObject, KeyringKeys, ModelDirs, Unreadable, history_problem
+from sparkfleet.host.state import HostState, PathState
 from sparkfleet.host.nvidia_smi import GpuReport, at_least
 from sparkfleet.contract.settings import Settings
 
@@ -22,6 +27,17 @@ class HostFacts:
     python: str | None | Unreadable
     model_files: dict | Unreadable  # the ModelFiles fact: read once here, passed on to the model stage
     release: JsonObject  # the installed release record: the service and cleanup stages build on it
+
+
+def converge_reads(model_root: str, engine_ref: str) -> dict:
+    """What the stages read from a host that needs nothing (the batched state, daemon.json, the toolkit's keyring,
+    the engine image, the model directories): read with preflight's facts, in its one round trip, and held
+    until an operation changes the host (state.fact)."""
+    return {"managed": (HostState, {}), "model root": (PathState, {"path": model_root}),
+            "daemon.json": (JsonFile, {"path": paths.DAEMON_JSON}),
+            "keyring": (KeyringKeys, {"path": paths.TOOLKIT_KEYRING}),
+            "engine image": (DockerImage, {"object_id": shlex.quote(engine_ref)}),
+            "model dirs": (ModelDirs, {"model_root": model_root})}
 
 
 def unreadable_facts(name: str, f: HostFacts) -> list[str]:

@@ -17,21 +17,18 @@ from pyinfra.api import FactBase
 
 from sparkfleet.contract import paths
 
-_FILE_LINE = re.compile(r"F (file|dir|link) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-) (/.*)")
+_STAT_LINE = re.compile(r"S (regular file|regular empty file|directory|symbolic link)\|([0-7]{3,4}) (\S+) (\S+) (/.*)")
+_HASH_LINE = re.compile(r"H ([0-9a-f]{64})  (/.*)")  # sha256sum escapes a name holding \\ or a newline: no match
+_KINDS = {"regular file": "file", "regular empty file": "file", "directory": "dir", "symbolic link": "link"}
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]*\*?[A-Za-z0-9._-]*")
 RUNNING = ("running", "waiting", "exited", "listening", "mounted")  # as pyinfra's SystemdStatus
 ENABLED = ("enabled", "static")  # as pyinfra's SystemdEnabled
 UNIT_PREFIX = "sparkfleet-"
 NO_UNIT = {"running": False, "enabled": False, "failed": False}  # no file, not loaded
 
-_STAT_ONE = (
-    'if [ -L "$f" ]; then t=link; elif [ -f "$f" ]; then t=file; elif [ -d "$f" ]; then t=dir; else continue; fi; '
-    'm=$(stat -c "%a %U %G" -- "$f") || continue; h=-; '
-    'if [ "$t" = file ]; then h=$(sha256sum < "$f" | cut -c1-64); fi; '
-    'printf "F %s %s %s %s\\n" "$t" "$m" "${h:--}" "$f"'
-)
 _DEB_FORMAT = "P ${Package} ${Version} ${db:Status-Abbrev}\n"
 _DEB_LINE = re.compile(r"P ([a-z0-9][a-z0-9+.-]*) (\S+) (\S+)\s*")
+_USER_LINE = re.compile(r"W ([a-z_][a-z0-9_-]*):[^:]*:(\d+):(\d+):[^:]*:([^:]*):([^:]*)")
 _UNITS = (
     'command -v systemctl >/dev/null || exit 0; '
     f'for f in {paths.SYSTEMD_DIR}/{UNIT_PREFIX}*; do [ -f "$f" ] && set -- "$@" "${{f##*/}}"; done; '
@@ -55,30 +52,46 @@ def glob_word(pattern: str) -> str:
     return shlex.quote(f"{head}/{before}") + "*" + (shlex.quote(after) if after else "")
 
 
-def state_command(globs, units, packages=()) -> str:
+def state_command(globs, units, packages=(), users=()) -> str:
+    """One stat and one sha256sum for every path the globs name (a fork per file would cost the host more than
+    the round trip saves), then the packages, users and units asked for."""
     files = " ".join(glob_word(g) for g in globs)
-    named = " ".join(shlex.quote(u) for u in units)
+    stats = (f'set --; for f in {files}; do if [ -L "$f" ] || [ -e "$f" ]; then set -- "$@" "$f"; fi; done; '
+             "[ $# -eq 0 ] || stat -c 'S %F|%a %U %G %n' -- \"$@\" 2>/dev/null; "
+             f'set --; for f in {files}; do if [ -f "$f" ] && [ ! -L "$f" ]; then set -- "$@" "$f"; fi; done; '
+             "[ $# -eq 0 ] || sha256sum -- \"$@\" 2>/dev/null | sed 's/^/H /'; " if globs else "")
     debs = (f"command -v dpkg-query >/dev/null && dpkg-query -W -f {shlex.quote(_DEB_FORMAT)} -- "
             f"{' '.join(shlex.quote(p) for p in packages)} 2>/dev/null; " if packages else "")
-    return f"for f in {files}; do {_STAT_ONE}; done; {debs}set -- {named}; {_UNITS}"
+    accounts = "".join(f"getent passwd {shlex.quote(u)} | sed 's/^/W /'; " for u in users)
+    named = " ".join(shlex.quote(u) for u in units)
+    return f"{stats}{debs}{accounts}" + (f"set -- {named}; {_UNITS}" if units else "true")
 
 
 def parse_state(lines: list[str]) -> dict:
     """{"files": {path: {type, mode, user, group, sha256}}, "units": {unit: {running, enabled, failed}},
-    "packages": {name: installed version}}. What the host printed is data: a line that does not parse is left out
-    (its file reads as absent: put again, never trusted)."""
-    files, units, unit, packages = {}, {}, None, {}
+    "packages": {name: installed version}, "users": {name: {uid, home, shell}}}. What the host printed is data: a
+    line that does not parse is left out (its file reads as absent: put again, never trusted)."""
+    files, hashes, units, unit, packages, users = {}, {}, {}, None, {}, {}
     for line in lines:
+        line = line.rstrip("\r\n")
+        account = _USER_LINE.fullmatch(line)
+        if account:
+            name, uid, _, home, shell = account.groups()
+            users[name] = {"uid": int(uid), "home": home, "shell": shell}
+            continue
         deb = _DEB_LINE.fullmatch(line)
         if deb:
             if deb.group(3).startswith("ii"):
                 packages[deb.group(1)] = deb.group(2)
             continue
-        found = _FILE_LINE.fullmatch(line.rstrip("\r\n"))
+        found = _STAT_LINE.fullmatch(line)
         if found:
-            kind, mode, user, group, digest, path = found.groups()
-            files[path] = {"type": kind, "mode": int(mode, 8), "user": user, "group": group,
-                           "sha256": None if digest == "-" else digest}
+            kind, mode, user, group, path = found.groups()
+            files[path] = {"type": _KINDS[kind], "mode": int(mode, 8), "user": user, "group": group, "sha256": None}
+            continue
+        digest = _HASH_LINE.fullmatch(line)
+        if digest:
+            hashes[digest.group(2)] = digest.group(1)
             continue
         if not line.startswith("U "):
             continue
@@ -91,14 +104,17 @@ def parse_state(lines: list[str]) -> dict:
             unit["failed"] = value == "failed"
         elif unit is not None and key == "UnitFileState":
             unit["enabled"] = value in ENABLED
-    return {"files": files, "units": units, "packages": packages}
+    for path, digest in hashes.items():
+        if path in files and files[path]["type"] == "file":
+            files[path]["sha256"] = digest
+    return {"files": files, "units": units, "packages": packages, "users": users}
 
 
 class HostState(FactBase[dict]):
     """Every managed file's and unit's state in one command (parse_state)."""
 
     def command(self):
-        return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS, paths.MANAGED_PACKAGES)
+        return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS, paths.MANAGED_PACKAGES, paths.MANAGED_USERS)
 
     def process(self, output):
         return parse_state(list(output))
@@ -120,20 +136,37 @@ class UnitState(HostState):
 
 def _changes_so_far(host) -> int:
     """How many of this host's operations have run commands in this run: a snapshot older than the last is stale."""
-    state = host.state
+    state = getattr(host, "state", None)
     if not getattr(state, "is_executing", False):
         return 0
     return sum(1 for data in getattr(state, "ops", {}).get(host, {}).values() if data.operation_meta.executed)
 
 
+def _fact_key(cls, kwargs: dict) -> tuple:
+    return cls, repr(sorted(kwargs.items()))
+
+
+def _held(host) -> dict:
+    held = getattr(host, "_sparkfleet_facts", None)
+    if held is None:
+        held = host._sparkfleet_facts = {}
+    return held
+
+
+def fact(host, cls, **kwargs):
+    """host.get_fact(cls, **kwargs), read once while no operation has run commands on the host: pyinfra reads an
+    operation's facts when the deploy is planned and again when it runs, and a converge that changes nothing
+    needs each answer once (preflight's one round trip reads most of them, read_facts)."""
+    key, changes = _fact_key(cls, kwargs), _changes_so_far(host)
+    held = _held(host).get(key)
+    if held is None or held[0] != changes:
+        held = _held(host)[key] = (changes, host.get_fact(cls, **kwargs))
+    return held[1]
+
+
 def snapshot(host) -> dict:
     """The host's batched state, read again only after an operation on it ran commands."""
-    key = _changes_so_far(host)
-    held = getattr(host, "_sparkfleet_state", None)
-    if held is None or held[0] != key:
-        held = (key, host.get_fact(HostState))
-        host._sparkfleet_state = held
-    return held[1]
+    return fact(host, HostState)
 
 
 def _covered(path: str) -> bool:
@@ -147,7 +180,7 @@ def file_state(host, path: str) -> dict | None:
     """A path's {type, mode, user, group, sha256}, None when absent."""
     held = snapshot(host)
     if path in held.get("forgotten", ()) or not _covered(path):
-        return host.get_fact(PathState, path=path)["files"].get(path)
+        return fact(host, PathState, path=path)["files"].get(path)
     return held["files"].get(path)
 
 
@@ -155,7 +188,7 @@ def unit_state(host, unit: str) -> dict:
     """A unit's {running, enabled, failed}: a sparkfleet unit the read did not list has no file and is not loaded."""
     held = snapshot(host)
     if unit in held.get("forgotten", ()) or not (unit.startswith(UNIT_PREFIX) or unit in paths.MANAGED_UNITS):
-        return host.get_fact(UnitState, unit=unit)["units"].get(unit, dict(NO_UNIT))
+        return fact(host, UnitState, unit=unit)["units"].get(unit, dict(NO_UNIT))
     return {**NO_UNIT, **held["units"].get(unit, {})}
 
 
@@ -169,6 +202,11 @@ def unit_files(host) -> list[str]:
 def installed_packages(host) -> dict[str, str]:
     """The managed Debian packages installed (name -> version)."""
     return snapshot(host).get("packages", {})
+
+
+def system_user(host, name: str) -> dict | None:
+    """A managed user's {uid, home, shell}; None when the host has no such user."""
+    return snapshot(host).get("users", {}).get(name)
 
 
 def forget(host, name: str) -> None:
@@ -205,20 +243,28 @@ class Facts(FactBase[dict]):
 
 
 def read_facts(host, wanted: dict) -> dict:
-    """{name: value} for {name: (fact class, kwargs)}, as host.get_fact would return each, in one round trip. A fact
-    whose command failed, or that needs a binary checked or another shell, is read again on its own (as before)."""
+    """{name: value} for {name: (fact class, kwargs)}, as host.get_fact would return each, in one round trip; each
+    answer is then held for `fact` (a later stage's read of it costs nothing while the host is unchanged). A fact
+    that needs a binary reads as its default where the binary is missing, as pyinfra's own check does; one whose
+    command failed, or that needs another shell, is read again on its own (as before)."""
+    changes = _changes_so_far(host)
+    held = _held(host)
+
+    def current(cls, kwargs):
+        found = held.get(_fact_key(cls, kwargs))
+        return found is not None and found[0] == changes
+
     batched = {name: (cls, kwargs) for name, (cls, kwargs) in wanted.items()
-               if not cls().requires_command(**kwargs) and not cls.shell_executable}
+               if not cls.shell_executable and not current(cls, kwargs)}
     facts = {name: cls() for name, (cls, _) in batched.items()}  # process() may read what command() kept
     commands = []
     for name, (_, kwargs) in batched.items():
-        command = facts[name].command(**kwargs)
-        commands.append(command.get_raw_value() if hasattr(command, "get_raw_value") else str(command))
+        command, needs = facts[name].command(**kwargs), facts[name].requires_command(**kwargs)
+        text = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+        commands.append(f"command -v {shlex.quote(str(needs))} >/dev/null 2>&1 || exit 0; {text}" if needs else text)
     answers = host.get_fact(Facts, commands=commands) if commands else {}
-    values = {}
-    for index, name in enumerate(batched):
+    for index, (name, (cls, kwargs)) in enumerate(batched.items()):
         status, lines = answers.get(index, (1, []))
         if status == 0:
-            values[name] = facts[name].process(lines) if lines else facts[name].default()
-    return {name: values[name] if name in values else host.get_fact(cls, **kwargs)
-            for name, (cls, kwargs) in wanted.items()}
+            held[_fact_key(cls, kwargs)] = (changes, facts[name].process(lines) if lines else facts[name].default())
+    return {name: fact(host, cls, **kwargs) for name, (cls, kwargs) in wanted.items()}

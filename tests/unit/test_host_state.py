@@ -41,8 +41,18 @@ def test_a_path_with_a_space_or_quote_stays_one_word(tmp_path):
     odd = tmp_path / "it's here"
     odd.mkdir()
     (odd / "a.cfg").write_text("x")
+    (odd / "empty.cfg").write_text("")
     _, state = read([f"{odd}/*.cfg"])
-    assert list(state["files"]) == [f"{odd}/a.cfg"]
+    assert sorted(state["files"]) == [f"{odd}/a.cfg", f"{odd}/empty.cfg"]
+    assert state["files"][f"{odd}/a.cfg"]["sha256"] == hashlib.sha256(b"x").hexdigest()
+    assert state["files"][f"{odd}/empty.cfg"]["sha256"] == hashlib.sha256(b"").hexdigest()
+
+
+def test_a_name_holding_a_newline_never_reads_as_current(tmp_path):
+    """sha256sum escapes such a name and stat splits it: the file reads as absent or unhashed, so it is put again."""
+    (tmp_path / "a\nb.cfg").write_text("x")
+    _, state = read([f"{tmp_path}/*.cfg"])
+    assert all(found["sha256"] is None for found in state["files"].values())
 
 
 def test_a_wildcard_above_the_last_component_is_refused():
@@ -51,9 +61,13 @@ def test_a_wildcard_above_the_last_component_is_refused():
 
 
 def test_lines_the_parser_does_not_understand_are_left_out():
-    state = parse_state(["F file 644 root root notahash /etc/x", "F file 99x root root - /etc/y", "junk",
+    state = parse_state(["S regular file|99x root root /etc/y", "S fifo|644 root root /etc/p", "junk",
+                         "S regular file|644 root root relative/z", "H notahash  /etc/x",
+                         "S regular file|600 root root /etc/x", "H " + "a" * 64 + "  /etc/unlisted",
                          "P haproxy 2.6.12-1 ii ", "P socat 1.7 rc "])
-    assert state["files"] == {} and state["packages"] == {"haproxy": "2.6.12-1"}
+    assert state["files"] == {"/etc/x": {"type": "file", "mode": 0o600, "user": "root", "group": "root",
+                                         "sha256": None}}  # no hash read: it reads as other bytes, put again
+    assert state["packages"] == {"haproxy": "2.6.12-1"}
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/dpkg-query"), reason="no dpkg here")
@@ -116,3 +130,45 @@ def test_a_fact_whose_command_fails_in_the_batch_is_read_on_its_own():
 
     host = LocalHost()
     assert read_facts(host, {"x": (Failing, {})}) == {"x": None} and host.reads == 2
+
+
+def test_a_managed_users_passwd_entry_is_read_and_an_odd_line_left_out():
+    out = subprocess.run(["sh", "-c", state_command([], [], users=["root", "no-such-user-here"])],
+                         capture_output=True, text=True, check=True)
+    users = parse_state(out.stdout.splitlines())["users"]
+    assert list(users) == ["root"] and users["root"]["uid"] == 0
+    odd = parse_state(["W share:x:998:998::/nonexistent:/usr/sbin/nologin", "W share:x:abc:1::/h:/bin/sh",
+                       "W Bad Name:x:1:1::/h:/bin/sh"])["users"]
+    assert odd == {"share": {"uid": 998, "home": "/nonexistent", "shell": "/usr/sbin/nologin"}}
+
+
+def test_a_fact_read_in_the_batch_is_held_until_the_host_changes():
+    """preflight's round trip answers the later stages' reads: no second read of the same fact and kwargs."""
+    from sparkfleet.host.facts import JsonFile
+    from sparkfleet.host.state import fact, read_facts
+
+    host = LocalHost()
+    read_facts(host, {"release": (JsonFile, {"path": "/nonexistent/release.json"})})
+    assert fact(host, JsonFile, path="/nonexistent/release.json") is None and host.reads == 1
+    fact(host, JsonFile, path="/nonexistent/other.json")
+    assert host.reads == 2
+
+
+def test_a_fact_that_needs_a_missing_binary_reads_as_its_default_in_the_batch():
+    from pyinfra.api import FactBase
+
+    from sparkfleet.host.state import read_facts
+
+    class NeedsTool(FactBase):
+        @staticmethod
+        def default():
+            return "no tool"
+
+        def requires_command(self):
+            return "no-such-tool-here"
+
+        def command(self):
+            return "no-such-tool-here --print"
+
+    host = LocalHost()
+    assert read_facts(host, {"x": (NeedsTool, {})}) == {"x": "no tool"} and host.reads == 1

@@ -420,3 +420,5 @@ TestManagedPermissions = make_operation_tests("sparkfleet.host", "managed.manage
                                               CASES / "managed_permissions")
 TestManagedAbsent = make_operation_tests("sparkfleet.host", "managed.managed_absent", CASES / "managed_absent")
 TestManagedUnit = make_operation_tests("sparkfleet.host", "managed.managed_unit", CASES / "managed_unit")
+TestManagedUser = make_operation_tests("sparkfleet.host", "managed.managed_user", CASES / "managed_user")
+TestManagedPackages = make_operation_tests("sparkfleet.host", "managed.managed_packages", CASES / "managed_packages")
