@@ -9,6 +9,7 @@ unpacks anything (the helpers run as root).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -80,7 +81,11 @@ def build_bundle(arch: str, python: str) -> Bundle:
     key = hashlib.sha256(f"{arch} {python} ".encode() + lock).hexdigest()[:12]
     out = cache_dir() / "runtime" / f"runtime-{arch}-py{python}-{key}.tar.gz"
     recorded = out.with_name(out.name + ".sha256")
-    with _building:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # two converges on one controller (two fleets, a rollout beside a plan) share the cache: one builds, the
+    # other waits and takes its tarball (two builds would replace each other's bytes under a recorded hash)
+    with _building, open(out.parent / ".build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         if not (out.exists() and recorded.exists()):
             _build(out, arch, python)
             recorded.write_text(hashlib.sha256(out.read_bytes()).hexdigest() + "\n")

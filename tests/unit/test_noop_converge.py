@@ -28,7 +28,7 @@ from tasks.service import service
 from tasks.watchdog import watchdog
 from tests.unit.helpers import host_data
 
-BUDGET = 15  # round trips of a no-op converge, per host (issue 24)
+BUDGET = 5  # round trips of a no-op converge, per host: issue 24 asked <= 15; these stages send 3 (and this test fails on ac40cca)
 ENGINE_REF = "vllm/vllm-openai@sha256:" + "b" * 64
 
 

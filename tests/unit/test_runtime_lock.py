@@ -2,7 +2,11 @@
 each target gets its own blocks, and the build installs with --require-hashes and records the tarball's hash."""
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +69,31 @@ def test_build_requires_hashes_and_records_the_tarball_hash(monkeypatch, tmp_pat
     bundle.path.write_bytes(b"changed in the cache since")  # the recorded hash stands: the host refuses this
     again = build_bundle("x86_64", "3.11")
     assert len(calls) == 1 and again.sha256 == bundle.sha256 != hashlib.sha256(again.path.read_bytes()).hexdigest()
+
+
+BUILD_ONE = """
+import hashlib, os, sys, time
+from pathlib import Path
+from sparkfleet.controller import runtime
+
+def slow_build(out, arch, python):  # a build that takes a while and never gives the same bytes twice
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(f".{os.getpid()}")
+    partial.write_bytes(os.urandom(64))
+    time.sleep(0.3)
+    os.replace(partial, out)
+
+runtime._build = slow_build
+bundle = runtime.build_bundle("aarch64", "3.12")
+print(bundle.sha256, hashlib.sha256(bundle.path.read_bytes()).hexdigest())
+"""
+
+
+def test_two_controllers_building_one_bundle_at_once_agree_on_its_bytes(tmp_path):
+    """Two converges sharing the controller's cache: one builds, the other waits and takes that tarball."""
+    env = {**os.environ, "SPARKFLEET_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE], env=env, stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2]) for _ in range(2)]
+    answers = [p.communicate()[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert answers[0] == answers[1] and answers[0][0] == answers[0][1], answers
