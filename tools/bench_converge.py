@@ -2,13 +2,16 @@
 
     flock /tmp/sparkfleet-e2e.lock python tools/bench_converge.py [--hosts 3,6,10] [--runs 5]
                                                                   [--throttle-bps N] [--skip-first] [--json]
+                                                                  [--against CHECKOUT]
 
 For each fleet size N: `python -m sim up --hosts N`, a first converge from bare hosts (`sim down` first, the hub
 throttled to --throttle-bps), then --runs no-op converges (the median is reported), then one no-op converge of
 the first host with `-vv`, whose ">>>" lines are the SSH commands it sent (uploads are not echoed: a no-op
 converge has none). Printed as a table
-with t(N)/t(3). The fleet changes under everyone's feet: hold the e2e lock the whole time; at the end it is
-brought back to 3 hosts and converged.
+with t(N)/t(3). With --against (another checkout of sparkfleet, e.g. `git worktree add /tmp/old <commit>`, its
+.sim linked to this one's), the 3-host fleet is also converged by that checkout's deploy.py and its no-op
+converges timed the same way in the same run, then converged back. The fleet changes under everyone's feet:
+hold the e2e lock the whole time; at the end it is brought back to 3 hosts and converged.
 
 This is a benchmark, not a test: it asserts nothing.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,13 +39,36 @@ def sim(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "sim", *args], cwd=ROOT, check=True, capture_output=True, text=True)
 
 
-def converge(*extra: str) -> tuple[float, subprocess.CompletedProcess]:
+def converge(*extra: str, root: Path = ROOT) -> tuple[float, subprocess.CompletedProcess]:
     start = time.monotonic()
-    proc = subprocess.run([PYINFRA, "-y", "inventory/sim.py", "deploy.py", *extra], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([PYINFRA, "-y", "inventory/sim.py", "deploy.py", *extra], cwd=root, capture_output=True,
                           text=True)
     if proc.returncode != 0:
         raise SystemExit(f"converge failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     return time.monotonic() - start, proc
+
+
+def hosts_cpu_s() -> float | None:
+    """CPU seconds the simulated Sparks (their containers' cgroups) have used so far; None where unreadable."""
+    names = [h["container"] for h in json.loads((ROOT / ".sim" / "state.json").read_text())["hosts"]]
+    ids = subprocess.run(["docker", "inspect", "--format", "{{.Id}}", *names], capture_output=True,
+                         text=True).stdout.split()
+    total = 0.0
+    for cid in ids:
+        v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
+        v2 = Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat")
+        if v1.exists():
+            total += int(v1.read_text()) / 1e9
+        elif v2.exists():
+            total += int(re.search(r"usage_usec (\d+)", v2.read_text()).group(1)) / 1e6
+        else:
+            return None
+    return total if ids else None
+
+
+def controller_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def round_trips(output: str) -> int:
@@ -57,7 +84,20 @@ def throttle(bps: int | None) -> None:
     urllib.request.urlopen(request, timeout=10).read()
 
 
-def measure(n: int, runs: int, throttle_bps: int | None, first: bool) -> dict:
+def noop(runs: int, root: Path = ROOT) -> tuple[list[float], int]:
+    """`runs` no-op converges by the checkout at root (after one that makes the fleet its own), and the SSH
+    commands of one more on the first host."""
+    converge(root=root)
+    hosts, controller = hosts_cpu_s(), controller_cpu_s()
+    times = [converge(root=root)[0] for _ in range(runs)]
+    hosts_after, controller_after = hosts_cpu_s(), controller_cpu_s()
+    _, verbose = converge("--limit", "spark-1", "-vv", root=root)
+    cpu = {"controller_cpu_s": (controller_after - controller) / runs,
+           "hosts_cpu_s": (hosts_after - hosts) / runs if hosts is not None and hosts_after is not None else None}
+    return times, round_trips(verbose.stdout + verbose.stderr), cpu
+
+
+def measure(n: int, runs: int, throttle_bps: int | None, first: bool, against: Path | None) -> dict:
     if first:
         sim("down")
     sim("up", "--hosts", str(n))
@@ -68,12 +108,13 @@ def measure(n: int, runs: int, throttle_bps: int | None, first: bool) -> dict:
             first_s, _ = converge()
         finally:
             throttle(None)
-    else:
-        converge()
-    times = [converge()[0] for _ in range(runs)]
-    _, verbose = converge("--limit", "spark-1", "-vv")
-    return {"hosts": n, "first_s": first_s, "noop_s": statistics.median(times), "noop_runs": times,
-            "commands_per_host": round_trips(verbose.stdout + verbose.stderr)}
+    row = {"hosts": n, "first_s": first_s}
+    if against is not None and n == 3:
+        times, commands, cpu = noop(runs, against)
+        row.update(against_noop_s=statistics.median(times), against_runs=times, against_commands=commands,
+                   against_cpu=cpu)
+    times, commands, cpu = noop(runs)
+    return {**row, "noop_s": statistics.median(times), "noop_runs": times, "commands_per_host": commands, **cpu}
 
 
 def main(argv: list[str]) -> int:
@@ -82,13 +123,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=5, help="no-op converges per size (the median counts)")
     ap.add_argument("--throttle-bps", type=int, default=50_000_000, help="the hub's rate for first converges")
     ap.add_argument("--skip-first", action="store_true", help="no first converge from bare hosts")
+    ap.add_argument("--against", type=Path, help="another checkout whose 3-host no-op converge is timed beside")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     sizes = [int(v) for v in args.hosts.split(",")]
     rows = []
     try:
         for n in sizes:
-            rows.append(measure(n, args.runs, args.throttle_bps, not args.skip_first))
+            rows.append(measure(n, args.runs, args.throttle_bps, not args.skip_first, args.against))
     finally:
         sim("up", "--hosts", "3")
         converge()
@@ -98,10 +140,18 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'hosts':>5} {'no-op s (median)':>17} {'t(N)/t(3)':>9} {'SSH cmds/host':>13} {'first s':>8}")
+    print(f"{'hosts':>5} {'no-op s (median)':>17} {'t(N)/t(3)':>9} {'SSH cmds/host':>13} {'first s':>8} "
+          f"{'controller CPU s':>16} {'hosts CPU s':>11}")
     for r in rows:
         first = f"{r['first_s']:.1f}" if r["first_s"] is not None else "-"
-        print(f"{r['hosts']:>5} {r['noop_s']:>17.2f} {r['ratio']:>9.2f} {r['commands_per_host']:>13} {first:>8}")
+        hosts = f"{r['hosts_cpu_s']:.2f}" if r["hosts_cpu_s"] is not None else "-"
+        print(f"{r['hosts']:>5} {r['noop_s']:>17.2f} {r['ratio']:>9.2f} {r['commands_per_host']:>13} {first:>8} "
+              f"{r['controller_cpu_s']:>16.2f} {hosts:>11}")
+    for r in rows:
+        if "against_noop_s" in r:
+            print(f"3 hosts, {args.against}: no-op {r['against_noop_s']:.2f} s (runs "
+                  f"{', '.join(f'{t:.2f}' for t in r['against_runs'])}), {r['against_commands']} SSH cmds/host; "
+                  f"this checkout {r['noop_s']:.2f} s: {r['noop_s'] / r['against_noop_s']:.2f}x")
     return 0
 
 

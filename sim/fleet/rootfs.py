@@ -34,7 +34,7 @@ BASE_PACKAGES = [
 ]
 # The services container: hub (python3), static apt server (python3), registry.
 SERVICES_PACKAGES = ["python3", "docker-registry", "ca-certificates", "netbase"]
-# The stand-in vLLM image: python3 (kept small: nested vfs copies layers) + Ray core from pip.
+# The stand-in vLLM image: python3 (kept small: every host pulls it) + Ray core from pip.
 ENGINE_PACKAGES = ["python3"]
 RAY_VERSION = "2.60.0"  # vLLM's multi-node executor (--distributed-executor-backend ray)
 ENGINE_PIP = [f"ray=={RAY_VERSION}"]  # core only: no [default] (dashboard, metrics agents)

@@ -113,6 +113,10 @@ def parse_state(lines: list[str]) -> dict:
 class HostState(FactBase[dict]):
     """Every managed file's and unit's state in one command (parse_state)."""
 
+    @staticmethod
+    def default():
+        return parse_state([])  # nothing printed: none of the paths exists
+
     def command(self):
         return state_command(paths.MANAGED_GLOBS, paths.MANAGED_UNITS, paths.MANAGED_PACKAGES, paths.MANAGED_USERS)
 

@@ -172,3 +172,10 @@ def test_a_fact_that_needs_a_missing_binary_reads_as_its_default_in_the_batch():
 
     host = LocalHost()
     assert read_facts(host, {"x": (NeedsTool, {})}) == {"x": "no tool"} and host.reads == 1
+
+
+def test_an_absent_path_outside_the_batch_reads_as_absent(tmp_path):
+    from sparkfleet.host.state import PathState
+
+    host = LocalHost()
+    assert host.get_fact(PathState, path=str(tmp_path / "models"))["files"] == {}
