@@ -8,11 +8,12 @@ that runs no engine (a tensor-parallel worker) has its guard off.
 
 from pyinfra.api import deploy
 
-from sparkfleet.fleet.guard import CONFIG, CONFIG_DIR, KEY_MAP, UNIT_NAME, UNIT_PATH, guard_plan
+from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
 
 
@@ -26,15 +27,15 @@ def guard(plan: HostPlan):
     managed_unit(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
                  service="haproxy.service", running=False, enabled=False)
     if wanted is None:
-        managed_unit(name="Guard off (this host runs no engine)", service=UNIT_NAME, running=False,
+        managed_unit(name="Guard off (this host runs no engine)", service=paths.GUARD_UNIT_NAME, running=False,
                      enabled=False)
         return
-    managed_directory(name="Guard config directory (root-only)", path=CONFIG_DIR, mode="0700")
+    managed_directory(name="Guard config directory (root-only)", path=paths.GUARD_DIR, mode="0700")
     changes = [
-        managed_file(name="Guard config", content=wanted.config(), dest=CONFIG, mode="0644"),
-        secret_file(name="Guard's backend key (root-only)", dest=KEY_MAP, content=wanted.key_map()),
+        managed_file(name="Guard config", content=wanted.config(), dest=paths.GUARD_CONFIG, mode="0644"),
+        secret_file(name="Guard's backend key (root-only)", dest=paths.GUARD_KEY_MAP, content=wanted.key_map()),
     ]
-    unit = managed_file(name="Guard unit", content=wanted.unit(), dest=UNIT_PATH, mode="0644")
-    managed_unit(name="Guard enabled and running", service=UNIT_NAME, running=True, enabled=True,
+    unit = managed_file(name="Guard unit", content=wanted.unit(), dest=paths.GUARD_UNIT_PATH, mode="0644")
+    managed_unit(name="Guard enabled and running", service=paths.GUARD_UNIT_NAME, running=True, enabled=True,
                  restarted=unit.will_change, reloaded=not unit.will_change and any(op.will_change for op in changes),
                  daemon_reload=unit.will_change)

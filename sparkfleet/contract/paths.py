@@ -90,6 +90,7 @@ GUARD_DIR = f"{CONFIG_DIR}/guard"
 GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
 GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
+HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; both HAProxy units chroot there
 
 # What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
 # manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).

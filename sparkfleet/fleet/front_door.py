@@ -28,16 +28,6 @@ from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
 GROUP = "front_door"  # the inventory group whose hosts run a front door
-UNIT_NAME = paths.FRONT_DOOR_UNIT_NAME  # the front door's host paths: contract/paths.py
-UNIT_PATH = paths.FRONT_DOOR_UNIT_PATH
-CONFIG_DIR = paths.FRONT_DOOR_DIR
-CONFIG = paths.FRONT_DOOR_CONFIG
-USERS_MAP = paths.FRONT_DOOR_USERS_MAP
-BACKEND_MAP = paths.FRONT_DOOR_BACKEND_MAP
-TLS_PEM = paths.FRONT_DOOR_TLS_PEM
-RUNTIME_DIR = STATE_DIR = paths.FRONT_DOOR_RUNTIME_NAME
-SOCKET = paths.FRONT_DOOR_SOCKET
-STATE_FILE = paths.FRONT_DOOR_STATE_FILE
 BACKEND = "engines"
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
 # prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per connection: 500
@@ -106,7 +96,7 @@ class FrontDoor:
     def config(self) -> str:
         return haproxy.config(
             "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
-            tls_pem=TLS_PEM, socket=SOCKET, state_file=STATE_FILE, users_map=USERS_MAP, backend_map=BACKEND_MAP,
+            tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE, users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
             chat_check=serving.http_check("chat", self.settings.served_model_name))
 
@@ -130,8 +120,8 @@ class FrontDoor:
         return "".join(parts)
 
     def unit(self) -> str:
-        return haproxy.unit(f"front door of {self.settings.served_model_name}", CONFIG, RUNTIME_DIR, LIMITS,
-                            state_dir=STATE_DIR, state_file=STATE_FILE, socket=SOCKET)
+        return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG, paths.FRONT_DOOR_RUNTIME_NAME, LIMITS,
+                            state_dir=paths.FRONT_DOOR_RUNTIME_NAME, state_file=paths.FRONT_DOOR_STATE_FILE, socket=paths.FRONT_DOOR_SOCKET)
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
@@ -227,7 +217,7 @@ def front_door_url(s: Settings, data: dict) -> str:
 
 def runtime_command(*commands: str) -> str:
     """A shell command sending runtime API commands (one line, `;`-separated) to the front door's socket."""
-    return f"echo {shlex.quote('; '.join(commands))} | socat -t 5 stdio UNIX-CONNECT:{SOCKET}"
+    return f"echo {shlex.quote('; '.join(commands))} | socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"
 
 
 def backend_states(show_stat: str) -> dict[str, dict]:

@@ -16,12 +16,6 @@ from sparkfleet.contract import paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
 
-UNIT_NAME = paths.GUARD_UNIT_NAME  # the guard's host paths: contract/paths.py
-UNIT_PATH = paths.GUARD_UNIT_PATH
-CONFIG_DIR = paths.GUARD_DIR
-CONFIG = paths.GUARD_CONFIG
-KEY_MAP = paths.GUARD_KEY_MAP
-RUNTIME_DIR = paths.GUARD_RUNTIME_NAME
 KEY_NAME = "engines"
 KEY_USER = "backend"  # what the log names a caller holding the backend key
 # A guard buffers nothing (HAProxy's default 16 KiB buffers); its callers are the front doors and the controller.
@@ -47,13 +41,13 @@ class Guard:
 
     def config(self) -> str:
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
-                              keyed=self.api_key is not None, key_map=KEY_MAP, key_name=KEY_NAME, key_user=KEY_USER)
+                              keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME, key_user=KEY_USER)
 
     def key_map(self) -> str:
         return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""
 
     def unit(self) -> str:
-        return haproxy.unit(f"guard of {self.host}'s engines", CONFIG, RUNTIME_DIR, LIMITS)
+        return haproxy.unit(f"guard of {self.host}'s engines", paths.GUARD_CONFIG, paths.GUARD_RUNTIME_NAME, LIMITS)
 
 
 def guard_plan(plan: HostPlan) -> Guard | None:

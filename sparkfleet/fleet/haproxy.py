@@ -8,6 +8,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from sparkfleet.contract import paths
 from sparkfleet.release import render
 
 # The OpenAI paths the fleet serves, per kind of engine; a guard adds /metrics (the controller's status and
@@ -19,8 +20,7 @@ API_PATHS = {
 }
 HEALTH = "/health"
 METRICS = "/metrics"
-USER = "haproxy"  # Debian's package creates it and the empty chroot below
-CHROOT = "/var/lib/haproxy"
+USER = "haproxy"  # Debian's package creates it and its empty chroot (paths.HAPROXY_CHROOT)
 UNIT_TEMPLATE = "sparkfleet-haproxy.service.j2"
 AUTH_401 = ('\'{"error":{"message":"invalid or missing API key","type":"AuthenticationError","code":401}}\'')
 NOT_FOUND_404 = '\'{"error":{"message":"not found","type":"NotFoundError","code":404}}\''
@@ -59,7 +59,7 @@ def address(value: str, port: int) -> str:
 def config(template: str, limits: Limits, **values) -> str:
     """One HAProxy config from its template, with the shared hardening's values (see haproxy-global.cfg.j2)."""
     return render._templates.get_template(template).render(
-        limits=limits, user=USER, chroot=CHROOT, health=HEALTH, auth_401=AUTH_401, not_found_404=NOT_FOUND_404,
+        limits=limits, user=USER, chroot=paths.HAPROXY_CHROOT, health=HEALTH, auth_401=AUTH_401, not_found_404=NOT_FOUND_404,
         **values)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sparkfleet.contract import formats, paths
+from sparkfleet.contract import formats, paths, serving
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
@@ -38,7 +38,6 @@ SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_na
 SERVICE_RESERVE_BYTES = 1 * GIB
 # The request each health gate and probe sends: served under /v1, where vLLM's API key applies (vLLM's
 # middleware guards /v1 paths only: /rerank and /score answer without the key).
-ENDPOINTS = {"embedding": "/v1/embeddings", "reranker": "/v1/rerank"}
 REQUIRED = ("model_repo", "model_revision", "served_model_name", "api_port", "gpu_memory_utilization")
 
 
@@ -106,8 +105,8 @@ class ServicePlan:
         return {"kind": self.kind, "recipe": self.recipe.name, "unit": self.unit, "container": self.container,
                 "model_dir": self.model_dir, "manifest": self.manifest.summary() if self.manifest else None,
                 "served_model_name": self.service.served_model_name, "api_port": self.service.api_port,
-                "endpoint": ENDPOINTS[self.kind], "gpu_memory_utilization": self.service.gpu_memory_utilization,
-                "engine_args": self.engine_args}
+                "endpoint": serving.REQUESTS[self.kind]["path"],  # what the probe asks: contract/serving.py
+                "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args}
 
 
 def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | None, list[str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkfleet.contract import paths
 from sparkfleet.fleet import front_door as fd
 from sparkfleet.fleet.inventory import load_hosts
 
@@ -22,18 +23,18 @@ def door(spark, request):
 
 
 def test_config_and_unit_on_disk_are_the_plans(spark, door):
-    assert spark.host.file(fd.CONFIG).content_string == door.config()
-    assert spark.host.file(fd.UNIT_PATH).content_string == door.unit()
+    assert spark.host.file(paths.FRONT_DOOR_CONFIG).content_string == door.config()
+    assert spark.host.file(paths.FRONT_DOOR_UNIT_PATH).content_string == door.unit()
 
 
 def test_key_files_are_root_only(spark, door):
-    for path in (fd.USERS_MAP, fd.BACKEND_MAP):
+    for path in (paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP):
         key_file = spark.host.file(path)
         assert key_file.user == "root" and key_file.mode == 0o600, path
 
 
 def test_front_door_active_and_every_backend_in(spark, door):
-    service = spark.host.service(fd.UNIT_NAME)
+    service = spark.host.service(paths.FRONT_DOOR_UNIT_NAME)
     assert service.is_enabled and service.is_running
     states = fd.backend_states(spark.host.check_output(fd.runtime_command("show stat")))
     assert {name: row["state"] for name, row in states.items()} == {b.name: "in" for b in door.backends}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkfleet.contract import paths
 from sparkfleet.fleet import guard as gd
 
 
@@ -16,17 +17,17 @@ def guard(spark):
 
 
 def test_config_and_unit_on_disk_are_the_plans(spark, guard):
-    assert spark.host.file(gd.CONFIG).content_string == guard.config()
-    assert spark.host.file(gd.UNIT_PATH).content_string == guard.unit()
+    assert spark.host.file(paths.GUARD_CONFIG).content_string == guard.config()
+    assert spark.host.file(paths.GUARD_UNIT_PATH).content_string == guard.unit()
 
 
 def test_key_map_is_root_only(spark, guard):
-    key_map = spark.host.file(gd.KEY_MAP)
+    key_map = spark.host.file(paths.GUARD_KEY_MAP)
     assert key_map.user == "root" and key_map.mode == 0o600
 
 
 def test_guard_active_as_its_own_user(spark, guard):
-    service = spark.host.service(gd.UNIT_NAME)
+    service = spark.host.service(paths.GUARD_UNIT_NAME)
     assert service.is_enabled and service.is_running
-    workers = spark.host.check_output(f"ps -o user= --ppid $(systemctl show -p MainPID --value {gd.UNIT_NAME})")
+    workers = spark.host.check_output(f"ps -o user= --ppid $(systemctl show -p MainPID --value {paths.GUARD_UNIT_NAME})")
     assert set(workers.split()) == {"haproxy"}

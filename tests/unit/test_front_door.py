@@ -9,6 +9,7 @@ import socket
 import pytest
 import requests
 
+from sparkfleet.contract import paths
 from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
@@ -52,7 +53,7 @@ def test_tls_binds_with_the_pem(tmp_path):
     (tmp_path / "k.pem").write_text("KEY\n")
     door = fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_tls_cert": str(tmp_path / "c.pem"),
                                                               "front_door_tls_key": str(tmp_path / "k.pem")}}))
-    assert f"bind :8080 ssl crt {fd.TLS_PEM}\n" in door.config()
+    assert f"bind :8080 ssl crt {paths.FRONT_DOOR_TLS_PEM}\n" in door.config()
     assert door.tls_pem() == "CERT\nKEY\n"
 
 
@@ -166,7 +167,7 @@ def haproxy_door(tmp_path_factory):
     door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}),
                         tuple(fd.Backend(b.name, "127.0.0.1", e.port) for b, e in zip(door.backends, engines)),
                         door.api_key)
-    moved = {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"), fd.STATE_FILE: str(tmp / "state"),
+    moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"), paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
     (tmp / "users.map").write_text(door.users_map())
     (tmp / "backend.map").write_text(door.backend_map())

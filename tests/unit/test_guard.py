@@ -188,7 +188,7 @@ def guarded(tmp_path_factory):
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
     (tmp / "key.map").write_text(guard.key_map())
-    proc = start_haproxy(guard.config(), tmp, {gd.CONFIG_DIR: str(tmp)})
+    proc = start_haproxy(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)})
     url = f"http://127.0.0.1:{api_port}"
     try:
         wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
@@ -262,8 +262,8 @@ def door_over_guard(guarded, tmp_path_factory):
     door = fd.FrontDoor("spark-a", settings, (fd.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
     (tmp / "users.map").write_text(door.users_map())
     (tmp / "backend.map").write_text(door.backend_map())
-    proc = start_haproxy(door.config(), tmp, {fd.CONFIG_DIR: str(tmp), fd.SOCKET: str(tmp / "admin.sock"),
-                                               fd.STATE_FILE: str(tmp / "state"),
+    proc = start_haproxy(door.config(), tmp, {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
+                                               paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
                                                f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"})
     url = f"http://127.0.0.1:{door_port}"
     try:

@@ -16,6 +16,7 @@ import pytest
 import requests
 from pyinfra_testing.operations import make_operation_tests
 
+from sparkfleet.contract import paths
 from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError
@@ -300,8 +301,8 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
             "application/json hdr Authorization %[str(engines),map(/etc/sparkfleet/front-door/backend.map)] body "
             """'{"model":"Qwen3-Reranker-0.6B","query":"ping","documents":["ping","pong"]}'""") in config
     if shutil.which("haproxy"):  # Debian's HAProxy parses it
-        (tmp_path / "haproxy.cfg").write_text(config.replace(fd.CONFIG_DIR, str(tmp_path)).replace(
-            fd.SOCKET, str(tmp_path / "admin.sock")).replace(fd.STATE_FILE, str(tmp_path / "state")))
+        (tmp_path / "haproxy.cfg").write_text(config.replace(paths.FRONT_DOOR_DIR, str(tmp_path)).replace(
+            paths.FRONT_DOOR_SOCKET, str(tmp_path / "admin.sock")).replace(paths.FRONT_DOOR_STATE_FILE, str(tmp_path / "state")))
         for name in ("users.map", "backend.map"):
             (tmp_path / name).write_text("")
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True,
