@@ -48,11 +48,29 @@ def converge(*extra: str, root: Path = ROOT) -> tuple[float, subprocess.Complete
     return time.monotonic() - start, proc
 
 
+def _host_ids() -> list[str]:
+    names = [h["container"] for h in json.loads((ROOT / ".sim" / "state.json").read_text())["hosts"]]
+    return subprocess.run(["docker", "inspect", "--format", "{{.Id}}", *names], capture_output=True,
+                          text=True).stdout.split()
+
+
+def hosts_rss_mib() -> float | None:
+    """The simulated Sparks' resident memory (their cgroups' anonymous memory, page cache left out)."""
+    total = 0
+    for cid in _host_ids():
+        v1 = Path(f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat")
+        v2 = Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.stat")
+        found = re.search(r"^(?:total_rss|anon) (\d+)$", (v1 if v1.exists() else v2).read_text(), re.M) \
+            if v1.exists() or v2.exists() else None
+        if not found:
+            return None
+        total += int(found.group(1))
+    return total / 2**20
+
+
 def hosts_cpu_s() -> float | None:
     """CPU seconds the simulated Sparks (their containers' cgroups) have used so far; None where unreadable."""
-    names = [h["container"] for h in json.loads((ROOT / ".sim" / "state.json").read_text())["hosts"]]
-    ids = subprocess.run(["docker", "inspect", "--format", "{{.Id}}", *names], capture_output=True,
-                         text=True).stdout.split()
+    ids = _host_ids()
     total = 0.0
     for cid in ids:
         v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
@@ -93,7 +111,8 @@ def noop(runs: int, root: Path = ROOT) -> tuple[list[float], int]:
     hosts_after, controller_after = hosts_cpu_s(), controller_cpu_s()
     _, verbose = converge("--limit", "spark-1", "-vv", root=root)
     cpu = {"controller_cpu_s": (controller_after - controller) / runs,
-           "hosts_cpu_s": (hosts_after - hosts) / runs if hosts is not None and hosts_after is not None else None}
+           "hosts_cpu_s": (hosts_after - hosts) / runs if hosts is not None and hosts_after is not None else None,
+           "hosts_rss_mib": hosts_rss_mib()}
     return times, round_trips(verbose.stdout + verbose.stderr), cpu
 
 
@@ -141,12 +160,13 @@ def main(argv: list[str]) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{'hosts':>5} {'no-op s (median)':>17} {'t(N)/t(3)':>9} {'SSH cmds/host':>13} {'first s':>8} "
-          f"{'controller CPU s':>16} {'hosts CPU s':>11}")
+          f"{'controller CPU s':>16} {'hosts CPU s':>11} {'hosts RSS MiB':>13}")
     for r in rows:
         first = f"{r['first_s']:.1f}" if r["first_s"] is not None else "-"
         hosts = f"{r['hosts_cpu_s']:.2f}" if r["hosts_cpu_s"] is not None else "-"
+        rss = f"{r['hosts_rss_mib']:.0f}" if r["hosts_rss_mib"] is not None else "-"
         print(f"{r['hosts']:>5} {r['noop_s']:>17.2f} {r['ratio']:>9.2f} {r['commands_per_host']:>13} {first:>8} "
-              f"{r['controller_cpu_s']:>16.2f} {hosts:>11}")
+              f"{r['controller_cpu_s']:>16.2f} {hosts:>11} {rss:>13}")
     for r in rows:
         if "against_noop_s" in r:
             print(f"3 hosts, {args.against}: no-op {r['against_noop_s']:.2f} s (runs "
