@@ -1,11 +1,12 @@
 """One read of everything a no-op converge decides from: the mode, owner and sha256 of every file sparkfleet manages
-outside the model root (paths.MANAGED_GLOBS) and the state of its units, in a single command.
+outside the model root (paths.MANAGED_GLOBS), the state of its units, its packages and users, in a single command.
 
 pyinfra 3 caches no fact and runs an operation's facts twice (when the deploy is planned, again when it runs): a
 converge of files.put calls costs a few round trips per file. The managed operations (sparkfleet/host/managed.py)
-read this snapshot instead; it is kept while nothing on the host changed, and one an operation changes is read
-again on its own. The read is POSIX shell (stat, sha256sum, systemctl): it works on a bare host, before any helper
-is installed. Secret files are hashed on the host: their content never leaves it.
+read this snapshot instead, and the stages' other reads go through `fact`: each answer is kept while no operation
+has run commands on the host, and preflight's one round trip (read_facts) answers most of them up front. The read
+is POSIX shell (stat, sha256sum, systemctl): it works on a bare host, before any helper is installed. Secret files
+are hashed on the host: their content never leaves it.
 """
 
 from __future__ import annotations
