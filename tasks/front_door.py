@@ -10,13 +10,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
-from sparkfleet.contract import serving
+from sparkfleet.contract import paths, serving
 from sparkfleet.fleet.front_door import front_door_plan
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
 
 
@@ -33,13 +32,15 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     changes = [
         managed_file(name="Front door config", content=door.config(), dest=paths.FRONT_DOOR_CONFIG, mode="0644"),
         secret_file(name="Front door users (root-only)", dest=paths.FRONT_DOOR_USERS_MAP, content=door.users_map()),
-        secret_file(name="Front door key for the engines (root-only)", dest=paths.FRONT_DOOR_BACKEND_MAP, content=door.backend_map()),
+        secret_file(name="Front door key for the engines (root-only)", dest=paths.FRONT_DOOR_BACKEND_MAP,
+                    content=door.backend_map()),
     ]
     if door.tls:
         changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=paths.FRONT_DOOR_TLS_PEM,
                                    content=door.tls_pem()))
     unit = managed_file(name="Front door unit", content=door.unit(), dest=paths.FRONT_DOOR_UNIT_PATH, mode="0644")
-    started = managed_unit(name="Front door enabled and running", service=paths.FRONT_DOOR_UNIT_NAME, running=True, enabled=True,
+    started = managed_unit(name="Front door enabled and running", service=paths.FRONT_DOOR_UNIT_NAME, running=True,
+                           enabled=True,
                            restarted=unit.will_change,
                            reloaded=not unit.will_change and any(op.will_change for op in changes),
                            daemon_reload=unit.will_change)

@@ -8,12 +8,12 @@ that runs no engine (a tensor-parallel worker) has its guard off.
 
 from pyinfra.api import deploy
 
+from sparkfleet.contract import paths
 from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
 
 

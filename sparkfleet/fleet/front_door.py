@@ -96,7 +96,8 @@ class FrontDoor:
     def config(self) -> str:
         return haproxy.config(
             "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
-            tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE, users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
+            tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE,
+            users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
             chat_check=serving.http_check("chat", self.settings.served_model_name))
 
@@ -120,8 +121,9 @@ class FrontDoor:
         return "".join(parts)
 
     def unit(self) -> str:
-        return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG, paths.FRONT_DOOR_RUNTIME_NAME, LIMITS,
-                            state_dir=paths.FRONT_DOOR_RUNTIME_NAME, state_file=paths.FRONT_DOOR_STATE_FILE, socket=paths.FRONT_DOOR_SOCKET)
+        return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG,
+                            paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
+                            state_file=paths.FRONT_DOOR_STATE_FILE, socket=paths.FRONT_DOOR_SOCKET)
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:

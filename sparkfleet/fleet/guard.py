@@ -41,7 +41,8 @@ class Guard:
 
     def config(self) -> str:
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
-                              keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME, key_user=KEY_USER)
+                              keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
+                              key_user=KEY_USER)
 
     def key_map(self) -> str:
         return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""

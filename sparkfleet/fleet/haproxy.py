@@ -59,8 +59,8 @@ def address(value: str, port: int) -> str:
 def config(template: str, limits: Limits, **values) -> str:
     """One HAProxy config from its template, with the shared hardening's values (see haproxy-global.cfg.j2)."""
     return render._templates.get_template(template).render(
-        limits=limits, user=USER, chroot=paths.HAPROXY_CHROOT, health=HEALTH, auth_401=AUTH_401, not_found_404=NOT_FOUND_404,
-        **values)
+        limits=limits, user=USER, chroot=paths.HAPROXY_CHROOT, health=HEALTH, auth_401=AUTH_401,
+        not_found_404=NOT_FOUND_404, **values)
 
 
 def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_dir: str | None = None,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.gpg import GpgFactBase
 
 from sparkfleet.contract import paths
@@ -73,6 +75,18 @@ class JsonFile(FactBase[str]):
         if not output or output[0] != self.MARKER:
             return None
         return "\n".join(output[1:])
+
+
+def image_read(ref: str) -> tuple:
+    """pyinfra's DockerImage fact for an image ref, and its arguments: the one key preflight's round trip and the
+    stages' checks share (pyinfra pastes the argument into its command unquoted: it is quoted here)."""
+    return DockerImage, {"object_id": shlex.quote(ref)}
+
+
+def docker_image(host, ref: str) -> list | None:
+    """`docker image inspect ref` as pyinfra's DockerImage reads it, held like every stage read (state.fact)."""
+    cls, kwargs = image_read(ref)
+    return fact(host, cls, **kwargs)
 
 
 def read_json_object(host, path: str) -> JsonObject:

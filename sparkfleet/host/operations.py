@@ -17,7 +17,6 @@ from pyinfra.api import (
     operation,
 )
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.facts.docker import DockerImage
 from pyinfra.operations import files
 
 from sparkfleet.contract import paths
@@ -25,6 +24,7 @@ from sparkfleet.host.facts import (
     KeyringKeys,
     ModelDirs,
     Unreadable,
+    docker_image,
     primary_fingerprints,
     read_json_object,
     release_problem,
@@ -96,8 +96,7 @@ def image_pinned(image: str, ref: str, digest: str, archive: str | None = None):
     or, with an archive, the image id (loaded; the loaded image's Id must equal it). Other bytes are refused
     with one line naming the image and both digests, before any unit changes.
     """
-    # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
-    if pinned_present(fact(host, DockerImage, object_id=shlex.quote(ref)), ref, digest):
+    if pinned_present(docker_image(host, ref), ref, digest):
         host.noop(f"{image} present as {ref}")
         return
     env = ["IMAGE=" + shlex.quote(image), "REF=" + shlex.quote(ref), "DIGEST=" + shlex.quote(digest)]

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
-from pyinfra.facts.docker import DockerImage
-
 from sparkfleet.contract import paths
-from sparkfleet.host.facts import FabricLink, JsonFile, JsonObject, KeyringKeys, ModelDirs, Unreadable, history_problem
+from sparkfleet.host.facts import (
+    FabricLink,
+    JsonFile,
+    JsonObject,
+    KeyringKeys,
+    ModelDirs,
+    Unreadable,
+    history_problem,
+    image_read,
+)
 from sparkfleet.host.state import HostState, PathState
 from sparkfleet.host.nvidia_smi import GpuReport, at_least
 from sparkfleet.contract.settings import Settings
@@ -36,7 +42,7 @@ def converge_reads(model_root: str, engine_ref: str) -> dict:
     return {"managed": (HostState, {}), "model root": (PathState, {"path": model_root}),
             "daemon.json": (JsonFile, {"path": paths.DAEMON_JSON}),
             "keyring": (KeyringKeys, {"path": paths.TOOLKIT_KEYRING}),
-            "engine image": (DockerImage, {"object_id": shlex.quote(engine_ref)}),
+            "engine image": image_read(engine_ref),
             "model dirs": (ModelDirs, {"model_root": model_root})}
 
 

@@ -12,7 +12,8 @@ from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 from sparkfleet.host.state import unit_state
 
-WATCHDOG_RUN = f"python3 {paths.WATCHDOG} --config {paths.SERVING_FILE}"  # its engine, rules and probes: the serving file
+# its engine, rules and probes: the serving file
+WATCHDOG_RUN = f"python3 {paths.WATCHDOG} --config {paths.SERVING_FILE}"
 
 
 def probe_verdict(probe: dict) -> str:

@@ -8,12 +8,11 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
-from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt
 
 from sparkfleet.contract import paths
-from sparkfleet.host.facts import DockerServerVersion, Unreadable, read_json_object
+from sparkfleet.host.facts import DockerServerVersion, Unreadable, docker_image, read_json_object
 from sparkfleet.host.state import fact, installed_packages, unit_state
 
 CDI_SPEC, CDI_UNIT, CDI_STAMP = paths.CDI_SPEC, paths.CDI_UNIT, paths.CDI_STAMP
@@ -176,8 +175,7 @@ def container_sees_gpu(image: str, gpu_options: tuple[str, ...], pull: bool):
     if unit_state(host, paths.UNIT_NAME)["running"] or unit_state(host, paths.RAY_UNIT_NAME)["running"]:
         host.noop("a GPU container runs: the watchdog or the Ray check sees its GPU")
         return
-    # pyinfra's DockerImage pastes its argument into the command unquoted: quote it here.
-    if not fact(host, DockerImage, object_id=shlex.quote(image)):
+    if not docker_image(host, image):
         if not pull:
             host.noop(f"{image} is loaded from engine_image_archive later: the health gate checks the GPU")
             return
