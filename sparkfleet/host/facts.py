@@ -171,10 +171,8 @@ class FreeBytes(FactBase):
 
     def command(self, path):
         self.path = path
-        return StringCommand(
-            "p=", QuoteString(path), '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;',
-            "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'",
-        )
+        return (f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+                "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'")
 
     def process(self, output):
         return parse_free_bytes(output, self.path)

@@ -107,6 +107,24 @@ def test_free_bytes_hostile(lines, shown):
     assert parse_free_bytes(lines, "/models") == Unreadable("df /models", f"free bytes read {shown}, not a number")
 
 
+def test_free_bytes_asks_df_about_the_model_roots_nearest_existing_parent(tmp_path):
+    """Not about the login directory: a model root on its own disk must be measured there, even before it exists."""
+    import subprocess
+
+    from sparkfleet.host.facts import FreeBytes
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "df").write_text('#!/bin/sh\nprintf "Filesystem x\\nfs 1 2 %s\\n" "$3"\n')  # $4 = the path asked
+    (bin_dir / "df").chmod(0o755)
+    (tmp_path / "disk-it's-on").mkdir()
+    root = tmp_path / "disk-it's-on" / "models" / "not yet"
+    command = FreeBytes().command(str(root))
+    out = subprocess.run(["sh", "-c", command], cwd="/", capture_output=True, text=True, check=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert out.stdout.strip() == str(tmp_path / "disk-it's-on") and out.stderr == ""
+
+
 def test_python_version():
     assert parse_python_version(["3.12"]) == "3.12"
     assert parse_python_version(["none"]) is None
