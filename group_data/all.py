@@ -16,74 +16,79 @@ min_cuda_version = "13.0"  # CUDA version nvidia-smi reports
 min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
 
 # --- NVIDIA Container Toolkit (apt); offices may point these at a mirror ----
+# the toolkit's apt repository ({arch}: arm64 or amd64)
 toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}"
+# where the repository's signing key is fetched
 toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
-toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"  # the signing key must have it
 toolkit_version = "1.18.1-1"  # all four packages pinned to it; None: keep the installed (DGX OS ships one)
-min_toolkit_version = "1.17.8-1"  # with toolkit_version None: older is upgraded (1.17.8 fixes CVE-2025-23266)
+min_toolkit_version = "1.17.8-1"  # with toolkit_version None: an older or missing toolkit is replaced by the
+#                                  repository's newest, which must meet it (1.17.8 fixes CVE-2025-23266)
 
 # --- Recipe: a reviewed release from the catalogue (recipes/*.toml) -----------
 # Precedence, lowest first: these defaults < the recipe's [settings] < what the inventory, a group's data
 # or `--data` sets. The default recipe's settings equal the defaults below; "qwen3.5-35b-a3b-fp8-mtp" is
 # its speed profile (MTP speculative decoding).
-recipe = "qwen3.5-35b-a3b-fp8"
+recipe = "qwen3.5-35b-a3b-fp8"  # the release whose [settings] sit between these defaults and yours
 
 # --- Model -----------------------------------------------------------------
-model_hub = "modelscope"  # or "huggingface"
-model_repo = "Qwen/Qwen3.5-35B-A3B-FP8"
+model_hub = "modelscope"  # where the model comes from: "modelscope" or "huggingface"
+model_repo = "Qwen/Qwen3.5-35B-A3B-FP8"  # the model repository on model_hub
 model_revision = "master"  # branch, tag or commit; resolved to a commit at plan time
 hub_endpoint = None  # a mirror's URL; None = the client's own default
 controller_hub_endpoint = None  # where the controller reaches the hub, if not hub_endpoint
 hub_token = None  # secret: kept in a root-only file on the host
-model_root = "/var/lib/sparkfleet/models"
+model_root = "/var/lib/sparkfleet/models"  # where model directories live (staging is beside them)
 full_verify = False  # True (`--data full_verify=True`) re-hashes every file instead of trusting the record
 model_source = "peer"  # "hub": each host from the hub; "peer": one host from the hub, the others
 #                        from it over the LAN; "controller": pushed from the controller's verified copy
 peer_port = 8090  # where each host shares its verified model files with the others (read-only)
-lan_address = None  # how the other Sparks reach this host; None = its ssh_hostname
+lan_address = None  # how the other Sparks reach this host; None = its ssh_hostname (then an address or name)
 keep_releases = 2  # model directories kept per host (never fewer than current + previous)
 controller_model_dir = None  # the controller's verified copy (controller mode); None = .cache/models/
 engine_image_archive = None  # a `docker save` of engine_image on the controller, loaded where it is missing
 controller_registry_url = None  # where the controller asks engine_image's registry for its digest, if not there
 
 # --- Engine: vLLM in Docker ------------------------------------------------
-engine_image = "vllm/vllm-openai:v0.33.0"
+engine_image = "vllm/vllm-openai:v0.33.0"  # pinned by digest at plan time (a tag is resolved, @sha256: kept)
 vllm_version = "0.33.0"  # the flag table the engine arguments are checked against
-served_model_name = "Qwen3.5-35B-A3B"
-api_host = "127.0.0.1"  # a LAN address needs api_key (or allow_unauthenticated_api)
-api_port = 8000
+served_model_name = "Qwen3.5-35B-A3B"  # the model name clients ask for
+api_host = "127.0.0.1"  # where the host's API (its guard) answers; a LAN address needs api_key (or
+#                        allow_unauthenticated_api). The engine itself listens on 127.0.0.1 only
+api_port = 8000  # the guard's port; the engine listens on 127.0.0.1:api_port + 10000 (so <= 55535)
 api_key = None  # secret: passed as VLLM_API_KEY through a root-only env file
-allow_unauthenticated_api = False
+allow_unauthenticated_api = False  # True: accept a LAN api_host without api_key
 controller_api_url = None  # where the controller reaches the API (status, bench); None = ssh_hostname:api_port
-max_model_len = 262144
-gpu_memory_utilization = 0.88
-enable_prefix_caching = True
-enable_auto_tool_choice = True
-tool_call_parser = "qwen3_coder"
-reasoning_parser = "qwen3"
-attention_backend = "FLASH_ATTN"
-limit_mm_per_prompt = {"image": 0, "video": 0}  # multimodal profiling off
-kv_cache_dtype = "auto"  # "fp8" is refused for hybrid models such as Qwen3.5
-max_num_seqs = None  # None = vLLM's default
-tensor_parallel_size = 1
+max_model_len = 262144  # --max-model-len; refused above the model's maximum and where it cannot fit
+gpu_memory_utilization = 0.88  # --gpu-memory-utilization; also the unit's pre-start memory check
+enable_prefix_caching = True  # --enable-prefix-caching (False: --no-enable-prefix-caching)
+enable_auto_tool_choice = True  # --enable-auto-tool-choice (needs tool_call_parser)
+tool_call_parser = "qwen3_coder"  # --tool-call-parser
+reasoning_parser = "qwen3"  # --reasoning-parser
+attention_backend = "FLASH_ATTN"  # --attention-backend
+limit_mm_per_prompt = {"image": 0, "video": 0}  # --limit-mm-per-prompt: multimodal profiling off
+kv_cache_dtype = "auto"  # --kv-cache-dtype; "fp8" is refused for hybrid models such as Qwen3.5
+max_num_seqs = None  # --max-num-seqs; None = vLLM's default
+tensor_parallel_size = 1  # GPUs the model is split over, one per Spark; above 1 only with tensor_parallel_hosts
 # Two Sparks, one model (vLLM over Ray): list the members in every member's data (an inventory group's data is
 # the usual place), the head first, and set tensor_parallel_size to their count and each member's fabric_address.
-tensor_parallel_hosts = []  # e.g. ["spark-1", "spark-2"]; empty: a single host (tensor_parallel_size = 1)
+tensor_parallel_hosts = []  # the group's members, head first, e.g. ["spark-1", "spark-2"]; empty: a single host
 fabric_interface = "enp1s0f0np0"  # the ConnectX-7 port the members are cabled on (NCCL, Gloo, UCX and Ray use it)
 fabric_address = None  # this member's IPv4 address on the fabric; required for a member
 fabric_mtu = 9000  # preflight checks it (it is reported to fall back to 1500 after a reboot)
 ray_port = 6379  # the head's Ray port (GCS)
-ray_start_args = []  # more `ray start` arguments, e.g. ["--num-cpus", "4"]
+ray_start_args = []  # more `ray start` arguments, e.g. ["--num-cpus", "4"]; flags sparkfleet sets are refused
 speculative_method = None  # "mtp": the model's own MTP layer drafts tokens (--speculative-config)
-num_speculative_tokens = None  # draft tokens per step with speculative_method (the MTP recipe: 2)
-extra_engine_args = []  # more vLLM flags, each checked against the flag table
-engine_env = {}  # extra environment for the engine container
+num_speculative_tokens = None  # draft tokens per step (1-8) with speculative_method (the MTP recipe: 2)
+extra_engine_args = []  # more vLLM flags, each checked against the flag table; flags that open vLLM's admin
+#                         surface or write prompts to the journal are refused
+engine_env = {}  # secret: extra environment for the engine container; admin-surface keys are refused
 allow_trust_remote_code = False  # True: --trust-remote-code where the recipe says trust_remote_code (hub code as root)
 
 # --- RAG services beside the chat model: each its own vLLM unit, port and model ---------------
 # e.g. {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}; any key of
 # the recipe's [settings] may be overridden per service (api_port, gpu_memory_utilization, max_model_len, ...)
-services = {}
+services = {}  # the pooling models this host serves beside its chat model, by name
 gpu_memory_budget = 0.95  # the chat's gpu_memory_utilization + every service's must sum within this (OS keeps 6 GB)
 
 # --- Planning: what the fit and speed estimates assume about a host ----------
@@ -91,18 +96,19 @@ host_memory_gb = 128  # a Spark's unified memory
 memory_bandwidth_gbs = 273  # a Spark's LPDDR5x bandwidth: bounds decode tokens/s
 
 # --- Service ----------------------------------------------------------------
-container_name = "vllm"
-docker_network = "host"
+container_name = "vllm"  # the engine's fixed container name
+docker_network = "host"  # "host", or a network name (then the port is published)
 privileged = False  # opt-in: the reference write-up ran --privileged
 seccomp_unconfined = False  # opt-in: the reference write-up ran seccomp=unconfined
-gpu_device_mode = "runtime"  # "cdi": --device nvidia.com/gpu=all from a CDI spec refreshed at boot
+gpu_device_mode = "runtime"  # "runtime": --gpus all (the toolkit's runtime hook); "cdi": --device
+#                              nvidia.com/gpu=all from a CDI spec refreshed at boot (Docker 25 or later)
 start_timeout_s = 1800  # systemd TimeoutStartSec: covers a first image pull
-health_timeout_s = 900  # a Spark takes 3-4 minutes to load this model
+health_timeout_s = 900  # the health gate's timeout: a Spark takes 3-4 minutes to load this model
 watchdog = True  # a timer probes the engine and restarts one that stopped answering
 watchdog_interval_s = 30  # seconds between probes
 watchdog_failures = 3  # failed probes in a row before a restart (never while the unit is starting)
 watchdog_max_restarts = 3  # restarts allowed in watchdog_window_s; past that it gives up and logs an error
-watchdog_window_s = 1800
+watchdog_window_s = 1800  # the window watchdog_max_restarts counts in
 
 # --- Front door: HAProxy on the hosts of the inventory group `front_door` ----------
 front_door_port = 8080  # one URL for the office: http(s)://<front door>:8080/v1

@@ -8,7 +8,7 @@ Host keys are checked strictly against inventory/known_hosts: pyinfra's
 default (`accept-new`) trusts whatever key answers the first connection, and
 overrides `StrictHostKeyChecking yes` in ~/.ssh/config, so a first run could
 hand `api_key` and `hub_token` to a machine in the middle. Collect each
-Spark's key once and compare it with the console (README, "SSH host keys").
+Spark's key once and compare it with the console (docs/ssh-host-keys.md).
 """
 
 from pathlib import Path as _Path

@@ -1,0 +1,143 @@
+"""The README and docs/ stay true to the code: the settings reference is group_data/all.py's, every relative link
+lands, and the README stays a front door."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+from sparkfleet.contract.settings import SECRET_SETTINGS
+from tools import settings_reference
+from tools.settings_reference import DEFAULTS_FILE, REFERENCE_FILE, generate, parse, render
+
+from .helpers import DEFAULTS, ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_MD = MarkdownIt("commonmark").enable("table")
+
+
+def _tokens(page: Path):
+    for token in _MD.parse(page.read_text()):
+        yield token
+        yield from token.children or ()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    tokens = list(_MD.parse(page.read_text()))
+    return {_slug(tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"}
+
+
+def _code_blocks(page: Path) -> list[str]:
+    return [t.content for t in _MD.parse(page.read_text()) if t.type in ("fence", "code_block")]
+
+
+def test_the_settings_reference_is_the_one_generated_from_the_defaults():
+    """Edit group_data/all.py's comments, then `python -m tools.settings_reference`: the two never drift."""
+    assert REFERENCE_FILE.read_text() == generate(), "run: python -m tools.settings_reference"
+
+
+def test_the_reference_describes_every_setting_in_the_defaults_order():
+    """A setting added to group_data/all.py without a comment saying what it does fails here."""
+    settings = [s for section in parse(DEFAULTS_FILE.read_text()) for s in section.settings]
+    assert [s.name for s in settings] == list(DEFAULTS)
+    assert [s.name for s in settings if not s.description.strip()] == []
+
+
+def test_the_secrets_flagged_are_the_settings_the_code_keeps_secret():
+    settings = [s for section in parse(DEFAULTS_FILE.read_text()) for s in section.settings]
+    assert {s.name for s in settings if s.secret} == SECRET_SETTINGS
+    assert "| `api_key` **secret** | `None` |" in REFERENCE_FILE.read_text()
+
+
+def test_the_shape_of_a_defaults_file():
+    source = '''"""Docstring # not a comment."""
+early = 1  # before any header
+
+# --- Model: where it comes from -------------
+# said above, for the next one
+repo = "a|b"  # the repository
+source = "peer"  # "hub": each host; "peer": one host,
+#                  the others from it over the LAN
+token = None  # secret: root-only on the host
+# said above the block
+table = {
+    "x": 1,
+}
+plain = 3
+'''
+    [first, model] = parse(source)
+    assert (first.title, [(s.name, s.default, s.description) for s in first.settings]) == (
+        "Settings", [("early", "1", "before any header")])
+    assert model.title == "Model: where it comes from"
+    rows = {s.name: s for s in model.settings}
+    assert rows["repo"].description == "the repository. said above, for the next one"
+    assert rows["source"].description == '"hub": each host; "peer": one host, the others from it over the LAN'
+    assert (rows["token"].secret, rows["token"].description) == (True, "root-only on the host")
+    assert (rows["table"].default, rows["table"].description) == ('{ "x": 1, }', "said above the block")
+    assert rows["plain"].description == "" and not rows["plain"].secret
+    text = render([model])
+    assert '| `repo` | `"a\\|b"` |' in text and "| `token` **secret** | `None` |" in text
+
+
+def test_check_mode_says_when_the_committed_reference_is_stale(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "settings-reference.md"
+    monkeypatch.setattr(settings_reference, "REFERENCE_FILE", stale)
+    monkeypatch.setattr(settings_reference, "ROOT", tmp_path)
+    stale.write_text(generate().replace("`8000`", "`9000`"))
+    assert settings_reference.main(["--check"]) == 1
+    assert "out of date: run python -m tools.settings_reference" in capsys.readouterr().err
+    assert settings_reference.main([]) == 0 and settings_reference.main(["--check"]) == 0
+    assert stale.read_text() == generate()
+
+
+def test_every_relative_link_lands():
+    """Links between README.md, docs/ and the repository's files name files that exist (and headings, with #)."""
+    broken = []
+    for page in PAGES:
+        for token in _tokens(page):
+            href = token.attrs.get("href") if token.type == "link_open" else None
+            if not href or re.match(r"[a-z][a-z0-9+.-]*:", href):
+                continue
+            path, _, anchor = href.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {href}")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{page.relative_to(ROOT)}: {href} (no such heading)")
+    assert broken == []
+
+
+def test_every_docs_page_is_in_the_index():
+    index = (ROOT / "docs" / "README.md").read_text()
+    assert [p.name for p in PAGES[1:] if p.name != "README.md" and f"]({p.name})" not in index] == []
+
+
+def test_the_readme_is_a_front_door():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) < 250
+    commands = "\n".join(_code_blocks(readme))
+    for command in ("make demo", "make test", "pip install sparkfleet", "sparkfleet init office --host spark-1=",
+                    "sparkfleet users add inventory.py alice", "sparkfleet plan inventory.py",
+                    "pyinfra inventory.py deploy.py", "sparkfleet status inventory.py",
+                    "sparkfleet rollout inventory.py --batch 1"):
+        assert command in commands, command
+
+
+def test_every_make_target_shown_exists():
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    shown = {m for page in PAGES for block in _code_blocks(page) for m in re.findall(r"\bmake ([a-z][\w-]*)", block)}
+    assert shown and shown - targets == set()
+
+
+def test_no_page_shows_a_secret_written_into_a_file():
+    """api_key, hub_token and users' keys come from a file outside the project, never a literal in an example."""
+    literal = re.compile(r"""\b(api_key|hub_token|front_door_users)"?\s*[:=]\s*["'{]""")
+    assert [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in PAGES for block in _code_blocks(p)
+            for m in literal.finditer(block)] == []
