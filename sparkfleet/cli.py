@@ -8,7 +8,7 @@ import sys
 
 from rich.syntax import Syntax
 
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.fleet.inventory import InventoryError, load_hosts
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.contract.recipes import catalogue
 from sparkfleet.release.image import image_resolver
@@ -22,6 +22,9 @@ INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or setti
 
 
 def _invalid(exc: Exception) -> int:
+    if isinstance(exc, InventoryError):  # one line: the inventory and its own error
+        print(f"sparkfleet: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
     return EXIT_INVALID
 
@@ -33,14 +36,18 @@ def _with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[st
 
 
 def _plan(args) -> int:
+    from sparkfleet.fleet.front_door import door_rows, door_summary
+
     try:
-        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.host), args.data),
+        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.limit), args.data),
                            resolve=None if args.offline else hub_resolver,
                            resolve_image=None if args.offline else image_resolver)
+        doors = [door_summary(door) for door in _front_doors(args, plans)]
     except INVALID as exc:
         return _invalid(exc)
     if args.json:
-        print(json.dumps({"hosts": [p.to_dict() for p in plans]}, indent=2))
+        print(json.dumps({"hosts": [p.to_dict() for p in plans], **({"front_doors": doors} if doors else {})},
+                         indent=2))
         return 0
     out = console()
     for plan in plans:
@@ -61,7 +68,22 @@ def _plan(args) -> int:
         units = ([plan.render_unit()] if plan.runs_engine else []) + ([plan.render_ray_unit()] if plan.group else [])
         for text in units:
             out.print(Syntax(text, "ini", word_wrap=True))
+    for door in doors:
+        print_table(f"{door['host']}: front door", ("key", "value"), door_rows(door), header=False, out=out)
+        out.print(Syntax(door["config"], "text", word_wrap=True))
     return 0
+
+
+def _front_doors(args, plans) -> list:
+    """The front doors among the planned hosts (group `front_door`), as the front door stage builds them: from
+    the whole inventory's plans (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
+    from sparkfleet.fleet.front_door import front_door_hosts, planned_front_doors
+
+    planned = {p.name: p for p in plans}
+    names = [name for name, _ in front_door_hosts(args.inventory) if name in planned]
+    if names and args.limit:
+        planned = {p.name: p for p in plan_hosts(_with_data(load_hosts(args.inventory), args.data))}
+    return planned_front_doors(names, planned)
 
 
 def _group_rows(plan) -> list[tuple[str, str]]:
@@ -115,19 +137,13 @@ def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door import front_door_status, status_rows
     from sparkfleet.fleet.rollout import load_whole_groups
-    from sparkfleet.fleet.status import (
-        fleet_rows,
-        host_cell,
-        host_row,
-        services_cell,
-        ssh_facts,
-    )
-    from sparkfleet.host.serving import watchdog_cell
+    from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
     from sparkfleet.contract.settings import parse_settings
+    from sparkfleet.tables import narrow
 
     try:
-        hosts = dict(load_whole_groups(args.inventory, args.host))
+        hosts = dict(load_whole_groups(args.inventory, args.limit))
         settings = {name: parse_settings(name, data) for name, data in hosts.items()}
         groups, problems = plan_groups(settings)
         if problems:
@@ -135,30 +151,16 @@ def _status(args) -> int:
     except INVALID as exc:
         return _invalid(exc)
     facts = read_hosts(args.inventory, list(hosts),
-                       lambda h: ssh_facts(h, groups.get(h.name)))
+                       lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))
     rows = fleet_rows(list(hosts), groups, facts,
-                       lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
+                      lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
     door = front_door_status(args.inventory)  # None: the inventory has no front door
     if args.json:
         print(json.dumps({"hosts": rows, **({"front_door": door} if door else {})}, indent=2))
     else:
-        table = []
-        for row in rows:
-            m, f = row["metrics"], row["ssh"] or {}
-            table.append((
-                literal(host_cell(row)), *(literal(f.get(key) or "-") for key in ("driver", "cuda", "toolkit",
-                                                                                  "release_id")),
-                {True: "verified", False: "[red]NOT verified[/]"}.get(
-                    f.get("model_verified"), "-"), "active" if f.get("unit_active") else "[red]inactive[/]",
-                "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]", watchdog_cell(f.get("watchdog")),
-                literal(", ".join(map(str, row["served"] or []))), services_cell(f.get("services") or {}),
-                f"{m.get('vllm:num_requests_running', 0):g}", f"{m.get('vllm:num_requests_waiting', 0):g}",
-                f"{m.get('vllm:kv_cache_usage_perc', 0):.0%}", literal(row["error"] or ""),
-            ))
         out = console()
-        print_table("sparkfleet status", ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health",
-                                          "watchdog", "served", "services", "run", "wait", "KV", "detail"), table,
-                    out=out)
+        columns, cells = status_table(rows, wide=not narrow(out))
+        print_table("sparkfleet status", columns, cells, out=out)
         for row in rows:
             if row.get("chat"):
                 out.print(f"[bold]{literal(row['host'])}[/] answers: {literal(row['chat'])}")
@@ -279,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = sub.add_parser("plan", help="print each host's release without connecting to anything")
     plan.add_argument("inventory")
-    plan.add_argument("--host", help="one host (or group) of the inventory")
+    plan.add_argument("--host", dest="limit", help="one host (or group) of the inventory")
     plan.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     plan.add_argument("--json", action="store_true")
     plan.add_argument("--offline", action="store_true",
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
     status = sub.add_parser("status", help="each host's health, served model and load; non-zero if any is down")
     status.add_argument("inventory")
-    status.add_argument("--host", help="one host (or group) of the inventory")
+    status.add_argument("--host", dest="limit", help="one host (or group) of the inventory")
     status.add_argument("--json", action="store_true")
     status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
     status.set_defaults(func=_status)

@@ -18,6 +18,11 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=None if stream.isatty() else CI_WIDTH, emoji=False)
 
 
+def narrow(out: Console) -> bool:
+    """A console too narrow for a wide table's every column (a terminal under CI_WIDTH): it gets fewer."""
+    return out.width < CI_WIDTH
+
+
 def literal(value: object) -> str:
     """A string an engine, a hub or a host sent (a model id, a reply, an error), for a cell or a line that
     carries markup: printed as it is ("[/INST]" stays text, not a tag that ends a style or raises MarkupError)."""

@@ -110,14 +110,15 @@ class FrontDoor:
     def tls_pem(self) -> str:
         """The certificate and key from the controller, one PEM (read here, shipped as a 0600 file)."""
         s = self.settings
-        parts = []
+        parts, problems = [], []
         for key, path in (("front_door_tls_cert", s.front_door_tls_cert), ("front_door_tls_key", s.front_door_tls_key)):
             try:
                 parts.append(Path(path).read_text().strip() + "\n")
             except OSError as exc:
-                problem = (f"{self.host}: setting `{key}`: cannot read {path} on the controller ({exc.strerror}): "
-                           "give a readable PEM file")
-                raise SettingsError([problem]) from None
+                problems.append(f"{self.host}: setting `{key}`: cannot read {path} on the controller "
+                                f"({exc.strerror}): give a readable PEM file")
+        if problems:
+            raise SettingsError(problems)
         return "".join(parts)
 
     def unit(self) -> str:
@@ -191,6 +192,69 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
                      keys.pop(), routes)
 
 
+def planned_front_doors(names: list[str], plans: dict[str, HostPlan]) -> list[FrontDoor]:
+    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans`, their
+    TLS files read as the stage reads them (so `plan` refuses what the converge would); SettingsError names
+    every problem of every door."""
+    doors, problems = [], []
+    for name in names:
+        try:
+            door = front_door_plan(name, plans)
+            if door.tls:
+                door.tls_pem()
+            doors.append(door)
+        except SettingsError as exc:
+            problems += exc.problems
+    if problems:
+        raise SettingsError(problems)
+    return doors
+
+
+def door_summary(door: FrontDoor) -> dict:
+    """What `plan` shows of a front door: where it listens, the engines and routes behind it, its users by name
+    (never a key), TLS on or off (the files' paths), and the HAProxy config the stage writes (it holds no key)."""
+    s = door.settings
+    return {"host": door.host, "port": s.front_door_port, "tls": door.tls, "tls_cert": s.front_door_tls_cert,
+            "tls_key": s.front_door_tls_key, "users": sorted(s.front_door_users),
+            "backends": [{"host": b.name, "target": b.target} for b in door.backends],
+            "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
+                       for r in door.routes],
+            "config": door.config()}
+
+
+def door_rows(summary: dict) -> list[tuple[str, str]]:
+    """`plan`'s key/value rows of a front door (door_summary); every value is text, never markup."""
+    from sparkfleet.tables import literal
+
+    scheme = "https" if summary["tls"] else "http"
+    rows = [("listens", f"{scheme} on port {summary['port']}"),
+            ("engines", literal(", ".join(f"{b['host']} ({b['target']})" for b in summary["backends"])))]
+    rows += [(f"route {literal(r['served_name'])}", literal(f"{r['kind']}: {', '.join(r['backends'])}"))
+             for r in summary["routes"]]
+    if summary["users"]:
+        rows.append(("users", literal(", ".join(summary["users"]))))
+    else:
+        rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary["tls"]:
+        rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
+    elif summary["users"]:
+        rows.append(("TLS", "[yellow]off[/]: plain http, the users' keys cross the LAN in clear "
+                            "(front_door_allow_http)"))
+    else:
+        rows.append(("TLS", "off: plain http"))
+    return rows
+
+
+def front_door_hosts(inventory: str) -> list[tuple[str, dict]]:
+    """The hosts of the inventory's `front_door` group [(name, merged data)]; none without the group."""
+    from sparkfleet.fleet.inventory import load_hosts
+
+    try:
+        return load_hosts(inventory, limit=GROUP)
+    except (KeyError, FileNotFoundError):  # no front_door group (or no inventory: nothing to drain)
+        return []
+
+
 def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[str]]]:
     """One route per served name of the RAG services on the front door's hosts, with every host serving it;
     and the kinds seen under each served name (one route serves one kind)."""
@@ -258,13 +322,7 @@ class FrontDoorRuntime:
 
     @classmethod
     def of(cls, inventory: str) -> FrontDoorRuntime:
-        from sparkfleet.fleet.inventory import load_hosts
-
-        try:
-            doors = load_hosts(inventory, limit=GROUP)
-        except (KeyError, FileNotFoundError):  # no front_door group (or no inventory: nothing to drain)
-            doors = []
-        return cls(inventory, doors)
+        return cls(inventory, front_door_hosts(inventory))
 
     def _run(self, *commands: str) -> dict[str, str | None]:
         """Send runtime commands to every front door; its answer, or None where it did not answer."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from pyinfra.api import State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_state
+from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 
 from sparkfleet import PROJECT_ROOT
@@ -30,12 +31,30 @@ def host_data(host) -> dict:
     return {**host.data.dict(), USER_SET_KEY: sorted(named)}
 
 
+class InventoryError(SettingsError):
+    """The inventory's own code failed (a file it reads is missing, a typo): one line naming the inventory and
+    the error, instead of pyinfra's `UnexpectedExternalError: <exception str() failed>`."""
+
+    def __init__(self, inventory_path: str, exc: BaseException):
+        if isinstance(exc, OSError) and exc.filename:
+            why = f"{type(exc).__name__}: {exc.filename}: {exc.strerror}"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        super().__init__([f"inventory {inventory_path} failed to load: {why[:300]}: fix it, or create what it reads"])
+
+
 def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str, dict]]:
-    """[(host name, merged data)] in inventory order; `limit` is a host or group name."""
+    """[(host name, merged data)] in inventory order; `limit` is a host or group name. An inventory that fails
+    to load raises InventoryError."""
     if not Path(inventory_path).exists():
         raise FileNotFoundError(f"no inventory file at {inventory_path}")
-    with ctx_state.use(State()):
-        inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT))
+    try:
+        with ctx_state.use(State()):
+            inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT))
+    except UnexpectedExternalError as exc:  # the inventory's (or a group_data file's) code raised
+        raise InventoryError(inventory_path, exc.exception) from None
+    except SyntaxError as exc:  # pyinfra compiles it outside its wrapper
+        raise InventoryError(inventory_path, exc) from None
     hosts = [(h.name, host_data(h)) for h in inventory]
     if limit:
         hosts = [(n, d) for n, d in hosts if n == limit or limit in inventory.get_host(n).groups]

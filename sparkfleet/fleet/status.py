@@ -22,6 +22,12 @@ def api_url(s: Settings, data: dict) -> str | None:
     return f"http://{data.get('ssh_hostname', '')}:{s.api_port}"
 
 
+def asked_on_host(s: Settings, group=None, name: str | None = None) -> bool:
+    """Whether `status` asks this host's engine on the host over SSH: its API is out of the controller's
+    reach (loopback only, no controller_api_url) and it runs one (a group's worker does not)."""
+    return api_url(s, {}) is None and (group is None or group.head == name)
+
+
 def api_headers(api_key: str | None) -> dict:
     """The headers an engine's API key asks for (none without a key): status and bench send the same."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -41,12 +47,14 @@ def asked(url: str, probe: dict, served_name: str, headers: dict):
     return host_module.answer_problem(probe, reply.status_code, body, served_name), body
 
 
-def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
-    """A host's API asked as its watchdog asks its engine: health, the models listing, the chat probe."""
-    row = {"host": name, "url": api_url(s, data), "healthy": False, "served": None, "metrics": {}, "error": None}
+def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host: dict | None = None) -> dict:
+    """A host's engine asked as its watchdog asks it: health, the models listing, the chat probe. Over its API
+    where the controller reaches it; else on the host (`on_host`: ssh_facts' "engine", None when the host did
+    not answer over SSH)."""
+    row = {"host": name, "url": api_url(s, data), "via": "http", "healthy": False, "served": None, "metrics": {},
+           "error": None}
     if row["url"] is None:
-        row["error"] = "API on loopback only: use `pytest tests/infra` (runs the checks on the host)"
-        return row
+        return {**row, **on_host_status(on_host, chat)}
     headers = api_headers(s.api_key)
     try:
         health, _ = asked(row["url"], serving.HEALTH, s.served_model_name, {})
@@ -75,11 +83,41 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False) -> dict:
     return row
 
 
+def on_host_status(engine: dict | None, chat: bool) -> dict:
+    """A row's health, served models, load and (`chat`) the chat probe's answer from the engine asked on the
+    host (engine_on_host). What the host sent is checked, not trusted: a malformed report counts for nothing."""
+    if engine is None:
+        return {"via": "ssh"}
+    report = engine.get("report") if isinstance(engine.get("report"), dict) else {}
+    models = report.get("models")
+    found = {"via": "ssh", "healthy": engine.get("serving") is True,
+             "served": [str(m) for m in models] if isinstance(models, list) else None,
+             "metrics": engine.get("metrics") or {},
+             "error": None if engine.get("serving") is True else str(engine.get("detail") or "no answer")}
+    if chat and found["healthy"] and isinstance(report.get("chat"), str):
+        found["chat"] = report["chat"]
+    return found
+
+
+def engine_on_host(host, s: Settings) -> dict:
+    """The engine asked on the host, as the converge asks a service (ServiceProbe: sparkfleet-health --once with
+    the serving file's probes, the key read there from engine.env, never sent on a command line), and the
+    load series of its /metrics."""
+    from sparkfleet.host.serving import EngineMetrics
+    from sparkfleet.host.services import ServiceProbe
+
+    probe = host.get_fact(ServiceProbe, port=s.api_port, served_name=s.served_model_name, kind="chat",
+                          container=s.container_name)
+    text = host.get_fact(EngineMetrics, port=paths.engine_port(s.api_port), names=METRICS)
+    metrics = read_metrics(text or "")
+    return {**probe, "metrics": {name: value for name, value in metrics.items() if name in METRICS}}
+
+
 def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False) -> dict:
-    """One host's `status` row: its API (host_status) and what it says over SSH (facts: None when it did not
-    answer). Healthy: the API serves the model, the unit is active, every RAG service answers and the
+    """One host's `status` row: its engine (host_status) and what it says over SSH (facts: None when it did not
+    answer). Healthy: the engine serves the model, the unit is active, every RAG service answers and the
     watchdog has no problem for a person."""
-    row = host_status(name, s, data, chat=chat)
+    row = host_status(name, s, data, chat=chat, on_host=(facts or {}).get("engine"))
     row["ssh"] = facts
     row["healthy"] = row["healthy"] and facts is not None and facts["unit_active"] and all(
         svc["serving"] for svc in facts["services"].values())
@@ -88,6 +126,8 @@ def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool 
         row["healthy"], row["error"] = False, problem + (f"; {row['error']}" if row["error"] else "")
     if facts is None:
         row["error"] = "unreachable over SSH" + (f"; {row['error']}" if row["error"] else "")
+    elif row["via"] == "ssh" and "engine" not in facts:
+        row["error"] = "API on loopback only, and its engine was not asked on the host"
     return row
 
 
@@ -158,9 +198,10 @@ def host_cell(row: dict) -> str:
     return f"{row['host']} ({roles})"
 
 
-def ssh_facts(host, group=None) -> dict:
+def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     """What the host itself says: driver, CUDA, toolkit, release, verified model, unit state; a group
-    member's Ray unit state too, and on a group's head what its Ray sees (the head's Ray check)."""
+    member's Ray unit state too, and on a group's head what its Ray sees (the head's Ray check); with its
+    `settings`, an engine the controller cannot reach asked on the host ("engine": engine_on_host)."""
     from pyinfra.facts.deb import DebPackage
     from pyinfra.facts.systemd import SystemdStatus
 
@@ -188,6 +229,8 @@ def ssh_facts(host, group=None) -> dict:
         facts["ray_active"] = bool(units.get(paths.RAY_UNIT_NAME))
     if group and group.head == host.name:
         facts["ray"] = ray_check(host, group)
+    if settings is not None and asked_on_host(settings, group, host.name):
+        facts["engine"] = engine_on_host(host, settings)
     return facts
 
 
@@ -230,3 +273,58 @@ def services_cell(services: dict) -> str:
     return ", ".join(literal(f"{name}:{svc['port']} ") + (
         "answers" if svc["serving"] else f"[red]NOT answering[/] ({literal(str(svc['detail'])[:80])})")
         for name, svc in services.items()) or "-"
+
+
+WIDE_COLUMNS = ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog", "served",
+                "services", "run", "wait", "KV", "detail")
+NARROW_COLUMNS = ("host", "release", "health", "served", "detail")
+
+
+def health_cell(row: dict) -> str:
+    if row["ssh"] is None:
+        return "[red]unreachable[/]"
+    return "[green]healthy[/]" if row["healthy"] else "[red]unhealthy[/]"
+
+
+def metric_cell(metrics: dict, name: str, form: str) -> str:
+    """A load series' value; "-" when the engine did not report it (or was not reached)."""
+    return format(metrics[name], form) if name in metrics else "-"
+
+
+def hidden_problems(row: dict) -> list[str]:
+    """What the wide table's unit, model and services columns would show in red, for the narrow table's detail."""
+    f = row["ssh"]
+    if f is None:
+        return []
+    problems = [] if f.get("unit_active") else ["engine unit inactive"]
+    if f.get("model_verified") is False:
+        problems.append("model NOT verified")
+    problems += [f"service {name} NOT answering ({str(svc['detail'])[:80]})"
+                 for name, svc in (f.get("services") or {}).items() if not svc["serving"]]
+    return problems
+
+
+def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """`status`'s (columns, cells): every column on a wide console; host, release, health, served and detail
+    on a narrow one, the detail then naming what the dropped columns would have shown in red. A host that did
+    not answer over SSH shows "-" for all it did not say."""
+    from sparkfleet.host.serving import watchdog_cell
+
+    cells = []
+    for row in rows:
+        f, m = row["ssh"] or {}, row["metrics"] or {}
+        release = literal(f.get("release_id") or "-")
+        served = literal(", ".join(map(str, row["served"] or [])) or "-")
+        if not wide:
+            detail = "; ".join(([row["error"]] if row["error"] else []) + hidden_problems(row))
+            cells.append((literal(host_cell(row)), release, health_cell(row), served, literal(detail)))
+            continue
+        unit = "-" if row["ssh"] is None else "active" if f.get("unit_active") else "[red]inactive[/]"
+        cells.append((
+            literal(host_cell(row)), *(literal(f.get(key) or "-") for key in ("driver", "cuda", "toolkit")), release,
+            {True: "verified", False: "[red]NOT verified[/]"}.get(f.get("model_verified"), "-"), unit,
+            health_cell(row), watchdog_cell(f.get("watchdog")), served, services_cell(f.get("services") or {}),
+            metric_cell(m, "vllm:num_requests_running", "g"), metric_cell(m, "vllm:num_requests_waiting", "g"),
+            metric_cell(m, "vllm:kv_cache_usage_perc", ".0%"), literal(row["error"] or ""),
+        ))
+    return (WIDE_COLUMNS if wide else NARROW_COLUMNS), cells

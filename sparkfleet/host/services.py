@@ -7,6 +7,7 @@ that does not match it is ignored, never acted on.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -47,8 +48,14 @@ class ServiceProbe(FactBase[dict]):
         return f"out=$({check.get_raw_value()} 2>&1); rc=$?; printf '%s\\n' \"$out\" | tail -1; echo \"rc=$rc\""
 
     def process(self, output):
+        """{"serving", "detail": the helper's last line, "report": its JSON report when serving (models, chat)}."""
         detail = output[-2] if len(output) > 1 else ""
-        return {"serving": output[-1:] == ["rc=0"], "detail": detail[-300:]}
+        serving = output[-1:] == ["rc=0"]
+        try:
+            report = json.loads(detail) if serving else None
+        except ValueError:
+            report = None
+        return {"serving": serving, "detail": detail[-300:], "report": report if isinstance(report, dict) else None}
 
 
 class UnitStarting(FactBase[bool]):

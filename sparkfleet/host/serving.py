@@ -4,6 +4,7 @@ that does not answer (restart, then the full health gate). A healthy host costs 
 from __future__ import annotations
 
 import json
+import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
@@ -68,6 +69,23 @@ class ServingProbe(FactBase[dict]):
             return json.loads(output[-1])
         except (ValueError, IndexError):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
+
+
+class EngineMetrics(FactBase[str]):
+    """The engine's /metrics lines of the series `names`, read on the host: `status` of an engine on loopback
+    (no key: vLLM's key guards /v1 only). Empty when nothing answered."""
+
+    @staticmethod
+    def default() -> str:
+        return ""
+
+    def command(self, port: int, names: tuple[str, ...]):
+        wanted = shlex.quote("^(" + "|".join(names) + ")[{ ]")
+        return (f"curl -fsS --max-time 5 http://{paths.ENGINE_HOST}:{int(port)}/metrics 2>/dev/null"
+                f" | grep -E {wanted} || true")
+
+    def process(self, output):
+        return "\n".join(output)
 
 
 @operation()

@@ -1,0 +1,135 @@
+"""`plan` shows the front door as its stage builds it (users by name, TLS, the HAProxy config) and refuses what
+the stage would; an inventory whose own code fails is one line naming it, for every command that loads one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkfleet import cli
+from sparkfleet.fleet import front_door as fd
+from sparkfleet.release.plan import plan_hosts
+
+from .helpers import KEY, host_data
+
+ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
+
+
+def write_inventory(tmp_path, door: dict | None = None, **serving) -> str:
+    """Three Sparks on the LAN with one key, the first two in group `front_door`."""
+    data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
+            "front_door_allow_http": True, **serving, **(door or {})}
+    path = tmp_path / "office.py"
+    path.write_text(f"_d = {data!r}\n"
+                    "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2, 3)]\n"
+                    "front_door = sparks[:2]\n")
+    return str(path)
+
+
+def plan(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main(["plan", *argv, "--offline"])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_plan_shows_each_front_door_with_users_by_name_and_no_key(tmp_path, capsys):
+    rc, out, err = plan(capsys, write_inventory(tmp_path))
+    assert rc == 0, err
+    assert "spark-1: front door" in out and "spark-2: front door" in out and "spark-3: front door" not in out
+    assert "alice, bob" in out and "plain http" in out and "server spark-3 10.0.0.3:8000" in out
+    assert ALICE not in out and BOB not in out and KEY not in out
+
+
+def test_plan_json_holds_the_config_the_stage_writes(tmp_path, capsys):
+    inventory = write_inventory(tmp_path)
+    rc, out, err = plan(capsys, inventory, "--json")
+    doors = json.loads(out)["front_doors"]
+    assert rc == 0 and [d["host"] for d in doors] == ["spark-1", "spark-2"], err
+    assert doors[0]["users"] == ["alice", "bob"] and doors[0]["tls"] is False
+    assert [b["target"] for b in doors[0]["backends"]] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+    data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
+            "front_door_allow_http": True}
+    plans = {p.name: p for p in plan_hosts([(f"spark-{n}", host_data(**data, ssh_hostname=f"10.0.0.{n}"))
+                                            for n in (1, 2, 3)])}
+    assert doors[0]["config"] == fd.front_door_plan("spark-1", plans).config()
+    assert ALICE not in out and BOB not in out and KEY not in out
+
+
+def test_plan_limited_to_a_door_shows_every_engine_behind_it(tmp_path, capsys):
+    inventory = write_inventory(tmp_path)
+    rc, out, err = plan(capsys, inventory, "--json", "--host", "spark-2")
+    [door] = json.loads(out)["front_doors"]
+    assert rc == 0 and [h["name"] for h in json.loads(out)["hosts"]] == ["spark-2"], err
+    assert [b["host"] for b in door["backends"]] == ["spark-1", "spark-2", "spark-3"]
+    rc, out, err = plan(capsys, inventory, "--json", "--host", "spark-3")
+    assert rc == 0 and "front_doors" not in json.loads(out)
+
+
+def test_plan_names_tls_files_when_they_are_there(tmp_path, capsys):
+    (tmp_path / "llm.crt").write_text("CERT\n")
+    (tmp_path / "llm.key").write_text("KEY\n")
+    tls = {"front_door_tls_cert": str(tmp_path / "llm.crt"), "front_door_tls_key": str(tmp_path / "llm.key")}
+    rc, out, err = plan(capsys, write_inventory(tmp_path, tls), "--json")
+    door = json.loads(out)["front_doors"][0]
+    assert rc == 0 and door["tls"] is True and door["tls_cert"] == tls["front_door_tls_cert"], err
+    assert "ssl crt" in door["config"] and "KEY\n" not in out and "CERT" not in out
+
+
+def test_missing_tls_files_are_one_line_each_naming_the_file_and_the_fix(tmp_path, capsys):
+    tls = {"front_door_tls_cert": str(tmp_path / "gone.crt"), "front_door_tls_key": str(tmp_path / "gone.key")}
+    rc, out, err = plan(capsys, write_inventory(tmp_path, tls))
+    assert (rc, out) == (2, "")
+    problems = err.splitlines()[1:]
+    assert len(problems) == 4 and all("give a readable PEM file" in line for line in problems), err
+    assert f"spark-1: setting `front_door_tls_cert`: cannot read {tmp_path / 'gone.crt'}" in err
+    assert f"spark-2: setting `front_door_tls_key`: cannot read {tmp_path / 'gone.key'}" in err
+
+
+def test_plan_refuses_a_door_the_stage_would_refuse(tmp_path, capsys):
+    """Engines on loopback are out of a front door's reach: plan says so now, not the converge later."""
+    rc, out, err = plan(capsys, write_inventory(tmp_path, api_host="127.0.0.1"))
+    assert (rc, out) == (2, "") and "api_host 127.0.0.1 is loopback" in err
+
+
+def test_a_door_without_users_says_nobody_gets_in(tmp_path, capsys):
+    rc, out, err = plan(capsys, write_inventory(tmp_path, {"front_door_users": {}, "front_door_allow_http": False}))
+    assert rc == 0 and "no key opens it" in out, err
+
+
+# --- an inventory whose own code fails -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failing_inventory(tmp_path):
+    """inventory/office_front_door.py's shape: its keys file read at load time, and that file missing."""
+    path = tmp_path / "office.py"
+    missing = tmp_path / "office-keys.json"
+    path.write_text("import json, pathlib\n"
+                    f"_secrets = json.loads(pathlib.Path({str(missing)!r}).read_text())\n"
+                    "sparks = [('spark-1', {'api_key': _secrets['api_key']})]\n")
+    return str(path), str(missing)
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "--offline"], ["status"], ["rollout"], ["rollback"], ["fetch"]])
+def test_a_failing_inventory_is_one_line_and_exit_2(failing_inventory, capsys, argv):
+    inventory, missing = failing_inventory
+    assert cli.main([argv[0], inventory, *argv[1:]]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (f"sparkfleet: inventory {inventory} failed to load: FileNotFoundError: "
+                                         f"{missing}: No such file or directory: fix it, or create what it reads\n")
+
+
+def test_bench_names_a_failing_inventory_too(failing_inventory, capsys):
+    inventory, missing = failing_inventory
+    assert cli.main(["bench", inventory]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sparkfleet bench: inventory {inventory} failed to load: FileNotFoundError: {missing}")
+
+
+def test_an_inventory_that_does_not_compile_is_one_line(tmp_path, capsys):
+    path = tmp_path / "typo.py"
+    path.write_text("sparks = [('spark-1', {)]\n")
+    assert cli.main(["plan", str(path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"sparkfleet: inventory {path} failed to load: SyntaxError: ")

@@ -1,0 +1,228 @@
+"""`status` with the defaults: an engine on loopback is asked on the host over SSH (the converge's service probe,
+sparkfleet-health --once), so a healthy fleet exits 0; a narrow terminal gets a readable table; a host that did
+not answer shows "-" and why."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+from rich.console import Console
+
+from sparkfleet import cli
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import parse_settings
+from sparkfleet.fleet import converge, front_door, status
+from sparkfleet.host.serving import EngineMetrics
+from sparkfleet.host.services import ServiceProbe
+
+from .helpers import KEY, Server, host_data, make_model
+from .test_serving_contract import run_health, write_serving
+
+NAME = "Qwen3.5-35B-A3B"  # the default served name
+LOOPBACK = parse_settings("spark-1", host_data(api_key=KEY))  # api_host = "127.0.0.1": the default
+
+
+def facts(engine: dict | None = None, **over) -> dict:
+    """What ssh_facts returns of a converged host whose engine `status` asked on the host."""
+    found = {"driver": "580.95.05", "cuda": "13.0", "toolkit": "1.18.1-1", "release_id": "abc123def456",
+             "model_verified": True, "unit_active": True, "services": {},
+             "watchdog": {"last_probe_s_ago": 3, "last_result": "ok", "consecutive_failures": 0,
+                          "restarts_in_window": 0, "gave_up": False, "gpu_visible": True, "problem": None}}
+    if engine is not None:
+        found["engine"] = engine
+    return {**found, **over}
+
+
+SERVING = {"serving": True, "detail": "", "report": {"models": [NAME], "chat": "Hello"},
+           "metrics": {"vllm:num_requests_running": 2.0}}
+
+
+def test_the_defaults_ask_the_engine_on_the_host():
+    assert LOOPBACK.api_host == "127.0.0.1" and status.asked_on_host(LOOPBACK)
+    lan = parse_settings("spark-1", host_data(api_host="0.0.0.0", api_key=KEY))
+    reached = parse_settings("spark-1", host_data(controller_api_url="http://127.0.0.1:18000"))
+    assert not status.asked_on_host(lan) and not status.asked_on_host(reached)
+
+
+def test_a_groups_worker_runs_no_engine_to_ask():
+    class Group:
+        head = "spark-1"
+
+    assert status.asked_on_host(LOOPBACK, Group(), "spark-1") and not status.asked_on_host(LOOPBACK, Group(), "spark-2")
+
+
+def test_the_probe_on_the_host_sends_no_key_on_its_command_line():
+    """ServiceProbe hands the helper the root-only env file; the key itself stays in it."""
+    command = ServiceProbe().command(port=LOOPBACK.api_port, served_name=NAME, kind="chat",
+                                     container=LOOPBACK.container_name)
+    assert f"--env-file {paths.ENGINE_ENV}" in command and f"--port {paths.engine_port(LOOPBACK.api_port)}" in command
+    assert KEY not in command and LOOPBACK.api_key not in command
+
+
+def test_a_loopback_engine_asked_on_the_host_is_healthy_with_its_models_load_and_chat():
+    row = status.host_row("spark-1", LOOPBACK, host_data(), facts(SERVING), chat=True)
+    assert (row["healthy"], row["error"], row["via"], row["url"]) == (True, None, "ssh", None)
+    assert row["served"] == [NAME] and row["chat"] == "Hello" and row["metrics"] == SERVING["metrics"]
+    assert "chat" not in status.host_row("spark-1", LOOPBACK, host_data(), facts(SERVING))
+
+
+def test_a_loopback_engine_that_does_not_answer_names_the_helpers_line():
+    down = {"serving": False, "detail": "health: /v1/models: HTTP 401", "report": None, "metrics": {}}
+    row = status.host_row("spark-1", LOOPBACK, host_data(), facts(down), chat=True)
+    assert (row["healthy"], row["error"], row["served"]) == (False, "health: /v1/models: HTTP 401", None)
+    assert "chat" not in row
+
+
+def test_a_hosts_malformed_report_counts_for_nothing():
+    odd = {"serving": "yes", "detail": "", "report": {"models": "[/]", "chat": 7}, "metrics": {}}
+    row = status.host_row("spark-1", LOOPBACK, host_data(), facts(odd), chat=True)
+    assert (row["healthy"], row["served"]) == (False, None) and "chat" not in row
+
+
+def test_a_host_that_did_not_answer_over_ssh_says_so_once():
+    row = status.host_row("spark-1", LOOPBACK, host_data(), None)
+    assert (row["healthy"], row["error"]) == (False, "unreachable over SSH")
+
+
+def test_the_real_helpers_report_makes_the_row(tmp_path, monkeypatch, capsys):
+    """sparkfleet-health --once (what ServiceProbe runs) against the stand-in engine: its last line, read by
+    ServiceProbe.process, gives the row its models and chat; a wrong key gives the helper's one line."""
+    engine = Server(make_model(tmp_path / "model"), "--served-model-name", NAME, "--api-key", KEY)
+    try:
+        env_file = tmp_path / "engine.env"
+        env_file.write_text(f"VLLM_API_KEY={KEY}\n")
+        args = ["--serving", str(write_serving(tmp_path / "serving.json")), "--port", str(engine.port),
+                "--served-name", NAME, "--container", "vllm", "--env-file", str(env_file), "--once"]
+        rc, out, err = run_health(monkeypatch, capsys, *args)
+        probe = ServiceProbe().process([*out.splitlines(), f"rc={rc}"])
+        metrics = EngineMetrics().command(port=engine.port, names=status.METRICS)
+        text = subprocess.run(["bash", "-c", metrics], capture_output=True, text=True, timeout=30).stdout
+        env_file.write_text("VLLM_API_KEY=wrong\n")
+        rc_bad, out_bad, err_bad = run_health(monkeypatch, capsys, *args)
+    finally:
+        engine.stop()
+    assert rc == 0 and probe["report"]["models"] == [NAME], err
+    lines = text.splitlines()
+    assert sorted(line.split("{")[0] for line in lines) == sorted(status.METRICS), text
+    row = status.host_row("spark-1", LOOPBACK, host_data(), facts({**probe, "metrics": {}}), chat=True)
+    assert (row["healthy"], row["served"]) == (True, [NAME]) and isinstance(row["chat"], str)
+    bad = ServiceProbe().process([*(out_bad + err_bad).splitlines(), f"rc={rc_bad}"])
+    assert (bad["serving"], bad["report"], bad["detail"]) == (False, None, "health: /v1/models: HTTP 401")
+
+
+def test_engine_metrics_reads_nothing_from_a_closed_port():
+    command = EngineMetrics().command(port=9, names=status.METRICS)
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "")
+
+
+# --- the command -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def defaults_inventory(tmp_path):
+    """Two Sparks with nothing but their addresses: every setting its default (an engine on loopback)."""
+    path = tmp_path / "office.py"
+    path.write_text("sparks = [('spark-1', {'ssh_hostname': '10.0.0.1'}), ('spark-2', {'ssh_hostname': '10.0.0.2'})]\n")
+    return str(path)
+
+
+def fake_fleet(monkeypatch, found: dict):
+    """status over SSH without hosts: read_hosts calls the reader per host; ssh_facts answers `found[name]`
+    (None: the host did not answer) and records the settings it was handed."""
+    handed = {}
+
+    class Host:
+        def __init__(self, name):
+            self.name = name
+
+    def ssh_facts(host, group=None, settings=None):
+        handed[host.name] = settings
+        return found[host.name]
+
+    monkeypatch.setattr(converge, "read_hosts", lambda inv, names, reader: {
+        n: None if found[n] is None else reader(Host(n)) for n in names})
+    monkeypatch.setattr(status, "ssh_facts", ssh_facts)
+    monkeypatch.setattr(front_door, "front_door_status", lambda inv: None)
+    return handed
+
+
+def test_status_of_a_fleet_converged_with_the_defaults_exits_0(defaults_inventory, monkeypatch, capsys):
+    handed = fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(SERVING)})
+    assert cli.main(["status", defaults_inventory, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["hosts"]
+    assert [(r["host"], r["healthy"], r["via"], r["served"]) for r in rows] == [
+        ("spark-1", True, "ssh", [NAME]), ("spark-2", True, "ssh", [NAME])]
+    assert all(s.api_host == "127.0.0.1" for s in handed.values()) and set(handed) == {"spark-1", "spark-2"}
+
+
+def test_status_exits_1_naming_what_failed(defaults_inventory, monkeypatch, capsys):
+    down = {"serving": False, "detail": "health: /health: <urlopen error [Errno 111] Connection refused>",
+            "report": None, "metrics": {}}
+    fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(down)})
+    assert cli.main(["status", defaults_inventory, "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["hosts"]
+    assert [(r["healthy"], r["error"]) for r in rows] == [(True, None), (False, down["detail"])]
+
+
+def narrow_console(monkeypatch, width: int) -> list[Console]:
+    made = []
+
+    def console(stderr: bool = False):
+        made.append(Console(width=width, record=True, emoji=False, file=open("/dev/null", "w")))
+        return made[-1]
+
+    monkeypatch.setattr(cli, "console", console)
+    return made
+
+
+def header(text: str) -> list[str]:
+    """The column names of a printed table's header line."""
+    line = next(line for line in text.splitlines() if " host " in line)
+    return [cell.strip() for cell in re.split("[┃│]", line) if cell.strip()]
+
+
+def test_a_narrow_terminal_gets_five_columns_that_fit(defaults_inventory, monkeypatch):
+    made = narrow_console(monkeypatch, 80)
+    sick = facts(SERVING, unit_active=False, services={"embed": {"kind": "embedding", "port": 8001, "serving": False,
+                                                                   "detail": "health: /health: timed out"}})
+    fake_fleet(monkeypatch, {"spark-1": sick, "spark-2": None})
+    assert cli.main(["status", defaults_inventory]) == 1
+    text = made[0].export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert header(text) == list(status.NARROW_COLUMNS)
+    rows = [status.host_row("spark-1", LOOPBACK, host_data(), sick), unreachable_row()]
+    _, [one, two] = status.status_table(rows, wide=False)
+    assert one[-1] == "engine unit inactive; service embed NOT answering (health: /health: timed out)"
+    assert two[-1] == "unreachable over SSH"
+
+
+def test_a_wide_terminal_keeps_every_column(defaults_inventory, monkeypatch):
+    made = narrow_console(monkeypatch, 220)
+    fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(SERVING)})
+    assert cli.main(["status", defaults_inventory]) == 0
+    assert header(made[0].export_text()) == list(status.WIDE_COLUMNS)
+
+
+def unreachable_row() -> dict:
+    return status.host_row("spark-2", LOOPBACK, host_data(), None)
+
+
+def test_an_unreachable_host_shows_dashes_and_why_in_both_tables():
+    _, [wide] = status.status_table([unreachable_row()], wide=True)
+    host, *cells, detail = wide
+    health = cells[status.WIDE_COLUMNS.index("health") - 1]
+    assert (host, health, detail) == ("spark-2", "[red]unreachable[/]", "unreachable over SSH")
+    assert [c for c in cells if c != health] == ["-"] * (len(status.WIDE_COLUMNS) - 3), wide
+    _, [narrow] = status.status_table([unreachable_row()], wide=False)
+    assert narrow == ("spark-2", "-", "[red]unreachable[/]", "-", "unreachable over SSH")
+
+
+def test_a_reached_host_shows_its_load():
+    row = status.host_row("spark-1", LOOPBACK, host_data(), facts({**SERVING, "metrics": {
+        "vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.25}}))
+    _, [cells] = status.status_table([row], wide=True)
+    assert cells[-4:-1] == ("2", "0", "25%") and cells[status.WIDE_COLUMNS.index("unit")] == "active"
