@@ -4,6 +4,6 @@
     python -m sparkfleet rollback inventory/office.py [--limit HOST]
 """
 
-from tasks.rollback import rollback
+from sparkfleet.tasks.rollback import rollback
 
 rollback()

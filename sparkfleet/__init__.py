@@ -8,7 +8,8 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def _resource(name: str) -> Path:
-    """Installed, the templates, host files and stages ship inside the package; in a checkout they sit beside it."""
+    """Installed, the templates, host files, defaults and recipes ship inside the package; in a checkout they sit
+    beside it."""
     inside = _PACKAGE / name
     return inside if inside.is_dir() else _PACKAGE.parent / name
 
@@ -17,5 +18,8 @@ TEMPLATES_DIR = _resource("templates")
 FILES_DIR = _resource("files")
 DEFAULTS_FILE = _resource("group_data") / "all.py"
 RECIPES_DIR = _resource("recipes")  # the recipe catalogue: one TOML file per recipe
-# The project a command works in: this checkout, or (installed) the current directory.
+DEPLOYS_DIR = _PACKAGE / "deploys"  # the deploy files the fleet commands run when the project has none of its own
+# The project a command works in, as for `pyinfra`: this checkout (its deploy.py beside the package) or, installed,
+# the current directory. Its deploy.py / rollback.py, when present, replace the packaged ones; its group_data/ is
+# read, and so is the one beside the inventory (pyinfra's make_inventory reads both).
 PROJECT_ROOT = _PACKAGE.parent if (_PACKAGE.parent / "deploy.py").exists() else Path.cwd()

@@ -2,7 +2,8 @@
 
 The CLI runs one deploy over a whole inventory; a rollout needs batches,
 each judged before the next starts (pyinfra's --serial does not stop on
-failure). This is the same deploy.py, run per batch.
+failure). This is the same deploy.py, run per batch: the project's own
+when it has one, else the one the package ships (`deploy_path`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyinfra.api import Config, State
 from pyinfra.api.connect import connect_all, disconnect_all
@@ -19,7 +21,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
-from sparkfleet import PROJECT_ROOT
+from sparkfleet import DEPLOYS_DIR, PROJECT_ROOT
 from sparkfleet.host.operations import health_gate_results
 
 
@@ -64,9 +66,16 @@ def read_hosts(inventory_path: str, hosts: list[str], reader) -> dict[str, dict 
         return {h.name: None if h in state.failed_hosts else reader(h) for h in limit}
 
 
+def deploy_path(name: str, project: Path = PROJECT_ROOT) -> Path:
+    """The deploy file `name` (deploy.py, rollback.py) a fleet command runs: the project's own when it holds one
+    (pyinfra's convention, a file beside where the command runs), else the one sparkfleet ships."""
+    own = project / name
+    return own if own.is_file() else DEPLOYS_DIR / name
+
+
 def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                deploy_file: str = "deploy.py") -> dict[str, HostResult]:
-    """Run deploy_file on `hosts` (names in the inventory); results per host."""
+    """Run deploy_file (`deploy_path` finds it) on `hosts` (names in the inventory); results per host."""
     results = {name: HostResult(name) for name in hosts}
     with connected(inventory_path, hosts, data) as (state, limit):
         for host in limit:
@@ -75,11 +84,11 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                 results[host.name].failed.append("unreachable over SSH")
         if len(state.failed_hosts) < len(limit):
             try:
-                load_deploy_file(state, str(PROJECT_ROOT / deploy_file))
+                load_deploy_file(state, str(deploy_path(deploy_file)))
                 run_ops(state)
-            except PyinfraError as exc:  # e.g. "No hosts remaining!": every host in the batch failed
+            except PyinfraError as exc:  # a refusal while loading (nothing ran), or "No hosts remaining!"
                 for host in limit:
-                    if host in state.failed_hosts and not results[host.name].failed:
+                    if not results[host.name].failed:
                         results[host.name].failed.append(str(exc))
         for op_hash in state.get_op_order():
             name = sorted(state.op_meta[op_hash].names)[0]

@@ -3,8 +3,7 @@
 pyinfra loads every host's deploy code at the same time (one greenlet each): what the hosts of a run share (the
 inventory's plans, each host's preflight reading, each group's, the health gates a rollout judges) lives in one
 `Run`, made on first use for pyinfra's state and held here, not as attributes on that state. The stage results
-live here too, not in `tasks/`: a checkout imports the stages as `tasks.*` and an installed package as
-`sparkfleet.tasks.*`, and this module is spelled the same from both (and from `host/operations`, its lowest user).
+live here too, not in `sparkfleet/tasks/`: `host/operations`, their lowest user, sits layers below the stages.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`pip install .` into a fresh virtual environment: the `sparkfleet` command and the stages, installed.
+"""`pip install .` into a fresh virtual environment: the `sparkfleet` command, the stages and deploy files, installed.
 
 Needs the package index (not the simulated fleet): e2e, about 30 s with pip's cache warm.
 """
@@ -18,7 +18,7 @@ from .conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 # What a clean clone hands to `pip install .` (tests, tools and the simulator stay out).
-SOURCES = ("pyproject.toml", "README.md", "sparkfleet", "tasks", "templates", "files", "group_data", "recipes")
+SOURCES = ("pyproject.toml", "README.md", "sparkfleet", "templates", "files", "group_data", "recipes")
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,17 @@ def test_sparkfleet_plan_prints_the_office_fleet(installed):
     assert "Traceback" not in proc.stderr
 
 
-def test_the_stages_and_their_files_come_from_the_package(installed):
-    proc = run(installed, "python", "-c", "import sparkfleet, sparkfleet.tasks.preflight, sparkfleet.tasks.model; "
-               "print(sparkfleet.TEMPLATES_DIR, sparkfleet.FILES_DIR, sparkfleet.DEFAULTS_FILE, sep='\\n')")
+def installed_paths(installed, code: str) -> list[str]:
+    """What `code` prints, one path a line, run by the installed python in the project directory."""
+    proc = run(installed, "python", "-c", code)
     assert proc.returncode == 0, proc.stderr
-    templates, files, defaults = proc.stdout.split()
+    return proc.stdout.split()
+
+
+def test_the_stages_and_their_files_come_from_the_package(installed):
+    templates, files, defaults = installed_paths(
+        installed, "import sparkfleet, sparkfleet.tasks.preflight, sparkfleet.tasks.model, sparkfleet.tasks.rollback; "
+        "print(sparkfleet.TEMPLATES_DIR, sparkfleet.FILES_DIR, sparkfleet.DEFAULTS_FILE, sep='\\n')")
     for path, inside in ((templates, "site-packages/sparkfleet/templates"),
                          (files, "site-packages/sparkfleet/files"),
                          (defaults, "site-packages/sparkfleet/group_data/all.py")):
@@ -73,11 +79,24 @@ def test_the_stages_and_their_files_come_from_the_package(installed):
     assert os.path.exists(os.path.join(files, "sparkfleet-fetch"))
 
 
-def test_example_deploy_imports_the_installed_stages_and_refuses_bad_settings(installed):
-    """examples/my_deploy.py under pyinfra: every stage imported from the package, the plan made, no host touched."""
+def test_a_project_without_deploy_files_runs_the_packaged_ones(installed):
+    """The project directory holds an inventory and my_deploy.py only: the fleet commands run the package's files."""
+    paths = installed_paths(installed, "from sparkfleet.fleet.converge import deploy_path; "
+                                       "print(deploy_path('deploy.py'), deploy_path('rollback.py'), sep='\\n')")
+    assert [p.split("site-packages/")[-1] for p in paths] == ["sparkfleet/deploys/deploy.py",
+                                                             "sparkfleet/deploys/rollback.py"]
+    assert all(os.path.isfile(p) for p in paths)
+
+
+@pytest.mark.parametrize("deploy", ["my_deploy.py", "packaged", "sparkfleet.tasks.converge"])
+def test_deploys_import_the_installed_stages_and_refuse_bad_settings(installed, deploy):
+    """examples/my_deploy.py, the packaged deploy file and the entry point under pyinfra: the stages imported from
+    the package, the plan made, no host touched."""
     _, project = installed
+    if deploy == "packaged":
+        [deploy] = installed_paths(installed, "import sparkfleet; print(sparkfleet.DEPLOYS_DIR / 'deploy.py')")
     (project / "local.py").write_text("sparks = [('@local', {'kv_cache_dtype': 'fp8'})]\n")
-    proc = run(installed, "pyinfra", "-y", "local.py", "my_deploy.py")
+    proc = run(installed, "pyinfra", "-y", "local.py", deploy)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
     assert "invalid settings; no host was changed" in output and 'set kv_cache_dtype = "auto"' in output

@@ -311,7 +311,7 @@ def test_a_host_back_to_single_sets_its_ray_unit_aside(host_dirs):
 
 
 def test_a_kept_record_of_an_unknown_role_or_group_is_refused():
-    from tasks.rollback import ray_members, role_problem
+    from sparkfleet.tasks.rollback import ray_members, role_problem
 
     source = "/etc/sparkfleet/previous/release.json"
     worker = {"role": "worker", "group": {**PAIR.to_dict()}}

@@ -14,7 +14,7 @@ from sparkfleet.contract import formats, paths
 from sparkfleet.contract.shared import MODULE_FILE, host_module
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = [p for top in ("sparkfleet", "files", "templates", "tasks") for p in sorted((ROOT / top).rglob("*"))
+PRODUCT = [p for top in ("sparkfleet", "files", "templates") for p in sorted((ROOT / top).rglob("*"))
            if p.is_file() and p.suffix not in (".pyc", ".json", ".lock")] + [ROOT / "deploy.py", ROOT / "rollback.py"]
 
 

@@ -9,13 +9,16 @@ from pathlib import Path
 import sparkfleet
 
 PACKAGE = Path(sparkfleet.__file__).resolve().parent
-# Bottom to top. The package root (resource paths) and `tables` (one renderer) import nothing of sparkfleet.
-LAYERS = ["root", "contract", "model", "release", "host", "controller", "fleet", "cli"]
-TOP_MODULES = {"__init__": "root", "tables": "root", "cli": "cli", "__main__": "cli"}
+# Bottom to top. The package root (resource paths) and `tables` (one renderer) import nothing of sparkfleet; the
+# stages (`tasks`) and the deploy files that run them (`deploys`) sit on top: the fleet commands load deploy files
+# by path, and nothing else in the package imports them.
+LAYERS = ["root", "contract", "model", "release", "host", "controller", "fleet", "cli", "stages"]
+TOP_MODULES = {"__init__": "root", "tables": "root", "cli": "cli", "__main__": "cli", "tasks": "stages",
+               "deploys": "stages"}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -28,7 +31,7 @@ def layer(module: str) -> str:
     return TOP_MODULES.get(parts[1], parts[1])
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, package: Path = PACKAGE) -> set[str]:
     """Every sparkfleet module a file imports, at the top or inside a function (a lazy import is still an arrow)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -36,15 +39,19 @@ def imports(path: Path) -> set[str]:
             found.update(a.name for a in node.names if a.name.startswith("sparkfleet"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparkfleet"):
             for alias in node.names:
-                candidate = f"{node.module}.{alias.name}"
-                is_module = (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists() or \
-                    (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
-                found.add(candidate if is_module else node.module)
+                candidate = package.parent / f"{node.module}.{alias.name}".replace(".", "/")
+                is_module = candidate.with_suffix(".py").exists() or candidate.is_dir()
+                found.add(f"{node.module}.{alias.name}" if is_module else node.module)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    return {module_name(p, package): imports(p, package) for p in package.rglob("*.py")}
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{src} ({layer(src)}) -> {dst} ({layer(dst)})" for src, targets in edges.items()
+                  for dst in targets if LAYERS.index(layer(dst)) > LAYERS.index(layer(src)))
 
 
 def test_every_package_is_a_known_layer():
@@ -52,10 +59,21 @@ def test_every_package_is_a_known_layer():
 
 
 def test_no_import_runs_back_up():
-    upward = sorted(f"{src} ({layer(src)}) -> {dst} ({layer(dst)})"
-                    for src, targets in graph().items() for dst in targets
-                    if LAYERS.index(layer(dst)) > LAYERS.index(layer(src)))
-    assert upward == []
+    assert upward(graph()) == []
+
+
+def test_the_check_sees_an_upward_import_even_a_lazy_one(tmp_path):
+    package = tmp_path / "sparkfleet"
+    for name, text in {"__init__.py": "", "contract/__init__.py": "", "contract/paths.py": "",
+                       "fleet/__init__.py": "from sparkfleet.contract import paths\n",
+                       "fleet/rollout.py": "",
+                       "contract/settings.py": "from sparkfleet.fleet import rollout\n",
+                       "cli.py": "def main():\n    from sparkfleet.tasks import converge\n",
+                       "tasks/__init__.py": "from sparkfleet.fleet.rollout import x\n"}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    assert upward(graph(package)) == ["sparkfleet.cli (cli) -> sparkfleet.tasks (stages)",
+                                      "sparkfleet.contract.settings (contract) -> sparkfleet.fleet.rollout (fleet)"]
 
 
 def test_no_circle_between_modules():
@@ -80,5 +98,6 @@ def test_no_circle_between_modules():
     assert circles == []
 
 
-def test_the_stages_are_imported_by_nothing_in_the_package():
-    assert not [m for m, targets in graph().items() for t in targets if t.startswith("sparkfleet.tasks")]
+def test_the_deploy_files_are_imported_by_nothing():
+    """A deploy file runs its stages when executed: pyinfra executes it once per host, an import would run it once."""
+    assert not [m for m, targets in graph().items() for t in targets if t.startswith("sparkfleet.deploys.")]

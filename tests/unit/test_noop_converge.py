@@ -23,9 +23,9 @@ from sparkfleet.host.facts import JsonObject
 from sparkfleet.host.run import ModelResult
 from sparkfleet.release.image import ImagePin
 from sparkfleet.release.plan import plan_hosts
-from tasks.guard import guard
-from tasks.service import service
-from tasks.watchdog import watchdog
+from sparkfleet.tasks.guard import guard
+from sparkfleet.tasks.service import service
+from sparkfleet.tasks.watchdog import watchdog
 from tests.unit.helpers import host_data
 
 BUDGET = 5  # round trips of a no-op converge, per host: issue 24 asked <= 15; these stages send 3 (and this test fails on ac40cca)

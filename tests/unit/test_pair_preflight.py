@@ -34,7 +34,8 @@ RAY_CHECK = ROOT / "files" / "sparkfleet-ray-check"
 IFACE = "enp1s0f0np0"
 PAIR = TensorParallelGroup(("spark-1", "spark-2"), ("10.0.0.1", "10.0.0.2"), IFACE, 9000, 6379)
 
-TestRayJoined = make_operation_tests("tasks", "health.ray_joined", Path(__file__).parent / "operations" / "ray_joined")
+TestRayJoined = make_operation_tests("sparkfleet.tasks", "health.ray_joined",
+                                     Path(__file__).parent / "operations" / "ray_joined")
 
 
 def ip_json(**link) -> list[str]:

@@ -105,24 +105,20 @@ def test_stage_results_are_frozen_and_named():
         runtime, fetched = result  # a result is not a tuple: unpacking it fails loudly, not by position
 
 
-@pytest.mark.parametrize("deploy_file", ["deploy.py", "examples/my_deploy.py"])
-def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, monkeypatch):
-    """deploy.py and the foreign example run their whole sequence against stand-ins that bind each call to the
-    real stage's signature and answer the real result types: a stage called with a stale shape fails here."""
-    import importlib
+STAGES = ("preflight", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door")
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """`converge`'s stages and helpers replaced by stand-ins that bind each call to the real stage's signature and
+    answer the real result types: a stage called with a stale shape fails. Yields (calls, plan, results)."""
     import inspect
-    import runpy
-    import sys
     from types import SimpleNamespace
 
-    from pyinfra.context import ctx_host
     from pyinfra.operations import files
 
-    import tasks
-    from sparkfleet.controller import prepare as prepare_mod
+    import sparkfleet.tasks as tasks
     from sparkfleet.host.run import ModelResult, ServiceResult
-    from sparkfleet.fleet import inventory as inventory_mod
-    from tests.unit.helpers import ROOT
 
     plan, facts = SimpleNamespace(name="spark-1"), SimpleNamespace(arch="aarch64")
     results = {"preflight": facts, "model": ModelResult(runtime="/opt/rt", fetched=None, services_fetched={}),
@@ -137,21 +133,54 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, monk
             return results.get(stage.__name__)
         return call
 
-    monkeypatch.setitem(sys.modules, "sparkfleet.tasks", tasks)
-    for name in ("preflight", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door"):
-        module = importlib.import_module(f"tasks.{name}")
-        monkeypatch.setitem(sys.modules, f"sparkfleet.tasks.{name}", module)
-        monkeypatch.setattr(module, name, stand_in(getattr(module, name)))
-    monkeypatch.setattr(inventory_mod, "plan_for", lambda state, host: plan)
-    monkeypatch.setattr(inventory_mod, "plans", lambda state: {"spark-1": plan})
-    monkeypatch.setattr(prepare_mod, "prepare", lambda plan, facts: "prepared")
-    monkeypatch.setattr(files, "directory", lambda **kwargs: None)
-    with ctx_host.use(SimpleNamespace(name="spark-1", groups=["front_door"])):
+    for name in STAGES:
+        monkeypatch.setattr(tasks, name, stand_in(getattr(tasks, name)))
+    monkeypatch.setattr(tasks, "plan_for", lambda state, host: plan)
+    monkeypatch.setattr(tasks, "plans", lambda state: {"spark-1": plan})
+    monkeypatch.setattr(tasks, "prepare", lambda plan, facts: "prepared")
+    monkeypatch.setattr(files, "directory", lambda **kwargs: calls.setdefault("own operation", kwargs))
+    return calls, plan, results
+
+
+@pytest.mark.parametrize("groups", [["front_door"], ["sparks"]])
+@pytest.mark.parametrize("deploy_file", ["deploy.py", "sparkfleet/deploys/deploy.py", "examples/my_deploy.py"])
+def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, groups, stand_ins):
+    """The checkout's deploy, the packaged one and the foreign example all run `converge`'s whole sequence."""
+    import runpy
+    from types import SimpleNamespace
+
+    from pyinfra.context import ctx_host
+
+    from tests.unit.helpers import ROOT
+
+    calls, plan, results = stand_ins
+    with ctx_host.use(SimpleNamespace(name="spark-1", groups=groups)):
         runpy.run_path(str(ROOT / deploy_file))
 
+    assert calls["preflight"] == {"plan": plan}
+    assert calls["container_toolkit"] == {"plan": plan, "arch": "aarch64"}
     assert calls["guard"] == {"plan": plan}
-    assert calls["model"] == {"plan": plan, "facts": facts, "prepared": "prepared"}
+    assert calls["model"] == {"plan": plan, "facts": results["preflight"], "prepared": "prepared"}
     assert calls["service"]["model_result"] is results["model"]
     for stage in ("health", "watchdog"):
         assert calls[stage] == {"plan": plan, "model_result": results["model"], "service_result": results["service"]}
-    assert ("front_door" in calls) == (deploy_file == "deploy.py")
+    assert ("front_door" in calls) == ("front_door" in groups)
+    if "front_door" in calls:
+        assert calls["front_door"] == {"plan": plan, "plans": {"spark-1": plan}}
+    assert ("own operation" in calls) == (deploy_file == "examples/my_deploy.py")
+
+
+def test_converge_takes_a_given_plan_and_stops_after_a_failed_preflight(stand_ins, monkeypatch):
+    from types import SimpleNamespace
+
+    from pyinfra.context import ctx_host
+
+    import sparkfleet.tasks as tasks
+
+    calls, _, results = stand_ins
+    given = SimpleNamespace(name="spark-1", given=True)
+    monkeypatch.setattr(tasks, "plan_for", lambda state, host: pytest.fail("a given plan is not planned again"))
+    results["preflight"] = None  # the host is not fit: nothing after preflight runs
+    with ctx_host.use(SimpleNamespace(name="spark-1", groups=["front_door"])):
+        tasks.converge(given)
+    assert calls == {"preflight": {"plan": given}}

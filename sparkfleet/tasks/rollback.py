@@ -18,7 +18,7 @@ from sparkfleet.host.operations import (
     record_health_gate,
     rollback_problem,
 )
-from .health import gate, ray_joined
+from sparkfleet.tasks.health import gate, ray_joined
 
 
 def role_problem(kept: dict, source: str, name: str) -> Unreadable | None:
