@@ -1,14 +1,18 @@
-"""`sparkfleet ...` (or `python -m sparkfleet ...`): plan, roll out, check and measure a fleet."""
+"""`sparkfleet ...` (or `python -m sparkfleet ...`): set up an office, plan, roll out, check and measure a fleet."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from rich.syntax import Syntax
 
+from sparkfleet import __version__
 from sparkfleet.fleet.inventory import InventoryError, load_hosts
+from sparkfleet.fleet.users import SecretsError
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.contract.recipes import catalogue
 from sparkfleet.release.image import image_resolver
@@ -18,7 +22,8 @@ from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
 from sparkfleet.tables import console, literal, print_table
 
 EXIT_INVALID = 2
-INVALID = (SettingsError, FileNotFoundError, KeyError)  # bad inventory or settings: exit 2, nothing touched
+# bad inventory, settings or secrets file: exit 2, nothing touched
+INVALID = (SettingsError, FileNotFoundError, KeyError, SecretsError)
 
 
 def _invalid(exc: Exception) -> int:
@@ -26,6 +31,14 @@ def _invalid(exc: Exception) -> int:
         print(f"sparkfleet: {exc}", file=sys.stderr)
         return EXIT_INVALID
     print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _refuse(problem: Exception | str) -> int:
+    """Bad input that is not a setting (a path, a name, a missing file): its one line, exit 2."""
+    if isinstance(problem, KeyError) and problem.args:  # str(KeyError) is the repr of its message
+        problem = problem.args[0]
+    print(f"sparkfleet: {problem}", file=sys.stderr)
     return EXIT_INVALID
 
 
@@ -254,10 +267,10 @@ def _fetch(args) -> int:
     from sparkfleet.controller.copy import ControllerCopyError, controller_copy
 
     try:
-        plans = plan_hosts(load_hosts(args.inventory, args.host), resolve=hub_resolver)
+        plans = plan_hosts(load_hosts(args.inventory, args.limit), resolve=hub_resolver)
     except INVALID as exc:
         return _invalid(exc)
-    done = set()
+    done, copies = set(), []
     for plan in plans:
         s = plan.settings
         if plan.manifest is None:
@@ -271,27 +284,166 @@ def _fetch(args) -> int:
             print(f"sparkfleet: {exc}", file=sys.stderr)
             return 1
         done.add(plan.manifest.digest)
-        print(f"{plan.manifest.repo}@{plan.manifest.pin}: {len(plan.manifest.files)} files verified in {path}")
+        copies.append({"repo": plan.manifest.repo, "pin": plan.manifest.pin, "files": len(plan.manifest.files),
+                       "path": str(path)})
+        if not args.json:
+            print(f"{plan.manifest.repo}@{plan.manifest.pin}: {len(plan.manifest.files)} files verified in {path}")
+    if args.json:
+        print(json.dumps({"copies": copies}, indent=2))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkfleet", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _init(args) -> int:
+    from sparkfleet.fleet.project import ProjectError, host_key_lines, init_project, parse_host
+
+    try:
+        sparks = [parse_host(text) for text in args.host]
+        report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
+                              secrets=Path(args.secrets) if args.secrets else None, force=args.force)
+    except (ProjectError, SecretsError) as exc:
+        return _refuse(exc)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    inventory = report.project / "inventory.py"
+    print(f"wrote {report.project}/: inventory.py, deploy.py, group_data/all.py, known_hosts")
+    print(f"secrets: {report.secrets} (0600, outside the project): "
+          + ("kept as it was" if report.secrets_reused else "a new api_key, no users yet"))
+    if report.tls:
+        print(f"front door TLS: a self-signed certificate, {report.tls[0]}: clients trust that file "
+              f"(e.g. SSL_CERT_FILE={report.tls[0]})")
+    else:
+        print("front door TLS: none (no openssl here): set front_door_tls_cert and front_door_tls_key in "
+              f"{inventory} before adding users")
+    print(f"SSH host keys ({report.project / 'known_hosts'}):")
+    print("\n".join(host_key_lines(report.hosts)))
+    print(f"next: sparkfleet users add {inventory} NAME; sparkfleet plan {inventory}")
+    return 0
+
+
+def _hostkeys(args) -> int:
+    from sparkfleet.fleet.project import collect_host_keys, host_key_lines, host_key_targets
+
+    try:
+        targets, unchecked = host_key_targets(load_hosts(args.inventory, args.limit))
+    except INVALID as exc:
+        return _refuse(exc)
+    if unchecked:
+        return _refuse(f"{', '.join(unchecked)}: no ssh_known_hosts_file in {args.inventory}: set it (with "
+                       "ssh_strict_host_key_checking = \"yes\"), so that a host's key has one place to go")
+    results = {path: collect_host_keys(path, sparks) for path, sparks in targets.items()}
+    if args.json:
+        print(json.dumps({"known_hosts": {str(p): [r.to_dict() for r in rs] for p, rs in results.items()}},
+                         indent=2))
+    else:
+        for path, found in results.items():
+            print(f"SSH host keys ({path}):")
+            print("\n".join(host_key_lines(found)))
+    return 0 if all(r.state != "no answer" for rs in results.values() for r in rs) else 1
+
+
+def _users(args) -> int:
+    from sparkfleet.fleet import users
+
+    try:
+        path = users.secrets_path_of(args.inventory)
+        doc = users.read_secrets(path)
+        if args.action == "list":
+            names = users.names(doc)
+            print(json.dumps({"users": names}) if args.json else "\n".join(names), end="\n" if names or args.json else "")
+            return 0
+        if args.action == "remove":
+            new, key = users.remove(doc, args.name), None
+        else:
+            new, key = getattr(users, args.action)(doc, args.name)
+        users.write_secrets(path, new)
+    except SecretsError as exc:
+        return _refuse(exc)
+    converge = f"the next converge (sparkfleet rollout {args.inventory}, or pyinfra {args.inventory} deploy.py)"
+    if args.json:
+        print(json.dumps({"user": args.name, "action": args.action, **({"key": key} if key else {})}))
+    elif key:
+        print(key)
+    if key:
+        old = "; the old key works until then" if args.action == "rotate" else ""
+        print(f"{args.name}'s key is shown once (above): give it to {args.name}; {converge} puts it on the front "
+              f"door{old}", file=sys.stderr)
+    else:
+        print(f"removed {args.name} from {path}: their key answers 401 after {converge}", file=sys.stderr)
+    return 0
+
+
+def _logs(args) -> int:
+    import shutil
+
+    from sparkfleet.contract.settings import parse_settings
+    from sparkfleet.fleet.logs import UNITS, LogsError, logs_argv, pick_host
+
+    try:
+        data = pick_host(load_hosts(args.inventory), args.host)
+        services = [] if args.unit in UNITS else sorted(parse_settings(args.host, data).services)
+        argv = logs_argv(args.host, data, args.unit, services, lines=args.lines, follow=args.follow,
+                         as_json=args.json)
+    except SettingsError as exc:
+        return _invalid(exc)
+    except (*INVALID, LogsError) as exc:
+        return _refuse(exc)
+    if not shutil.which(argv[0]):
+        return _refuse("no `ssh` on this machine: install OpenSSH's client")
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # the journal streams straight to this terminal; Ctrl-C ends --follow
+
+
+def _limit(parser: argparse.ArgumentParser) -> None:
+    """`--limit` (pyinfra's word) for a host subset; `--host`, its old name, still accepted."""
+    parser.add_argument("--limit", help="one host (or group) of the inventory")
+    parser.add_argument("--host", dest="limit", help=argparse.SUPPRESS)
+
+
+def _json(parser: argparse.ArgumentParser, help: str = "print JSON instead of the table") -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def parser() -> argparse.ArgumentParser:
+    from sparkfleet.fleet import bench
+    from sparkfleet.fleet.logs import DEFAULT_LINES, UNITS
+
+    top = argparse.ArgumentParser(prog="sparkfleet", description=__doc__)
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    init = sub.add_parser("init", help="write a ready office project: inventory, deploy.py, secrets, host keys")
+    init.add_argument("dir", help="the project directory (new or empty)")
+    init.add_argument("--host", action="append", default=[], required=True, metavar="NAME=ADDRESS",
+                      help="a Spark: its inventory name and address (once per Spark; the first runs the front door)")
+    init.add_argument("--ssh-user", default="root", help="the SSH user on the Sparks (default root)")
+    init.add_argument("--secrets", help="the keys file, outside the project and any git work tree "
+                                        "(default ~/.config/sparkfleet/<dir name>.json)")
+    init.add_argument("--force", action="store_true",
+                      help="in a non-empty directory: rewrite inventory.py, deploy.py and group_data/all.py; "
+                           "an existing secrets file is kept")
+    _json(init, "print what was written as JSON")
+    init.set_defaults(func=_init)
+
+    keys = sub.add_parser("hostkeys", help="add the SSH host keys the inventory's known_hosts lacks; print them")
+    keys.add_argument("inventory")
+    _limit(keys)
+    _json(keys)
+    keys.set_defaults(func=_hostkeys)
 
     plan = sub.add_parser("plan", help="print each host's release without connecting to anything")
     plan.add_argument("inventory")
-    plan.add_argument("--host", dest="limit", help="one host (or group) of the inventory")
+    _limit(plan)
     plan.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
-    plan.add_argument("--json", action="store_true")
+    _json(plan)
     plan.add_argument("--offline", action="store_true",
                       help="ask no hub: the recipe catalogue's model facts stand in for the manifest")
     plan.set_defaults(func=_plan)
 
     status = sub.add_parser("status", help="each host's health, served model and load; non-zero if any is down")
     status.add_argument("inventory")
-    status.add_argument("--host", dest="limit", help="one host (or group) of the inventory")
-    status.add_argument("--json", action="store_true")
+    _limit(status)
+    _json(status)
     status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
     status.set_defaults(func=_status)
 
@@ -300,28 +452,61 @@ def main(argv: list[str] | None = None) -> int:
     roll.add_argument("--batch", default="1", help="hosts per batch: a number or a percentage (default 1)")
     roll.add_argument("--canary", action="store_true", help="the first host alone first")
     roll.add_argument("--max-fail", type=int, default=0, help="halt once more than K hosts failed (default 0)")
-    roll.add_argument("--limit", help="one host or group of the inventory")
+    _limit(roll)
     roll.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
-    roll.add_argument("--json", action="store_true", help="print the report as JSON")
+    _json(roll, "print the report as JSON")
     roll.set_defaults(func=_rollout)
 
     back = sub.add_parser("rollback", help="switch hosts to their previous release (no download)")
     back.add_argument("inventory")
-    back.add_argument("--limit", help="one host or group of the inventory")
-    back.add_argument("--json", action="store_true")
+    _limit(back)
+    _json(back, "print the report as JSON")
     back.set_defaults(func=_rollback)
 
     fetch = sub.add_parser("fetch", help="make the controller's verified copy of each host's model "
                                           "(for model_source = \"controller\": air-gapped offices)")
     fetch.add_argument("inventory")
-    fetch.add_argument("--host", help="one host (or group) of the inventory")
+    _limit(fetch)
+    _json(fetch, "print the copies made as JSON")
     fetch.set_defaults(func=_fetch)
 
-    from sparkfleet.fleet import bench
+    users = sub.add_parser("users", help="the front door's users: add, list, rotate or remove a key")
+    actions = users.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "a new user: prints their key once"),
+                         ("list", "the users' names (never their keys)"),
+                         ("rotate", "a new key for a user: prints it once"),
+                         ("remove", "take a user's key away")):
+        one = actions.add_parser(action, help=text)
+        one.add_argument("inventory")
+        if action != "list":
+            one.add_argument("name")
+        _json(one, "print JSON")
+        one.set_defaults(func=_users)
+
+    logs = sub.add_parser("logs", help="a unit's journal on one host, over SSH")
+    logs.add_argument("inventory")
+    logs.add_argument("host", help="the inventory's name of the host")
+    logs.add_argument("--unit", default="engine", metavar="|".join([*UNITS, "SERVICE"]),
+                      help="which unit: the engine (default), watchdog, front-door, ray, guard, share, "
+                           "or a RAG service's name")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C ends)")
+    logs.add_argument("-n", "--lines", type=int, default=DEFAULT_LINES,
+                      help=f"how many of the last lines (default {DEFAULT_LINES})")
+    _json(logs, "journal entries as JSON, one per line (journalctl --output json)")
+    logs.set_defaults(func=_logs)
 
     measure = sub.add_parser("bench", help="measure TTFT, TPOT and throughput at several concurrencies")
     bench.add_arguments(measure)
     measure.set_defaults(func=bench.main)
+    return top
 
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `sparkfleet plan --json | head -1`: the reader has gone, so has our output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush, too
+        return 1
+    return code

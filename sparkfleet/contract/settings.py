@@ -43,11 +43,27 @@ USER_SET_KEY = "_sparkfleet_user_set"
 
 
 class SettingsError(ValueError):
-    """One or more hosts have settings that cannot work; each line names a fix."""
+    """One or more hosts have settings that cannot work; each line names a fix.
+
+    `problems` keeps one line per host; the message says each problem once, naming every host it applies to
+    (a default that is wrong for the fleet would otherwise repeat once per Spark)."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__("\n".join(problems))
+        super().__init__("\n".join(group_problems(problems)))
+
+
+def group_problems(problems: list[str]) -> list[str]:
+    """"a: X", "b: X", "a: Y" -> "a, b: X", "a: Y": lines that differ only in their host, once, in first-seen
+    order. A line whose prefix is not one word (a host name) is kept as it is, once."""
+    hosts: dict[str, list[str]] = {}
+    for line in problems:
+        host, sep, rest = line.partition(": ")
+        key, who = (rest, host) if sep and host and not any(c.isspace() for c in host) else (line, None)
+        named = hosts.setdefault(key, [])
+        if who is not None and who not in named:
+            named.append(who)
+    return [f"{', '.join(named)}: {key}" if named else key for key, named in hosts.items()]
 
 
 # --- One type per kind of value ---------------------------------------------

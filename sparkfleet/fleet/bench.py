@@ -1,8 +1,11 @@
 """How fast does a served model answer? Streaming chat completions, timed chunk by chunk.
 
-    python -m sparkfleet bench (INVENTORY [--host NAME] | --url URL) [--model NAME] [--api-key KEY]
-                               [--concurrency 1,4,8,16] [--max-tokens 512] [--think/--no-think]
-                               [--requests N] [--timeout S] [--roofline TOKENS_PER_S] [--out DIR]
+    sparkfleet bench (INVENTORY [--limit NAME] [--front-door] | --url URL) [--model NAME]
+                     [--concurrency 1,4,8,16] [--max-tokens 512] [--think/--no-think]
+                     [--requests N] [--timeout S] [--roofline TOKENS_PER_S] [--out DIR] [--json]
+
+The key is the inventory host's api_key (or, with --front-door, its first user's), or $SPARKFLEET_API_KEY
+(which wins when set): never an argument, since a command line is seen by every user of the machine.
 
 A thin client over the official ``openai`` package (``stream=True`` with
 ``stream_options={"include_usage": True}``); each chunk is stamped with
@@ -68,6 +71,7 @@ from sparkfleet.tables import print_table as _print_table
 __all__ = ["BenchError", "add_arguments", "main", "print_table", "run_bench", "write_outputs"]
 
 DEFAULT_MODEL = "Qwen3.5-35B-A3B"
+API_KEY_VARIABLE = "SPARKFLEET_API_KEY"  # the key for --url (or over the inventory's): never an argument
 DEFAULT_CONCURRENCY = (1, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TIMEOUT_S = 300.0
@@ -457,12 +461,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="an inventory: benchmark its first host (or --host)")
     parser.add_argument("--url", help="the server's URL (http://host:8000), instead of an inventory")
     parser.add_argument("--front-door", action="store_true",
-                        help="with an inventory: through its front door, as its first user (or --api-key)")
-    parser.add_argument("--host", help="with an inventory: which host (or group: its first host)")
+                        help="with an inventory: through its front door, as its first user "
+                             "(or $SPARKFLEET_API_KEY's)")
+    parser.add_argument("--limit", help="with an inventory: which host (or group: its first host)")
+    parser.add_argument("--host", dest="limit", help=argparse.SUPPRESS)  # the old name of --limit
     parser.add_argument("--model", help=f"served model name (default: the host's served_model_name, "
                                         f"or {DEFAULT_MODEL!r} with --url)")
-    parser.add_argument("--api-key", default=os.environ.get("SPARKFLEET_API_KEY"),
-                        help="API key (default: $SPARKFLEET_API_KEY, or the host's api_key)")
+    # Refused in main: a key on the command line is in `ps` and the shell's history.
+    parser.add_argument("--api-key", dest="api_key_argument", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=_levels, default=list(DEFAULT_CONCURRENCY),
                         help="comma-separated levels (default 1,4,8,16)")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
@@ -476,6 +482,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode roofline in tokens/s (default: from the inventory's model, when given)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"),
                         help="where bench.json and bench.png go (default bench-results/)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
 
 
 def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
@@ -495,18 +502,19 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
     """(url, model, api key, roofline) from --url or the inventory's host."""
     if bool(args.url) == bool(args.target):
         raise BenchError("give an inventory or --url (one of them)")
+    api_key = os.environ.get(API_KEY_VARIABLE) or None
     if args.url:
-        return args.url, args.model or DEFAULT_MODEL, args.api_key, args.roofline
+        return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline
     if args.front_door:
         from sparkfleet.fleet.front_door import bench_target
 
         url, model, key = bench_target(args.target)
-        return url, args.model or model, args.api_key or key, args.roofline
+        return url, args.model or model, api_key or key, args.roofline
     from sparkfleet.fleet.inventory import load_hosts
     from sparkfleet.fleet.status import api_url
     from sparkfleet.contract.settings import parse_settings
 
-    hosts = load_hosts(args.target, args.host)
+    hosts = load_hosts(args.target, args.limit)
     name, data = hosts[0]
     s = parse_settings(name, data)
     url = api_url(s, data)
@@ -514,13 +522,18 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
         raise BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
                          f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
     roofline = args.roofline if args.roofline is not None else _roofline(name, data, args.max_tokens)
-    return url, args.model or s.served_model_name, args.api_key or s.api_key, roofline
+    return url, args.model or s.served_model_name, api_key or s.api_key, roofline
 
 
 def main(args) -> int:
     """Run `bench` from parsed arguments: 0 when every request succeeded, 1 otherwise, 2 on bad input."""
     from sparkfleet.contract.settings import SettingsError
 
+    if args.api_key_argument is not None:
+        print(f"sparkfleet bench: --api-key is refused: a key on the command line is seen by every user of this "
+              f"machine (ps, shell history); set {API_KEY_VARIABLE}, or give an inventory (its api_key)",
+              file=sys.stderr)
+        return 2
     try:
         url, model, api_key, roofline = _resolve_target(args)
     except (BenchError, SettingsError, FileNotFoundError, KeyError) as exc:
@@ -532,8 +545,11 @@ def main(args) -> int:
     except (BenchError, ValueError) as exc:
         print(f"sparkfleet bench: {exc}", file=sys.stderr)
         return 1
-    print_table(result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
     json_path, png_path = write_outputs(result, args.out)
-    print(f"wrote {json_path} and {png_path}")
+    print(f"wrote {json_path} and {png_path}", file=sys.stderr if args.json else sys.stdout)
     return 0 if result["errors"] == 0 else 1
 

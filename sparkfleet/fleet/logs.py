@@ -1,0 +1,88 @@
+"""`sparkfleet logs`: a unit's journal on one Spark, over OpenSSH with the inventory's SSH settings.
+
+OpenSSH rather than pyinfra's connection: `--follow` streams until Ctrl-C, and `ssh` already does that
+(and the terminal) well. The argv is built here, plainly, so that what runs is what the tests read: the
+inventory's user, port, key and host-key policy with its known_hosts, and one remote command quoted with
+shlex. No secret is on it (a key file is named, never read).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from sparkfleet.contract import paths
+from sparkfleet.release.services import unit_name
+
+UNITS = {
+    "engine": paths.UNIT_NAME,
+    "watchdog": paths.WATCHDOG_UNIT,
+    "front-door": paths.FRONT_DOOR_UNIT_NAME,
+    "ray": paths.RAY_UNIT_NAME,
+    "guard": paths.GUARD_UNIT_NAME,
+    "share": paths.SHARE_UNIT_NAME,
+}
+DEFAULT_LINES = 200
+
+
+class LogsError(ValueError):
+    """The host or unit cannot be read: one line naming the fix."""
+
+
+def unit_for(choice: str, services: list[str]) -> str:
+    """The systemd unit of `--unit`: one of UNITS, or a RAG service of this host (its own vLLM unit)."""
+    if choice in UNITS:
+        return UNITS[choice]
+    if choice in services:
+        return unit_name(choice)
+    raise LogsError(f"--unit {choice!r}: give one of {', '.join(UNITS)}"
+                    + (f", or a service of this host ({', '.join(services)})" if services else
+                       " (this host runs no RAG service)"))
+
+
+def _option_value(value: str) -> str:
+    """A value for `ssh -o KEY=VALUE`, which ssh splits on blanks itself: quoted when it holds one."""
+    if any(c.isspace() or c in "\"\\'" for c in value):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return value
+
+
+def journal_command(unit: str, lines: int = DEFAULT_LINES, follow: bool = False, as_json: bool = False) -> list[str]:
+    """The journalctl run on the host."""
+    return ["journalctl", "--no-pager", "--unit", unit, "--lines", str(lines),
+            *(["--follow"] if follow else []), *(["--output", "json"] if as_json else [])]
+
+
+def ssh_argv(host: str, data: dict, remote: list[str]) -> list[str]:
+    """`ssh` with pyinfra's connection settings of this host (its merged inventory data) running `remote`."""
+    argv = ["ssh"]
+    if data.get("ssh_port"):
+        argv += ["-p", str(int(data["ssh_port"]))]
+    if data.get("ssh_user"):
+        argv += ["-l", str(data["ssh_user"])]
+    if data.get("ssh_key"):
+        argv += ["-i", str(data["ssh_key"])]
+    if data.get("ssh_config_file"):
+        argv += ["-F", str(data["ssh_config_file"])]
+    if data.get("ssh_strict_host_key_checking"):
+        argv += ["-o", f"StrictHostKeyChecking={_option_value(str(data['ssh_strict_host_key_checking']))}"]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={_option_value(str(data['ssh_known_hosts_file']))}"]
+    if data.get("_sudo"):
+        remote = ["sudo", "-n", *remote]
+    return [*argv, "--", str(data.get("ssh_hostname") or host), shlex.join(remote)]
+
+
+def pick_host(hosts: list[tuple[str, dict]], host: str) -> dict:
+    """The merged data of `host` among the inventory's (name, data) list."""
+    found = dict(hosts)
+    if host not in found:
+        raise LogsError(f"no host named {host!r} in the inventory: its hosts are {', '.join(found) or 'none'}")
+    return found[host]
+
+
+def logs_argv(host: str, data: dict, unit: str, services: list[str], lines: int = DEFAULT_LINES,
+              follow: bool = False, as_json: bool = False) -> list[str]:
+    """The whole `sparkfleet logs` command line: ssh to `host`, journalctl of the chosen unit there."""
+    if lines < 1:
+        raise LogsError(f"-n {lines}: give a positive number of lines")
+    return ssh_argv(host, data, journal_command(unit_for(unit, services), lines, follow, as_json))
