@@ -61,7 +61,7 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
         listing, models = asked(row["url"], serving.MODELS, s.served_model_name, headers)
         if isinstance(models, dict) and isinstance(models.get("data"), list):
             row["served"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
-        metrics = read_metrics(requests.get(f"{row['url']}/metrics", timeout=5).text)
+        metrics = read_metrics(requests.get(f"{row['url']}/metrics", headers=headers, timeout=5).text)
         row["metrics"] = {name: value for name, value in metrics.items() if name in METRICS}
         request = serving.REQUESTS["chat"]
         answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers)[0]

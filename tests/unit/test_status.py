@@ -226,3 +226,31 @@ def test_a_reached_host_shows_its_load():
         "vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.25}}))
     _, [cells] = status.status_table([row], wide=True)
     assert cells[-4:-1] == ("2", "0", "25%") and cells[status.WIDE_COLUMNS.index("unit")] == "active"
+
+
+def test_the_engines_load_is_read_with_its_key(monkeypatch):
+    """The guard answers /metrics only with the engine's key (nothing on the LAN reads it without): status sends it."""
+    import http.server
+    import threading
+
+    class Guard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            allowed = self.headers.get("Authorization") == f"Bearer {KEY}"
+            body = b"vllm:num_requests_running 3\n" if allowed and self.path == "/metrics" else b"{}"
+            self.send_response(200 if allowed else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Guard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        s = parse_settings("spark-1", host_data(api_key=KEY, controller_api_url=url))
+        row = status.host_status("spark-1", s, host_data())
+    finally:
+        server.shutdown()
+    assert row["via"] == "http" and row["metrics"] == {"vllm:num_requests_running": 3.0}
