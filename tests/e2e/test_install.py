@@ -1,6 +1,6 @@
 """`pip install .` into a fresh virtual environment: the `sparkfleet` command, the stages and deploy files, installed.
 
-Needs the package index (not the simulated fleet): e2e, about 30 s with pip's cache warm.
+Needs the package index, and for the last test the simulated fleet: e2e, about 30 s with pip's cache warm.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from sparkfleet import __version__
+
+from .conftest import HOSTS, ROOT, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -100,3 +102,51 @@ def test_deploys_import_the_installed_stages_and_refuse_bad_settings(installed, 
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in output, output[-3000:]
     assert "invalid settings; no host was changed" in output and 'set kv_cache_dtype = "auto"' in output
+
+
+def test_installed_commands_drive_the_simulated_fleet(installed, converged_fleet):
+    """From a directory outside the checkout holding only inventories that point at the simulated Sparks:
+    the version; status with the engines on loopback (asked on each host over SSH) exits 0 with every host
+    healthy; an engine's journal over SSH; examples/my_deploy.py converges a Spark, sparkfleet's part unchanged."""
+    _, project = installed
+    (project / "sim.py").write_text(f"import runpy\nsparks = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})['sparks']\n")
+    (project / "loopback.py").write_text(
+        f"import runpy\nsparks = [(n, {{**d, 'api_host': '127.0.0.1', 'controller_api_url': None}}) for n, d in "
+        f"runpy.run_path({str(ROOT / 'inventory/sim.py')!r})['sparks']]\n")
+    version = run(installed, "sparkfleet", "--version")
+    assert (version.returncode, version.stdout.strip()) == (0, f"sparkfleet {__version__}"), version.stderr
+
+    status = run(installed, "sparkfleet", "status", "loopback.py", "--json")
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-3000:]
+    rows = json.loads(status.stdout)["hosts"]
+    assert [(r["host"], r["via"], r["healthy"]) for r in rows] == [(h, "ssh", True) for h in HOSTS], rows
+
+    logs = run(installed, "sparkfleet", "logs", "sim.py", "spark-1", "-n", "5")
+    lines = logs.stdout.splitlines()
+    assert logs.returncode == 0 and len(lines) == 5 and all(" spark-1 " in line for line in lines), logs.stderr
+
+    env_cache = {} if os.environ.get("SPARKFLEET_CACHE") else {"SPARKFLEET_CACHE": str(ROOT / ".cache")}
+    os.environ.update(env_cache)  # the checkout's runtime bundle and manifests: nothing is built again
+    try:
+        deploy = run(installed, "pyinfra", "-y", "sim.py", "my_deploy.py", "--limit", "spark-1", timeout=900)
+    finally:
+        for key in env_cache:
+            os.environ.pop(key)
+        ssh(converged_fleet, "spark-1", "rm -rf /srv/my-project")  # the fleet as the demo left it
+    output = deploy.stdout + deploy.stderr
+    assert deploy.returncode == 0, output[-4000:]
+    assert changed_operations(output) in ([], ["The project's own operations run as before"]), output[-4000:]
+
+
+def changed_operations(output: str) -> list[str]:
+    """The operations pyinfra's results table counts as changed (its Success column), by name."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["Operation", "Hosts"])
+    changed = []
+    for line in lines[start + 1:]:
+        name, *counts = line.rsplit(None, 4)
+        if name.strip() == "Grand total":
+            return changed
+        if counts[1] != "-":
+            changed.append(name.strip())
+    raise AssertionError("no Grand total line")
