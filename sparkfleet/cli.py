@@ -394,6 +394,31 @@ def _logs(args) -> int:
     os.execvp(argv[0], argv)  # the journal streams straight to this terminal; Ctrl-C ends --follow
 
 
+def _drain(args) -> int:
+    """drain / undrain: a thin wrapper over fleet/front_door.py's drain_host and undrain_host."""
+    from sparkfleet.fleet.front_door import DoorUnreachable, DrainRefused, drain_host, undrain_host
+
+    act = drain_host if args.drained else undrain_host
+    try:
+        report = act(args.inventory, args.host, log=lambda m: print(m, file=sys.stderr))
+    except SettingsError as exc:
+        return _invalid(exc)
+    except (DrainRefused, FileNotFoundError) as exc:
+        print(f"sparkfleet: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except DoorUnreachable as exc:
+        print(f"sparkfleet: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        doors = ", ".join(f"{d['host']} ({d['state']})" for d in report["front_doors"])
+        kept = (f"kept out across reloads, converges and rollouts until `sparkfleet undrain {args.inventory} "
+                f"{args.host}`" if args.drained else "it takes requests once its health checks pass")
+        print(f"{args.host}: {'drained' if args.drained else 'undrained'} on front door {doors}; {kept}")
+    return 0
+
+
 def _limit(parser: argparse.ArgumentParser) -> None:
     """`--limit` (pyinfra's word) for a host subset; `--host`, its old name, still accepted."""
     parser.add_argument("--limit", help="one host (or group) of the inventory")
@@ -494,6 +519,15 @@ def parser() -> argparse.ArgumentParser:
                       help=f"how many of the last lines (default {DEFAULT_LINES})")
     _json(logs, "journal entries as JSON, one per line (journalctl --output json)")
     logs.set_defaults(func=_logs)
+
+    for name, drained, what in (("drain", True, "set HOST aside on every front door (its requests finish first) "
+                                                 "and keep it out until undrained"),
+                                ("undrain", False, "put a drained HOST back on every front door")):
+        door = sub.add_parser(name, help=what)
+        door.add_argument("inventory")
+        door.add_argument("host", help="a host of the inventory that serves behind the front door")
+        _json(door)
+        door.set_defaults(func=_drain, drained=drained)
 
     measure = sub.add_parser("bench", help="measure TTFT, TPOT and throughput at several concurrencies")
     bench.add_arguments(measure)

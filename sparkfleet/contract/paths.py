@@ -84,6 +84,9 @@ FRONT_DOOR_TLS_PEM = f"{FRONT_DOOR_DIR}/tls.pem"  # 0600: certificate and key, a
 FRONT_DOOR_RUNTIME_NAME = "sparkfleet-front-door"  # systemd's RuntimeDirectory= and StateDirectory= name
 FRONT_DOOR_SOCKET = f"/run/{FRONT_DOOR_RUNTIME_NAME}/admin.sock"
 FRONT_DOOR_STATE_FILE = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/servers.state"
+# root-only: the backends `sparkfleet drain` set aside, one name a line, until `sparkfleet undrain`; runtime
+# state beside HAProxy's own, outside what a converge manages (MANAGED_GLOBS), so a converge leaves it be
+FRONT_DOOR_DRAINED = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/drained"
 GUARD_UNIT_NAME = "sparkfleet-guard.service"
 GUARD_UNIT_PATH = unit_path(GUARD_UNIT_NAME)
 GUARD_DIR = f"{CONFIG_DIR}/guard"

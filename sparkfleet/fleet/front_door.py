@@ -9,6 +9,14 @@ user's key reaches only the OpenAI paths the fleet serves (fleet/haproxy.py
 `API_PATHS`). The plain parts (config, maps, reading its state) are functions
 here; the runtime calls go over SSH to the front door hosts, through pyinfra
 like every other command.
+
+`sparkfleet drain` keeps a backend out until `undrain`: a root-only record on
+each front door host (paths.FRONT_DOOR_DRAINED), beside HAProxy's own state
+and outside what a converge renders or manages, so a converge of a drained
+fleet changes nothing. A reload keeps the backend's maintenance in HAProxy's
+server-state file, a start replays the record (the unit's ExecStartPost), and
+`FrontDoorRuntime.ready` (a rollout's batch end, a rollback) skips what the
+record holds.
 """
 
 from __future__ import annotations
@@ -124,7 +132,7 @@ class FrontDoor:
     def unit(self) -> str:
         return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG,
                             paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
-                            state_file=paths.FRONT_DOOR_STATE_FILE, socket=paths.FRONT_DOOR_SOCKET)
+                            save_state=save_state_command(), replay=replay_command())
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
@@ -281,16 +289,71 @@ def front_door_url(s: Settings, data: dict) -> str:
 # --- HAProxy's runtime API -------------------------------------------------------------------------
 
 
+_SOCAT = f"socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"  # HAProxy reads one line of commands
+_STAT_MARK = "@show-stat"  # between the drain record and HAProxy's table in one answer (states)
+
+
 def runtime_command(*commands: str) -> str:
     """A shell command sending runtime API commands (one line, `;`-separated) to the front door's socket."""
-    return f"echo {shlex.quote('; '.join(commands))} | socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"
+    return f"echo {shlex.quote('; '.join(commands))} | {_SOCAT}"
 
 
-def backend_states(show_stat: str) -> dict[str, dict]:
-    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down, "sessions": n}}.
+def save_state_command() -> str:
+    """Save every server's state into HAProxy's server-state file, which a reload or start loads (a drained
+    backend's maintenance with it); before each reload, and after a drain or undrain."""
+    state = paths.FRONT_DOOR_STATE_FILE
+    return f'umask 077 && echo "show servers state" | {_SOCAT} > {state}.new && mv {state}.new {state}'
+
+
+def replay_command() -> str:
+    """The drain record into HAProxy's runtime (every name in it to maintenance): the unit runs it once HAProxy
+    serves after a start, so a record survives even a lost server-state file."""
+    record = paths.FRONT_DOOR_DRAINED
+    return (f'test -s {record} || exit 0; sed -n "/^[A-Za-z0-9]/s|.*|set server {BACKEND}/& state maint|p" '
+            f'{record} | paste -sd";" | {_SOCAT}')
+
+
+def record_command(host: str, drained: bool) -> str:
+    """Add `host` to the front door's drain record (drained) or take it off: the new record is written beside
+    the old one (root-only) and renamed over it, so a reader sees the old record or the new one."""
+    record, name = paths.FRONT_DOOR_DRAINED, shlex.quote(host)
+    add = f" echo {name};" if drained else ""
+    return (f"umask 077 && {{ grep -vxF -e {name} {record} 2>/dev/null;{add} true; }} > {record}.new "
+            f"&& mv -f {record}.new {record}")
+
+
+def undrain_command(host: str) -> str:
+    """Take `host` off the drain record, put it back, and save HAProxy's server state (a later start keeps it in)."""
+    ready = runtime_command(f"set server {BACKEND}/{host} state ready")
+    return f"{record_command(host, drained=False)} && {ready} && {save_state_command()}"
+
+
+def ready_command(hosts: list[str]) -> str:
+    """Put `hosts` back on a front door, but for those its drain record holds: a `kept NAME` line each."""
+    names = " ".join(shlex.quote(h) for h in hosts)
+    return (f'c=; for h in {names}; do if grep -qxF -e "$h" {paths.FRONT_DOOR_DRAINED} 2>/dev/null; '
+            f'then echo "kept $h"; else c="$c${{c:+; }}set server {BACKEND}/$h state ready"; fi; done; '
+            f'[ -z "$c" ] || echo "$c" | {_SOCAT}')
+
+
+def drained_names(record: str) -> set[str]:
+    """The backend names a drain record holds (one a line; anything that is not a server name is skipped)."""
+    return {line.strip() for line in record.splitlines() if _SERVER_NAME.fullmatch(line.strip())}
+
+
+def door_states(answer: str) -> dict[str, dict]:
+    """One front door's answer to `states`' command (its drain record, the mark, `show stat`) -> its states."""
+    record, _, stat = answer.partition(f"{_STAT_MARK}\n")
+    return backend_states(stat, drained_names(record))
+
+
+def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:
+    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}.
 
     in: taking requests; draining: set aside, requests still running; out: set
-    aside and idle (or in maintenance); down: failing its health check.
+    aside and idle (or in maintenance); drained: out, and held there by
+    `sparkfleet drain` (in `drained`) until undrained; down: failing its health
+    check.
     """
     rows = csv.DictReader(io.StringIO(show_stat.lstrip("# ")))
     states = {}
@@ -304,6 +367,8 @@ def backend_states(show_stat: str) -> dict[str, dict]:
             state = "draining" if sessions else "out"
         else:
             state = "in" if status.startswith("UP") else "down"
+        if state == "out" and row["svname"] in drained:
+            state = "drained"
         states[row["svname"]] = {"state": state, "sessions": sessions, "status": status}
     return states
 
@@ -326,6 +391,10 @@ class FrontDoorRuntime:
 
     def _run(self, *commands: str) -> dict[str, str | None]:
         """Send runtime commands to every front door; its answer, or None where it did not answer."""
+        return self._shell(runtime_command(*commands))
+
+    def _shell(self, command: str) -> dict[str, str | None]:
+        """Run a shell command on every front door; its output, or None where it failed or did not answer."""
         if not self.doors:
             return {}
         from pyinfra.api import StringCommand
@@ -338,14 +407,14 @@ class FrontDoorRuntime:
                 if host in state.failed_hosts:
                     out[host.name] = None
                     continue
-                ok, output = host.run_shell_command(StringCommand(runtime_command(*commands)), print_output=False)
+                ok, output = host.run_shell_command(StringCommand(command), print_output=False)
                 out[host.name] = output.stdout if ok else None
         return out
 
     def states(self) -> dict[str, dict[str, dict] | None]:
-        """{front door: {backend: state}} (None: that front door did not answer)."""
-        return {door: None if text is None else backend_states(text)
-                for door, text in self._run("show stat").items()}
+        """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
+        command = f"cat {paths.FRONT_DOOR_DRAINED} 2>/dev/null; echo {_STAT_MARK}; {runtime_command('show stat')}"
+        return {door: None if text is None else door_states(text) for door, text in self._shell(command).items()}
 
     def drain(self, hosts: list[str], log=print) -> None:
         """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out."""
@@ -366,11 +435,85 @@ class FrontDoorRuntime:
         log(f"front door: {', '.join(hosts)} out")
 
     def ready(self, hosts: list[str], log=print) -> None:
-        """Put `hosts` back; each takes requests once its health checks pass."""
+        """Put `hosts` back; each takes requests once its health checks pass. A host `sparkfleet drain` set aside
+        stays out (each front door's own record decides, in the same command)."""
         if not self.doors or not hosts:
             return
-        self._run(*(f"set server {BACKEND}/{h} state ready" for h in hosts))
-        log(f"front door: {', '.join(hosts)} back in")
+        answers = self._shell(ready_command(hosts))
+        kept = {line[len("kept "):] for text in answers.values() if text for line in text.splitlines()
+                if line.startswith("kept ")}
+        if kept:
+            log(f"front door: {', '.join(sorted(kept))} kept out: drained until `sparkfleet undrain`")
+        back = [h for h in hosts if h not in kept]
+        if back:
+            log(f"front door: {', '.join(back)} back in")
+
+
+# --- drain and undrain: a backend set aside until undrained ------------------------------------------
+
+
+class DrainRefused(Exception):
+    """Bad input to drain or undrain (no such host, no front door, not a backend): nothing was touched."""
+
+
+class DoorUnreachable(Exception):
+    """A front door did not answer, or did not take a change; the message says what was changed."""
+
+
+def _checked(inventory: str, host: str) -> FrontDoorRuntime:
+    """The inventory's front doors, once each answered and has `host` among its backends; nothing is touched."""
+    from sparkfleet.fleet.inventory import load_hosts
+
+    names = [name for name, _ in load_hosts(inventory)]
+    if host not in names:
+        raise DrainRefused(f"no host named {host!r} in {inventory}: give one of {', '.join(names)}")
+    runtime = FrontDoorRuntime.of(inventory)
+    if not runtime.doors:
+        raise DrainRefused(f"no `{GROUP}` group in {inventory}: drain sets a host aside on the front door; "
+                           "add one (see inventory/office_front_door.py)")
+    states = runtime.states()
+    silent = sorted(door for door, found in states.items() if found is None)
+    if silent:
+        raise DoorUnreachable(f"front door {', '.join(silent)} did not answer (SSH, or its HAProxy): nothing "
+                              "was changed; run it again once it answers")
+    outside = sorted(door for door, found in states.items() if host not in found)
+    if outside:
+        raise DrainRefused(f"{host} is no backend of the front door on {', '.join(outside)} (a tensor-parallel "
+                           "worker, or another served model): give a host that serves behind it")
+    return runtime
+
+
+def _changed_everywhere(runtime: FrontDoorRuntime, command: str, what: str) -> None:
+    failed = sorted(door for door, answer in runtime._shell(command).items() if answer is None)
+    if failed:
+        raise DoorUnreachable(f"front door {', '.join(failed)}: {what} failed: run it again")
+
+
+def _report(runtime: FrontDoorRuntime, host: str, drained: bool) -> dict:
+    """What drain or undrain prints: the host, whether it is drained now, its state on each front door."""
+    states = runtime.states()
+    return {"host": host, "drained": drained,
+            "front_doors": [{"host": door, "state": (found or {}).get(host, {}).get("state", "-")}
+                            for door, found in states.items()]}
+
+
+def drain_host(inventory: str, host: str, log=print) -> dict:
+    """Set `host` aside on every front door until `undrain_host`: the record first (a rollout's batch end
+    then leaves it out), then drain and maintenance (FrontDoorRuntime.drain), then the server-state file."""
+    runtime = _checked(inventory, host)
+    _changed_everywhere(runtime, record_command(host, drained=True), "recording the drain (nothing set aside)")
+    runtime.drain([host], log)
+    _changed_everywhere(runtime, save_state_command(), "saving HAProxy's server state (the drain holds: the "
+                        "record is replayed when HAProxy starts)")
+    return _report(runtime, host, drained=True)
+
+
+def undrain_host(inventory: str, host: str, log=print) -> dict:
+    """Put `host` back on every front door (it takes requests once its health checks pass), record cleared."""
+    runtime = _checked(inventory, host)
+    _changed_everywhere(runtime, undrain_command(host), "undrain")
+    log(f"front door: {host} back in once its health checks pass")
+    return _report(runtime, host, drained=False)
 
 
 # --- status and bench ------------------------------------------------------------------------------
@@ -403,7 +546,7 @@ def front_door_status(inventory: str) -> dict | None:
 
 def status_rows(door: dict) -> list[tuple[str, str, str]]:
     """The front door for the status table: (front door or backend, where, state)."""
-    colour = {"in": "green", "draining": "yellow", "out": "yellow", "down": "red"}
+    colour = {"in": "green", "draining": "yellow", "out": "yellow", "drained": "cyan", "down": "red"}
     return ([(d["host"], d["url"], "[green]up[/]" if d["up"] else "[red]DOWN[/]") for d in door["doors"]]
             + [(f"  {b['host']}", "backend", f"[{colour[b['state']]}]{b['state']}[/]") for b in door["backends"]])
 

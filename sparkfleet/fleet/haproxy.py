@@ -64,8 +64,15 @@ def config(template: str, limits: Limits, **values) -> str:
 
 
 def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_dir: str | None = None,
-         state_file: str | None = None, socket: str | None = None) -> str:
-    """The systemd unit of one HAProxy (front door or guard): checked config, reload without drops, sandboxed."""
+         save_state: str | None = None, replay: str | None = None) -> str:
+    """The systemd unit of one HAProxy (front door or guard): checked config, reload without drops, sandboxed.
+
+    `save_state` (run before each reload) and `replay` (run once it serves after a start) are shell lines for
+    `sh -c '...'`: no single quote, and no `$`, `%` or backslash, which systemd would expand itself.
+    """
+    for line in (save_state, replay):
+        if line and set(line) & set("'$%\\"):
+            raise ValueError(f"unit command {line!r} holds a character systemd or sh -c '...' would change")
     return render._templates.get_template(UNIT_TEMPLATE).render(
         description=description, config=config, runtime_dir=runtime_dir, state_dir=state_dir,
-        state_file=state_file, socket=socket, memory_max=limits.memory_max)
+        save_state=save_state, replay=replay, memory_max=limits.memory_max)

@@ -5,6 +5,8 @@ a user key, at 5 requests/s, alternating streaming and non-streaming chat, each 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import time
 import pytest
 import requests
 
-from .conftest import HOSTS, ROOT, api_port, container, ssh
+from .conftest import HOSTS, ROOT, api_port, container, converge, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -264,3 +266,44 @@ def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet, 
         assert json.loads(down.stdout)["front_door"]["up"] is False
     finally:
         ssh(sim_fleet, "spark-1", "systemctl start sparkfleet-front-door")
+
+
+# --- drain / undrain (issue 21). Written without a simulator to run it on: the integrator runs it first. -----
+
+
+def routed_to(sim_fleet, host: str) -> int:
+    """Requests spark-1's front door has sent to `host` (HAProxy's stot of engines/HOST; checks not counted)."""
+    stat = ssh(sim_fleet, "spark-1",
+               "echo 'show stat' | socat stdio UNIX-CONNECT:/run/sparkfleet-front-door/admin.sock")
+    return next(int(row["stot"]) for row in csv.DictReader(io.StringIO(stat.lstrip("# ")))
+                if row["pxname"] == "engines" and row["svname"] == host)
+
+
+def test_a_drained_host_stays_out_through_converges_reloads_and_restarts_until_undrained(door, sim_fleet):
+    inventory, url = door
+    assert converge(inventory=inventory).returncode == 0  # the baseline: this inventory, converged
+    drained = sparkfleet("drain", inventory, "spark-2", "--json", timeout=300)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    assert json.loads(drained.stdout)["front_doors"] == [{"host": "spark-1", "state": "drained"}]
+    try:
+        again = converge(inventory=inventory)
+        assert again.returncode == 0 and all(again.changed[h] == [] for h in HOSTS), again.changed
+        for how in ("reload", "restart"):
+            ssh(sim_fleet, "spark-1", f"systemctl {how} sparkfleet-front-door")
+            wait_until(lambda: backend_states(inventory).get("spark-2") == "drained", 30)
+        before = routed_to(sim_fleet, "spark-2")
+        for n in range(12):
+            assert chat(url, USERS["alice"], [{"role": "user", "content": f"drained {n}"}], stream=False)[0] == 200
+        assert routed_to(sim_fleet, "spark-2") == before
+        status = sparkfleet("status", inventory, "--json", timeout=120)  # drained is not unhealthy
+        assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+        assert {"host": "spark-2", "state": "drained"} in json.loads(status.stdout)["front_door"]["backends"]
+    finally:
+        undrained = sparkfleet("undrain", inventory, "spark-2", "--json", timeout=300)
+    assert undrained.returncode == 0, undrained.stderr[-2000:]
+    assert json.loads(undrained.stdout)["drained"] is False
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60)
+    before = routed_to(sim_fleet, "spark-2")
+    for n in range(12):  # twelve conversations: the hash sends some to spark-2
+        assert chat(url, USERS["alice"], [{"role": "user", "content": f"back {n}"}], stream=False)[0] == 200
+    assert routed_to(sim_fleet, "spark-2") > before

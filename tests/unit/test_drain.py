@@ -1,0 +1,297 @@
+"""`sparkfleet drain` / `undrain`: the drain record on a front door, the shell commands that keep it (run here
+against a stand-in socat, and against Debian's HAProxy on loopback), ready() leaving drained hosts out, the
+commands drain and undrain send, and the refusals that touch nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from sparkfleet import cli
+from sparkfleet.contract import paths
+from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet import guard
+
+from .helpers import wait_for
+from .test_front_door import plans
+
+
+@pytest.fixture
+def door_dir(tmp_path, monkeypatch):
+    """The front door's record, state file and socket moved under tmp_path, and a `socat` on PATH that writes
+    the line it is given to socat.log (where a socket answers, `live_socat` replaces it)."""
+    monkeypatch.setattr(paths, "FRONT_DOOR_DRAINED", str(tmp_path / "drained"))
+    monkeypatch.setattr(paths, "FRONT_DOOR_STATE_FILE", str(tmp_path / "servers.state"))
+    monkeypatch.setattr(paths, "FRONT_DOOR_SOCKET", str(tmp_path / "admin.sock"))
+    monkeypatch.setattr(fd, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    socat = bin_dir / "socat"
+    socat.write_text(f"#!/bin/sh\ncat >> {tmp_path}/socat.log\n")
+    socat.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def sh(command: str) -> str:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def sent(tmp) -> list[str]:
+    log = tmp / "socat.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_drained_names_are_server_names_one_a_line():
+    assert fd.drained_names("spark-2\n\n# a note\nnot a name\n  spark-3 \n") == {"spark-2", "spark-3"}
+    assert fd.drained_names("") == set()
+
+
+def test_the_record_is_edited_whole_and_root_only(door_dir):
+    record = door_dir / "drained"
+    for host, drained in (("spark-2", True), ("spark-22", True), ("spark-2", True), ("spark-3", True)):
+        sh(fd.record_command(host, drained))
+    assert record.read_text() == "spark-22\nspark-2\nspark-3\n"  # a second drain does not repeat the name
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    sh(fd.record_command("spark-2", drained=False))
+    assert record.read_text() == "spark-22\nspark-3\n"  # a whole line: spark-22 stays
+    sh(fd.record_command("spark-9", drained=False))  # not drained: the record is unchanged
+    assert fd.drained_names(record.read_text()) == {"spark-22", "spark-3"}
+    assert not (door_dir / "drained.new").exists()
+
+
+STAT = """# pxname,svname,qcur,qmax,scur,smax,status,weight
+engines,spark-1,0,0,0,1,UP,1
+engines,spark-2,0,0,0,1,MAINT,1
+engines,spark-3,0,0,0,1,MAINT,1
+engines,spark-4,0,0,3,3,DRAIN,1
+engines,spark-5,0,0,0,1,UP,1
+"""
+
+
+def test_a_recorded_backend_out_of_rotation_is_drained_and_a_rollouts_maint_is_out():
+    states = fd.door_states(f"spark-2\nspark-4\nspark-5\n{fd._STAT_MARK}\n{STAT}")
+    assert {name: row["state"] for name, row in states.items()} == {
+        "spark-1": "in", "spark-2": "drained", "spark-3": "out", "spark-4": "draining", "spark-5": "in"}
+    assert fd.door_states(f"{fd._STAT_MARK}\n{STAT}")["spark-2"]["state"] == "out"  # no record
+
+
+def test_status_shows_drained_apart_from_out_and_down():
+    rows = fd.status_rows({"doors": [{"host": "spark-1", "url": "http://x:8080", "up": True}],
+                           "backends": [{"host": "spark-2", "state": "drained"}, {"host": "spark-3", "state": "out"}]})
+    assert rows[1:] == [("  spark-2", "backend", "[cyan]drained[/]"), ("  spark-3", "backend", "[yellow]out[/]")]
+
+
+class Local(fd.FrontDoorRuntime):
+    """Front doors whose commands run here (one local shell stands for each door)."""
+
+    def __init__(self, doors=("spark-1",)):
+        super().__init__("inventory.py", [])
+        self.doors = [(d, {}) for d in doors]
+        self.commands: list[str] = []
+
+    def _shell(self, command):
+        self.commands.append(command)
+        return {door: sh(command) for door, _ in self.doors}
+
+
+def test_ready_leaves_a_drained_host_out(door_dir):
+    (door_dir / "drained").write_text("spark-2\n")
+    log = []
+    Local().ready(["spark-1", "spark-2", "spark-3"], log.append)
+    assert sent(door_dir) == ["set server engines/spark-1 state ready; set server engines/spark-3 state ready"]
+    assert log == ["front door: spark-2 kept out: drained until `sparkfleet undrain`",
+                   "front door: spark-1, spark-3 back in"]
+
+
+def test_ready_sends_nothing_when_every_host_is_drained_and_everything_without_a_record(door_dir):
+    (door_dir / "drained").write_text("spark-2\n")
+    Local().ready(["spark-2"], lambda m: None)
+    assert sent(door_dir) == []
+    (door_dir / "drained").unlink()
+    Local().ready(["spark-2"], lambda m: None)
+    assert sent(door_dir) == ["set server engines/spark-2 state ready"]
+
+
+def test_the_replay_puts_every_recorded_name_into_maintenance_in_one_line(door_dir):
+    sh(fd.replay_command())  # no record: nothing sent
+    assert sent(door_dir) == []
+    (door_dir / "drained").write_text("spark-2\nspark-3\n")
+    sh(fd.replay_command())
+    assert sent(door_dir) == ["set server engines/spark-2 state maint;set server engines/spark-3 state maint"]
+
+
+def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_after_a_start(tmp_path):
+    unit = fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).unit()
+    assert f"ExecStartPost=-/bin/sh -c '{fd.replay_command()}'\n" in unit
+    assert f"ExecReload=-/bin/sh -c '{fd.save_state_command()}'\n" in unit
+    assert unit.index("ExecReload=/usr/sbin/haproxy -c") < unit.index("ExecReload=-/bin/sh") < unit.index(
+        "ExecReload=/bin/kill -USR2")  # checked, then saved, then reloaded
+    if shutil.which("systemd-analyze"):  # systemd itself parses both lines, quotes and all
+        (tmp_path / "sparkfleet-front-door.service").write_text(unit)
+        checked = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "sparkfleet-front-door.service")],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        lines = [n for n, line in enumerate(unit.splitlines(), 1) if line.startswith(("ExecStartPost", "ExecReload"))]
+        assert not [n for n in lines if f":{n}:" in checked.stderr], checked.stderr
+    guard_unit = guard.guard_plan(plans(**{"spark-a": {}})["spark-a"]).unit()
+    assert "ExecStartPost" not in guard_unit and "servers state" not in guard_unit  # the guard has no drain
+
+
+def test_a_unit_command_systemd_would_rewrite_is_refused():
+    for line in ("echo $HOME", "echo 100%", "echo 'x'", "echo a\\b"):
+        with pytest.raises(ValueError, match="systemd"):
+            fd.haproxy.unit("x", "/c", "r", fd.LIMITS, replay=line)
+
+
+# --- drain_host / undrain_host: what they send, and what they refuse before sending anything --------------
+
+
+@pytest.fixture
+def inventory(tmp_path):
+    path = tmp_path / "inventory.py"
+    path.write_text('sparks = [("spark-1", {"ssh_hostname": "10.0.0.1"}), ("spark-2", {"ssh_hostname": "10.0.0.2"}),'
+                    ' ("spark-3", {"ssh_hostname": "10.0.0.3"})]\nfront_door = [sparks[0]]\n')
+    (tmp_path / "no_door.py").write_text('sparks = [("spark-1", {"ssh_hostname": "10.0.0.1"})]\n')
+    return str(path)
+
+
+class Recorded:
+    """A fake `_shell` for FrontDoorRuntime: every command in order; `show stat` answered with a record and
+    a table where spark-2 is in maintenance once `state maint` was sent."""
+
+    def __init__(self, answers: bool = True):
+        self.commands: list[str] = []
+        self.answers = answers
+
+    def __call__(self, runtime, command):
+        self.commands.append(command)
+        if not self.answers:
+            return {door: None for door, _ in runtime.doors}
+        maint = any("spark-2 state maint" in c for c in self.commands)
+        ready = any("spark-2 state ready" in c for c in self.commands)
+        status = "MAINT" if maint and not ready else "UP"
+        record = "spark-2\n" if maint and not ready else ""
+        table = f"# pxname,svname,scur,status\nengines,spark-1,0,UP\nengines,spark-2,0,{status}\n"
+        return {door: f"{record}{fd._STAT_MARK}\n{table}" if "show stat" in command else ""
+                for door, _ in runtime.doors}
+
+
+def test_drain_records_first_then_drains_then_saves_the_state(inventory, monkeypatch):
+    shell = Recorded()
+    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    log = []
+    report = fd.drain_host(inventory, "spark-2", log.append)
+    kinds = ["states" if "show stat" in c else c for c in shell.commands]
+    assert kinds == ["states", fd.record_command("spark-2", drained=True),
+                     fd.runtime_command("set server engines/spark-2 state drain"), "states",
+                     fd.runtime_command("set server engines/spark-2 state maint"), fd.save_state_command(), "states"]
+    assert report == {"host": "spark-2", "drained": True, "front_doors": [{"host": "spark-1", "state": "drained"}]}
+    assert log == ["front door: spark-2 out"]
+
+
+def test_undrain_clears_the_record_and_readies_in_one_command(inventory, monkeypatch):
+    shell = Recorded()
+    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    report = fd.undrain_host(inventory, "spark-2", lambda m: None)
+    assert shell.commands[1] == fd.undrain_command("spark-2")
+    assert fd.undrain_command("spark-2") == (f"{fd.record_command('spark-2', drained=False)} && "
+                                             f"{fd.runtime_command('set server engines/spark-2 state ready')} && "
+                                             f"{fd.save_state_command()}")  # record, ready, then saved
+    assert report["drained"] is False and report["front_doors"] == [{"host": "spark-1", "state": "in"}]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["spark-9"], "sparkfleet: no host named 'spark-9' in {inv}: give one of spark-1, spark-2, spark-3\n"),
+    (["spark-1", "no_door"], "sparkfleet: no `front_door` group in {inv}: drain sets a host aside on the front "
+                             "door; add one (see inventory/office_front_door.py)\n"),
+    (["spark-3"], "sparkfleet: spark-3 is no backend of the front door on spark-1 (a tensor-parallel worker, "
+                  "or another served model): give a host that serves behind it\n"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_sent(inventory, monkeypatch, capsys, args, expected):
+    shell = Recorded()
+    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    inv = inventory.replace("inventory.py", "no_door.py") if args[1:] == ["no_door"] else inventory
+    for command in ("drain", "undrain"):
+        assert cli.main([command, inv, args[0]]) == 2
+        assert capsys.readouterr().err == expected.format(inv=inv)
+    assert all("show stat" in c for c in shell.commands)  # read, never changed
+
+
+def test_a_silent_front_door_changes_nothing_and_exits_1(inventory, monkeypatch, capsys):
+    shell = Recorded(answers=False)
+    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    assert cli.main(["drain", inventory, "spark-2", "--json"]) == 1
+    assert "spark-1 did not answer" in capsys.readouterr().err
+    assert len(shell.commands) == 1
+
+
+# --- Debian's HAProxy on loopback: the drain held across a restart, with and without the state file -------
+
+
+LIVE_SOCAT = """#!{python}
+import socket, sys
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(sys.argv[-1].split(":", 1)[1])
+    s.sendall(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(b"".join(iter(lambda: s.recv(65536), b"")))
+"""
+
+
+def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
+    if not shutil.which("haproxy"):
+        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
+    from .helpers import start_haproxy
+
+    (door_dir / "bin" / "socat").write_text(LIVE_SOCAT.format(python=sys.executable))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    door = fd.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {}}))
+    (door_dir / "users.map").write_text(door.users_map())
+    (door_dir / "backend.map").write_text(door.backend_map())
+    # the socket and the state file are door_dir's already (the fixture); the maps move there too
+    moved = {paths.FRONT_DOOR_DIR: str(door_dir), f"bind :{door.settings.front_door_port}": f"bind 127.0.0.1:{port}"}
+    config = door.config()
+
+    def states() -> dict[str, str]:
+        return {name: row["state"] for name, row in Local().states()["spark-1"].items()}
+
+    def started(old=None):
+        if old:
+            old.terminate()
+            old.wait()
+        proc = start_haproxy(config, door_dir, moved)
+        wait_for(lambda: "spark-a" in subprocess.run(["sh", "-c", fd.runtime_command("show stat")],
+                                                      capture_output=True, text=True, check=False).stdout)
+        return proc
+
+    proc = started()
+    try:
+        sh(fd.record_command("spark-a", drained=True))
+        sh(fd.runtime_command("set server engines/spark-a state maint"))
+        sh(fd.save_state_command())
+        assert states()["spark-a"] == "drained"
+        proc = started(proc)  # the state file carries the maintenance
+        assert states()["spark-a"] == "drained" and states()["spark-b"] != "drained"
+        os.unlink(paths.FRONT_DOOR_STATE_FILE)
+        proc = started(proc)  # no state file: the unit's replay puts it back
+        assert states()["spark-a"] not in ("drained", "out")
+        sh(fd.replay_command())
+        assert states()["spark-a"] == "drained"
+        assert sh(fd.ready_command(["spark-a", "spark-b"])).startswith("kept spark-a\n")  # a batch end
+        assert states()["spark-a"] == "drained"
+        sh(fd.undrain_command("spark-a"))
+        assert states()["spark-a"] not in ("drained", "out")
+        proc = started(proc)  # undrained stays undrained: the state file was saved by undrain
+        assert states()["spark-a"] not in ("drained", "out")
+    finally:
+        proc.terminate()
+        proc.wait()
