@@ -114,6 +114,7 @@ watchdog_window_s = 1800  # the window watchdog_max_restarts counts in
 front_door_port = 8080  # one URL for the office: http(s)://<front door>:8080/v1
 front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 characters), 0600 on the host
 controller_front_door_url = None  # where the controller reaches it (status, bench); None = ssh_hostname:port
+controller_front_door_ca = None  # a PEM file status trusts for the front door's https; None = the system's CAs
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
 front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN

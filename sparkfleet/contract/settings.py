@@ -341,6 +341,7 @@ class Settings(BaseModel):
     front_door_port: int = Field(ge=1, le=65535)
     front_door_users: dict[Name, UserKey] = _secret()
     controller_front_door_url: Url | None
+    controller_front_door_ca: AbsPath | None
     front_door_tls_cert: AbsPath | None
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool

@@ -533,9 +533,11 @@ def front_door_status(inventory: str) -> dict | None:
     states = runtime.states()
     doors = []
     for name, data in runtime.doors:
-        url = front_door_url(parse_settings(name, data), data)
+        s = parse_settings(name, data)
+        url = front_door_url(s, data)
         try:
-            up = requests.get(url + serving.HEALTH["path"], timeout=serving.HEALTH["timeout_s"]).status_code == 200
+            up = requests.get(url + serving.HEALTH["path"], timeout=serving.HEALTH["timeout_s"],
+                              verify=s.controller_front_door_ca or True).status_code == 200
         except requests.RequestException:
             up = False
         doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})

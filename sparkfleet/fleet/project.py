@@ -148,7 +148,8 @@ def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tup
     if tls:
         tls_lines = ("    # self-signed by `sparkfleet init`: clients trust the certificate; the key is 0600, outside\n"
                      f"    \"front_door_tls_cert\": {q(str(tls[0]))},\n"
-                     f"    \"front_door_tls_key\": {q(str(tls[1]))},\n")
+                     f"    \"front_door_tls_key\": {q(str(tls[1]))},\n"
+                     f"    \"controller_front_door_ca\": {q(str(tls[0]))},  # what status trusts for it\n")
     else:
         tls_lines = ("    # No certificate (no openssl when `sparkfleet init` ran): the front door speaks plain http and\n"
                      "    # refuses users until front_door_tls_cert and front_door_tls_key are set here.\n")

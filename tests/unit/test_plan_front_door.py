@@ -133,3 +133,45 @@ def test_an_inventory_that_does_not_compile_is_one_line(tmp_path, capsys):
     assert cli.main(["plan", str(path)]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"sparkfleet: inventory {path} failed to load: SyntaxError: ")
+
+
+def test_status_trusts_the_self_signed_front_door_init_made_and_nothing_else(tmp_path, monkeypatch):
+    """`sparkfleet init` makes a self-signed certificate and names it controller_front_door_ca: status's https
+    check of the front door trusts that file; without it, the same door is not trusted (DOWN)."""
+    import http.server
+    import ssl
+    import threading
+
+    from sparkfleet.fleet.project import self_signed
+
+    crt, key = tmp_path / "door.crt", tmp_path / "door.key"
+    assert self_signed(crt, key, ["127.0.0.1"])
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(crt, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_port}"
+    door = host_data(api_key=KEY, api_host="0.0.0.0", front_door_users={"alice": "a" * 24},
+                     controller_front_door_url=url,
+                     front_door_tls_cert=str(crt), front_door_tls_key=str(key))
+    monkeypatch.setattr(fd.FrontDoorRuntime, "states", lambda self: {"spark-1": {}})
+    try:
+        up = {}
+        for ca in (str(crt), None):
+            monkeypatch.setattr(fd.FrontDoorRuntime, "of", classmethod(
+                lambda cls, inventory, ca=ca: cls(inventory, [("spark-1", {**door, "controller_front_door_ca": ca})])))
+            up[ca] = fd.front_door_status("inventory.py")["up"]
+    finally:
+        server.shutdown()
+    assert up == {str(crt): True, None: False}
