@@ -47,6 +47,7 @@ def installed(tmp_path_factory):
 def run(installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     bin_dir, project = installed
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.setdefault("SPARKFLEET_CACHE", str(ROOT / ".cache"))  # the fleet's controller cache: tokens, bundle, models
     return subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=project, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -125,13 +126,9 @@ def test_installed_commands_drive_the_simulated_fleet(installed, converged_fleet
     lines = logs.stdout.splitlines()
     assert logs.returncode == 0 and len(lines) == 5 and all(" spark-1 " in line for line in lines), logs.stderr
 
-    env_cache = {} if os.environ.get("SPARKFLEET_CACHE") else {"SPARKFLEET_CACHE": str(ROOT / ".cache")}
-    os.environ.update(env_cache)  # the checkout's runtime bundle and manifests: nothing is built again
     try:
         deploy = run(installed, "pyinfra", "-y", "sim.py", "my_deploy.py", "--limit", "spark-1", timeout=900)
     finally:
-        for key in env_cache:
-            os.environ.pop(key)
         ssh(converged_fleet, "spark-1", "rm -rf /srv/my-project")  # the fleet as the demo left it
     output = deploy.stdout + deploy.stderr
     assert deploy.returncode == 0, output[-4000:]
@@ -150,3 +147,74 @@ def changed_operations(output: str) -> list[str]:
         if counts[1] != "-":
             changed.append(name.strip())
     raise AssertionError("no Grand total line")
+
+
+def office_inventory(project, secrets) -> str:
+    """An office's inventory in its own directory: the simulated Sparks (the sim's state file gives addresses,
+    ports and keys), a front door on spark-1, its users read from a 0600 secrets file outside the project."""
+    from .test_front_door import door_port
+
+    door = {"controller_front_door_url": f"http://127.0.0.1:{door_port()}", "drain_timeout_s": 30,
+            "front_door_allow_http": True}
+    (project / "office.py").write_text(
+        "import runpy\nfrom sparkfleet.fleet.users import read_secrets\n"
+        f"SPARKFLEET_SECRETS = {str(secrets)!r}\n"
+        f"_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
+        f"_door = {{**{door!r}, 'front_door_users': read_secrets(SPARKFLEET_SECRETS)['users']}}\n"
+        "sparks = [(n, {**d, **_door}) for n, d in _sim['sparks']]\nfront_door = [sparks[0]]\n")
+    return "office.py"
+
+
+def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_the_user(installed, converged_fleet,
+                                                                                          tmp_path):
+    """The office path with the installed commands only: users add, a converge, a chat with the new key through
+    the front door; drain and undrain; a rollout and a rollback; an engine's journal; users remove, a converge,
+    401 for that key while the others keep working."""
+    from .test_front_door import chat, door_port
+
+    _, project = installed
+    secrets = tmp_path / "keys" / "office.json"  # outside the project
+    secrets.parent.mkdir(mode=0o700)
+    secrets.write_text(json.dumps({"api_key": "sim-key", "users": {"bob": "bob-0123456789abcdef"}}))
+    secrets.chmod(0o600)
+    inventory = office_inventory(project, secrets)
+    url = f"http://127.0.0.1:{door_port()}"
+    hello = [{"role": "user", "content": "hello"}]
+
+    added = run(installed, "sparkfleet", "users", "add", inventory, "alice")
+    assert added.returncode == 0, added.stderr
+    alice = added.stdout.strip()
+    assert json.loads(secrets.read_text())["users"]["alice"] == alice and secrets.stat().st_mode & 0o077 == 0
+    door = run(installed, "pyinfra", "-y", inventory, "sparkfleet.tasks.converge", "--limit", "spark-1", timeout=900)
+    assert door.returncode == 0, door.stdout[-3000:] + door.stderr[-3000:]
+    assert alice not in door.stdout + door.stderr
+    assert chat(url, alice, hello, stream=False)[0] == 200
+
+    assert run(installed, "sparkfleet", "drain", inventory, "spark-2").returncode == 0
+    try:
+        status = run(installed, "sparkfleet", "status", inventory, "--json")
+        assert {"host": "spark-2", "state": "drained"} in json.loads(status.stdout)["front_door"]["backends"]
+    finally:
+        assert run(installed, "sparkfleet", "undrain", inventory, "spark-2").returncode == 0
+
+    before = {r["host"]: r for r in json.loads(run(installed, "sparkfleet", "status", inventory, "--json").stdout)
+              ["hosts"]}
+    rolled = run(installed, "sparkfleet", "rollout", inventory, "--batch", "1", "--data", "max_model_len=65536",
+                 "--json", timeout=1500)
+    assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr[-3000:]
+    report = json.loads(rolled.stdout)
+    assert report["ok"] and sorted(h["host"] for h in report["hosts"] if h["result"] == "converged") == list(HOSTS)
+    back = run(installed, "sparkfleet", "rollback", inventory, "--json", timeout=1500)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    after = json.loads(run(installed, "sparkfleet", "status", inventory, "--json").stdout)
+    assert {r["host"]: (r["healthy"], r["ssh"]["release_id"]) for r in after["hosts"]} == \
+        {h: (True, before[h]["ssh"]["release_id"]) for h in HOSTS}
+
+    logs = run(installed, "sparkfleet", "logs", inventory, "spark-1", "-n", "3")
+    assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 3, logs.stderr
+
+    assert run(installed, "sparkfleet", "users", "remove", inventory, "alice").returncode == 0
+    door = run(installed, "pyinfra", "-y", inventory, "sparkfleet.tasks.converge", "--limit", "spark-1", timeout=900)
+    assert door.returncode == 0, door.stdout[-3000:] + door.stderr[-3000:]
+    assert chat(url, alice, hello, stream=False)[0] == 401
+    assert chat(url, "bob-0123456789abcdef", hello, stream=False)[0] == 200

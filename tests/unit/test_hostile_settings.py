@@ -297,7 +297,8 @@ STRING_SETTINGS = {
     "hub_token": SECRET, "lan_address": "spark-a.lan", "controller_model_dir": "/srv/models",
     "engine_image_archive": "/srv/vllm.tar", "api_key": SECRET, "controller_api_url": "http://127.0.0.1:8000",
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",
-    "front_door_tls_key": "/srv/tls/door.key", "speculative_method": "mtp", "fabric_address": "192.168.100.1",
+    "front_door_tls_key": "/srv/tls/door.key", "controller_front_door_ca": "/srv/tls/ca.pem",
+    "speculative_method": "mtp", "fabric_address": "192.168.100.1",
 }
 ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services",
                  "tensor_parallel_hosts", "ray_start_args"}
