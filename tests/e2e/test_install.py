@@ -181,6 +181,11 @@ def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_
     url = f"http://127.0.0.1:{door_port()}"
     hello = [{"role": "user", "content": "hello"}]
 
+    planned = run(installed, "sparkfleet", "plan", inventory, "--json")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    doors = json.loads(planned.stdout)["front_doors"]
+    assert [(d["host"], d["users"]) for d in doors] == [("spark-1", ["bob"])]
+    assert "bob-0123456789abcdef" not in planned.stdout + planned.stderr
     added = run(installed, "sparkfleet", "users", "add", inventory, "alice")
     assert added.returncode == 0, added.stderr
     alice = added.stdout.strip()
