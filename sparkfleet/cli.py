@@ -11,11 +11,12 @@ from pathlib import Path
 from rich.syntax import Syntax
 
 from sparkfleet import __version__
-from sparkfleet.fleet.inventory import InventoryError, load_hosts
+from sparkfleet.fleet.inventory import InventoryError, load_hosts, locked
 from sparkfleet.fleet.users import SecretsError
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.contract.recipes import catalogue
 from sparkfleet.release.image import image_resolver
+from sparkfleet.release.lock import LockError
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
 from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
@@ -27,7 +28,7 @@ INVALID = (SettingsError, FileNotFoundError, KeyError, SecretsError)
 
 
 def _invalid(exc: Exception) -> int:
-    if isinstance(exc, InventoryError):  # one line: the inventory and its own error
+    if isinstance(exc, (InventoryError, LockError)):  # one line: the file and its own error
         print(f"sparkfleet: {exc}", file=sys.stderr)
         return EXIT_INVALID
     print(f"sparkfleet: invalid settings:\n{exc}", file=sys.stderr)
@@ -48,13 +49,18 @@ def _with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[st
     return [(name, {**d, **data, USER_SET_KEY: sorted({*d.get(USER_SET_KEY, ()), *data})}) for name, d in hosts]
 
 
+def _locked_plans(hosts: list[tuple[str, dict]], images: bool = True) -> list:
+    """plan_hosts from the project's lock (what it lacks is resolved and added: fleet/inventory.py `locked`)."""
+    with locked(hub_resolver, image_resolver) as lock:
+        return plan_hosts(hosts, resolve=lock.model, resolve_image=lock.image if images else None)
+
+
 def _plan(args) -> int:
     from sparkfleet.fleet.front_door import door_rows, door_summary
 
     try:
-        plans = plan_hosts(_with_data(load_hosts(args.inventory, args.limit), args.data),
-                           resolve=None if args.offline else hub_resolver,
-                           resolve_image=None if args.offline else image_resolver)
+        hosts = _with_data(load_hosts(args.inventory, args.limit), args.data)
+        plans = plan_hosts(hosts) if args.offline else _locked_plans(hosts)
         doors = [door_summary(door) for door in _front_doors(args, plans)]
     except INVALID as exc:
         return _invalid(exc)
@@ -219,7 +225,7 @@ def _rollout(args) -> int:
     data = _parse_data(args.data)
     try:
         hosts = load_whole_groups(args.inventory, args.limit)
-        plans = plan_hosts(_with_data(hosts, args.data), resolve=hub_resolver, resolve_image=image_resolver)
+        plans = _locked_plans(_with_data(hosts, args.data))
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]
@@ -267,7 +273,7 @@ def _fetch(args) -> int:
     from sparkfleet.controller.copy import ControllerCopyError, controller_copy
 
     try:
-        plans = plan_hosts(load_hosts(args.inventory, args.limit), resolve=hub_resolver)
+        plans = _locked_plans(load_hosts(args.inventory, args.limit), images=False)
     except INVALID as exc:
         return _invalid(exc)
     done, copies = set(), []
@@ -431,6 +437,7 @@ def _json(parser: argparse.ArgumentParser, help: str = "print JSON instead of th
 
 def parser() -> argparse.ArgumentParser:
     from sparkfleet.fleet import bench
+    from sparkfleet.fleet import update as lock_update
     from sparkfleet.fleet.logs import DEFAULT_LINES, UNITS
 
     top = argparse.ArgumentParser(prog="sparkfleet", description=__doc__)
@@ -528,6 +535,10 @@ def parser() -> argparse.ArgumentParser:
         door.add_argument("host", help="a host of the inventory that serves behind the front door")
         _json(door)
         door.set_defaults(func=_drain, drained=drained)
+
+    update = sub.add_parser("update", help="re-resolve the lock's models and images: show what moves, write it")
+    lock_update.add_arguments(update)
+    update.set_defaults(func=lock_update.main)
 
     measure = sub.add_parser("bench", help="measure TTFT, TPOT and throughput at several concurrencies")
     bench.add_arguments(measure)

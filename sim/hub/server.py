@@ -19,6 +19,8 @@ ModelScope
 Admin (JSON)
   GET  /_sim/counters   GET /_sim/knobs   GET /_sim/repos   GET /_sim/requests
   POST /_sim/reset      POST /_sim/knobs
+  POST /_sim/publish {"repo": ID}     a new commit on the branch, README.md changed; older commits still served
+  POST /_sim/unpublish {"repo": ID}   the branch back on the generated commit, the published ones dropped
 
 Files that are *.safetensors or >= 1 MiB are "LFS": Hugging Face gets their
 sha256 as ETag and in `lfs`; other files get their git blob SHA-1. ModelScope
@@ -37,6 +39,7 @@ import collections
 import hashlib
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -116,16 +119,37 @@ def _safetensors_params(path: Path) -> dict[str, int]:
     return out
 
 
+def _commit_id(repo_id: str, files: dict[str, RepoFile]) -> str:
+    """A fake but stable commit id: a digest of the repo id and every (path, sha256), so two hubs agree."""
+    digest = hashlib.sha1(repo_id.encode())
+    for f in files.values():
+        digest.update(f"\n{f.path}\0{f.sha256}".encode())
+    return digest.hexdigest()
+
+
+def _repo_file(rel: str, abspath: Path) -> RepoFile:
+    size, sha256, sha1 = _hash_file(abspath)
+    return RepoFile(rel, abspath, size, sha256, sha1, rel.endswith(".safetensors") or size >= LFS_THRESHOLD)
+
+
+PUBLISHED_FILE = "README.md"  # what a published commit changes: no weight, nothing a release's memory plan reads
+PUBLISHED_DIR = ".published"  # DATA/.published/<org>--<name>/<n>/README.md: the bytes of published commit n
+
+
 @dataclass
 class Repo:
+    """A repository's commits: `commit` (the branch, main and master alike) and every older one by its id."""
     repo_id: str
     root: Path
-    files: dict[str, RepoFile]
+    files: dict[str, RepoFile]  # the branch's
     commit: str
     params: dict[str, int] = field(default_factory=dict)
+    history: dict[str, dict[str, RepoFile]] = field(default_factory=dict)  # commit id -> its files
+    published: int = 0  # commits made by publish() on top of the generated one
 
     @classmethod
     def load(cls, repo_id: str, root: Path) -> "Repo":
+        """The repository under root, with the commits published on it before (replayed: same bytes, same ids)."""
         files: dict[str, RepoFile] = {}
         params: dict[str, int] = {}
         for dirpath, dirnames, filenames in os.walk(root):
@@ -135,27 +159,56 @@ class Repo:
                     continue
                 abspath = Path(dirpath) / name
                 rel = abspath.relative_to(root).as_posix()
-                size, sha256, sha1 = _hash_file(abspath)
-                lfs = rel.endswith(".safetensors") or size >= LFS_THRESHOLD
-                files[rel] = RepoFile(rel, abspath, size, sha256, sha1, lfs)
+                files[rel] = _repo_file(rel, abspath)
                 if rel.endswith(".safetensors"):
                     for dtype, n in _safetensors_params(abspath).items():
                         params[dtype] = params.get(dtype, 0) + n
         files = dict(sorted(files.items()))
-        # A fake but stable commit id: a digest of the repo id and every (path, sha256).
-        digest = hashlib.sha1(repo_id.encode())
-        for f in files.values():
-            digest.update(f"\n{f.path}\0{f.sha256}".encode())
-        return cls(repo_id, root, files, digest.hexdigest(), params)
+        commit = _commit_id(repo_id, files)
+        repo = cls(repo_id, root, files, commit, params, {commit: files})
+        while repo._published_dir(repo.published + 1).is_dir():
+            repo.publish()
+        return repo
+
+    def _published_dir(self, n: int) -> Path:
+        return self.root.parents[1] / PUBLISHED_DIR / self.repo_id.replace("/", "--") / str(n)
+
+    def publish(self) -> str:
+        """A new commit on the branch with PUBLISHED_FILE changed (its bytes a function of how many came before,
+        so every hub publishing as often agrees on the id); older commits stay served by their id."""
+        n = self.published + 1
+        generated = self.history[next(iter(self.history))].get(PUBLISHED_FILE)
+        text = (generated.abspath.read_text() if generated else "") + f"\n<!-- sim hub publish {n} -->\n"
+        path = self._published_dir(n) / PUBLISHED_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (path.is_file() and path.read_text() == text):
+            path.write_text(text)
+        files = dict(sorted({**self.files, PUBLISHED_FILE: _repo_file(PUBLISHED_FILE, path)}.items()))
+        commit = _commit_id(self.repo_id, files)
+        self.history[commit] = files
+        self.files, self.commit, self.published = files, commit, n  # the branch moves last
+        return commit
+
+    def reset(self) -> str:
+        """The branch back on the generated commit; the published ones forgotten (and their bytes removed)."""
+        first = next(iter(self.history))
+        self.files, self.commit, self.published = self.history[first], first, 0
+        self.history = {first: self.files}
+        shutil.rmtree(self._published_dir(1).parent, ignore_errors=True)
+        return first
 
     def resolve(self, revision: str) -> str | None:
-        if revision in (HF_BRANCH, MS_BRANCH, self.commit):
+        """The commit a revision names: the branch's for main/master, else a commit id the repo has had."""
+        if revision in (HF_BRANCH, MS_BRANCH):
             return self.commit
-        return None
+        return revision if revision in self.history else None
 
-    def dirs(self) -> list[str]:
+    def files_at(self, commit: str) -> dict[str, RepoFile]:
+        return self.history.get(commit, self.files)
+
+    def dirs(self, commit: str | None = None) -> list[str]:
         out: set[str] = set()
-        for p in self.files:
+        for p in self.files_at(commit or self.commit):
             parts = p.split("/")[:-1]
             for i in range(1, len(parts) + 1):
                 out.add("/".join(parts[:i]))
@@ -444,6 +497,8 @@ class HubHandler(BaseHTTPRequestHandler):
                     return self._json(self.state.set_knobs(body))
                 except (ValueError, TypeError) as exc:
                     return self._json({"error": str(exc)}, 400)
+            if what in ("publish", "unpublish"):
+                return self._publish(raw, what)
             return self._json({"error": "not found"}, 404)
         if what == "counters":
             return self._json(self.state.counters())
@@ -458,10 +513,24 @@ class HubHandler(BaseHTTPRequestHandler):
         if what == "repos":
             return self._json({
                 rid: {"commit": r.commit, "branches": [HF_BRANCH, MS_BRANCH], "size": r.total_size,
+                      "commits": list(r.history),
                       "files": {p: {"size": f.size, "sha256": f.sha256, "lfs": f.lfs} for p, f in r.files.items()}}
                 for rid, r in self.state.repos.items()
             })
         return self._json({"error": "not found"}, 404)
+
+    def _publish(self, raw: bytes, what: str) -> None:
+        """POST /_sim/publish {"repo": ID}: a new commit on the branch (one file changed); /_sim/unpublish: the
+        branch back on the generated commit. Answers {"repo", "commit" (the branch's now), "previous"}."""
+        try:
+            body = json.loads(raw or b"{}")
+            repo = self.state.repos[body["repo"]]
+        except (ValueError, TypeError, KeyError):
+            return self._json({"error": f"expected {{\"repo\": ID}} naming one of {sorted(self.state.repos)}"}, 400)
+        with self.state.lock:
+            previous = repo.commit
+            commit = repo.publish() if what == "publish" else repo.reset()
+        return self._json({"repo": repo.repo_id, "commit": commit, "previous": previous})
 
     # -- Hugging Face
 
@@ -486,7 +555,7 @@ class HubHandler(BaseHTTPRequestHandler):
             return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         blobs = params.get("blobs", "").lower() in ("1", "true")
         siblings = []
-        for f in repo.files.values():
+        for f in repo.files_at(commit).values():
             sib: dict = {"rfilename": f.path}
             if blobs:
                 sib.update(size=f.size, blobId=f.oid)
@@ -525,7 +594,7 @@ class HubHandler(BaseHTTPRequestHandler):
         recursive = params.get("recursive", "").lower() in ("1", "true")
         expand = params.get("expand", "").lower() in ("1", "true")
         prefix = base + "/" if base else ""
-        dirs = repo.dirs()
+        dirs = repo.dirs(commit)
         if base and base not in dirs:
             return self._hf_error(404, "EntryNotFound", f"{base} does not exist on {revision}", commit)
 
@@ -539,7 +608,7 @@ class HubHandler(BaseHTTPRequestHandler):
             if wanted(d):
                 entries.append({"type": "directory", "oid": hashlib.sha1(f"{commit}:{d}".encode()).hexdigest(),
                                 "size": 0, "path": d})
-        for f in repo.files.values():
+        for f in repo.files_at(commit).values():
             if wanted(f.path):
                 e: dict = {"type": "file", "oid": f.oid, "size": f.size, "path": f.path}
                 if f.lfs:
@@ -554,7 +623,7 @@ class HubHandler(BaseHTTPRequestHandler):
         commit = repo.resolve(revision)
         if commit is None:
             return self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        f = repo.files.get(path)
+        f = repo.files_at(commit).get(path)
         if f is None:
             return self._hf_error(404, "EntryNotFound", f"{path} does not exist on {revision}", commit)
         etag = f.sha256 if f.lfs else f.blob_sha1
@@ -584,7 +653,7 @@ class HubHandler(BaseHTTPRequestHandler):
             commit = repo.resolve(revision)
             if commit is None:
                 return self._ms_error(404, f"Revision {revision} does not exist.")
-            f = repo.files.get((params.get("FilePath") or "").lstrip("/"))
+            f = repo.files_at(commit).get((params.get("FilePath") or "").lstrip("/"))
             if f is None:
                 return self._ms_error(404, "File does not exist.")
             return self._serve_file(repo, f, {"ETag": f'"{f.sha256}"'})
@@ -598,7 +667,7 @@ class HubHandler(BaseHTTPRequestHandler):
         recursive = params.get("Recursive", "").lower() in ("1", "true")
         root = (params.get("Root") or "").strip("/")
         prefix = root + "/" if root else ""
-        dirs = repo.dirs()
+        dirs = repo.dirs(commit)
         if root and root not in dirs:
             return self._ms_error(404, f"{root} does not exist.")
 
@@ -610,7 +679,7 @@ class HubHandler(BaseHTTPRequestHandler):
             if wanted(d):
                 out.append({"Name": d.rsplit("/", 1)[-1], "Path": d, "Type": "tree", "Size": 0,
                             "Revision": commit, "Mode": "40000"})
-        for f in repo.files.values():
+        for f in repo.files_at(commit).values():
             if wanted(f.path):
                 out.append({
                     "Name": f.path.rsplit("/", 1)[-1], "Path": f.path, "Type": "blob", "Size": f.size,

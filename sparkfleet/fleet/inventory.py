@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyinfra.api import State
@@ -15,6 +17,7 @@ from sparkfleet import PROJECT_ROOT
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.host.run import Run, run_of
 from sparkfleet.release.image import image_resolver
+from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
 
@@ -67,30 +70,75 @@ class DeployRefused(PyinfraError):
     """Raised inside deploy.py: pyinfra prints the message, not a traceback, and touches no host."""
 
 
-def shared_resolvers(run: Run) -> tuple:
-    """The hub and image resolvers, each asked once per run for one model (hub, repo, revision, where from) or
-    one image: hosts and services of one model share the answer, so a revision or tag that moves mid-run cannot
-    give two hosts two releases. The keys are the settings each resolver reads."""
+LOCK_ENV = "SPARKFLEET_LOCK"  # where the project's lock is, when not PROJECT_ROOT/sparkfleet.lock
+
+
+def lock_path() -> Path:
+    """The project's lock file: $SPARKFLEET_LOCK, else sparkfleet.lock in the project (beside deploy.py)."""
+    return Path(os.environ.get(LOCK_ENV) or PROJECT_ROOT / "sparkfleet.lock")
+
+
+def read_lock(path: Path) -> Lock:
+    """The lock at `path` (an empty one when there is none yet), or LockError: one line, the file and the fix."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return Lock()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LockError(path, f"unreadable ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})") from None
+    return parse_lock(text, path)
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    """Atomically: a reader sees the old lock or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(lock.render())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def locked(resolve, resolve_image):
+    """The one way plans reach hubs and registries: resolvers answering from the project's lock, asking `resolve`
+    / `resolve_image` only for what it lacks; what they added is written to the lock once the block succeeds."""
+    path = lock_path()
+    locking = Locking(read_lock(path), resolve, resolve_image)
+    yield locking
+    if locking.added.models or locking.added.images:
+        write_lock(path, read_lock(path).merged(locking.added))  # read again: keep what another run wrote since
+
+
+def shared_resolvers(run: Run, locking: Locking) -> tuple:
+    """The locked resolvers, each asked once per run for one model (hub, repo, revision, where from) or one image:
+    hosts and services of one model share the answer, so a revision or tag that moves mid-run cannot give two
+    hosts two releases. The keys are the settings each resolver reads."""
     def model(s):
         key = (s.model_hub, s.model_repo, s.model_revision, s.controller_endpoint, s.hub_token)
-        return run.once("hub", key, lambda: hub_resolver(s))
+        return run.once("hub", key, lambda: locking.model(s))
 
     def image(s):
         key = (s.engine_image, s.engine_image_archive, s.controller_registry_url)
-        return run.once("image", key, lambda: image_resolver(s))
+        return run.once("image", key, lambda: locking.image(s))
 
     return model, image
 
 
 def plans(state) -> dict[str, HostPlan]:
-    """Every host's plan (host name -> plan), validated once per pyinfra run; the first host to ask plans the
-    whole inventory while the others wait for it."""
+    """Every host's plan (host name -> plan), validated once per pyinfra run from the project's lock; the first
+    host to ask plans the whole inventory while the others wait for it."""
     run = run_of(state)
 
     def plan_inventory():
-        resolve, resolve_image = shared_resolvers(run)
-        return {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
-                                              resolve=resolve, resolve_image=resolve_image)}
+        with locked(hub_resolver, image_resolver) as locking:
+            resolve, resolve_image = shared_resolvers(run, locking)
+            return {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
+                                                  resolve=resolve, resolve_image=resolve_image)}
 
     return run.once("plans", "inventory", plan_inventory)
 

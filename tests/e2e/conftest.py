@@ -49,6 +49,11 @@ if os.environ.get("SPARKFLEET_SIM_FLEET", "default") not in ("", "default"):
     # a named fleet's controller cache of its own: tokens, runtime bundle and model copies (a rotation, or two
     # converges building the runtime bundle at once, stays in one fleet)
     os.environ["SPARKFLEET_CACHE"] = str(ROOT / ".sim" / "fleets" / os.environ["SPARKFLEET_SIM_FLEET"] / "cache")
+# one release lock per simulated fleet, beside its state.json (sim_fleet starts a run with none: a rebuilt fleet's
+# registry serves other digests)
+_SIM_FLEET = os.environ.get("SPARKFLEET_SIM_FLEET", "default")
+os.environ["SPARKFLEET_LOCK"] = str(ROOT / ".sim" / ("" if _SIM_FLEET in ("", "default") else f"fleets/{_SIM_FLEET}")
+                                    / "sparkfleet.lock")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,6 +105,7 @@ def sim_fleet():
     from sim import fleet
 
     fleet.down()
+    Path(os.environ["SPARKFLEET_LOCK"]).unlink(missing_ok=True)
     state = fleet.up(hosts=len(HOSTS))
     yield state
 

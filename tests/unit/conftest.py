@@ -46,8 +46,9 @@ def _no_client_backoff(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
-    """Each unit test resolves manifests into its own cache."""
+    """Each unit test resolves manifests into its own cache, and plans from (and writes) a lock of its own."""
     monkeypatch.setenv("SPARKFLEET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPARKFLEET_LOCK", str(tmp_path / "sparkfleet.lock"))
     from sparkfleet.model import hubs
 
     hubs._resolve_manifest.cache_clear()
