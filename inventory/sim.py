@@ -24,6 +24,9 @@ except FileNotFoundError:
         f"(no {_STATE_FILE})"
     ) from None
 
+# The release lock of this fleet (sparkfleet.lock), beside its state: `sim down` and a new engine image remove it.
+_os.environ.setdefault("SPARKFLEET_LOCK", str(_STATE_FILE.parent / "sparkfleet.lock"))
+
 _common = {
     "ssh_hostname": "127.0.0.1",
     "ssh_user": _state["ssh_user"],

@@ -41,6 +41,8 @@ def fleet_name(value: str | None) -> str:
 FLEET = fleet_name(os.environ.get("SPARKFLEET_SIM_FLEET"))
 FLEET_DIR = SIM_DIR / "fleets" / FLEET if FLEET else SIM_DIR
 STATE_FILE = FLEET_DIR / "state.json"
+# the fleet's release lock (inventory/sim.py points SPARKFLEET_LOCK here): its pins live and die with the fleet
+LOCK_FILE = FLEET_DIR / "sparkfleet.lock"
 PREFIX = f"sparkfleet-{FLEET}" if FLEET else "sparkfleet"  # container, volume and network names start with it
 # every container/volume/network of the fleet carries it (a named fleet's own key: no other fleet's `down` or
 # `up` counts its containers as theirs)

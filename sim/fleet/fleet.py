@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import apt_repo, images
-from ._util import (CONFIG_LABEL, FLEET, FLEET_DIR, IMAGES_DIR, LABEL, PREFIX, REPO_ROOT, SIM_DIR,
+from ._util import (CONFIG_LABEL, FLEET, FLEET_DIR, IMAGES_DIR, LABEL, LOCK_FILE, PREFIX, REPO_ROOT, SIM_DIR,
                     STATE_FILE, SimError, docker, free_port, log, port_is_free, read_json, run, sha256_bytes,
                     wait_for, write_json)
 
@@ -295,6 +295,7 @@ def _push_engine(registry_port: int) -> None:
         docker("push", local, timeout=600)
     finally:
         docker("rmi", local, check=False)
+    LOCK_FILE.unlink(missing_ok=True)  # it pinned the image this push replaced
     log(f"pushed the stand-in vLLM image in {time.monotonic() - t0:.1f}s")
 
 
@@ -495,6 +496,7 @@ def down() -> None:
         if docker("network", "inspect", net, check=False).returncode == 0:
             docker("network", "rm", net, check=False)
     STATE_FILE.unlink(missing_ok=True)
+    LOCK_FILE.unlink(missing_ok=True)  # its hub and registry are gone with it
     log(f"fleet down in {time.monotonic() - t0:.1f}s")
 
 
