@@ -8,12 +8,14 @@ and `sparkfleet rollout` show the same. Every ~2 s, while the host's operations 
 over that host's own SSH connection (paramiko gives each command a channel of its own): the fetch helper's
 progress file (`paths.FETCH_PROGRESS`) and the engine unit's journal since the watch began, filtered to vLLM's
 phase lines. On a terminal the hosts are rich progress bars; otherwise plain lines, one per host when its phase
-changes or every PLAIN_EVERY_S, so CI logs stay short. What a host sends is data: numbers are checked, text is
-cut and printed literally (`tables.literal`); nothing secret is read (paths and counts only).
+changes or every PLAIN_EVERY_S, so CI logs stay short. What a host sends is data: its numbers are checked, its
+journal lines (printable ASCII, cut on the host) only pick one of our phase labels and give two counts, and every
+line is printed literally (`tables.literal`); nothing secret is read (paths and counts only).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import shlex
@@ -29,7 +31,8 @@ POLL_S = 2.0  # between two reads of a host
 POLL_TIMEOUT_S = 15  # one read's limit: a slow host skips a beat, it never holds the deploy
 PLAIN_EVERY_S = 10.0  # not a terminal: a host's line at most this often, unless its phase changes
 JOURNAL_LINES = 5  # the last phase lines read each time (the newest decides)
-LINE_MAX = 300  # a journal line is cut here on the host, and its text shown is cut again here
+BAR_WIDTH = 20  # a terminal's bar, in columns
+LINE_MAX = 300  # a journal line is cut here on the host (and again here before it is matched)
 FETCH_STATES = ("checking", "fetching", "done", "failed")
 
 
@@ -212,6 +215,9 @@ class HostView:
 
 
 _MARK = "@@sparkfleet-progress"
+# what a journal line keeps on its way here: printable ASCII, tabs, line ends and tqdm's carriage returns (vLLM's
+# phase lines are ASCII; a bar's blocks, escape sequences or a multi-byte character cut in two are not)
+_PRINTABLE = shlex.quote(r"\11\12\15\40-\176")
 
 
 def poll_command(unit: str | None, since: int | None) -> str:
@@ -221,8 +227,9 @@ def poll_command(unit: str | None, since: int | None) -> str:
     if unit and since is not None:
         keys = " ".join(f"-e {shlex.quote(p.key)}" for p in PHASE_LINES)
         parts += [f"echo {_MARK}",
-                  f"journalctl --no-pager -o cat -u {shlex.quote(unit)} --since @{int(since)} 2>/dev/null"
-                  f" | grep -F {keys} | tail -n {JOURNAL_LINES} | cut -c1-{LINE_MAX}"]
+                  # --all: a line holding tqdm's carriage return is "unprintable" to journalctl, a blob without it
+                  f"journalctl --no-pager --all -o cat -u {shlex.quote(unit)} --since @{int(since)} 2>/dev/null"
+                  f" | grep -F {keys} | tail -n {JOURNAL_LINES} | LC_ALL=C tr -cd {_PRINTABLE} | cut -c1-{LINE_MAX}"]
     return "; ".join(parts)
 
 
@@ -232,7 +239,7 @@ def read_poll(stdout: str) -> tuple[int | None, str, list[str]]:
     clock = sections[0].strip()
     now = int(clock) if clock.isdigit() else None
     text = sections[1].strip() if len(sections) > 1 else ""
-    lines = [line for line in sections[2].splitlines() if line.strip()] if len(sections) > 2 else []
+    lines = [line for line in sections[2].split("\n") if line.strip()] if len(sections) > 2 else []  # keeps \r
     return now, text, lines
 
 
@@ -242,9 +249,8 @@ def update(view: HostView, since: int, text: str, lines: list[str], engine: bool
     view.fetch = fetch if fetch and fetch.started_at >= since - 1 else view.fetch
     if engine:
         view.phase = engine_phase(lines) or view.phase
-    fetch_over = view.fetch is None or view.fetch.state in ("done", "failed")
-    view.finished = view.finished or (view.phase is not None and view.phase.ready) or (
-        not engine and view.fetch is not None and fetch_over)
+    fetched = view.fetch is not None and view.fetch.state in ("done", "failed")
+    view.finished = view.finished or bool(view.phase and view.phase.ready) or (not engine and fetched)
 
 
 @dataclass
@@ -291,20 +297,27 @@ class _Display:
         from rich.progress import BarColumn, Progress, TextColumn
 
         if self.bars is None:
-            self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24),
-                                 TextColumn("{task.fields[detail]}"),
-                                 console=self.out, auto_refresh=False, redirect_stdout=False)
+            self.width = max(len(v.name) for v in views)
+            self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=BAR_WIDTH),
+                                 TextColumn("{task.fields[detail]}"), console=self.out, auto_refresh=False,
+                                 redirect_stdout=False)
             self.bars.start()
+            atexit.register(self.close)  # a run that ends early (pyinfra's CLI exits) still gives the cursor back
+        room = max(10, self.out.width - self.width - BAR_WIDTH - 3)  # the name and the bar whole, the rest cut
         for view in views:
             done, total = bar_of(view)
+            text = view.text()
+            text = text if len(text) <= room else text[:room - 1] + "\u2026"
             if view.name not in self.tasks:
-                self.tasks[view.name] = self.bars.add_task(literal(view.name), total=total, detail="")
-            self.bars.update(self.tasks[view.name], completed=done, total=total, detail=literal(view.text()))
+                self.tasks[view.name] = self.bars.add_task(literal(view.name.ljust(self.width)), total=total,
+                                                           detail="")
+            self.bars.update(self.tasks[view.name], completed=done, total=total, detail=literal(text))
         self.bars.refresh()
 
     def close(self) -> None:
         if self.bars is not None:
             self.bars.stop()
+            self.bars, self.tasks = None, {}
 
 
 def bar_of(view: HostView) -> tuple[float, float | None]:
@@ -358,8 +371,7 @@ def _make_watcher(state, live: bool):
             self._drop(host.name)
 
         def _maybe_last(self, state, host, op_hash):
-            mine = [h for h in state.get_op_order() if h in state.ops.get(host, {})]
-            if mine and mine[-1] == op_hash:
+            if host.op_hash_order and host.op_hash_order[-1] == op_hash:  # the host's own operations, in order
                 self._drop(host.name, last_look=True)
 
         def _drop(self, name, last_look=False):
@@ -399,8 +411,9 @@ def _make_watcher(state, live: bool):
             import gevent
 
             while not self.closed and self.watched:
-                active = [w for w in self.watched.values()
-                          if not w.view.finished and w.host not in state.failed_hosts]
+                for name in [n for n, w in self.watched.items() if w.host in state.failed_hosts]:
+                    self._drop(name)  # its operations stopped: no last one will come
+                active = [w for w in self.watched.values() if not w.view.finished]
                 gevent.joinall([gevent.spawn(self._poll, state, w) for w in active], timeout=POLL_TIMEOUT_S + 1)
                 if self.closed:
                     break

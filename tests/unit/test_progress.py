@@ -210,13 +210,31 @@ def test_the_poll_command_reads_the_file_then_the_journal_since_the_watch_began(
     first = progress.poll_command(paths.UNIT_NAME, None)
     assert first == f"date +%s; echo @@sparkfleet-progress; cat {paths.FETCH_PROGRESS} 2>/dev/null"
     later = progress.poll_command(paths.UNIT_NAME, 1700000000)
-    assert f"journalctl --no-pager -o cat -u {paths.UNIT_NAME} --since @1700000000 2>/dev/null" in later
-    assert "-e 'Loading safetensors checkpoint shards'" in later and "| tail -n 5 | cut -c1-300" in later
+    assert f"journalctl --no-pager --all -o cat -u {paths.UNIT_NAME} --since @1700000000 2>/dev/null" in later
+    assert "-e 'Loading safetensors checkpoint shards'" in later
+    assert later.endswith("| tail -n 5 | LC_ALL=C tr -cd '\\11\\12\\15\\40-\\176' | cut -c1-300")
+    assert "journalctl" not in progress.poll_command(None, 1700000000)  # a fetch only: no engine to read
     answer = ('1700000004\n@@sparkfleet-progress\n{"state": "x"}\n@@sparkfleet-progress\n'
               'vLLM API server version 0.33.0\n\n')
     now, text, lines = progress.read_poll(answer)
     assert (now, json.loads(text), lines) == (1700000004, {"state": "x"}, ["vLLM API server version 0.33.0"])
     assert progress.read_poll("") == (None, "", [])
+
+
+def test_the_hosts_filter_keeps_vllms_lines_and_drops_the_rest():
+    """The poll's pipeline after journalctl, run here on a journal's worth of lines: phase lines kept (a tqdm
+    carriage return too), the newest five, printable ASCII only, cut."""
+    pipeline = progress.poll_command(paths.UNIT_NAME, 1).rsplit("2>/dev/null | ", 1)[1]
+    journal = ("vLLM API server version 0.33.0\nReceived request x\n"
+               + "".join(f"Loading safetensors checkpoint shards: {n * 25:3d}% Completed | {n}/4 [00:0{n}<00:00]\n"
+                         for n in range(5))
+               + "Capturing CUDA graphs (decode, FULL):  50%|\u2588\u2588   | 1/2 [00:00]\r"
+                 "Capturing CUDA graphs (decode, FULL): 100%|\u2588\u2588\u2588\u2588| 2/2 [00:00]\n"
+               + "\x1b[31mApplication startup complete" + "x" * 400 + "\n")
+    out = subprocess.run(["sh", "-c", pipeline], input=journal.encode(), capture_output=True, check=True).stdout
+    lines = progress.read_poll(f"1\n@@sparkfleet-progress\n\n@@sparkfleet-progress\n{out.decode('ascii')}")[2]
+    assert len(lines) == 5 and all(len(line) <= 300 and "\x1b" not in line for line in lines)
+    assert engine_phase(lines[:-1]) == Phase("CUDA graphs", 2, 2) and engine_phase(lines).ready
 
 
 def test_an_earlier_runs_progress_file_is_not_this_fetch():
