@@ -89,6 +89,25 @@ def log(msg: str, level: str = "INFO") -> None:
           flush=True)
 
 
+def progress_bar(desc: str, total: int, seconds: float, vllm_format: bool) -> None:
+    """A tqdm bar on stderr over `seconds`, a line per step (at most 10) as the journal stores it: vLLM's own bar
+    format (its weight loader's) or tqdm's default (its CUDA graph capture's)."""
+    t0 = time.monotonic()
+    steps = min(total, 10)
+    for step in range(steps + 1):
+        n = total * step // steps
+        if step:
+            time.sleep(seconds / steps)
+        elapsed = time.strftime("%M:%S", time.gmtime(time.monotonic() - t0))
+        percent = 100 * n // total
+        if vllm_format:
+            line = f"{desc}: {percent:3d}% Completed | {n}/{total} [{elapsed}<00:00, ?it/s]"
+        else:
+            bar = ("\u2588" * (percent // 10)).ljust(10)
+            line = f"{desc}: {percent:3d}%|{bar}| {n}/{total} [{elapsed}<00:00, ?it/s]"
+        print(line, file=sys.stderr, flush=True)
+
+
 DEFAULT_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"
 FAULTS = ("hang", "generation-hang")
 
@@ -1292,6 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
         except StartupError as e:
             die_startup(e)
 
+        log(f"vLLM API server version {VERSION}")
         log(f"Starting vLLM API server (sparkfleet stand-in) version {VERSION}, "
             f"serving model {model}")
         log(f"non-default args: {json.dumps({k: v for k, v in sorted(values.items())})}")
@@ -1331,14 +1351,23 @@ def main(argv: list[str] | None = None) -> int:
                 delay = float(start["load_delay_s"])
             except (TypeError, ValueError) as e:
                 raise StartupError("ValueError", f"bad load_delay_s knob: {e}")
-            log(f"Loading safetensors checkpoint shards: {len(info['shards'])} files, "
-                f"{info['tensors']} tensors")
-            if delay > 0:
-                time.sleep(delay)
+            # vLLM's start, line for line where the journal shows it (the controller's progress reads them):
+            # the shards over most of the delay, then the CUDA graphs (none with --enforce-eager)
+            log(f"Starting to load model {model}...")
+            log(f"{len(info['shards'])} safetensors shards, {info['tensors']} tensors")
+            eager = bool(values.get("enforce_eager"))
+            load_s = max(delay, 0) * (1 if eager else 0.8)
+            progress_bar("Loading safetensors checkpoint shards", max(len(info["shards"]), 1), load_s, True)
             if start["crash_on_start"]:
                 raise StartupError("RuntimeError", "CUDA error: an illegal memory access was "
                                                    "encountered (sim knob crash_on_start)")
             log(f"Loading weights took {time.monotonic() - t0:.2f} seconds")
+            if not eager:
+                t1 = time.monotonic()
+                progress_bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 67, max(delay, 0) * 0.15,
+                             False)
+                progress_bar("Capturing CUDA graphs (decode, FULL)", 35, max(delay, 0) * 0.05, False)
+                log(f"Graph capturing finished in {time.monotonic() - t1:.0f} secs, took 0.00 GiB")
         except StartupError as e:
             log(f"EngineCore failed to start: {e.args[1]}", "ERROR")
             die_startup(e)
@@ -1354,6 +1383,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({cfg['host']!r}, {cfg['port']}): {e.strerror}", file=sys.stderr, flush=True)
             return 1
         shown = "0.0.0.0" if cfg["host"] in ("", "0.0.0.0") else cfg["host"]
+        log(f"Starting vLLM API server 0 on http://{shown}:{server.server_address[1]}")
         log(f"Starting vLLM server on http://{shown}:{server.server_address[1]}")
         log("Available routes are:")
         served = POOLING_ROUTES[cfg["pooling"]] if cfg["pooling"] else ("/v1/chat/completions",)

@@ -57,6 +57,9 @@ WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
 WATCHDOG_UNIT = "sparkfleet-watchdog.service"
 WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
 MANIFEST_DIR = f"{STATE_DIR}/manifests"
+# 0644, paths and counts only: how far a model fetch is (sparkfleet-fetch rewrites it each second, the controller's
+# progress watcher reads it while a deploy runs); under /run, so a reboot forgets it
+FETCH_PROGRESS = "/run/sparkfleet/fetch-progress.json"
 VERIFIED_RECORD = host_module.RECORD_NAME  # inside each model directory
 STAGING_DIR_NAME = host_module.STAGING_NAME  # under model_root: same file system, atomic rename
 TOOLKIT_KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"

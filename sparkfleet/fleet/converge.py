@@ -22,6 +22,7 @@ from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 from sparkfleet import DEPLOYS_DIR, PROJECT_ROOT
+from sparkfleet.fleet import progress
 from sparkfleet.host.operations import health_gate_results
 
 
@@ -84,12 +85,15 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                 results[host.name].failed.append("unreachable over SSH")
         if len(state.failed_hosts) < len(limit):
             try:
+                # the stages register the hosts whose fetch or engine start is shown while run_ops runs
                 load_deploy_file(state, str(deploy_path(deploy_file)))
                 run_ops(state)
             except PyinfraError as exc:  # a refusal while loading (nothing ran), or "No hosts remaining!"
                 for host in limit:
                     if not results[host.name].failed:
                         results[host.name].failed.append(str(exc))
+            finally:
+                progress.close(state)
         for op_hash in state.get_op_order():
             name = sorted(state.op_meta[op_hash].names)[0]
             for host in limit:

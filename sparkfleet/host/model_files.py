@@ -78,7 +78,8 @@ def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, run
         yield from files.put._inner(src=f"{pushed_from}/{path}", dest=f"{staging}/{path}")
     yield StringCommand(
         f"PYTHONPATH={runtime}", "python3", f"{paths.BIN_DIR}/sparkfleet-fetch", QuoteString(job_path),
-        "--env-file", paths.HUB_ENV, *(["--token-file", paths.FLEET_TOKEN] if peers else []),
+        "--env-file", paths.HUB_ENV, "--progress-file", paths.FETCH_PROGRESS,
+        *(["--token-file", paths.FLEET_TOKEN] if peers else []),
         *(["--full-verify"] if full_verify else []),
     )
 

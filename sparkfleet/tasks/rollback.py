@@ -11,6 +11,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import server
 
 from sparkfleet.contract import paths
+from sparkfleet.fleet.progress import watch
 from sparkfleet.host.facts import RuntimePath, Unreadable, read_json_object
 from sparkfleet.host.operations import (
     ROLE_UNITS,
@@ -67,6 +68,7 @@ def rollback():
                             members=expected, wait_s=kept["health_timeout_s"], _if=swapped.did_change)
         record_health_gate(state, host.name, joined)
     if kept.get("role") != "worker":
+        watch(state, host, engine=kept["release_id"] != (current.value or {}).get("release_id"))  # its restart
         # a record older than "container" is gated as the current release's container (the key goes nowhere else)
         container = kept.get("container") or (current.value or {}).get("container") or ""
         gate(kept["served_model_name"], kept["api_port"], kept["tools"], kept["health_timeout_s"],

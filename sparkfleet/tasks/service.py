@@ -6,6 +6,7 @@ member's Ray node is up before the head's engine starts."""
 
 import json
 
+from pyinfra import host, state
 from pyinfra.api import deploy
 
 from sparkfleet import FILES_DIR
@@ -19,9 +20,11 @@ from sparkfleet.host.operations import (
 )
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.contract.formats import memory_plan_json
+from sparkfleet.fleet.progress import watch
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.services import services_pruned
 from sparkfleet.host.serving import start_limit_cleared
+from sparkfleet.host.state import unit_state
 from sparkfleet.release.plan import HostPlan
 
 
@@ -86,16 +89,19 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     managed_file(name="Memory plan (every engine unit's share, the budget)",
                  content=memory_plan_json(plan.memory_plan), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
+    fetches = model_result.fetched.will_change  # the chat model's (the RAG services' are small)
     if not plan.runs_engine:
         unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
         started = None
+        watch(state, host, fetch=fetches)
     else:
         start_limit_cleared(name="Start limit of a failed unit reset (a converge tries again)", unit=paths.UNIT_NAME)
+        restarted = unit.will_change or env.will_change or model_result.fetched.will_change or ray_restarted
+        # progress while this run fetches or (re)starts the engine, decided from what is known (the batched read)
+        watch(state, host, fetch=fetches, engine=restarted or not unit_state(host, paths.UNIT_NAME)["running"])
         started = managed_unit(
             name="vLLM service enabled and running",
-            service=paths.UNIT_NAME, running=True, enabled=True,
-            restarted=unit.will_change or env.will_change or model_result.fetched.will_change or ray_restarted,
-            daemon_reload=unit.will_change,
+            service=paths.UNIT_NAME, running=True, enabled=True, restarted=restarted, daemon_reload=unit.will_change,
         )
     services_started = {}
     for svc in plan.services:

@@ -1,13 +1,16 @@
 """Rolling a release across the simulated fleet: batches, a live probe, rollback, halts, status."""
 
 import json
+import re
+import shlex
 import threading
 import time
+import urllib.request
 
 import pytest
 import requests
 
-from .conftest import HOSTS, api_port, chat_tokens, converge, sparkfleet, ssh, variant
+from .conftest import INVENTORY, HOSTS, api_port, chat_tokens, converge, fleet_out_of_step, sparkfleet, ssh, variant
 
 pytestmark = pytest.mark.e2e
 
@@ -123,3 +126,44 @@ def test_unreachable_host_halts_the_rollout_and_status_says_so(sim_fleet, conver
     rows = json.loads(status.stdout)["hosts"]
     assert {r["ssh"]["release_id"] for r in rows} == {hosts["spark-1"]["new_release"]}
     assert all(r["ssh"]["toolkit"] == "1.18.1-1" and r["ssh"]["driver"] == "580.95.05" for r in rows)
+
+
+def hub_throttle(hub: str, bps: int | None) -> None:
+    """The sim hub's rate per download (None: as fast as it goes), as tools/bench_converge.py sets it."""
+    body = json.dumps({"throttle_bps": bps}).encode()
+    request = urllib.request.Request(f"{hub}/_sim/knobs", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+def test_a_rollout_shows_the_fetch_and_the_engine_start_of_each_host(sim_fleet, converged_fleet, hub):
+    """Issue 21's progress on long work: spark-1's model directory is removed, so a rollout of the same release
+    (`--limit spark-1`: it fetches from the hub, throttled so the fetch takes >= 10 s) fetches it again and
+    restarts the engine (12 s to load); its stderr shows the fetch with bytes and a rate, then vLLM's start
+    phases. The release does not change: the fleet is left as it was, serving."""
+    from sim import fleet
+
+    model_dir = json.loads(ssh(sim_fleet, "spark-1", "cat /etc/sparkfleet/release.json"))["model_dir"]
+    sizes = ssh(sim_fleet, "spark-1", f"find {shlex.quote(model_dir)} -type f -printf '%s\\n'").split()
+    fleet.set_engine("spark-1", load_delay_s=12)
+    hub_throttle(hub, max(1, max(int(n) for n in sizes) // 14))  # the largest file alone takes 14 s
+    try:
+        ssh(sim_fleet, "spark-1", f"rm -rf {shlex.quote(model_dir)}")
+        started = time.monotonic()
+        proc = sparkfleet("rollout", INVENTORY, "--limit", "spark-1", "--json")
+        took = time.monotonic() - started
+    finally:
+        hub_throttle(hub, None)
+        fleet.set_engine("spark-1", load_delay_s=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report(proc)["spark-1"]["result"] == "converged" and took > 24
+    lines = proc.stderr.splitlines()
+    fetching = [line for line in lines if re.fullmatch(
+        r"spark-1: fetch \d+/\d+ files, [\d.]+ of [\d.]+ [kMG]?B, [\d.]+ [kMG]?B/s, ETA [\w ]+", line)]
+    assert fetching, proc.stderr[-3000:]
+    assert any(re.fullmatch(r"spark-1: fetched \d+ files, [\d.]+ [kMG]?B in [\w ]+", line) for line in lines)
+    phases = [line.removeprefix("spark-1: engine ") for line in lines if line.startswith("spark-1: engine ")]
+    assert any(p.startswith("loading shards ") for p in phases) and phases[-1] == "ready", phases
+    assert len([line for line in lines if line.startswith("spark-2") or line.startswith("spark-3")]) == 0
+    assert len(lines) < 40  # a CI log stays short: a line on a change of phase, else one every 10 s
+    assert answers_chat(sim_fleet, "spark-1") and fleet_out_of_step(sim_fleet) == {}
