@@ -246,8 +246,12 @@ def read_poll(stdout: str) -> tuple[int | None, str, list[str]]:
 def update(view: HostView, since: int, text: str, lines: list[str], engine: bool) -> None:
     """A view after one answer: a progress file older than the watch (an earlier run's) is not this fetch."""
     fetch = read_fetch(text)
-    view.fetch = fetch if fetch and fetch.started_at >= since - 1 else view.fetch
-    if engine:
+    fetch = fetch if fetch and fetch.started_at >= since - 1 else view.fetch
+    # the answer that first sees the fetch done shows it done: the engine's phases (read from the journal since
+    # the watch began, so none is lost) wait for the next one
+    just_fetched = fetch is not None and fetch.state == "done" and (view.fetch is None or view.fetch.state != "done")
+    view.fetch = fetch
+    if engine and not just_fetched:
         view.phase = engine_phase(lines) or view.phase
     fetched = view.fetch is not None and view.fetch.state in ("done", "failed")
     view.finished = view.finished or bool(view.phase and view.phase.ready) or (not engine and fetched)

@@ -161,7 +161,8 @@ def test_a_rollout_shows_the_fetch_and_the_engine_start_of_each_host(sim_fleet, 
     fetching = [line for line in lines if re.fullmatch(
         r"spark-1: fetch \d+/\d+ files, [\d.]+ of [\d.]+ [kMG]?B, [\d.]+ [kMG]?B/s, ETA [\w ]+", line)]
     assert fetching, proc.stderr[-3000:]
-    assert any(re.fullmatch(r"spark-1: fetched \d+ files, [\d.]+ [kMG]?B in [\w ]+", line) for line in lines)
+    assert any(re.fullmatch(r"spark-1: fetched \d+ files, [\d.]+ [kMG]?B in [\w ]+", line) for line in lines), \
+        proc.stderr[-3000:]
     phases = [line.removeprefix("spark-1: engine ") for line in lines if line.startswith("spark-1: engine ")]
     assert any(p.startswith("loading shards ") for p in phases) and phases[-1] == "ready", phases
     assert len([line for line in lines if line.startswith("spark-2") or line.startswith("spark-3")]) == 0

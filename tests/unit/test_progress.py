@@ -338,8 +338,10 @@ def test_a_run_shows_a_watched_hosts_fetch_and_start_and_polls_no_other(monkeypa
     assert progress.watched(state) == ["spark-a", "spark-b"]
     lines = capsys.readouterr().err.splitlines()
     mine = [line for line in lines if line.startswith("spark-a: ")]
-    assert mine == ["spark-a: fetch 1/2 files, 5.0 of 9.0 MB, 1.0 MB/s, ETA 4 s", "spark-a: engine loading shards 2/4",
-                    "spark-a: engine ready"], lines  # a line a phase; the last one after its last operation
+    assert mine == ["spark-a: fetch 1/2 files, 5.0 of 9.0 MB, 1.0 MB/s, ETA 4 s",
+                    "spark-a: fetched 2 files, 9.0 MB in 1 s", "spark-a: engine loading shards 2/4",
+                    "spark-a: engine ready"], lines
+    # a line a phase (the fetch's end shown before the engine's start); the last one after its last operation
     assert "spark-b: fetched 2 files, 9.0 MB in 1 s" in lines  # a fetch only: done when the file says so
     assert not [line for line in lines if "spark-b: engine" in line]
     assert not [p for p in connector.polls if p.startswith("spark-b") and "journalctl" in p]  # no engine there
