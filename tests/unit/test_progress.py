@@ -19,12 +19,12 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from sparkfleet.contract import paths
 from sparkfleet.fleet import progress
 from sparkfleet.fleet.progress import Fetch, HostView, Phase, PlainLines, engine_phase, fetch_text, phase_of
-from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.image import ImagePin
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import FETCH, STANDIN, host_data
-from .test_fetch import knobs, reset
+from . import test_fetch
+from .test_fetch import knobs
 from .test_noop_converge import ENGINE_REF, MemoryHost, converge
 
 GB = 10**9
@@ -33,19 +33,7 @@ GB = 10**9
 # --- the helper writes it
 
 
-@pytest.fixture(params=["modelscope", "huggingface"])
-def hub_job(request, local_hub, tmp_path):
-    """A fetch job from the local hub, with the hub's official client of each kind (each writes its own
-    partial files into staging)."""
-    reset(local_hub)
-    [plan] = plan_hosts([("a", host_data(model_hub=request.param, hub_endpoint=local_hub,
-                                         model_revision="main" if request.param == "huggingface" else "master",
-                                         model_root=str(tmp_path / "models")))], resolve=hub_resolver)
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
-                               "staging_dir": str(tmp_path / "models/.staging/x"), "endpoint": local_hub}))
-    yield job, plan
-    reset(local_hub)
+job = test_fetch.job  # the fetch job fixture `job`: a job from the local hub, with each hub's client
 
 
 def start_fetch(job: Path, progress_file: Path) -> subprocess.Popen:
@@ -70,11 +58,11 @@ def watch_file(proc: subprocess.Popen, path: Path) -> list[dict]:
     return seen
 
 
-def test_the_progress_file_counts_bytes_and_a_rate_mid_fetch_and_is_marked_done(hub_job, local_hub, tmp_path):
-    job, plan = hub_job
+def test_the_progress_file_counts_bytes_and_a_rate_mid_fetch_and_is_marked_done(job, local_hub, tmp_path):
+    job_path, plan = job
     knobs(local_hub, throttle_bps=600_000)  # each download: ~1.7 s a shard, so the file is rewritten mid-fetch
     target = tmp_path / "run/sparkfleet/fetch-progress.json"
-    proc = start_fetch(job, target)
+    proc = start_fetch(job_path, target)
     seen = watch_file(proc, target)
     assert proc.wait() == 0, proc.stderr.read()
     total = plan.manifest.total_bytes
@@ -92,12 +80,12 @@ def test_the_progress_file_counts_bytes_and_a_rate_mid_fetch_and_is_marked_done(
     assert shown.startswith(f"fetched {len(plan.manifest.files)} files, ") and " MB in " in shown
 
 
-def test_a_failed_fetch_is_marked_failed(hub_job, local_hub, tmp_path):
-    job, plan = hub_job
+def test_a_failed_fetch_is_marked_failed(job, local_hub, tmp_path):
+    job_path, plan = job
     shard = next(f for f in plan.manifest.files if f.path.endswith(".safetensors"))
     knobs(local_hub, corrupt=[f"{plan.manifest.repo}/{shard.path}"])
     target = tmp_path / "progress.json"
-    proc = start_fetch(job, target)
+    proc = start_fetch(job_path, target)
     assert proc.wait() == 3
     final = progress.read_fetch(target.read_text())
     assert final.state == "failed" and final.files_done == final.files_total - 1
