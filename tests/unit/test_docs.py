@@ -141,3 +141,38 @@ def test_no_page_shows_a_secret_written_into_a_file():
     literal = re.compile(r"""\b(api_key|hub_token|front_door_users)"?\s*[:=]\s*["'{]""")
     assert [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in PAGES for block in _code_blocks(p)
             for m in literal.finditer(block)] == []
+
+
+def _shown_commands() -> list[tuple[str, str]]:
+    """(page, command) for every `sparkfleet ...` line of a code block, its comment cut and [optional] parts kept."""
+    shown = []
+    for page in PAGES:
+        for block in _code_blocks(page):
+            for line in block.splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if line.startswith("sparkfleet ") and not line.startswith("sparkfleet is"):
+                    shown.append((page.name, re.sub(r"\[([^\]]*)\]", r"\1", line)))
+    return shown
+
+
+def test_every_sparkfleet_command_the_docs_show_is_one_the_command_line_takes():
+    """A page cannot show a subcommand, an argument or a flag that `sparkfleet` does not have."""
+    import contextlib
+    import io
+    import shlex
+
+    from sparkfleet import cli
+
+    shown = _shown_commands()
+    assert len(shown) > 20 and {c.split()[1] for _, c in shown} >= {
+        "init", "users", "plan", "status", "rollout", "rollback", "logs", "drain", "undrain", "hostkeys", "bench",
+        "fetch", "update"}
+    refused = []
+    for page, command in shown:
+        argv = [a for a in shlex.split(command)[1:] if a != "|"]
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            try:
+                cli.parser().parse_args(argv)
+            except SystemExit:
+                refused.append(f"{page}: {command}: {err.getvalue().strip().splitlines()[-1]}")
+    assert refused == []
