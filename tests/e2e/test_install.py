@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,9 +110,11 @@ def test_deploys_import_the_installed_stages_and_refuse_bad_settings(installed, 
 def test_installed_commands_drive_the_simulated_fleet(installed, converged_fleet):
     """From a directory outside the checkout holding only inventories that point at the simulated Sparks:
     the version; status with the engines on loopback (asked on each host over SSH) exits 0 with every host
-    healthy; an engine's journal over SSH; examples/my_deploy.py converges a Spark, sparkfleet's part unchanged."""
+    healthy; an engine's journal over SSH, and followed; `hostkeys` adds the one key its known_hosts lacked (the
+    Spark's real key); examples/my_deploy.py converges a Spark, sparkfleet's part unchanged."""
     _, project = installed
-    (project / "sim.py").write_text(f"import runpy\nsparks = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})['sparks']\n")
+    sim_inventory = str(ROOT / "inventory/sim.py")
+    (project / "sim.py").write_text(f"import runpy\nsparks = runpy.run_path({sim_inventory!r})['sparks']\n")
     (project / "loopback.py").write_text(
         f"import runpy\nsparks = [(n, {{**d, 'api_host': '127.0.0.1', 'controller_api_url': None}}) for n, d in "
         f"runpy.run_path({str(ROOT / 'inventory/sim.py')!r})['sparks']]\n")
@@ -125,6 +129,34 @@ def test_installed_commands_drive_the_simulated_fleet(installed, converged_fleet
     logs = run(installed, "sparkfleet", "logs", "sim.py", "spark-1", "-n", "5")
     lines = logs.stdout.splitlines()
     assert logs.returncode == 0 and len(lines) == 5 and all(" spark-1 " in line for line in lines), logs.stderr
+    bin_dir, _ = installed
+    follow = subprocess.Popen([str(bin_dir / "sparkfleet"), "logs", "sim.py", "spark-1", "--follow", "-n", "1"],
+                              cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([follow.stdout], [], [], 60)
+        first = follow.stdout.readline() if ready else ""
+        assert " spark-1 " in first and follow.poll() is None  # a line, and still following
+    finally:
+        follow.terminate()
+        follow.wait(30)
+
+    from sparkfleet.fleet.inventory import load_hosts
+
+    sim_known = Path(load_hosts(str(ROOT / "inventory/sim.py"))[0][1]["ssh_known_hosts_file"])  # `sim up` wrote it
+    known = [line for line in sim_known.read_text().splitlines() if line.strip()]
+    port = next(h["ssh_port"] for h in converged_fleet["hosts"] if h["name"] == "spark-2")
+    (project / "known_hosts").write_text("".join(f"{line}\n" for line in known if f"]:{port} " not in line))
+    (project / "keys.py").write_text(
+        "import runpy\nfrom pathlib import Path\n"
+        f"sparks = [(n, {{**d, 'ssh_known_hosts_file': str(Path(__file__).with_name('known_hosts'))}}) for n, d in "
+        f"runpy.run_path({str(ROOT / 'inventory/sim.py')!r})['sparks']]\n")
+    keys = run(installed, "sparkfleet", "hostkeys", "keys.py", "--json")
+    assert keys.returncode == 0, keys.stderr
+    found = {r["host"]: r["state"] for rs in json.loads(keys.stdout)["known_hosts"].values() for r in rs}
+    assert found == {"spark-1": "known", "spark-2": "added", "spark-3": "known"}, keys.stdout
+    ed25519 = [line for line in known if f"]:{port} ssh-ed25519 " in line]  # the one type it collects
+    assert (project / "known_hosts").read_text().splitlines() == [
+        line for line in known if f"]:{port} " not in line] + ed25519
 
     try:
         deploy = run(installed, "pyinfra", "-y", "sim.py", "my_deploy.py", "--limit", "spark-1", timeout=900)
@@ -167,9 +199,9 @@ def office_inventory(project, secrets) -> str:
 
 def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_the_user(installed, converged_fleet,
                                                                                           tmp_path):
-    """The office path with the installed commands only: users add, a converge, a chat with the new key through
-    the front door; drain and undrain; a rollout and a rollback; an engine's journal; users remove, a converge,
-    401 for that key while the others keep working."""
+    """The office path with the installed commands only: plan; users add, a converge, a chat with the new key
+    through the front door; users list; drain and undrain; a rollout and a rollback; an engine's journal; users
+    remove and rotate, a converge: 401 for the removed and the rotated-away keys, the rotated one works."""
     from .test_front_door import chat, door_port
 
     _, project = installed
@@ -194,6 +226,8 @@ def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_
     assert door.returncode == 0, door.stdout[-3000:] + door.stderr[-3000:]
     assert alice not in door.stdout + door.stderr
     assert chat(url, alice, hello, stream=False)[0] == 200
+    listed = run(installed, "sparkfleet", "users", "list", inventory, "--json")
+    assert json.loads(listed.stdout) == {"users": ["alice", "bob"]} and alice not in listed.stdout
 
     assert run(installed, "sparkfleet", "drain", inventory, "spark-2").returncode == 0
     try:
@@ -219,7 +253,11 @@ def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_
     assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 3, logs.stderr
 
     assert run(installed, "sparkfleet", "users", "remove", inventory, "alice").returncode == 0
+    rotated = run(installed, "sparkfleet", "users", "rotate", inventory, "bob")
+    bob = rotated.stdout.strip()
+    assert rotated.returncode == 0 and bob not in ("", "bob-0123456789abcdef"), rotated.stderr
     door = run(installed, "pyinfra", "-y", inventory, "sparkfleet.tasks.converge", "--limit", "spark-1", timeout=900)
     assert door.returncode == 0, door.stdout[-3000:] + door.stderr[-3000:]
     assert chat(url, alice, hello, stream=False)[0] == 401
-    assert chat(url, "bob-0123456789abcdef", hello, stream=False)[0] == 200
+    assert chat(url, "bob-0123456789abcdef", hello, stream=False)[0] == 401  # rotated away
+    assert chat(url, bob, hello, stream=False)[0] == 200
