@@ -85,7 +85,10 @@ class Lock(_Strict):
     @model_validator(mode="after")
     def _keys_name_their_entries(self) -> Lock:
         for key, entry in self.models.items():
-            if key != coordinate(entry.hub, entry.repo, entry.revision):
+            # a coordinate names its revision, or the commit it is (a commit's manifest may be a branch's, cached)
+            named = {coordinate(entry.hub, entry.repo, entry.revision)} | (
+                {coordinate(entry.hub, entry.repo, entry.commit)} if entry.commit else set())
+            if key not in named:
                 raise ValueError(f"models[{key!r}] holds {coordinate(entry.hub, entry.repo, entry.revision)}")
         return self
 

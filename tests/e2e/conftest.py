@@ -76,6 +76,7 @@ class Converge:
     changed: dict[str, list[str]]  # host -> names of operations that changed something
     failed: dict[str, list[str]]  # host -> names of operations that failed
     output: str
+    hub_counters: dict | None = None  # the sim hub's traffic counters right after it (first_converge only)
 
     def host_failed(self, host: str) -> bool:
         return bool(self.failed.get(host))
@@ -112,7 +113,13 @@ def sim_fleet():
 
 @pytest.fixture(scope="session")
 def first_converge(sim_fleet):
-    return converge()
+    """The session's first converge of bare hosts, with the hub's traffic counters as it left them (later tests
+    fetch again: a test of the first converge's traffic reads these)."""
+    import requests
+
+    done = converge()
+    done.hub_counters = requests.get(f"{sim_fleet['hub']['controller_url']}/_sim/counters", timeout=10).json()
+    return done
 
 
 def fleet_out_of_step(state: dict) -> dict[str, str]:

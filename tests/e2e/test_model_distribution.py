@@ -34,7 +34,7 @@ def first_shard(hub) -> tuple[str, int]:
 
 def test_peer_distribution_serves_the_model_once(hub, first_converge):
     """The first converge ran with the default, model_source = "peer"."""
-    counters = hub_get(hub, "counters")
+    counters = first_converge.hub_counters
     model_bytes = hub_get(hub, "repos")[REPO]["size"]
     assert model_bytes <= counters["total_bytes"] <= 1.05 * model_bytes
     assert len([c for c, n in counters["clients"].items() if n >= model_bytes]) == 1

@@ -1,5 +1,6 @@
 """Supply chain on the simulated fleet: the plan pins the engine image by digest; a registry tag moved to other
-bytes changes the release, never what a host runs, and a host that cannot get the planned bytes refuses them.
+bytes changes nothing until `sparkfleet update` (the release lock), then the release, never what a host runs; and
+a host that cannot get the planned bytes refuses them.
 
 The registry is the sim's real one; the tag is moved and restored by pushing from this machine
 to its published port, so the fleet is left serving the image it started with.
@@ -64,7 +65,7 @@ def test_plan_pins_the_engine_image_by_the_registry_digest(sim_fleet):
         assert f"{name}@{digest}" in host["unit"] and sim_fleet["image"] not in host["unit"]
 
 
-def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fleet):
+def test_moved_tag_changes_the_release_after_an_update_never_the_bytes_a_host_runs(converged_fleet):
     state = converged_fleet
     name = state["image"].rsplit(":", 1)[0]
     before = planned()[HOST]
@@ -78,6 +79,9 @@ def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fle
     try:
         d2 = push_as_tag(state, moved)
         assert d2 != d1
+        assert planned()[HOST] == before  # the release lock holds the tag's digest until `sparkfleet update`
+        update = sparkfleet("update", INVENTORY)
+        assert update.returncode == 0, update.stderr
         after = planned()[HOST]
         assert after["image_digest"] == d2 and after["release_id"] != before["release_id"]
 
@@ -106,8 +110,10 @@ def test_moved_tag_changes_the_release_never_the_bytes_a_host_runs(converged_fle
         restored = push_as_tag(state, state["image"])
         if d2 and d2 != restored:
             requests.delete(registry_url(state, d2), timeout=10)
+        relocked = sparkfleet("update", INVENTORY)  # the lock back on the restored digest
         ssh(state, HOST, f"docker pull -q {name}@{restored} >/dev/null; docker pull -q {state['image']} >/dev/null",
             check=False)
         docker("rmi", moved)
+    assert relocked.returncode == 0, relocked.stderr
     assert restored == d1 and planned()[HOST]["release_id"] == before["release_id"]
     assert fleet_out_of_step(state) == {}

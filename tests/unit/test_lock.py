@@ -151,6 +151,18 @@ def test_a_malformed_lock_is_one_line_naming_the_file_and_the_fix(damage, needle
     assert message.startswith("lock file /srv/office/sparkfleet.lock: ") and "delete it" in message
 
 
+def test_a_commit_pinned_coordinate_may_hold_the_manifest_its_branch_resolved():
+    """`model_revision = <commit>` answers from the manifest cached when a branch resolved to that commit (its
+    revision says the branch): the lock takes it under the commit's coordinate, and no other."""
+    body = good_lock()
+    entry = body["models"].pop(f"modelscope:{REPO}@master")
+    body["models"][f"modelscope:{REPO}@{OLD}"] = entry
+    assert parse_lock(json.dumps(body), "sparkfleet.lock").models[f"modelscope:{REPO}@{OLD}"].commit == OLD
+    body["models"] = {f"modelscope:{REPO}@{'f' * 40}": entry}
+    with pytest.raises(LockError):
+        parse_lock(json.dumps(body), "sparkfleet.lock")
+
+
 def test_a_command_given_a_malformed_lock_exits_2_with_that_line_and_touches_nothing(tmp_path, capsys, hub):
     lock_file().write_text('{"version": 1, "models": {"x": 1}}')
     assert main(["plan", inventory(tmp_path)]) == 2
