@@ -257,6 +257,14 @@ def update(view: HostView, since: int, text: str, lines: list[str], engine: bool
     view.finished = view.finished or bool(view.phase and view.phase.ready) or (not engine and fetched)
 
 
+def served(view: HostView, engine: bool) -> None:
+    """The host's operations all succeeded, its health gate with them: its engine serves, whether or not vLLM's
+    own "startup complete" line has reached the journal yet (journald writes a container's lines a moment
+    later, and the gate may pass first)."""
+    if engine and not (view.phase and view.phase.ready):
+        view.phase = Phase("ready", ready=True)
+
+
 @dataclass
 class PlainLines:
     """Not a terminal: a host's line when its phase changes, else at most every PLAIN_EVERY_S."""
@@ -366,7 +374,7 @@ def _make_watcher(state, live: bool):
                 self.greenlet = gevent.spawn(self._loop, state)
 
         def operation_host_success(self, state, host, op_hash, retry_count=0):
-            self._maybe_last(state, host, op_hash)
+            self._maybe_last(state, host, op_hash, succeeded=True)
 
         def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
             self._maybe_last(state, host, op_hash)
@@ -374,17 +382,19 @@ def _make_watcher(state, live: bool):
         def host_disconnect(self, state, host):
             self._drop(host.name)
 
-        def _maybe_last(self, state, host, op_hash):
+        def _maybe_last(self, state, host, op_hash, succeeded=False):
             if host.op_hash_order and host.op_hash_order[-1] == op_hash:  # the host's own operations, in order
-                self._drop(host.name, last_look=True)
+                self._drop(host.name, last_look=True, succeeded=succeeded and host not in state.failed_hosts)
 
-        def _drop(self, name, last_look=False):
+        def _drop(self, name, last_look=False, succeeded=False):
             """The host's watch ends: its last line (after one more look when its operations are over, so that
             line is where it ended, not where the last poll left it)."""
             watched = self.watched.pop(name, None)
             if watched and not self.closed:
                 if last_look and not watched.view.finished and watched.since is not None:
                     self._poll(self.state, watched)
+                if succeeded:
+                    served(watched.view, engine=watched.unit is not None)
                 watched.view.finished = True
                 self._show([watched.view])
             if not self.watched:

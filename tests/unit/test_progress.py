@@ -302,14 +302,16 @@ class ScriptedConnector(BaseConnector):
         return True, CommandOutput([OutputLine("stdout", line) for line in answer])
 
 
-def test_a_run_shows_a_watched_hosts_fetch_and_start_and_polls_no_other(monkeypatch, capsys):
+def run_watched(monkeypatch, capsys, base, engine_on):
+    """Two hosts' six operations under a watch (engine watched on the hosts `engine_on` names): (stderr's lines,
+    the connector's record of polls, the state)."""
     from pyinfra import host as current_host, state as current_state
     from pyinfra.operations import server
 
     monkeypatch.setattr(progress, "POLL_S", 0.05)
     inventory = Inventory(([("spark-a", {}), ("spark-b", {})], {}))
     state = State(inventory, Config())
-    connector = type("Connector", (ScriptedConnector,), {"polls": []})
+    connector = type("Connector", (base,), {"polls": []})
     for host in inventory:
         host.connector = connector(state, host)
 
@@ -317,14 +319,18 @@ def test_a_run_shows_a_watched_hosts_fetch_and_start_and_polls_no_other(monkeypa
     def stages():
         for n in range(6):
             server.shell(name=f"step {n}", commands=[f"step {n}"])
-        progress.watch(current_state, current_host, fetch=True, engine=current_host.name == "spark-a")
+        progress.watch(current_state, current_host, fetch=True, engine=current_host.name in engine_on)
 
     connect_all(state)
     add_deploy(state, stages)
     run_ops(state)
     progress.close(state)
+    return capsys.readouterr().err.splitlines(), connector.polls, state
+
+
+def test_a_run_shows_a_watched_hosts_fetch_and_start_and_polls_no_other(monkeypatch, capsys):
+    lines, polls, state = run_watched(monkeypatch, capsys, ScriptedConnector, engine_on=("spark-a",))
     assert progress.watched(state) == ["spark-a", "spark-b"]
-    lines = capsys.readouterr().err.splitlines()
     mine = [line for line in lines if line.startswith("spark-a: ")]
     assert mine == ["spark-a: fetch 1/2 files, 5.0 of 9.0 MB, 1.0 MB/s, ETA 4 s",
                     "spark-a: fetched 2 files, 9.0 MB in 1 s", "spark-a: engine loading shards 2/4",
@@ -332,7 +338,25 @@ def test_a_run_shows_a_watched_hosts_fetch_and_start_and_polls_no_other(monkeypa
     # a line a phase (the fetch's end shown before the engine's start); the last one after its last operation
     assert "spark-b: fetched 2 files, 9.0 MB in 1 s" in lines  # a fetch only: done when the file says so
     assert not [line for line in lines if "spark-b: engine" in line]
-    assert not [p for p in connector.polls if p.startswith("spark-b") and "journalctl" in p]  # no engine there
+    assert not [p for p in polls if p.startswith("spark-b") and "journalctl" in p]  # no engine there
+
+
+class LaggingJournalConnector(ScriptedConnector):
+    """vLLM's "startup complete" line never reaches the journal in time; spark-b's last operation fails."""
+
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        ok, output = super().run_shell_command(command, print_output, print_input, **arguments)
+        if self.host.name == "spark-b" and command.get_raw_value() == "step 5":
+            return False, output
+        return ok, CommandOutput([line for line in output if "startup complete" not in line.line])
+
+
+def test_a_host_whose_operations_all_succeeded_ends_ready_one_that_failed_does_not(monkeypatch, capsys):
+    """The gate's verdict, not journald's timing, ends a host's watch: the gate passed, so the engine serves."""
+    lines, _, _ = run_watched(monkeypatch, capsys, LaggingJournalConnector, engine_on=("spark-a", "spark-b"))
+    assert [line for line in lines if line.startswith("spark-a: ")][-1] == "spark-a: engine ready", lines
+    assert not [line for line in lines if line.startswith("spark-b: ") and "ready" in line], lines
+    assert any(line.startswith("spark-b: engine loading shards") for line in lines), lines
 
 
 # --- a no-op converge polls nothing
