@@ -14,6 +14,12 @@ expected_gpu_name = "NVIDIA GB10"  # nvidia-smi --query-gpu=name
 min_driver_version = "580.95.05"  # first public GB10 driver
 min_cuda_version = "13.0"  # CUDA version nvidia-smi reports
 min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
+# versions known to break a Spark, refused by preflight: {glob of `uname -r` or of the driver version: why}; the why
+# is printed with the refusal; an office adds its own, or takes out one it has checked
+refused_kernels = {"6.17.0-1008*": "kernel panics reported on NVIDIA's DGX Spark forum"}  # on every host
+# on the members of a tensor-parallel group (NCCL between the Sparks)
+refused_pair_kernels = {"7.0.0-1019*": "NCCL over RoCE between two Sparks broken (eugr/spark-vllm-docker #392)"}
+refused_drivers = {}  # none reported known-bad on GB10 yet; e.g. {"580.95.*": "why"}
 
 # --- NVIDIA Container Toolkit (apt); offices may point these at a mirror ----
 # the toolkit's apt repository ({arch}: arm64 or amd64)

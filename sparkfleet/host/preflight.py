@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import (
@@ -33,6 +34,7 @@ class HostFacts:
     python: str | None | Unreadable
     model_files: dict | Unreadable  # the ModelFiles fact: read once here, passed on to the model stage
     release: JsonObject  # the installed release record: the service and cleanup stages build on it
+    kernel: str | None = None  # `uname -r`
 
 
 def converge_reads(model_root: str, engine_ref: str) -> dict:
@@ -53,10 +55,35 @@ def unreadable_facts(name: str, f: HostFacts) -> list[str]:
     return [u.line(name) for u in found]
 
 
-def preflight_problems(name: str, s: Settings, f: HostFacts) -> list[str]:
+def refused_by(version: str | None, refused: dict[str, str]) -> tuple[str, str] | None:
+    """(the glob, why) of the first entry of a refused_* setting that `version` matches (fnmatch, case kept);
+    None when it matches none, or is not known (its own check names that)."""
+    if not version:
+        return None
+    return next(((glob, why) for glob, why in refused.items() if fnmatchcase(version, glob)), None)
+
+
+def refused_versions(name: str, s: Settings, f: HostFacts, in_group: bool = False) -> list[str]:
+    """One line per platform version a refused_* setting names: the host, the version, why, and the fix."""
+    checks = [("kernel", f.kernel, s.refused_kernels, "refused_kernels"),
+              ("NVIDIA driver", f.gpu.driver, s.refused_drivers, "refused_drivers")]
+    if in_group:
+        checks.append(("kernel", f.kernel, s.refused_pair_kernels, "refused_pair_kernels"))
+    lines = []
+    for what, version, refused, setting in checks:
+        found = refused_by(version, refused)
+        if found:
+            lines.append(f"{name}: {what} {version} is refused ({setting} {found[0]!r}): {found[1]}: move the host "
+                         f"to another {what} (and reboot), or take {found[0]!r} out of {setting} once checked")
+    return lines
+
+
+def preflight_problems(name: str, s: Settings, f: HostFacts, in_group: bool = False) -> list[str]:
+    """Why this host is not fit for the release, one line each (a member of a tensor-parallel group: `in_group`)."""
     problems = unreadable_facts(name, f)
     if problems:
         return problems
+    problems += refused_versions(name, s, f, in_group)
 
     def refuse(what, found, required, fix):
         problems.append(f"{name}: {what}: found {found}, required {required}: {fix}")
@@ -100,6 +127,7 @@ class MemberFacts:
     link: FabricLink | Unreadable
     reach: dict[str, bool] | Unreadable  # each other member's fabric address -> answered a ping over the link
     fit: bool = True  # passed its own (single-host) preflight
+    kernel: str | None = None  # `uname -r`
 
 
 def link_problems(name: str, address: str, group, link: FabricLink | Unreadable) -> tuple[list[str], bool]:
@@ -131,18 +159,18 @@ def link_problems(name: str, address: str, group, link: FabricLink | Unreadable)
 def _same_across(group, facts: dict[str, MemberFacts], what: str, read) -> list[str]:
     """One line per member whose `what` differs from the head's (a member without a reading is skipped:
     its own preflight names that)."""
-    head_value = read(facts[group.head].gpu)
+    head_value = read(facts[group.head])
     if head_value is None:
         return []
-    return [f"{name}: {what} {read(facts[name].gpu)}, the head {group.head} has {head_value}: every member of "
+    return [f"{name}: {what} {read(facts[name])}, the head {group.head} has {head_value}: every member of "
             f"{group.name} needs the same (upgrade the older one and reboot)"
-            for name in group.members[1:] if read(facts[name].gpu) not in (None, head_value)]
+            for name in group.members[1:] if read(facts[name]) not in (None, head_value)]
 
 
 def pair_problems(group, facts: dict[str, MemberFacts]) -> list[str]:
     """Why a tensor-parallel group may not be changed, one line each naming the member; [] when every member
     is fit, its fabric interface is up with the group's MTU and its own address, every member answers every
-    other over that interface, and the driver and CUDA versions agree. A member whose link cannot carry a
+    other over that interface, and the driver, CUDA and kernel versions agree. A member whose link cannot carry a
     ping is not also reported as unreachable: the link is the one problem."""
     missing = [name for name in group.members if name not in facts]
     if missing:
@@ -165,6 +193,7 @@ def pair_problems(group, facts: dict[str, MemberFacts]) -> list[str]:
                      f"check the cable, both ports' addresses and a firewall"
                      for other in group.members if other != name and carries[other]
                      and not reach.get(group.address_of(other), False)]
-    problems += _same_across(group, facts, "NVIDIA driver", lambda gpu: gpu.driver)
-    problems += _same_across(group, facts, "CUDA version", lambda gpu: gpu.cuda)
+    problems += _same_across(group, facts, "NVIDIA driver", lambda member: member.gpu.driver)
+    problems += _same_across(group, facts, "CUDA version", lambda member: member.gpu.cuda)
+    problems += _same_across(group, facts, "kernel", lambda member: member.kernel)
     return problems

@@ -6,7 +6,7 @@ import shlex
 from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import ConnectError
-from pyinfra.facts.server import Arch
+from pyinfra.facts.server import Arch, KernelVersion
 from pyinfra.operations import server
 
 from sparkfleet.host.facts import (
@@ -51,7 +51,7 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
         s = plan.settings
         models = [plan.model_dir, *(svc.model_dir for svc in plan.services)]
         got = read_facts(target, {
-            "arch": (Arch, {}), "gpu": (NvidiaSmi, {}), "meminfo": (MemInfo, {}),
+            "arch": (Arch, {}), "kernel": (KernelVersion, {}), "gpu": (NvidiaSmi, {}), "meminfo": (MemInfo, {}),
             "free_bytes": (FreeBytes, {"path": s.model_root}), "docker": (DockerState, {}),
             "python": (PythonVersion, {}), "release": (JsonFile, {"path": RELEASE_FILE}),
             **{f"model {i}": (ModelFiles, {"model_dir": d, "record": VERIFIED_RECORD}) for i, d in enumerate(models)},
@@ -63,9 +63,9 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
         facts = HostFacts(
             arch=got["arch"], gpu=got["gpu"], meminfo=got["meminfo"], free_bytes=got["free_bytes"],
             needed_bytes=chat_bytes + service_bytes, docker=got["docker"], python=got["python"],
-            model_files=model_state, release=json_object(RELEASE_FILE, got["release"]),
+            model_files=model_state, release=json_object(RELEASE_FILE, got["release"]), kernel=got["kernel"],
         )
-        return facts, preflight_problems(target.name, s, facts)
+        return facts, preflight_problems(target.name, s, facts, in_group=plan.group is not None)
 
     return run_of(state).once("preflight", target.name, read)
 
@@ -78,7 +78,7 @@ def read_member(name: str, group) -> MemberFacts | None:
     try:
         host_facts, own = read_host(member, plans(state)[name])
         others = [address for other, address in zip(group.members, group.addresses) if other != name]
-        return MemberFacts(gpu=host_facts.gpu, fit=not own,
+        return MemberFacts(gpu=host_facts.gpu, fit=not own, kernel=host_facts.kernel,
                            link=member.get_fact(FabricInterface, interface=group.interface),
                            reach=member.get_fact(FabricReach, interface=group.interface, addresses=others))
     except ConnectError:

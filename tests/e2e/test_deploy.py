@@ -1,5 +1,6 @@
 """The deploy, end to end, on three simulated Sparks: converge, re-converge, verify, survive."""
 
+import json
 import time
 
 import pytest
@@ -67,12 +68,18 @@ def test_rebooted_host_serves_again_without_a_deploy(converged_fleet):
             time.sleep(3)
 
 
-@pytest.mark.parametrize("knobs,needle", [
+REFUSED = {"580.95.99": "a driver this test refuses"}
+
+
+@pytest.mark.parametrize("knobs,needle,data", [
     ({"spark-2": {"driver": "550.54.14"}, "spark-3": {"present": False}},
-     {"spark-2": "NVIDIA driver: found 550.54.14, required >= 580.95.05", "spark-3": "GPU driver: found nvidia-smi printed no driver line"}),
-    ({"spark-2": {"name": "NVIDIA H100 PCIe"}}, {"spark-2": "GPU: found NVIDIA H100 PCIe, required NVIDIA GB10"}),
+     {"spark-2": "NVIDIA driver: found 550.54.14, required >= 580.95.05", "spark-3": "GPU driver: found nvidia-smi printed no driver line"}, {}),
+    ({"spark-2": {"name": "NVIDIA H100 PCIe"}, "spark-3": {"driver": "580.95.99"}},
+     {"spark-2": "GPU: found NVIDIA H100 PCIe, required NVIDIA GB10",
+      "spark-3": "spark-3: NVIDIA driver 580.95.99 is refused (refused_drivers '580.95.99'): a driver this test "
+                 "refuses"}, {"refused_drivers": REFUSED}),
 ])
-def test_preflight_fault_fails_that_host_alone(converged_fleet, knobs, needle):
+def test_preflight_fault_fails_that_host_alone(converged_fleet, knobs, needle, data):
     from sim import fleet
 
     sim_fleet = converged_fleet
@@ -80,7 +87,7 @@ def test_preflight_fault_fails_that_host_alone(converged_fleet, knobs, needle):
     try:
         for host, gpu in knobs.items():
             fleet.set_gpu(host, **gpu)
-        result = converge()
+        result = converge(*(arg for key, value in data.items() for arg in ("--data", f"{key}={json.dumps(value)}")))
     finally:
         for host in knobs:
             fleet.set_gpu(host, present=True, name="NVIDIA GB10", driver="580.95.05", cuda="13.0")

@@ -301,7 +301,8 @@ STRING_SETTINGS = {
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
 }
 ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services",
-                 "tensor_parallel_hosts", "ray_start_args"}
+                 "tensor_parallel_hosts", "ray_start_args", "refused_kernels", "refused_pair_kernels",
+                 "refused_drivers"}
 
 
 def test_the_sweep_covers_every_string_setting():
@@ -328,6 +329,8 @@ def test_control_character_refused(plan_settings, key, char):
     ("limit_mm_per_prompt", {"image\n": 0}, "limit_mm_per_prompt['image\\n'] (key)"),
     ("ray_start_args", ["--num-cpus", "1\nExecStartPre=/bin/id"], "ray_start_args[1]"),
     ("tensor_parallel_hosts", ["spark-x", "spark-y\nExecStartPre=/bin/id"], "tensor_parallel_hosts[1]"),
+    ("refused_drivers", {"580.*": "slow\nExecStartPre=/bin/id"}, "refused_drivers['580.*']"),
+    ("refused_kernels", {"6.17\x00": "why"}, "refused_kernels['6.17\\x00'] (key)"),
 ])
 def test_control_character_in_items_refused(plan_settings, key, value, named):
     printed = refused(plan_settings, key, f"`{named}` is invalid", **{key: value})

@@ -237,6 +237,16 @@ def test_driver_and_cuda_must_match_the_head():
         "(upgrade the older one and reboot)"]
 
 
+def test_the_kernel_must_match_the_heads():
+    facts = {"spark-1": member("10.0.0.1", "10.0.0.2", kernel="6.17.0-1032-nvidia"),
+             "spark-2": member("10.0.0.2", "10.0.0.1", kernel="7.0.0-1019-nvidia")}
+    assert pair_problems(PAIR, facts) == [
+        "spark-2: kernel 7.0.0-1019-nvidia, the head spark-1 has 6.17.0-1032-nvidia: every member of spark-1+spark-2 "
+        "needs the same (upgrade the older one and reboot)"]
+    facts["spark-2"] = member("10.0.0.2", "10.0.0.1", kernel=None)  # not read: its own preflight says why
+    assert pair_problems(PAIR, facts) == []
+
+
 def test_a_member_without_a_driver_is_left_to_its_own_preflight():
     facts = pair(gpu=GpuReport(None, None, None, error="nvidia-smi: not found"), fit=False)
     assert pair_problems(PAIR, facts) == ["spark-2: failed its own preflight: no member of spark-1+spark-2 is changed"]

@@ -1,10 +1,12 @@
 """Preflight decisions from host facts: one line per problem, each naming what was found, what is
 required and the fix."""
 
+import pytest
+
 from sparkfleet.host.facts import JsonObject, Unreadable, json_object
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 from sparkfleet.host.preflight import HostFacts, preflight_problems
-from sparkfleet.contract.settings import parse_settings
+from sparkfleet.contract.settings import SettingsError, parse_settings
 
 from .helpers import host_data
 
@@ -15,8 +17,37 @@ SPARK = dict(arch="aarch64", gpu=GpuReport("NVIDIA GB10", "580.95.05", "13.0"),
              model_files={"record": {}, "files": {}}, release=JsonObject("/etc/sparkfleet/release.json"))
 
 
-def problems(**facts):
-    return preflight_problems("spark-a", parse_settings("spark-a", host_data()), HostFacts(**{**SPARK, **facts}))
+def problems(data=None, in_group=False, **facts):
+    return preflight_problems("spark-a", parse_settings("spark-a", host_data(**(data or {}))),
+                              HostFacts(**{**SPARK, **facts}), in_group)
+
+
+def test_a_refused_kernel_or_driver_is_one_line_naming_the_version_why_and_the_fix():
+    assert problems(kernel="6.17.0-1008-nvidia") == [
+        "spark-a: kernel 6.17.0-1008-nvidia is refused (refused_kernels '6.17.0-1008*'): kernel panics reported on "
+        "NVIDIA's DGX Spark forum: move the host to another kernel (and reboot), or take '6.17.0-1008*' out of "
+        "refused_kernels once checked"]
+    found = problems({"refused_drivers": {"580.9?.*": "decode 30 % slower"}}, kernel="6.17.0-1032-nvidia")
+    assert found == ["spark-a: NVIDIA driver 580.95.05 is refused (refused_drivers '580.9?.*'): decode 30 % slower: "
+                     "move the host to another NVIDIA driver (and reboot), or take '580.9?.*' out of refused_drivers "
+                     "once checked"]
+    assert problems({"refused_drivers": {"580.95": "an exact version"}}) == []  # a glob matches the whole version
+    assert problems({"refused_kernels": {}}, kernel="6.17.0-1008-nvidia") == []  # an office took it out
+
+
+def test_the_pair_kernels_are_refused_on_a_group_member_only():
+    assert problems(kernel="7.0.0-1019-nvidia") == []  # NCCL over RoCE is a pair's problem
+    assert problems(in_group=True, kernel="7.0.0-1019-nvidia") == [
+        "spark-a: kernel 7.0.0-1019-nvidia is refused (refused_pair_kernels '7.0.0-1019*'): NCCL over RoCE between "
+        "two Sparks broken (eugr/spark-vllm-docker #392): move the host to another kernel (and "
+        "reboot), or take '7.0.0-1019*' out of refused_pair_kernels once checked"]
+    assert problems(in_group=True, kernel=None) == []  # not read (an old host): no guess
+
+
+def test_a_refused_version_setting_takes_globs_only():
+    for bad in ({"6.17; reboot": "x"}, {"*": "two\nlines"}):
+        with pytest.raises((SettingsError, ValueError)):
+            parse_settings("spark-a", host_data(refused_kernels=bad))
 
 
 def test_a_spark_passes():
