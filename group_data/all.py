@@ -20,6 +20,9 @@ refused_kernels = {"6.17.0-1008*": "kernel panics reported on NVIDIA's DGX Spark
 # on the members of a tensor-parallel group (NCCL between the Sparks)
 refused_pair_kernels = {"7.0.0-1019*": "NCCL over RoCE between two Sparks broken (eugr/spark-vllm-docker #392)"}
 refused_drivers = {}  # none reported known-bad on GB10 yet; e.g. {"580.95.*": "why"}
+# the packages the release stands on, held at a version (a glob) by an apt pin, so that neither unattended-upgrades
+# nor a manual `apt upgrade` moves them: e.g. {"linux-image-nvidia-hwe-24.04": "6.17.0-1032*"}; {}: none pinned
+platform_pins = {}
 
 # --- NVIDIA Container Toolkit (apt); offices may point these at a mirror ----
 # the toolkit's apt repository ({arch}: arm64 or amd64)

@@ -64,6 +64,7 @@ VERIFIED_RECORD = host_module.RECORD_NAME  # inside each model directory
 STAGING_DIR_NAME = host_module.STAGING_NAME  # under model_root: same file system, atomic rename
 TOOLKIT_KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+PLATFORM_PINS = "/etc/apt/preferences.d/sparkfleet-platform"  # platform_pins: apt moves none of those packages
 DAEMON_JSON = "/etc/docker/daemon.json"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 CDI_UNIT = "sparkfleet-cdi.service"
@@ -103,6 +104,7 @@ HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; 
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
+    PLATFORM_PINS,
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

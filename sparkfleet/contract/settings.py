@@ -207,8 +207,10 @@ Revision = Annotated[Text, _grammar(r"(?!.*\.\.)(?!.*//)[A-Za-z0-9][A-Za-z0-9_./
 Version = Annotated[Text, _grammar(r"[0-9]+(?:\.[0-9A-Za-z]+)*", "a dotted version such as 13.0 or 580.95.05")]
 DebVersion = Annotated[Text, _grammar(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "a Debian package version "
                                                                            "such as 1.18.1-1")]
-VersionGlob = Annotated[Text, _grammar(r"[0-9A-Za-z.+~*?-]+", "a version or a glob of one (fnmatch: * and ?), "
-                                                              "such as 7.0.0-1019* or 580.95.*")]
+PackageName = Annotated[Text, _grammar(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name such as "
+                                                                "nvidia-driver-580-open")]
+VersionGlob = Annotated[Text, _grammar(r"[0-9A-Za-z.+~:*?-]+", "a version or a glob of one (fnmatch: * and ?), "
+                                                               "such as 7.0.0-1019*, 580.95.* or 5:27.*")]
 Fingerprint = Annotated[str, BeforeValidator(_fingerprint), _grammar(
     r"[0-9A-F]{40}", "a 40-hex-digit OpenPGP fingerprint (gpg --show-keys prints it)")]
 EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable name: [A-Z_][A-Z0-9_]*")]
@@ -269,6 +271,7 @@ class Settings(BaseModel):
     refused_kernels: dict[VersionGlob, Text]
     refused_pair_kernels: dict[VersionGlob, Text]
     refused_drivers: dict[VersionGlob, Text]
+    platform_pins: dict[PackageName, VersionGlob]
 
     toolkit_repo_url: ArchUrl
     toolkit_key_url: Url

@@ -21,6 +21,7 @@ from sparkfleet.tasks.front_door import front_door
 from sparkfleet.tasks.guard import guard
 from sparkfleet.tasks.health import health
 from sparkfleet.tasks.model import model
+from sparkfleet.tasks.platform import platform
 from sparkfleet.tasks.preflight import preflight
 from sparkfleet.tasks.service import service
 from sparkfleet.tasks.watchdog import watchdog
@@ -33,6 +34,7 @@ def converge(plan: HostPlan | None = None) -> None:
     if not facts:
         return
     prepared = prepare(plan, facts)
+    platform(plan)
     container_toolkit(plan, arch=facts.arch)
     model_result = model(plan, facts, prepared)
     service_result = service(plan, facts, model_result=model_result)

@@ -302,7 +302,7 @@ STRING_SETTINGS = {
 }
 ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services",
                  "tensor_parallel_hosts", "ray_start_args", "refused_kernels", "refused_pair_kernels",
-                 "refused_drivers"}
+                 "refused_drivers", "platform_pins"}
 
 
 def test_the_sweep_covers_every_string_setting():

@@ -105,7 +105,7 @@ def test_stage_results_are_frozen_and_named():
         runtime, fetched = result  # a result is not a tuple: unpacking it fails loudly, not by position
 
 
-STAGES = ("preflight", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door")
+STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door")
 
 
 @pytest.fixture
@@ -158,6 +158,7 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
         runpy.run_path(str(ROOT / deploy_file))
 
     assert calls["preflight"] == {"plan": plan}
+    assert calls["platform"] == {"plan": plan}
     assert calls["container_toolkit"] == {"plan": plan, "arch": "aarch64"}
     assert calls["guard"] == {"plan": plan}
     assert calls["model"] == {"plan": plan, "facts": results["preflight"], "prepared": "prepared"}
