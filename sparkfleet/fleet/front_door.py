@@ -378,23 +378,23 @@ def this_hold(backend: str, operation: str) -> Hold:
     return Hold(backend, operation, controller_name(), pid, process_start(pid) or 0, int(time.time()))
 
 
-def stale(hold: Hold, controller: str, now: float, start_of=process_start, max_age_s: float = HOLD_MAX_AGE_S) -> bool:
+def stale(hold: Hold, controller: str, now: float, start_of=None, max_age_s: float = HOLD_MAX_AGE_S) -> bool:
     """Whether the operation that made `hold` is gone: on this controller, its pid runs no more as the same
-    process (another start time; where the start time is unknown, a running pid counts as the same); on
-    another, the hold is older than `max_age_s` (HOLD_MAX_AGE_S)."""
+    process (another start time, asked of `start_of`, process_start by default; where the start time is unknown,
+    a running pid counts as the same); on another, the hold is older than `max_age_s` (HOLD_MAX_AGE_S)."""
     if hold.controller != controller:
         return now - hold.since > max_age_s
-    start = start_of(hold.pid)
+    start = (start_of or process_start)(hold.pid)
     return start is None or bool(start and hold.started and start != hold.started)
 
 
-def stale_holds(record: str | None, controller: str, now: float, start_of=process_start) -> list[Hold]:
+def stale_holds(record: str | None, controller: str, now: float, start_of=None) -> list[Hold]:
     """The holds of a hold record (None: none) whose operation is gone, by backend name."""
     holds = parse_holds(record or "")
     return [h for _, h in sorted(holds.items()) if stale(h, controller, now, start_of)]
 
 
-def out_of_rotation(states: dict[str, dict], controller: str, now: float, start_of=process_start) -> list[dict]:
+def out_of_rotation(states: dict[str, dict], controller: str, now: float, start_of=None) -> list[dict]:
     """Every backend out of rotation (set aside, draining, drained) in a front door's `states` (door_states),
     with why and whether something live holds it: a maintenance drain holds it; so does a live operation's hold;
     a gone operation's hold, or no record at all, does not."""
