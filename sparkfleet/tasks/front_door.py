@@ -57,5 +57,5 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
                  _if=any_changed(started, unit))
     gone = stale_holds(fact(host, JsonFile, path=paths.FRONT_DOOR_HOLDS), controller_name(), time.time())
     if gone:  # an interrupted rollout's: each host's release was brought in line by its stages above
-        server.shell(name=f"Front door: {', '.join(h.backend for h in gone)} back in (held by an operation that is "
-                          "gone)", commands=[put_back_command(gone)])
+        server.shell(name=f"{', '.join(h.backend for h in gone)} back in (held by an operation that is gone)",
+                     commands=[put_back_command(gone)])

@@ -17,7 +17,10 @@ from sparkfleet.fleet import front_door as fd
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet.converge import HostResult
 
-from .test_drain import Local, door_dir, sent, sh  # noqa: F401 (door_dir: a fixture)
+from . import test_drain
+from .test_drain import Local, sent, sh
+
+door_dir = test_drain.door_dir  # the front door's files under tmp_path, a stand-in socat on PATH
 
 NOW = 1_800_000_000
 
