@@ -403,7 +403,7 @@ def out_of_rotation(states: dict[str, dict], controller: str, now: float, start_
         if row["state"] not in ("out", "draining", "drained"):
             continue
         hold = row.get("hold")
-        if row["state"] == "drained":
+        if row["state"] == "drained" or row.get("recorded"):  # drained, or on its way out (draining)
             why, held = "maintenance drain: until `sparkfleet undrain`", True
         elif hold is None:
             why, held = "out with no record: nothing holds it", False
@@ -520,12 +520,13 @@ def states_command() -> str:
 
 
 def door_states(answer: str) -> dict[str, dict]:
-    """One front door's answer to `states_command` -> its states, each with its hold ("hold": a Hold or None)."""
+    """One front door's answer to `states_command` -> its states, each with whether the drain record holds it
+    ("recorded") and its hold ("hold": a Hold or None)."""
     records, _, stat = answer.partition(f"{_STAT_MARK}\n")
     record, _, held = records.partition(f"{_HOLDS_MARK}\n")
-    holds = parse_holds(held)
-    return {name: {**row, "hold": holds.get(name)}
-            for name, row in backend_states(stat, drained_names(record)).items()}
+    holds, drained = parse_holds(held), drained_names(record)
+    return {name: {**row, "recorded": name in drained, "hold": holds.get(name)}
+            for name, row in backend_states(stat, drained).items()}
 
 
 def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:

@@ -160,7 +160,17 @@ STATES = {
     "spark-3": {"state": "out", "hold": hold("spark-3")},
     "spark-4": {"state": "out", "hold": hold("spark-4", pid=99)},
     "spark-5": {"state": "draining", "hold": None},
+    "spark-6": {"state": "draining", "recorded": True, "hold": None},  # `sparkfleet drain` on its way
 }
+
+
+def test_the_states_answer_carries_each_backends_record_and_hold():
+    table = "# pxname,svname,scur,status\nengines,spark-2,2,DRAIN\nengines,spark-3,0,MAINT\nengines,spark-4,0,UP\n"
+    answer = f"spark-2\n{fd._HOLDS_MARK}\n{hold('spark-3').line()}\nspark-4 rollout $(reboot)\n{fd._STAT_MARK}\n{table}"
+    states = fd.door_states(answer)
+    assert {n: (r["state"], r["recorded"], r["hold"]) for n, r in states.items()} == {
+        "spark-2": ("draining", True, None), "spark-3": ("out", False, hold("spark-3")),
+        "spark-4": ("in", False, None)}
 
 
 def test_status_names_each_backend_out_of_rotation_with_what_holds_it():
@@ -170,7 +180,8 @@ def test_status_names_each_backend_out_of_rotation_with_what_holds_it():
         ("spark-3", True, "held by rollout pid 4242 on controller ctl since 2027-01-15T07:59:00Z"),
         ("spark-4", False, "held by a rollout that is gone (rollout pid 99 on controller ctl since "
                            "2027-01-15T07:59:00Z)"),
-        ("spark-5", False, "out with no record: nothing holds it")]
+        ("spark-5", False, "out with no record: nothing holds it"),
+        ("spark-6", True, "maintenance drain: until `sparkfleet undrain`")]
     assert found[1]["holder"] == hold("spark-3").holder() and found[0]["holder"] is None
 
 
