@@ -302,7 +302,7 @@ OPERATIONS = ("rollout", "rollback", "upgrade")  # the operations that hold a ba
 # Another controller's process cannot be asked: its hold counts as gone once older than this. A batch's drain,
 # deploy (its model download included) and gate take far less; a hold this old is a controller that died.
 HOLD_MAX_AGE_S = 6 * 3600
-_HOLD_LINE = re.compile(r"(?P<backend>[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}) (?P<operation>" + "|".join(OPERATIONS)
+_HOLD_LINE = re.compile(f"(?P<backend>{_SERVER_NAME.pattern}) (?P<operation>" + "|".join(OPERATIONS)
                         + r") (?P<controller>[A-Za-z0-9][A-Za-z0-9_.-]{0,252}) (?P<pid>[0-9]{1,10}) "
                         r"(?P<started>[0-9]{1,20}) (?P<since>[0-9]{1,12})")
 
