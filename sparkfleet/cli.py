@@ -154,7 +154,7 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
 
 def _status(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
-    from sparkfleet.fleet.front_door import front_door_status, status_rows
+    from sparkfleet.fleet.front_door import door_ok, front_door_status, status_rows
     from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
@@ -185,7 +185,7 @@ def _status(args) -> int:
                 out.print(f"[bold]{literal(row['host'])}[/] answers: {literal(row['chat'])}")
         if door:
             print_table("front door", ("front door / backend", "url", "state"), status_rows(door), out=out)
-    return 0 if all(row["healthy"] for row in rows) and (door is None or door["up"]) else 1
+    return 0 if all(row["healthy"] for row in rows) and (door is None or door_ok(door)) else 1
 
 
 def _print_reports(reports, as_json: bool) -> None:
@@ -259,7 +259,7 @@ def _rollback(args) -> int:
     except (*INVALID, ValueError) as exc:
         return _invalid(exc)
     door = FrontDoorRuntime.of(args.inventory)  # none: no drain; a group's backend is its head
-    door.drain([unit[0] for unit in found], log=lambda m: print(m, file=sys.stderr))
+    door.drain([unit[0] for unit in found], log=lambda m: print(m, file=sys.stderr), operation="rollback")
     results = run_deploy(args.inventory, names, deploy_file="rollback.py")
     door.ready([unit[0] for unit in found if all(results[h].ok for h in unit)],
                log=lambda m: print(m, file=sys.stderr))

@@ -17,14 +17,23 @@ fleet changes nothing. A reload keeps the backend's maintenance in HAProxy's
 server-state file, a start replays the record (the unit's ExecStartPost), and
 `FrontDoorRuntime.ready` (a rollout's batch end, a rollback) skips what the
 record holds.
+
+A rollout's drain is held too, by who made it and when (`Hold`, one line per
+backend in paths.FRONT_DOOR_HOLDS), and its batch end drops the line. A hold
+whose operation is gone (`stale`) is put back by the next converge's front door
+stage or rollout: HAProxy routes to it only once its checks pass, and that
+host's own converge brings its release to the planned one and gates it.
+`status` names every backend out of rotation with what holds it.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import shlex
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,11 +295,134 @@ def front_door_url(s: Settings, data: dict) -> str:
     return f"{scheme}://{data.get('ssh_hostname', '')}:{s.front_door_port}"
 
 
+# --- holds: who set a backend aside for a change, and whether that operation still runs ----------------
+
+
+OPERATIONS = ("rollout", "rollback", "upgrade")  # the operations that hold a backend out while they change its host
+# Another controller's process cannot be asked: its hold counts as gone once older than this. A batch's drain,
+# deploy (its model download included) and gate take far less; a hold this old is a controller that died.
+HOLD_MAX_AGE_S = 6 * 3600
+_HOLD_LINE = re.compile(f"(?P<backend>{_SERVER_NAME.pattern}) (?P<operation>" + "|".join(OPERATIONS)
+                        + r") (?P<controller>[A-Za-z0-9][A-Za-z0-9_.-]{0,252}) (?P<pid>[0-9]{1,10}) "
+                        r"(?P<started>[0-9]{1,20}) (?P<since>[0-9]{1,12})")
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A backend set aside by an operation: which, on which controller, by which process (its pid and its start
+    time, which tell a reused pid apart), since when (epoch seconds)."""
+
+    backend: str
+    operation: str
+    controller: str
+    pid: int
+    started: int  # the process's start time in clock ticks after boot (/proc/PID/stat), 0 where unknown
+    since: int
+
+    def line(self) -> str:
+        """Its line on the hold record (parse_holds reads it back)."""
+        line = f"{self.backend} {self.operation} {self.controller} {self.pid} {self.started} {self.since}"
+        if not _HOLD_LINE.fullmatch(line):
+            raise ValueError(f"not a hold: {line!r}")
+        return line
+
+    def holder(self) -> dict:
+        """Who holds it, for status: the operation, controller, pid and since (UTC)."""
+        return {"operation": self.operation, "controller": self.controller, "pid": self.pid,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since))}
+
+
+def parse_holds(record: str) -> dict[str, Hold]:
+    """{backend: its hold} from a hold record read back from a front door: a line that is not a hold is skipped
+    (data, never run); of two lines for one backend the later counts, as hold_command writes it."""
+    holds = {}
+    for line in record.splitlines():
+        found = _HOLD_LINE.fullmatch(line.strip())
+        if found:
+            f = found.groupdict()
+            holds[f["backend"]] = Hold(f["backend"], f["operation"], f["controller"], int(f["pid"]), int(f["started"]),
+                                       int(f["since"]))
+    return holds
+
+
+def controller_name() -> str:
+    """This controller's host name as a hold names it (anything outside its grammar becomes `_`)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:253] or "controller"
+    return name if name[0].isalnum() else f"c{name[:252]}"
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time (clock ticks after boot, field 22 of /proc/PID/stat); None when no such process
+    runs, 0 where /proc cannot tell (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
+    except OSError:
+        return 0
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
+
+
+def this_hold(backend: str, operation: str) -> Hold:
+    """The hold this process makes on `backend` now."""
+    pid = os.getpid()
+    return Hold(backend, operation, controller_name(), pid, process_start(pid) or 0, int(time.time()))
+
+
+def stale(hold: Hold, controller: str, now: float, start_of=None, max_age_s: float = HOLD_MAX_AGE_S) -> bool:
+    """Whether the operation that made `hold` is gone: on this controller, its pid runs no more as the same
+    process (another start time, asked of `start_of`, process_start by default; where the start time is unknown,
+    a running pid counts as the same); on another, the hold is older than `max_age_s` (HOLD_MAX_AGE_S)."""
+    if hold.controller != controller:
+        return now - hold.since > max_age_s
+    start = (start_of or process_start)(hold.pid)
+    return start is None or bool(start and hold.started and start != hold.started)
+
+
+def stale_holds(record: str | None, controller: str, now: float, start_of=None) -> list[Hold]:
+    """The holds of a hold record (None: none) whose operation is gone, by backend name."""
+    holds = parse_holds(record or "")
+    return [h for _, h in sorted(holds.items()) if stale(h, controller, now, start_of)]
+
+
+def out_of_rotation(states: dict[str, dict], controller: str, now: float, start_of=None) -> list[dict]:
+    """Every backend out of rotation (set aside, draining, drained) in a front door's `states` (door_states),
+    with why and whether something live holds it: a maintenance drain holds it; so does a live operation's hold;
+    a gone operation's hold, or no record at all, does not."""
+    found = []
+    for name, row in sorted(states.items()):
+        if row["state"] not in ("out", "draining", "drained"):
+            continue
+        hold = row.get("hold")
+        if row["state"] == "drained" or row.get("recorded"):  # drained, or on its way out (draining)
+            why, held = "maintenance drain: until `sparkfleet undrain`", True
+        elif hold is None:
+            why, held = "out with no record: nothing holds it", False
+        else:
+            who = hold.holder()
+            held = not stale(hold, controller, now, start_of)
+            by = f"{hold.operation} pid {hold.pid} on controller {hold.controller} since {who['since']}"
+            why = f"held by {by}" if held else f"held by a {hold.operation} that is gone ({by})"
+        found.append({"host": name, "state": row["state"], "reason": why, "held": held,
+                      "holder": hold.holder() if hold else None})
+    return found
+
+
 # --- HAProxy's runtime API -------------------------------------------------------------------------
 
 
 _SOCAT = f"socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"  # HAProxy reads one line of commands
-_STAT_MARK = "@show-stat"  # between the drain record and HAProxy's table in one answer (states)
+_STAT_MARK = "@show-stat"  # between the records and HAProxy's table in one answer (states)
+_HOLDS_MARK = "@holds"  # between the drain record and the holds in that answer
 
 
 def runtime_command(*commands: str) -> str:
@@ -313,13 +445,18 @@ def replay_command() -> str:
             f'{record} | paste -sd";" | {_SOCAT}')
 
 
+def _rewrite_command(record: str, kept: str, added: list[str] = ()) -> str:
+    """`record` rewritten as the lines `kept` prints (a missing record prints none) and then `added`: written
+    beside the old one (root-only) and renamed over it, so a reader sees the old record or the new one."""
+    add = f" printf '%s\\n' {' '.join(shlex.quote(line) for line in added)};" if added else ""
+    return f"umask 077 && {{ {kept} 2>/dev/null;{add} true; }} > {record}.new && mv -f {record}.new {record}"
+
+
 def record_command(host: str, drained: bool) -> str:
-    """Add `host` to the front door's drain record (drained) or take it off: the new record is written beside
-    the old one (root-only) and renamed over it, so a reader sees the old record or the new one."""
-    record, name = paths.FRONT_DOOR_DRAINED, shlex.quote(host)
-    add = f" echo {name};" if drained else ""
-    return (f"umask 077 && {{ grep -vxF -e {name} {record} 2>/dev/null;{add} true; }} > {record}.new "
-            f"&& mv -f {record}.new {record}")
+    """Add `host` to the front door's drain record (drained) or take it off."""
+    name = shlex.quote(host)
+    return _rewrite_command(paths.FRONT_DOOR_DRAINED, f"grep -vxF -e {name} {paths.FRONT_DOOR_DRAINED}",
+                            [host] if drained else [])
 
 
 def undrain_command(host: str) -> str:
@@ -328,12 +465,47 @@ def undrain_command(host: str) -> str:
     return f"{record_command(host, drained=False)} && {ready} && {save_state_command()}"
 
 
-def ready_command(hosts: list[str]) -> str:
-    """Put `hosts` back on a front door, but for those its drain record holds: a `kept NAME` line each."""
-    names = " ".join(shlex.quote(h) for h in hosts)
+def _ready_script(names: str) -> str:
+    """Put the servers `names` expands to back, but for those the drain record holds: a `kept NAME` line each."""
     return (f'c=; for h in {names}; do if grep -qxF -e "$h" {paths.FRONT_DOOR_DRAINED} 2>/dev/null; '
             f'then echo "kept $h"; else c="$c${{c:+; }}set server {BACKEND}/$h state ready"; fi; done; '
             f'[ -z "$c" ] || echo "$c" | {_SOCAT}')
+
+
+def ready_command(hosts: list[str]) -> str:
+    """Put `hosts` back on a front door, but for those its drain record holds: a `kept NAME` line each."""
+    return _ready_script(" ".join(shlex.quote(h) for h in hosts))
+
+
+def _holds_without(names: str) -> str:
+    """A command printing the hold record's lines but those of the backends `names` (one shell word expanding
+    to names, space-separated): a line's first field is its backend."""
+    return ("awk 'BEGIN { n = split(ARGV[1], d, \" \"); for (i = 1; i <= n; i++) drop[d[i]] = 1; ARGV[1] = \"\" } "
+            f"!($1 in drop)' {names} {paths.FRONT_DOOR_HOLDS}")
+
+
+def _drop_holds(names: str) -> str:
+    """The holds of the backends `names` (as `_holds_without`) taken off the hold record."""
+    return _rewrite_command(paths.FRONT_DOOR_HOLDS, _holds_without(names))
+
+
+def hold_command(holds: list[Hold]) -> str:
+    """Write `holds` on a front door's hold record, each replacing its backend's older line."""
+    names = shlex.quote(" ".join(h.backend for h in holds))
+    return _rewrite_command(paths.FRONT_DOOR_HOLDS, _holds_without(names), [h.line() for h in holds])
+
+
+def back_command(hosts: list[str]) -> str:
+    """A batch's end: `hosts` back (ready_command), then their holds dropped; a failed ready keeps the holds."""
+    return f"{{ {ready_command(hosts)}; }} && {_drop_holds(shlex.quote(' '.join(hosts)))}"
+
+
+def put_back_command(holds: list[Hold]) -> str:
+    """Put back the backends of these (stale) holds on a front door that still has each very line (a newer hold,
+    or none, leaves the backend be), then drop those lines; the drain record still keeps its hosts out."""
+    lines, found = " ".join(shlex.quote(h.line()) for h in holds), '"$n"'
+    return (f'n=; for l in {lines}; do grep -qxF -e "$l" {paths.FRONT_DOOR_HOLDS} 2>/dev/null && n="$n ${{l%% *}}"; '
+            f'done; if [ -n "$n" ]; then {{ {_ready_script("$n")}; }} && {_drop_holds(found)}; fi')
 
 
 def drained_names(record: str) -> set[str]:
@@ -341,10 +513,20 @@ def drained_names(record: str) -> set[str]:
     return {line.strip() for line in record.splitlines() if _SERVER_NAME.fullmatch(line.strip())}
 
 
+def states_command() -> str:
+    """What `states` asks a front door: its drain record, its holds, HAProxy's `show stat`, between marks."""
+    return (f"cat {paths.FRONT_DOOR_DRAINED} 2>/dev/null; echo {_HOLDS_MARK}; cat {paths.FRONT_DOOR_HOLDS} "
+            f"2>/dev/null; echo {_STAT_MARK}; {runtime_command('show stat')}")
+
+
 def door_states(answer: str) -> dict[str, dict]:
-    """One front door's answer to `states`' command (its drain record, the mark, `show stat`) -> its states."""
-    record, _, stat = answer.partition(f"{_STAT_MARK}\n")
-    return backend_states(stat, drained_names(record))
+    """One front door's answer to `states_command` -> its states, each with whether the drain record holds it
+    ("recorded") and its hold ("hold": a Hold or None)."""
+    records, _, stat = answer.partition(f"{_STAT_MARK}\n")
+    record, _, held = records.partition(f"{_HOLDS_MARK}\n")
+    holds, drained = parse_holds(held), drained_names(record)
+    return {name: {**row, "recorded": name in drained, "hold": holds.get(name)}
+            for name, row in backend_states(stat, drained).items()}
 
 
 def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:
@@ -413,15 +595,17 @@ class FrontDoorRuntime:
 
     def states(self) -> dict[str, dict[str, dict] | None]:
         """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
-        command = f"cat {paths.FRONT_DOOR_DRAINED} 2>/dev/null; echo {_STAT_MARK}; {runtime_command('show stat')}"
-        return {door: None if text is None else door_states(text) for door, text in self._shell(command).items()}
+        return {door: None if text is None else door_states(text)
+                for door, text in self._shell(states_command()).items()}
 
-    def drain(self, hosts: list[str], log=print) -> None:
-        """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out."""
+    def drain(self, hosts: list[str], log=print, operation: str | None = None) -> None:
+        """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out.
+        For an `operation` (a rollout's), each is held first, by this process (this_hold), in the same command."""
         if not self.doors or not hosts:
             return
         timeout_s = self.drain_timeout_s
-        self._run(*(f"set server {BACKEND}/{h} state drain" for h in hosts))
+        drain = runtime_command(*(f"set server {BACKEND}/{h} state drain" for h in hosts))
+        self._shell(f"{hold_command([this_hold(h, operation) for h in hosts])} && {drain}" if operation else drain)
         deadline = time.monotonic() + timeout_s
         while True:
             busy = {h for states in self.states().values() if states for h in hosts
@@ -435,11 +619,28 @@ class FrontDoorRuntime:
         log(f"front door: {', '.join(hosts)} out")
 
     def ready(self, hosts: list[str], log=print) -> None:
-        """Put `hosts` back; each takes requests once its health checks pass. A host `sparkfleet drain` set aside
-        stays out (each front door's own record decides, in the same command)."""
+        """Put `hosts` back, their holds dropped; each takes requests once its health checks pass. A host
+        `sparkfleet drain` set aside stays out (each front door's own record decides, in the same command)."""
         if not self.doors or not hosts:
             return
-        answers = self._shell(ready_command(hosts))
+        self._put_back(back_command(hosts), hosts, log)
+
+    def put_back_stale(self, log=print) -> list[str]:
+        """Put back every backend held by an operation that is gone (stale), on each front door that still holds
+        it so; the names put back (a rollout's first step)."""
+        if not self.doors:
+            return []
+        now, controller = time.time(), controller_name()
+        found = {row["hold"] for states in self.states().values() if states for row in states.values()
+                 if row["hold"] and stale(row["hold"], controller, now)}
+        names = sorted({h.backend for h in found})
+        if names:
+            log(f"front door: {', '.join(names)} held by an operation that is gone: putting back")
+            self._put_back(put_back_command(sorted(found, key=Hold.line)), names, log)
+        return names
+
+    def _put_back(self, command: str, hosts: list[str], log) -> None:
+        answers = self._shell(command)
         kept = {line[len("kept "):] for text in answers.values() if text for line in text.splitlines()
                 if line.startswith("kept ")}
         if kept:
@@ -543,14 +744,33 @@ def front_door_status(inventory: str) -> dict | None:
         doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})
     seen = next((s for s in states.values() if s is not None), {})
     backends = [{"host": host, "state": row["state"]} for host, row in sorted(seen.items())]
-    return {"url": doors[0]["url"], "up": all(d["up"] for d in doors), "doors": doors, "backends": backends}
+    return {"url": doors[0]["url"], "up": all(d["up"] for d in doors), "doors": doors, "backends": backends,
+            "out_of_rotation": out_of_rotation(seen, controller_name(), time.time())}
+
+
+def door_ok(door: dict) -> bool:
+    """`status`'s rule for a front door: every front door answers, and nothing is out of rotation that nothing
+    live holds (a maintenance drain and a running rollout's hold are held; a gone one's, or none, is not)."""
+    return door["up"] and all(b["held"] for b in door.get("out_of_rotation", ()))
 
 
 def status_rows(door: dict) -> list[tuple[str, str, str]]:
-    """The front door for the status table: (front door or backend, where, state)."""
+    """The front door for the status table: (front door or backend, where, state); a backend out of rotation
+    with its reason (text, never markup)."""
+    from sparkfleet.tables import literal
+
     colour = {"in": "green", "draining": "yellow", "out": "yellow", "drained": "cyan", "down": "red"}
+    why = {b["host"]: (b["reason"], b["held"]) for b in door.get("out_of_rotation", ())}
+
+    def state(b: dict) -> str:
+        cell = f"[{colour[b['state']]}]{b['state']}[/]"
+        if b["host"] not in why:
+            return cell
+        reason, held = why[b["host"]]
+        return f"{cell}: " + (literal(reason) if held else f"[red]{literal(reason)}[/]")
+
     return ([(d["host"], d["url"], "[green]up[/]" if d["up"] else "[red]DOWN[/]") for d in door["doors"]]
-            + [(f"  {b['host']}", "backend", f"[{colour[b['state']]}]{b['state']}[/]") for b in door["backends"]])
+            + [(f"  {b['host']}", "backend", state(b)) for b in door["backends"]])
 
 
 def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str]:

@@ -146,6 +146,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     failures = 0
     plan = batches(units(hosts, groups or {}), batch, canary)
     door = FrontDoorRuntime.of(inventory)  # none: no drain
+    door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
     for number, batch_units in enumerate(plan, 1):
         batch_hosts = [h for unit in batch_units for h in unit]
         if failures > max_fail:
@@ -156,7 +157,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
         started = time.monotonic()
-        door.drain([unit[0] for unit in batch_units], log)
+        door.drain([unit[0] for unit in batch_units], log, operation="rollout")
         results = run_deploy(inventory, batch_hosts, data)
         seconds = round(time.monotonic() - started, 1)
         back_in = []

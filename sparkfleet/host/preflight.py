@@ -37,15 +37,16 @@ class HostFacts:
     kernel: str | None = None  # `uname -r`
 
 
-def converge_reads(model_root: str, engine_ref: str) -> dict:
+def converge_reads(model_root: str, engine_ref: str, front_door: bool = False) -> dict:
     """What the stages read from a host that needs nothing (the batched state, daemon.json, the toolkit's keyring,
-    the engine image, the model directories): read with preflight's facts, in its one round trip, and held
-    until an operation changes the host (state.fact)."""
+    the engine image, the model directories; on a front door its hold record): read with preflight's facts, in
+    its one round trip, and held until an operation changes the host (state.fact)."""
     return {"managed": (HostState, {}), "model root": (PathState, {"path": model_root}),
             "daemon.json": (JsonFile, {"path": paths.DAEMON_JSON}),
             "keyring": (KeyringKeys, {"path": paths.TOOLKIT_KEYRING}),
             "engine image": image_read(engine_ref),
-            "model dirs": (ModelDirs, {"model_root": model_root})}
+            "model dirs": (ModelDirs, {"model_root": model_root}),
+            **({"front door holds": (JsonFile, {"path": paths.FRONT_DOOR_HOLDS})} if front_door else {})}
 
 
 def unreadable_facts(name: str, f: HostFacts) -> list[str]:

@@ -3,16 +3,21 @@
 Its config comes from the plans of the whole inventory; the keys live only in
 0600 map files. A change of users or backends is a reload (in-flight requests
 finish, drained backends stay drained); the front door must answer before the
-host counts as converged.
+host counts as converged. A backend held out by an operation that is gone (a killed rollout) is put back.
 """
 
+import time
+
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from sparkfleet.contract import paths, serving
-from sparkfleet.fleet.front_door import front_door_plan
+from sparkfleet.fleet.front_door import controller_name, front_door_plan, put_back_command, stale_holds
 from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.host.facts import JsonFile
+from sparkfleet.host.state import fact
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
@@ -50,3 +55,7 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
             f"echo 'the front door has no backend in after {s.health_timeout_s}s' >&2; exit 1")
     server.shell(name=f"Front door answers on port {s.front_door_port}", commands=[wait],
                  _if=any_changed(started, unit))
+    gone = stale_holds(fact(host, JsonFile, path=paths.FRONT_DOOR_HOLDS), controller_name(), time.time())
+    if gone:  # an interrupted rollout's: each host's release was brought in line by its stages above
+        server.shell(name=f"{', '.join(h.backend for h in gone)} back in (held by an operation that is gone)",
+                     commands=[put_back_command(gone)])

@@ -22,6 +22,7 @@ from sparkfleet.host.facts import (
     Unreadable,
     json_object,
 )
+from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plans
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.host.state import read_facts
@@ -55,7 +56,7 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
             "free_bytes": (FreeBytes, {"path": s.model_root}), "docker": (DockerState, {}),
             "python": (PythonVersion, {}), "release": (JsonFile, {"path": RELEASE_FILE}),
             **{f"model {i}": (ModelFiles, {"model_dir": d, "record": VERIFIED_RECORD}) for i, d in enumerate(models)},
-            **converge_reads(s.model_root, plan.engine_ref),
+            **converge_reads(s.model_root, plan.engine_ref, front_door=FRONT_DOOR in target.groups),
         })  # one round trip
         model_state, chat_bytes = files_to_fetch(got["model 0"], plan.manifest)
         service_bytes = sum(files_to_fetch(got[f"model {i}"], svc.manifest)[1]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +18,7 @@ import time
 import pytest
 import requests
 
-from .conftest import HOSTS, ROOT, api_port, container, converge, ssh
+from .conftest import HOSTS, ROOT, api_port, container, converge, fleet_out_of_step, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -152,6 +154,38 @@ def test_rollout_batch_1_through_the_front_door_fails_no_request(door, tmp_path)
     assert len(probe.results) >= 4 * probe.seconds - 5, (len(probe.results), probe.seconds)
     assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
     assert backend_states(changed) == {h: "in" for h in HOSTS}
+
+
+def test_a_rollout_killed_after_its_first_drain_leaves_nothing_out_after_the_next_converge(door, sim_fleet, tmp_path):
+    """Issue 22: the controller's process killed (SIGKILL, its whole group) right after a batch was drained."""
+    inventory, url = door
+    changed = door_inventory(tmp_path, "changed", USERS, {"max_model_len": 131072})
+    with Probe(url, USERS["alice"]) as probe:
+        rollout = subprocess.Popen([sys.executable, "-m", "sparkfleet", "rollout", changed, "--batch", "1"], cwd=ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        try:
+            seen = next((line for line in iter(rollout.stderr.readline, "") if line.startswith("front door: ")
+                         and line.rstrip().endswith(" out")), None)  # the first batch is out: kill it now
+        finally:
+            os.killpg(rollout.pid, signal.SIGKILL)
+            rollout.wait()
+            rollout.stderr.close()
+        assert seen, "the rollout drained nothing"
+        drained = seen.split()[2]
+        status = sparkfleet("status", inventory, "--json", timeout=120)
+        assert status.returncode != 0, status.stdout[-3000:]
+        [out] = json.loads(status.stdout)["front_door"]["out_of_rotation"]
+        assert (out["host"], out["held"]) == (drained, False), out
+        assert out["reason"].startswith(f"held by a rollout that is gone (rollout pid {rollout.pid} "), out
+        again = converge(inventory=inventory)
+        assert again.returncode == 0, again.output[-4000:]
+        assert any(op.startswith(f"Front door | {drained} back in") for op in again.changed["spark-1"]), again.changed
+        wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60)
+    print(f"killed rollout: {len(probe.results)} requests in {probe.seconds:.0f} s, {len(probe.failures)} failed")
+    assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
+    assert fleet_out_of_step(sim_fleet) == {}  # every host on the release it was planned, serving
+    assert sparkfleet("status", inventory, "--json", timeout=120).returncode == 0
 
 
 def test_a_hung_engine_is_routed_around_within_10_s(door, sim_fleet):

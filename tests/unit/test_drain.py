@@ -27,6 +27,7 @@ def door_dir(tmp_path, monkeypatch):
     """The front door's record, state file and socket moved under tmp_path, and a `socat` on PATH that writes
     the line it is given to socat.log (where a socket answers, `live_socat` replaces it)."""
     monkeypatch.setattr(paths, "FRONT_DOOR_DRAINED", str(tmp_path / "drained"))
+    monkeypatch.setattr(paths, "FRONT_DOOR_HOLDS", str(tmp_path / "held"))
     monkeypatch.setattr(paths, "FRONT_DOOR_STATE_FILE", str(tmp_path / "servers.state"))
     monkeypatch.setattr(paths, "FRONT_DOOR_SOCKET", str(tmp_path / "admin.sock"))
     monkeypatch.setattr(fd, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")

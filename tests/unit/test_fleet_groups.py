@@ -74,7 +74,11 @@ def fake_fleet(monkeypatch, results: dict, rollback_ok: bool = True):
         return {h: results.get(h, HostResult(h, changed=["unit"], health_gate="passed")) for h in hosts}
 
     class Door:
-        def drain(self, hosts, log):
+        def put_back_stale(self, log):
+            return []
+
+        def drain(self, hosts, log, operation=None):
+            assert operation == "rollout"  # held by the rollout (test_front_door_holds)
             calls.append(("drain", list(hosts)))
 
         def ready(self, hosts, log):
