@@ -14,8 +14,8 @@ import sparkfleet
 from sparkfleet.fleet.converge import deploy_path
 from tests.unit.helpers import ROOT
 
-DEPLOY_FILES = ["sparkfleet/deploys/deploy.py", "sparkfleet/deploys/rollback.py", "deploy.py", "rollback.py",
-                "examples/my_deploy.py"]
+DEPLOY_FILES = ["sparkfleet/deploys/deploy.py", "sparkfleet/deploys/rollback.py", "sparkfleet/deploys/stage.py",
+                "deploy.py", "rollback.py", "examples/my_deploy.py"]
 # Run with only `sparkfleet` on the path: every stage module imported, and every name a deploy file imports found
 # (a deploy file is executed per host, not imported: importing it would run its stages).
 CHECK = """
@@ -70,7 +70,7 @@ def test_a_project_s_own_deploy_file_is_run_else_the_packaged_one(tmp_path):
     packaged = Path(sparkfleet.__file__).resolve().parent / "deploys"
     assert deploy_path("deploy.py", tmp_path) == packaged / "deploy.py"
     assert deploy_path("rollback.py", tmp_path) == packaged / "rollback.py"
-    assert all(deploy_path(name, tmp_path).is_file() for name in ("deploy.py", "rollback.py"))
+    assert all(deploy_path(name, tmp_path).is_file() for name in ("deploy.py", "rollback.py", "stage.py"))
     (tmp_path / "rollback.py").write_text("")
     (tmp_path / "deploy.py").mkdir()  # not a file: not a deploy
     assert deploy_path("rollback.py", tmp_path) == tmp_path / "rollback.py"
