@@ -90,7 +90,7 @@ class HostReport:
     old_release: str | None
     new_release: str | None
     result: str  # converged | unchanged | rolled back | failed | unreachable | not reached
-    seconds: float = 0.0  # its batch's deploy, from the drain
+    seconds: float = 0.0  # its batch's deploy run (connect, plan, the drain, the operations)
     detail: str = ""
     group: str | None = None  # the tensor-parallel group's name ("spark-1+spark-2") for its members
     batch: int | None = None  # the batch it went in (1-based), None for a rollback run on its own
@@ -204,9 +204,13 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             reports += [r for unit in batch_units for r in not_reached(unit, releases, number, why)]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started = time.monotonic()
-        door.drain([unit[0] for unit in batch_units], log)
-        results = run_deploy(inventory, batch_hosts, data)
+        started, drained = time.monotonic(), []
+
+        def drain():  # once the batch's deploy is planned, right before its operations run
+            drained.append(time.monotonic())
+            door.drain([unit[0] for unit in batch_units], log)
+
+        results = run_deploy(inventory, batch_hosts, data, before_ops=drain)
         seconds = round(time.monotonic() - started, 1)
         back_in = []
         for unit in batch_units:
@@ -220,9 +224,9 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             failures += not all(r.ok for r in found)
             reports += found
         door.ready(back_in, log)
-        out_s = round(time.monotonic() - started, 1)
         for r in reports[-len(batch_hosts):]:
-            r.out_of_rotation_s = out_s if door.doors and r.host in back_in else None
+            if door.doors and drained and r.host in back_in:
+                r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)
     for r in reports:
         r.staged_s = staged_s if r.host in staged else None
     return reports

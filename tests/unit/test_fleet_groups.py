@@ -66,7 +66,9 @@ def fake_fleet(monkeypatch, results: dict, rollback_ok: bool = True):
     """run_deploy replaced (deploy.py gives `results`; rollback.py is recorded) and the front door recorded."""
     calls = []
 
-    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py"):
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        if before_ops:
+            before_ops()
         calls.append((deploy_file, list(hosts)))
         if deploy_file == "rollback.py":
             return {h: HostResult(h, changed=["restored"], health_gate="passed") if rollback_ok else

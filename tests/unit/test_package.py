@@ -104,7 +104,30 @@ def test_run_deploy_loads_the_chosen_file_and_a_refusal_fails_every_host(monkeyp
 
     monkeypatch.setattr(converge, "connected", connected)
     monkeypatch.setattr(converge, "load_deploy_file", load)
-    results = converge.run_deploy("inventory.py", ["spark-1", "spark-2"], deploy_file="rollback.py")
-    assert loaded == [str(ROOT / "rollback.py")]  # the checkout's own, as deploy_path chose
+    results = converge.run_deploy("inventory.py", ["spark-1", "spark-2"], deploy_file="rollback.py",
+                                  before_ops=lambda: loaded.append("drained"))
+    assert loaded == [str(ROOT / "rollback.py")]  # the checkout's own, as deploy_path chose; nothing drained
     assert {name: (r.ok, r.failed) for name, r in results.items()} == {
         name: (False, ["invalid front door settings; no host was changed"]) for name in ("spark-1", "spark-2")}
+
+
+def test_run_deploy_calls_before_ops_once_the_deploy_is_planned_and_before_any_operation_runs(monkeypatch):
+    """A rollout's drain: after pyinfra connected and loaded the deploy (its facts read), before run_ops."""
+    from contextlib import contextmanager
+
+    from pyinfra.api import Config, Inventory, State
+
+    from sparkfleet.fleet import converge
+
+    inventory = Inventory(([("spark-1", {})], {}))
+    state, order = State(inventory, Config()), []
+
+    @contextmanager
+    def connected(inventory_path, names, data=None):
+        yield state, [inventory.get_host(name) for name in names]
+
+    monkeypatch.setattr(converge, "connected", connected)
+    monkeypatch.setattr(converge, "load_deploy_file", lambda state, filename: order.append("loaded"))
+    monkeypatch.setattr(converge, "run_ops", lambda state: order.append("operations"))
+    converge.run_deploy("inventory.py", ["spark-1"], before_ops=lambda: order.append("drained"))
+    assert order == ["loaded", "drained", "operations"]

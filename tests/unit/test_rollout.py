@@ -39,7 +39,9 @@ def fake_deploy(monkeypatch, results: dict, staged: dict | None = None):
     records which hosts it ran on."""
     rolled_back = []
 
-    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py"):
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        if before_ops:
+            before_ops()
         if deploy_file == "stage.py":
             return {h: (staged or {}).get(h, HostResult(h, changed=["Model files verified"])) for h in hosts}
         if deploy_file == "rollback.py":
@@ -80,13 +82,17 @@ class Clock:
 
 
 def fake_fleet(monkeypatch, staged: dict | None = None, results: dict | None = None, doors=("door",)):
-    """Every deploy and front-door call recorded, in order, on a fake clock: staging takes 40 s, a batch's deploy
-    5 s, a drain 2 s, putting hosts back 1 s."""
+    """Every deploy and front-door call recorded, in order, on a fake clock: a deploy run connects and plans for
+    3 s (then its `before_ops`, the batch's drain: 2 s), then runs its operations (staging 37 s, a batch 5 s);
+    putting hosts back takes 1 s."""
     calls, clock = [], Clock()
 
-    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py"):
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        clock.now += 3  # connect and plan: before the drain
+        if before_ops:
+            before_ops()
         calls.append((deploy_file, list(hosts)))
-        clock.now += 40 if deploy_file == "stage.py" else 5
+        clock.now += 37 if deploy_file == "stage.py" else 5
         given = (staged if deploy_file == "stage.py" else results) or {}
         return {h: given.get(h, HostResult(h, changed=["x"], health_gate="passed")) for h in hosts}
 
@@ -126,9 +132,9 @@ def test_every_changing_host_is_staged_in_one_run_before_the_first_drain(monkeyp
     assert logged[:2] == ["stage: a, c: the new release prepared beside the running one, still serving",
                           "stage: 2 hosts ready in 40 s"]
     assert [(r.host, r.result, r.staged_s, r.seconds, r.out_of_rotation_s) for r in reports] == [
-        ("a", "converged", 40, 7, 8), ("b", "converged", None, 7, 8), ("c", "converged", 40, 7, 8)]
+        ("a", "converged", 40, 10, 8), ("b", "converged", None, 10, 8), ("c", "converged", 40, 10, 8)]
     assert rollout_module.report_json(reports)["phases"] == {
-        "stage": {"hosts": ["a", "c"], "seconds": 40}, "switch": {"batches": 3, "seconds": 21}}
+        "stage": {"hosts": ["a", "c"], "seconds": 40}, "switch": {"batches": 3, "seconds": 30}}
 
 
 def test_nothing_to_stage_runs_no_staging(monkeypatch):
@@ -178,7 +184,7 @@ def test_the_report_prints_both_phases_and_the_out_of_rotation_times(monkeypatch
     cli._print_reports(rollout("inv.py", ["a", "b", "c"], RELEASES, log=lambda m: None), False)
     err = capsys.readouterr().err
     assert "out of rotation s" in err
-    assert "phases: stage 2 hosts in 40 s (all at once, before any drain), switch 3 batches in 21 s" in err
+    assert "phases: stage 2 hosts in 40 s (all at once, before any drain), switch 3 batches in 30 s" in err
     cli._print_reports(rollout("inv.py", ["a"], RELEASES, log=lambda m: None), True)
     printed = json.loads(capsys.readouterr().out)
     assert printed["hosts"][0]["out_of_rotation_s"] == 8 and printed["hosts"][0]["staged_s"] == 40
