@@ -189,7 +189,7 @@ def _status(args) -> int:
 
 
 def _print_reports(reports, as_json: bool) -> None:
-    from sparkfleet.fleet.rollout import report_json
+    from sparkfleet.fleet.rollout import phases, report_json
 
     if as_json:
         print(json.dumps(report_json(reports), indent=2))
@@ -197,10 +197,16 @@ def _print_reports(reports, as_json: bool) -> None:
     rows = []
     for r in reports:
         color = {"converged": "green", "unchanged": "green", "rolled back": "yellow"}.get(r.result, "red")
+        out = "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}"
         rows.append((r.host, literal(r.old_release or "-"), literal(r.new_release or "-"),
-                     f"[{color}]{literal(r.result)}[/]", f"{r.seconds:g}", literal(r.detail)))
-    print_table("sparkfleet rollout", ("host", "old release", "new release", "result", "seconds", "detail"), rows,
-                stderr=True)
+                     f"[{color}]{literal(r.result)}[/]", f"{r.seconds:g}", out, literal(r.detail)))
+    print_table("sparkfleet rollout", ("host", "old release", "new release", "result", "seconds",
+                                       "out of rotation s", "detail"), rows, stderr=True)
+    found = phases(reports)
+    stage, switch = found["stage"], found["switch"]
+    if stage["hosts"] or switch["batches"]:
+        print(f"phases: stage {len(stage['hosts'])} hosts in {stage['seconds']:g} s (all at once, before any drain), "
+              f"switch {switch['batches']} batches in {switch['seconds']:g} s", file=sys.stderr)
 
 
 def _parse_data(items: list[str]) -> dict:

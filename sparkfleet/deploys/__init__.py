@@ -1,6 +1,7 @@
-"""The pyinfra deploy files sparkfleet ships: `deploy.py` (converge) and `rollback.py` (back to the previous release).
+"""The pyinfra deploy files sparkfleet ships: `deploy.py` (converge), `rollback.py` (back to the previous release)
+and `stage.py` (a rollout's first phase: the new release made ready while the host serves).
 
 They are files pyinfra runs once per host (the fleet commands load them by path, `fleet/converge.py`
-`deploy_path`), not modules to import: each calls its stage function. A project's own `deploy.py` or
-`rollback.py` in the directory a command runs in takes their place, as with `pyinfra INVENTORY deploy.py`.
+`deploy_path`), not modules to import: each calls its stage function. A project's own `deploy.py`,
+`rollback.py` or `stage.py` in the directory a command runs in takes their place, as with `pyinfra INVENTORY deploy.py`.
 """

@@ -9,6 +9,7 @@ when it has one, else the one the package ships (`deploy_path`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,12 @@ def deploy_path(name: str, project: Path = PROJECT_ROOT) -> Path:
 
 
 def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
-               deploy_file: str = "deploy.py") -> dict[str, HostResult]:
-    """Run deploy_file (`deploy_path` finds it) on `hosts` (names in the inventory); results per host."""
+               deploy_file: str = "deploy.py", before_ops: Callable[[], None] | None = None) -> dict[str, HostResult]:
+    """Run deploy_file (`deploy_path` finds it) on `hosts` (names in the inventory); results per host.
+
+    `before_ops` is called once the deploy is loaded (hosts connected, facts read, operations planned), right
+    before the operations run: a rollout drains its batch there, so a host is out of rotation while its
+    operations run, not while pyinfra connects and plans."""
     results = {name: HostResult(name) for name in hosts}
     with connected(inventory_path, hosts, data) as (state, limit):
         for host in limit:
@@ -87,6 +92,8 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
             try:
                 # the stages register the hosts whose fetch or engine start is shown while run_ops runs
                 load_deploy_file(state, str(deploy_path(deploy_file)))
+                if before_ops is not None:
+                    before_ops()
                 run_ops(state)
             except PyinfraError as exc:  # a refusal while loading (nothing ran), or "No hosts remaining!"
                 for host in limit:

@@ -1,7 +1,12 @@
 """Roll a release across a fleet batch by batch; undo it where it fails its health gate.
 
-Never more than one batch is changing at a time; more than `max_fail` failed
-hosts halt the rollout, and the hosts not yet reached keep their release.
+Two phases. Staging first: every host that will change gets its new release ready beside the running one while it
+serves (`stage.py`: model files verified, engine image checked, preflight), all at once; a staging failure on any
+host halts before anything is drained. Then the switch, batch by batch: drain, converge, gate, undrain, so a host is
+out of rotation for its restart and gate, not its download.
+
+Never more than one batch is changing at a time; more than `max_fail` failed hosts halt the rollout, and the hosts
+not yet reached keep their release.
 A tensor-parallel group is one unit: its members share a batch, and a failed
 gate on any of them rolls every member back (one model runs on them all).
 """
@@ -85,10 +90,12 @@ class HostReport:
     old_release: str | None
     new_release: str | None
     result: str  # converged | unchanged | rolled back | failed | unreachable | not reached
-    seconds: float = 0.0
+    seconds: float = 0.0  # its batch's deploy run (connect, plan, the drain, the operations)
     detail: str = ""
     group: str | None = None  # the tensor-parallel group's name ("spark-1+spark-2") for its members
     batch: int | None = None  # the batch it went in (1-based), None for a rollback run on its own
+    staged_s: float | None = None  # the staging phase's time, for a host it prepared; None: nothing to stage
+    out_of_rotation_s: float | None = None  # a front door's backend: from its drain to its return; None: not back
 
     @property
     def ok(self) -> bool:
@@ -133,6 +140,38 @@ def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[st
                              "previous release restored on every member")
 
 
+def to_stage(hosts: list[str], releases: dict[str, tuple[str | None, str | None]],
+             groups: dict[str, Unit] | None = None) -> list[str]:
+    """The hosts a rollout stages, in `hosts` order: every member of a unit where any member's planned release is
+    not its installed one (a group changes whole); a host that keeps its release has nothing to prepare."""
+    return [h for unit in units(hosts, groups or {}) if any(releases[m][0] != releases[m][1] for m in unit)
+            for h in unit]
+
+
+def not_reached(unit: Unit, releases: dict[str, tuple[str | None, str | None]], number: int | None,
+                detail: str) -> list[HostReport]:
+    """The reports of a unit the rollout halted before (it keeps its release): in batch `number`, or in none when
+    the staging halted it."""
+    group = unit_name(unit) if len(unit) > 1 else None
+    return [HostReport(h, releases[h][0], releases[h][1], "not reached", detail=detail, group=group, batch=number)
+            for h in unit]
+
+
+def staging_halted(order: list[Unit], results: dict[str, HostResult],
+                   releases: dict[str, tuple[str | None, str | None]], seconds: float) -> list[HostReport]:
+    """Every host's report when staging failed somewhere: the failed ones name their failed steps, the rest were
+    not reached; no host went into a batch, none was drained or switched."""
+    failed = [h for h, r in results.items() if not r.ok]
+    why = f"halted: staging failed on {', '.join(failed)}; no host was drained"
+    reports = [r for unit in order for r in not_reached(unit, releases, None, why)]
+    for r in reports:
+        r.staged_s = seconds if r.host in results else None
+        if r.host in failed:
+            r.result = judge(results[r.host])
+            r.detail = f"staging failed: {'; '.join(results[r.host].failed)}; its release is unchanged"
+    return reports
+
+
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
             groups: dict[str, Unit] | None = None, log=print) -> list[HostReport]:
@@ -141,24 +180,38 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
     tensor-parallel group to its members (see `members_of`). Batches count units, and so does `max_fail`
     (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
+    Before the first batch, the hosts `to_stage` names are staged in one run; any failure there halts the rollout.
     """
     reports: list[HostReport] = []
     failures = 0
     plan = batches(units(hosts, groups or {}), batch, canary)
     door = FrontDoorRuntime.of(inventory)  # none: no drain
     door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
+    staged, staged_s = to_stage(hosts, releases, groups), None
+    if staged:
+        log(f"stage: {', '.join(staged)}: the new release prepared beside the running one, still serving")
+        started = time.monotonic()
+        results = run_deploy(inventory, staged, data, deploy_file="stage.py")
+        staged_s = round(time.monotonic() - started, 1)
+        if not all(r.ok for r in results.values()):
+            log(f"stage: failed on {', '.join(h for h, r in results.items() if not r.ok)} after {staged_s:g} s: "
+                "halted, no host drained")
+            return staging_halted([unit for batch_units in plan for unit in batch_units], results, releases, staged_s)
+        log(f"stage: {len(staged)} hosts ready in {staged_s:g} s")
     for number, batch_units in enumerate(plan, 1):
         batch_hosts = [h for unit in batch_units for h in unit]
         if failures > max_fail:
-            reports += [HostReport(h, releases[h][0], releases[h][1], "not reached",
-                                   detail=f"halted: {failures} failed > --max-fail {max_fail}",
-                                   group=unit_name(unit) if len(unit) > 1 else None, batch=number)
-                        for unit in batch_units for h in unit]
+            why = f"halted: {failures} failed > --max-fail {max_fail}"
+            reports += [r for unit in batch_units for r in not_reached(unit, releases, number, why)]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started = time.monotonic()
-        door.drain([unit[0] for unit in batch_units], log, operation="rollout")
-        results = run_deploy(inventory, batch_hosts, data)
+        started, drained = time.monotonic(), []
+
+        def drain():  # once the batch's deploy is planned, right before its operations run
+            drained.append(time.monotonic())
+            door.drain([unit[0] for unit in batch_units], log, operation="rollout")
+
+        results = run_deploy(inventory, batch_hosts, data, before_ops=drain)
         seconds = round(time.monotonic() - started, 1)
         back_in = []
         for unit in batch_units:
@@ -172,9 +225,23 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             failures += not all(r.ok for r in found)
             reports += found
         door.ready(back_in, log)
+        for r in reports[-len(batch_hosts):]:
+            if door.doors and drained and r.host in back_in:
+                r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)
+    for r in reports:
+        r.staged_s = staged_s if r.host in staged else None
     return reports
 
 
+def phases(reports: list[HostReport]) -> dict:
+    """The rollout's two phases: staging (the hosts it prepared, all at once, and how long it took) and the switch
+    (the batches it ran, one after the other, and their deploys' time)."""
+    staged = [r for r in reports if r.staged_s is not None]
+    switched = {r.batch: r.seconds for r in reports if r.batch is not None and r.result != "not reached"}
+    return {"stage": {"hosts": [r.host for r in staged], "seconds": max((r.staged_s for r in staged), default=0.0)},
+            "switch": {"batches": len(switched), "seconds": round(sum(switched.values()), 1)}}
+
+
 def report_json(reports: list[HostReport]) -> dict:
-    return {"hosts": [asdict(r) for r in reports],
+    return {"hosts": [asdict(r) for r in reports], "phases": phases(reports),
             "ok": all(r.ok for r in reports)}

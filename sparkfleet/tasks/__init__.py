@@ -5,6 +5,8 @@ that fails preflight is left untouched, and so is every member of a tensor-paral
 fabric between them, fails it. A group's members each run a Ray node; its head runs the engine (`service`).
 Engines listen on loopback; each host's guard is what the LAN reaches.
 
+`stage()` is a rollout's first phase: run on every host that will change before any is drained.
+
 A deploy file calls `converge()` (pyinfra runs deploy code once per host); plain pyinfra runs it as
 `pyinfra INVENTORY sparkfleet.tasks.converge`, a project's own deploy.py after its own operations. Here a
 stage's name is its function, not its module (`from sparkfleet.tasks.model import ...` still reaches the module).
@@ -24,6 +26,7 @@ from sparkfleet.tasks.model import model
 from sparkfleet.tasks.platform import platform
 from sparkfleet.tasks.preflight import preflight
 from sparkfleet.tasks.service import service
+from sparkfleet.tasks.staging import staging
 from sparkfleet.tasks.watchdog import watchdog
 
 
@@ -43,3 +46,20 @@ def converge(plan: HostPlan | None = None) -> None:
     watchdog(plan, model_result=model_result, service_result=service_result)
     if FRONT_DOOR in host.groups:
         front_door(plan, plans(state))
+
+
+def stage(plan: HostPlan | None = None) -> None:
+    """Prepare the current host's release beside the running one, which keeps serving: preflight (memory, and free
+    disk for the files still to fetch, the running release's staying where they are), prepare, then the model files
+    fetched and verified into the release's own directory and its engine image pulled or loaded and checked. Nothing
+    the running release uses changes and nothing restarts; a second run fetches nothing, and neither does the
+    converge of the host's batch after it.
+
+    `sparkfleet rollout` runs it from `stage.py` (`fleet/converge.py` `deploy_path`): a project's own when it holds
+    one, else the packaged one, also for a project with its own deploy.py, whose operations run in the batch's
+    converge, drained; a project with more to prepare while serving writes its own stage.py.
+    """
+    plan = plan_for(state, host) if plan is None else plan
+    facts = preflight(plan)
+    if facts:
+        staging(plan, facts, prepare(plan, facts))

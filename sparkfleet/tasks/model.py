@@ -23,15 +23,27 @@ HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", 
 def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
     """Returns the runtime path the later stages run the clients from, the model operation, and each
     service's model operation by service name."""
-    s = plan.settings
+    helpers()
+    # the helpers read it on every run: a change needs no restart
+    managed_file(name="Serving file (the probes, the watchdog's settings)", content=serving_file(plan.settings),
+                 dest=paths.SERVING_FILE, mode="0644")
+    return model_files(plan, facts, prepared)
+
+
+def helpers() -> None:
+    """The host helpers (fetch, health, memcheck, share) and the module they share."""
     for script in HOST_SCRIPTS:
         managed_file(name=f"Helper {script}", src=str(FILES_DIR / script),
                      dest=f"{paths.BIN_DIR}/{script}", mode="0755")
     managed_file(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
                  dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
-    # the helpers read it on every run: a change needs no restart
-    managed_file(name="Serving file (the probes, the watchdog's settings)", content=serving_file(s),
-                 dest=paths.SERVING_FILE, mode="0644")
+
+
+def model_files(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
+    """The clients, the hub token, the share (peer mode) and every model's files in their release's directory,
+    verified. No running engine reads any of it (a model directory is its manifest's own), so a rollout
+    stages it while the host serves (`sparkfleet.tasks.stage`)."""
+    s = plan.settings
     tarball = str(prepared.bundle.path)
     runtime_bundle(name="Hub and openai clients (runtime bundle, sha256 checked)", tarball=tarball,
                    sha256=prepared.bundle.sha256)

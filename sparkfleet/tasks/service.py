@@ -58,6 +58,16 @@ def ray_node(plan: HostPlan) -> bool:
     return restarted
 
 
+def engine_image(plan: HostPlan) -> None:
+    """The release's engine image present with its pinned digest (the units, Ray's too, run it); a rollout's
+    staging gets it while the host serves (`sparkfleet.tasks.stage`), so the service stage then finds it."""
+    s = plan.settings
+    source = "loaded from the controller's archive" if s.engine_image_archive else "pulled by digest"
+    image_pinned(name=f"Engine image {s.engine_image} as {plan.engine_ref} ({source} if missing, then checked)",
+                 image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest,
+                 archive=s.engine_image_archive)
+
+
 @deploy("Service")
 def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> ServiceResult:
     """Returns the service operation (its change means a (re)start; None on a worker, which runs no engine), the
@@ -67,11 +77,7 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     The installed release record comes from preflight, which stopped the host if
     it was not a readable JSON object: it is built on here, never guessed.
     """
-    s = plan.settings
-    source = "loaded from the controller's archive" if s.engine_image_archive else "pulled by digest"
-    image_pinned(name=f"Engine image {s.engine_image} as {plan.engine_ref} ({source} if missing, then checked)",
-                 image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest,
-                 archive=s.engine_image_archive)
+    engine_image(plan)
     unit_text = plan.render_unit() if plan.runs_engine else None
     installed = facts.release.value or {}
     new_units = {paths.UNIT_PATH: unit_text, paths.RAY_UNIT_PATH: plan.group and plan.render_ray_unit()}

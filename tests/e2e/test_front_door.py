@@ -9,6 +9,8 @@ import csv
 import io
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,6 +19,8 @@ import time
 
 import pytest
 import requests
+
+from sparkfleet.contract.paths import VERIFIED_RECORD
 
 from .conftest import HOSTS, ROOT, api_port, container, converge, fleet_out_of_step, ssh
 
@@ -140,20 +144,112 @@ class Probe:
         return [r for r in self.results if not r[1]]
 
 
-def test_rollout_batch_1_through_the_front_door_fails_no_request(door, tmp_path):
-    _, url = door
-    changed = door_inventory(tmp_path, "changed", USERS, {"max_model_len": 131072})
-    with Probe(url, USERS["alice"]) as probe:
-        time.sleep(3)
-        proc = sparkfleet("rollout", changed, "--batch", "1", "--json")
-        time.sleep(3)
-    print(f"rollout: {len(probe.results)} requests in {probe.seconds:.0f} s, {len(probe.failures)} failed")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert [h["result"] for h in json.loads(proc.stdout)["hosts"]] == ["converged"] * 3
-    assert "front door: spark-2 out" in proc.stderr + proc.stdout
+class DoorWatch:
+    """spark-1's front door polled on a thread (HAProxy's `show stat`, every 0.5 s): when each backend left `in`
+    and came back, and the sim hub's byte count at the first departure."""
+
+    def __init__(self, state: dict, hub: str):
+        self.state, self.hub = state, hub
+        self.left: dict[str, float] = {}
+        self.back: dict[str, float] = {}
+        self.hub_bytes_at_first_drain: int | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from sparkfleet.fleet.front_door import backend_states, runtime_command
+
+        while not self.stop.wait(0.5):
+            states = backend_states(ssh(self.state, "spark-1", runtime_command("show stat"), check=False))
+            now = time.time()
+            for host, found in states.items():
+                if found["state"] != "in" and host not in self.left:
+                    if not self.left:
+                        self.hub_bytes_at_first_drain = hub_bytes(self.hub)
+                    self.left[host] = now
+                elif found["state"] == "in" and host in self.left and host not in self.back:
+                    self.back[host] = now
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+    def out_s(self) -> dict[str, float]:
+        return {h: round(self.back.get(h, float("inf")) - t, 1) for h, t in self.left.items()}
+
+
+def hub_bytes(hub: str) -> int:
+    return requests.get(f"{hub}/_sim/counters", timeout=10).json()["total_bytes"]
+
+
+def fetched_s(stderr: str, host: str) -> float:
+    """How long `host`'s model fetch took: the rollout's progress line ("fetched 12 files, 8.4 MB in 1 min 58 s")."""
+    found = re.search(rf"^{host}: fetched \d+ files, .* in (?:(\d+) min )?(\d+) s$", stderr, re.M)
+    assert found, stderr[-3000:]
+    return 60 * int(found[1] or 0) + int(found[2])
+
+
+def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_request_through_the_front_door(
+        door, sim_fleet, hub):
+    """Issue 22's staged rollout: a new commit of the chat model (sim hub publish, then `sparkfleet update`), the
+    hub throttled so that the seed's fetch takes minutes; `rollout --batch 1` fetches and verifies it on every host
+    before the first drain (the switch fetches nothing), so each host is out of the front door's rotation (its
+    state, polled) for at most half that fetch; users' chats through it fail none. The lock, the hub and the
+    release are put back (one converge, no fetch)."""
+    from .test_lock import lock, records, sim
+    from .test_rollout import hub_throttle
+
+    inventory, url = door
+    before = records(sim_fleet)
+    old_dir = before["spark-1"]["model_dir"]
+    sizes = ssh(sim_fleet, "spark-1", f"find {shlex.quote(old_dir)} -type f -printf '%s\\n'").split()
+    original_lock = lock().read_bytes()
+    sim("hub", "publish")
+    try:
+        update = sparkfleet("update", inventory, timeout=300)
+        assert update.returncode == 0, update.stderr[-3000:]
+        hub_throttle(hub, max(1, max(int(n) for n in sizes) // 60))  # the largest file alone takes 60 s
+        with Probe(url, USERS["alice"]) as probe, DoorWatch(sim_fleet, hub) as watch:
+            time.sleep(3)
+            proc = sparkfleet("rollout", inventory, "--batch", "1", "--json")
+            time.sleep(3)
+        hub_throttle(hub, None)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        report = json.loads(proc.stdout)
+        after = records(sim_fleet)
+        new_dir = after["spark-1"]["model_dir"]
+        record = shlex.quote(f"{new_dir}/{VERIFIED_RECORD}")
+        verified = {h: float(ssh(sim_fleet, h, f"stat -c %Y {record}")) for h in HOSTS}
+        hub_bytes_after = hub_bytes(hub)
+    finally:
+        hub_throttle(hub, None)
+        lock().write_bytes(original_lock)
+        sim("hub", "unpublish")
+        back = deploy(inventory)  # every host back on the release it had, its files kept: nothing to fetch
+    fetch_s = fetched_s(proc.stderr, "spark-1")  # the seed's, from the hub; its peers fetch from it on the LAN
+    print(f"staged rollout: {probe.seconds:.0f} s, the seed's fetch {fetch_s:g} s, phases {report['phases']}, out of "
+          f"rotation (front door) {watch.out_s()}, (report) {[h['out_of_rotation_s'] for h in report['hosts']]}; "
+          f"{len(probe.failures)} of {len(probe.results)} requests failed")
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60)
+    assert [h["result"] for h in report["hosts"]] == ["converged"] * 3
+    assert new_dir != old_dir and all(after[h]["model_dir"] == new_dir for h in HOSTS)
+    assert report["phases"]["stage"]["hosts"] == list(HOSTS) and report["phases"]["switch"]["batches"] == 3
+    assert fetch_s >= 30 and report["phases"]["stage"]["seconds"] >= fetch_s
+    assert "stage: spark-1, spark-2, spark-3: the new release prepared" in proc.stderr
+    first_drain = min(watch.left.values())
+    assert all(verified[h] <= first_drain for h in HOSTS), (verified, first_drain)
+    assert hub_bytes_after == watch.hub_bytes_at_first_drain  # the switch fetched nothing from the hub
+    assert sorted(watch.out_s()) == list(HOSTS) and max(watch.out_s().values()) <= fetch_s / 2, watch.out_s()
+    assert all(0 < h["out_of_rotation_s"] <= fetch_s / 2 for h in report["hosts"]), report["hosts"]
     assert len(probe.results) >= 4 * probe.seconds - 5, (len(probe.results), probe.seconds)
     assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
-    assert backend_states(changed) == {h: "in" for h in HOSTS}
+    assert {h: r["release_id"] for h, r in records(sim_fleet).items()} == \
+        {h: r["release_id"] for h, r in before.items()}
 
 
 def test_a_rollout_killed_after_its_first_drain_leaves_nothing_out_after_the_next_converge(door, sim_fleet, tmp_path):

@@ -66,14 +66,20 @@ def fake_fleet(monkeypatch, results: dict, rollback_ok: bool = True):
     """run_deploy replaced (deploy.py gives `results`; rollback.py is recorded) and the front door recorded."""
     calls = []
 
-    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py"):
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        if before_ops:
+            before_ops()
         calls.append((deploy_file, list(hosts)))
         if deploy_file == "rollback.py":
             return {h: HostResult(h, changed=["restored"], health_gate="passed") if rollback_ok else
                     HostResult(h, failed=["Release restored"]) for h in hosts}
+        if deploy_file == "stage.py":
+            return {h: HostResult(h, changed=["Model files verified"]) for h in hosts}
         return {h: results.get(h, HostResult(h, changed=["unit"], health_gate="passed")) for h in hosts}
 
     class Door:
+        doors = ["spark-1"]
+
         def put_back_stale(self, log):
             return []
 
@@ -96,9 +102,10 @@ def test_a_group_changes_in_one_batch_and_the_log_names_it(monkeypatch):
     calls = fake_fleet(monkeypatch, {})
     logged = []
     reports = rollout("inv.py", ["spark-1", "spark-2", "spark-3"], RELEASES, groups=GROUPS, log=logged.append)
-    assert calls == [("drain", ["spark-1"]), ("deploy.py", ["spark-1", "spark-2"]), ("ready", ["spark-1"]),
+    assert calls == [("stage.py", ["spark-1", "spark-2", "spark-3"]),
+                     ("drain", ["spark-1"]), ("deploy.py", ["spark-1", "spark-2"]), ("ready", ["spark-1"]),
                      ("drain", ["spark-3"]), ("deploy.py", ["spark-3"]), ("ready", ["spark-3"])]
-    assert logged == ["batch 1/2: spark-1+spark-2", "batch 2/2: spark-3"]
+    assert logged[-2:] == ["batch 1/2: spark-1+spark-2", "batch 2/2: spark-3"]
     assert [(r.host, r.result, r.group, r.batch) for r in reports] == [
         ("spark-1", "converged", "spark-1+spark-2", 1), ("spark-2", "converged", "spark-1+spark-2", 1),
         ("spark-3", "converged", None, 2)]
@@ -107,8 +114,8 @@ def test_a_group_changes_in_one_batch_and_the_log_names_it(monkeypatch):
 def test_a_failed_gate_on_the_head_rolls_every_member_back_and_halts(monkeypatch):
     calls = fake_fleet(monkeypatch, {"spark-1": HostResult("spark-1", failed=["answers"], health_gate="failed")})
     reports = rollout("inv.py", ["spark-1", "spark-2", "spark-3"], RELEASES, groups=GROUPS, log=lambda m: None)
-    assert calls == [("drain", ["spark-1"]), ("deploy.py", ["spark-1", "spark-2"]),
-                     ("rollback.py", ["spark-1", "spark-2"]), ("ready", ["spark-1"])]
+    assert calls[1:] == [("drain", ["spark-1"]), ("deploy.py", ["spark-1", "spark-2"]),
+                         ("rollback.py", ["spark-1", "spark-2"]), ("ready", ["spark-1"])]
     assert [(r.host, r.result, r.new_release) for r in reports] == [
         ("spark-1", "rolled back", "r0"), ("spark-2", "rolled back", "r0"), ("spark-3", "not reached", "s1")]
     assert reports[0].detail == "new release failed its health gate; previous release restored and healthy"

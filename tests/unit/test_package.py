@@ -14,8 +14,8 @@ import sparkfleet
 from sparkfleet.fleet.converge import deploy_path
 from tests.unit.helpers import ROOT
 
-DEPLOY_FILES = ["sparkfleet/deploys/deploy.py", "sparkfleet/deploys/rollback.py", "deploy.py", "rollback.py",
-                "examples/my_deploy.py"]
+DEPLOY_FILES = ["sparkfleet/deploys/deploy.py", "sparkfleet/deploys/rollback.py", "sparkfleet/deploys/stage.py",
+                "deploy.py", "rollback.py", "examples/my_deploy.py"]
 # Run with only `sparkfleet` on the path: every stage module imported, and every name a deploy file imports found
 # (a deploy file is executed per host, not imported: importing it would run its stages).
 CHECK = """
@@ -70,7 +70,7 @@ def test_a_project_s_own_deploy_file_is_run_else_the_packaged_one(tmp_path):
     packaged = Path(sparkfleet.__file__).resolve().parent / "deploys"
     assert deploy_path("deploy.py", tmp_path) == packaged / "deploy.py"
     assert deploy_path("rollback.py", tmp_path) == packaged / "rollback.py"
-    assert all(deploy_path(name, tmp_path).is_file() for name in ("deploy.py", "rollback.py"))
+    assert all(deploy_path(name, tmp_path).is_file() for name in ("deploy.py", "rollback.py", "stage.py"))
     (tmp_path / "rollback.py").write_text("")
     (tmp_path / "deploy.py").mkdir()  # not a file: not a deploy
     assert deploy_path("rollback.py", tmp_path) == tmp_path / "rollback.py"
@@ -104,7 +104,30 @@ def test_run_deploy_loads_the_chosen_file_and_a_refusal_fails_every_host(monkeyp
 
     monkeypatch.setattr(converge, "connected", connected)
     monkeypatch.setattr(converge, "load_deploy_file", load)
-    results = converge.run_deploy("inventory.py", ["spark-1", "spark-2"], deploy_file="rollback.py")
-    assert loaded == [str(ROOT / "rollback.py")]  # the checkout's own, as deploy_path chose
+    results = converge.run_deploy("inventory.py", ["spark-1", "spark-2"], deploy_file="rollback.py",
+                                  before_ops=lambda: loaded.append("drained"))
+    assert loaded == [str(ROOT / "rollback.py")]  # the checkout's own, as deploy_path chose; nothing drained
     assert {name: (r.ok, r.failed) for name, r in results.items()} == {
         name: (False, ["invalid front door settings; no host was changed"]) for name in ("spark-1", "spark-2")}
+
+
+def test_run_deploy_calls_before_ops_once_the_deploy_is_planned_and_before_any_operation_runs(monkeypatch):
+    """A rollout's drain: after pyinfra connected and loaded the deploy (its facts read), before run_ops."""
+    from contextlib import contextmanager
+
+    from pyinfra.api import Config, Inventory, State
+
+    from sparkfleet.fleet import converge
+
+    inventory = Inventory(([("spark-1", {})], {}))
+    state, order = State(inventory, Config()), []
+
+    @contextmanager
+    def connected(inventory_path, names, data=None):
+        yield state, [inventory.get_host(name) for name in names]
+
+    monkeypatch.setattr(converge, "connected", connected)
+    monkeypatch.setattr(converge, "load_deploy_file", lambda state, filename: order.append("loaded"))
+    monkeypatch.setattr(converge, "run_ops", lambda state: order.append("operations"))
+    converge.run_deploy("inventory.py", ["spark-1"], before_ops=lambda: order.append("drained"))
+    assert order == ["loaded", "drained", "operations"]

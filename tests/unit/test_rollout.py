@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from sparkfleet.fleet import rollout as rollout_module
@@ -32,11 +34,16 @@ def test_judge():
     assert judge(HostResult("a", connected=False, failed=["unreachable over SSH"])) == "unreachable"
 
 
-def fake_deploy(monkeypatch, results: dict):
-    """run_deploy replaced: deploy.py gives `results`; rollback.py records which hosts it ran on."""
+def fake_deploy(monkeypatch, results: dict, staged: dict | None = None):
+    """run_deploy replaced: stage.py gives `staged` (default: every host ready), deploy.py `results`; rollback.py
+    records which hosts it ran on."""
     rolled_back = []
 
-    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py"):
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        if before_ops:
+            before_ops()
+        if deploy_file == "stage.py":
+            return {h: (staged or {}).get(h, HostResult(h, changed=["Model files verified"])) for h in hosts}
         if deploy_file == "rollback.py":
             rolled_back.extend(hosts)
             return {h: HostResult(h, changed=["restored"], health_gate="passed") for h in hosts}
@@ -57,3 +64,128 @@ def test_another_failure_is_not_rolled_back_whatever_its_name(monkeypatch):
     rolled_back = fake_deploy(monkeypatch, {"a": HostResult("a", failed=["Q answers on port 8000"])})
     [report] = rollout("inv.py", ["a"], {"a": ("old", "new")}, log=lambda m: None)
     assert rolled_back == [] and report.result == "failed"
+
+
+# --- staging: every host that will change is prepared before the first drain -------------------------------------
+
+RELEASES = {"a": ("a0", "a1"), "b": ("b0", "b0"), "c": (None, "c1")}
+
+
+class Clock:
+    """time.monotonic for the rollout: each step it fakes takes the seconds it says."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+
+def fake_fleet(monkeypatch, staged: dict | None = None, results: dict | None = None, doors=("door",)):
+    """Every deploy and front-door call recorded, in order, on a fake clock: a deploy run connects and plans for
+    3 s (then its `before_ops`, the batch's drain: 2 s), then runs its operations (staging 37 s, a batch 5 s);
+    putting hosts back takes 1 s."""
+    calls, clock = [], Clock()
+
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        clock.now += 3  # connect and plan: before the drain
+        if before_ops:
+            before_ops()
+        calls.append((deploy_file, list(hosts)))
+        clock.now += 37 if deploy_file == "stage.py" else 5
+        given = (staged if deploy_file == "stage.py" else results) or {}
+        return {h: given.get(h, HostResult(h, changed=["x"], health_gate="passed")) for h in hosts}
+
+    class Door:
+        def __init__(self):
+            self.doors = list(doors)
+
+        def drain(self, hosts, log):
+            calls.append(("drain", list(hosts)))
+            clock.now += 2
+
+        def ready(self, hosts, log):
+            calls.append(("ready", list(hosts)))
+            clock.now += 1
+
+    monkeypatch.setattr(rollout_module, "run_deploy", run_deploy)
+    monkeypatch.setattr(rollout_module, "time", clock)
+    monkeypatch.setattr(rollout_module.FrontDoorRuntime, "of", classmethod(lambda cls, inventory: Door()))
+    return calls
+
+
+def test_only_hosts_whose_release_changes_are_staged_and_a_group_whole():
+    assert rollout_module.to_stage(["a", "b", "c"], RELEASES) == ["a", "c"]
+    pair = {"b": ("b", "d"), "d": ("b", "d")}  # b keeps its release, its worker d changes: both are staged
+    assert rollout_module.to_stage(["a", "b", "d"], {**RELEASES, "d": ("d1", "d2")}, pair) == ["a", "b", "d"]
+    assert rollout_module.to_stage(["b"], RELEASES) == []
+
+
+def test_every_changing_host_is_staged_in_one_run_before_the_first_drain(monkeypatch):
+    calls = fake_fleet(monkeypatch)
+    logged = []
+    reports = rollout("inv.py", ["a", "b", "c"], RELEASES, log=logged.append)
+    assert calls == [("stage.py", ["a", "c"]),
+                     ("drain", ["a"]), ("deploy.py", ["a"]), ("ready", ["a"]),
+                     ("drain", ["b"]), ("deploy.py", ["b"]), ("ready", ["b"]),
+                     ("drain", ["c"]), ("deploy.py", ["c"]), ("ready", ["c"])]
+    assert logged[:2] == ["stage: a, c: the new release prepared beside the running one, still serving",
+                          "stage: 2 hosts ready in 40 s"]
+    assert [(r.host, r.result, r.staged_s, r.seconds, r.out_of_rotation_s) for r in reports] == [
+        ("a", "converged", 40, 10, 8), ("b", "converged", None, 10, 8), ("c", "converged", 40, 10, 8)]
+    assert rollout_module.report_json(reports)["phases"] == {
+        "stage": {"hosts": ["a", "c"], "seconds": 40}, "switch": {"batches": 3, "seconds": 30}}
+
+
+def test_nothing_to_stage_runs_no_staging(monkeypatch):
+    calls = fake_fleet(monkeypatch)
+    [report] = rollout("inv.py", ["b"], RELEASES, log=lambda m: None)
+    assert calls == [("drain", ["b"]), ("deploy.py", ["b"]), ("ready", ["b"])]
+    assert report.staged_s is None
+    assert rollout_module.report_json([report])["phases"]["stage"] == {"hosts": [], "seconds": 0.0}
+
+
+def test_a_staging_failure_on_any_host_halts_before_anything_is_drained(monkeypatch):
+    calls = fake_fleet(monkeypatch, staged={"c": HostResult("c", failed=["Preflight failed: this host is left "
+                                                                          "untouched"])})
+    logged = []
+    reports = rollout("inv.py", ["a", "b", "c"], RELEASES, batch="2", log=logged.append)
+    assert calls == [("stage.py", ["a", "c"])]  # no drain, no deploy: every host keeps its release
+    assert logged[-1] == "stage: failed on c after 40 s: halted, no host drained"
+    assert [(r.host, r.result, r.batch, r.staged_s, r.out_of_rotation_s) for r in reports] == [
+        ("a", "not reached", None, 40, None), ("b", "not reached", None, None, None), ("c", "failed", None, 40, None)]
+    assert reports[2].detail == ("staging failed: Preflight failed: this host is left untouched; its release is "
+                                 "unchanged")
+    assert reports[0].detail == "halted: staging failed on c; no host was drained"
+    assert not rollout_module.report_json(reports)["ok"]
+    assert rollout_module.report_json(reports)["phases"]["switch"] == {"batches": 0, "seconds": 0}
+
+
+def test_an_unreachable_host_fails_the_staging_too(monkeypatch):
+    calls = fake_fleet(monkeypatch, staged={"a": HostResult("a", connected=False, failed=["unreachable over SSH"])})
+    reports = rollout("inv.py", ["a", "c"], RELEASES, log=lambda m: None)
+    assert calls == [("stage.py", ["a", "c"])]
+    assert [r.result for r in reports] == ["unreachable", "not reached"]
+
+
+def test_out_of_rotation_is_only_for_a_backend_put_back_behind_a_front_door(monkeypatch):
+    fake_fleet(monkeypatch, results={"c": HostResult("c", failed=["Model files verified"])})
+    reports = rollout("inv.py", ["a", "c"], RELEASES, max_fail=1, log=lambda m: None)
+    assert [(r.host, r.result, r.out_of_rotation_s) for r in reports] == [("a", "converged", 8),
+                                                                          ("c", "failed", None)]  # stays out
+    fake_fleet(monkeypatch, doors=())
+    assert [r.out_of_rotation_s for r in rollout("inv.py", ["a"], RELEASES, log=lambda m: None)] == [None]
+
+
+def test_the_report_prints_both_phases_and_the_out_of_rotation_times(monkeypatch, capsys):
+    from sparkfleet import cli
+
+    fake_fleet(monkeypatch)
+    cli._print_reports(rollout("inv.py", ["a", "b", "c"], RELEASES, log=lambda m: None), False)
+    err = capsys.readouterr().err
+    assert "out of rotation s" in err
+    assert "phases: stage 2 hosts in 40 s (all at once, before any drain), switch 3 batches in 30 s" in err
+    cli._print_reports(rollout("inv.py", ["a"], RELEASES, log=lambda m: None), True)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["hosts"][0]["out_of_rotation_s"] == 8 and printed["hosts"][0]["staged_s"] == 40
+    assert printed["phases"]["stage"] == {"hosts": ["a"], "seconds": 40}
