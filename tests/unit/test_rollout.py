@@ -100,7 +100,11 @@ def fake_fleet(monkeypatch, staged: dict | None = None, results: dict | None = N
         def __init__(self):
             self.doors = list(doors)
 
-        def drain(self, hosts, log):
+        def put_back_stale(self, log):
+            return []
+
+        def drain(self, hosts, log, operation=None):
+            assert operation == "rollout"  # held by the rollout (test_front_door_holds)
             calls.append(("drain", list(hosts)))
             clock.now += 2
 
