@@ -159,8 +159,8 @@ def test_a_rag_release_failing_its_gate_is_rolled_back_with_the_services_previou
     service restarts, so its start time is the rollback's)."""
     state = converged_fleet
     rag = variant(tmp_path, "rag", {}, {HOST: {"services": SERVICES}})
-    bad = variant(tmp_path, "rag-bad", {}, {HOST: {"health_timeout_s": 40, "services": {
-        "embed": {**SERVICES["embed"], "max_model_len": 2048, "extra_engine_args": ["--max-num-seqs", "0"]},
+    bad = variant(tmp_path, "rag-bad", {}, {HOST: {"health_timeout_s": 20, "services": {
+        "embed": {**SERVICES["embed"], "max_model_len": 2048, "extra_engine_args": ["--max-num-seqs", "-1"]},
         "rerank": {**SERVICES["rerank"], "max_model_len": 1024}}}})
 
     def services_now() -> dict[str, tuple[str, str]]:
