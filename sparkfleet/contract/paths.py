@@ -1,5 +1,7 @@
 """Where sparkfleet puts things on a host: one place, so tests and tasks agree."""
 
+import re
+
 from sparkfleet.contract.shared import MODULE_FILE, host_module
 
 SYSTEMD_DIR = "/etc/systemd/system"  # where every unit sparkfleet installs lives (unit_path)
@@ -27,6 +29,17 @@ UNIT_PATH = unit_path(UNIT_NAME)
 RAY_UNIT_NAME = "sparkfleet-ray.service"  # a tensor-parallel member's Ray node (head or worker)
 RAY_UNIT_PATH = unit_path(RAY_UNIT_NAME)
 RAY_CONTAINER = "sparkfleet-ray"
+# a RAG service's unit (release/services.py unit_name): the names follow the settings grammar, and a name read back
+# from a host that does not match it is ignored, never acted on
+SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
+
+
+def release_unit(unit: str) -> bool:
+    """Whether `unit` is one a release runs (the chat engine's, a member's Ray node's, a service's): what a release
+    record's `units` may name and what a rollback sets aside when the release it restores does not run it."""
+    return unit in (UNIT_NAME, RAY_UNIT_NAME) or bool(SERVICE_UNIT.fullmatch(unit))
+
+
 STATE_DIR = "/var/lib/sparkfleet"  # what sparkfleet keeps on a host that is not configuration
 RAY_DIR = f"{STATE_DIR}/ray"  # Ray's /tmp/ray in both containers: the head's vLLM reaches the raylet's sockets
 SHARE_UNIT_NAME = "sparkfleet-share.service"

@@ -30,7 +30,7 @@ from sparkfleet.host.facts import (
     release_problem,
 )
 from sparkfleet.host.run import run_of
-from sparkfleet.host.state import fact, file_state, forget
+from sparkfleet.host.state import fact, file_state, forget, unit_files
 from sparkfleet.release.group import FABRIC_ENV
 
 _INSTALL_ONE_KEY = (
@@ -191,10 +191,6 @@ def _private_staging(dest: str) -> str | None:
     return host.get_temp_filename(secrets.token_hex(16))
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PREVIOUS_ENGINE_ENV,
                 module: str = paths.HOST_MODULE) -> str:
     """A rollback's edit of the engine environment, made by the owner of its format (the host module's `env-keep`
@@ -207,23 +203,24 @@ def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PRE
 
 
 @operation()
-def release_kept_for_rollback(installed_release: str | None, new_release: str, unit_texts: dict[str, str]):
-    """Before a new release replaces the running one, keep the running one's units (the vLLM unit, a member's Ray
-    unit: whichever it runs), its fabric environment, the names of its engine_env and its record aside (rollback
-    needs no download). Its API key and engine_env values are not kept: a rollback takes today's, never an older one.
+def release_kept_for_rollback(installed_release: str | None, new_release: str):
+    """Before a new release replaces the running one, keep the running one's units (every unit of a release it runs:
+    the vLLM unit, a member's Ray unit, each service's), its fabric environment, the names of its engine_env and its
+    record aside (rollback needs no download). Its API key and engine_env values are not kept: a rollback takes
+    today's, never an older one.
 
-    `unit_texts` are the new release's unit files by path: where every live unit already is the new one (or is
-    gone), an earlier run of this release replaced it, and the kept copy is not overwritten with the new one."""
-    live = {path: (file_state(host, path) or {}).get("sha256") for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)}
-    live = {path: digest for path, digest in live.items() if digest}
-    replaced = all(path in unit_texts and digest == _sha256(unit_texts[path]) for path, digest in live.items())
-    if installed_release in (None, new_release) or replaced:
+    Where the kept record already is the running release's, an earlier run of this release kept it (and may have
+    replaced some of its units since): the kept copy is not overwritten with the new release's units."""
+    if installed_release in (None, new_release):
         host.noop("no running release is being replaced")
         return
-    kept_units = [f"{paths.PREVIOUS_DIR}/{Path(path).name}" for path in (paths.RAY_UNIT_PATH, paths.UNIT_PATH)]
+    if (read_json_object(host, paths.PREVIOUS_RELEASE_FILE).value or {}).get("release_id") == installed_release:
+        host.noop(f"release {installed_release} is kept already (an earlier run of {new_release} kept it)")
+        return
+    live = [paths.unit_path(unit) for unit in unit_files(host) if paths.release_unit(unit)]
     yield StringCommand(
-        "mkdir -p", paths.PREVIOUS_DIR, "&& rm -f", *kept_units, "&& cp -p", *live, paths.RELEASE_FILE,
-        paths.PREVIOUS_DIR + "/",
+        "mkdir -p", paths.PREVIOUS_DIR, "&& rm -f", f"{paths.PREVIOUS_DIR}/sparkfleet-*.service", "&& cp -p", *live,
+        paths.RELEASE_FILE, paths.PREVIOUS_DIR + "/",
         "&&", env_command("env-keep"),
     )
 
@@ -232,8 +229,9 @@ def release_kept_for_rollback(installed_release: str | None, new_release: str, u
 def previous_release_restored(previous: dict, current: dict):
     """Swap the kept release with the running one (so a second rollback returns), then restart.
 
-    The engine environment swapped in holds today's API key and engine_env values, never
-    an older one (env_command).
+    A kept record that names its units gets exactly those back (release_units_restored); an older one, its role's
+    (units_restored: the services' units stay as they are). The engine environment swapped in holds today's API key
+    and engine_env values, never an older one (env_command).
     """
     if previous["release_id"] == current.get("release_id"):
         host.noop(f"release {current.get('release_id')} is already the running one")
@@ -244,6 +242,10 @@ def previous_release_restored(previous: dict, current: dict):
     live = paths.RELEASE_FILE
     kept = f"{paths.PREVIOUS_DIR}/{Path(live).name}"
     yield f"cp -p {live} {kept}.swap && cp -p {kept} {live} && mv {kept}.swap {kept}"
+    if "units" in previous:
+        yield from release_units_restored(previous["units"], [u for u in unit_files(host) if paths.release_unit(u)],
+                                          host.name)
+        return
     yield env_command("env-restore")
     yield from units_restored(previous.get("role", "single"), host.name)
 
@@ -253,29 +255,77 @@ ROLE_UNITS = {"single": (paths.UNIT_NAME,), "head": (paths.RAY_UNIT_NAME, paths.
               "worker": (paths.RAY_UNIT_NAME,)}
 
 
+def _swapped_in(unit: str, name: str) -> str:
+    """The kept file of `unit` swapped with the live one (which may be absent: the newer release did not run it)."""
+    live, kept = paths.unit_path(unit), f"{paths.PREVIOUS_DIR}/{unit}"
+    missing = shlex.quote(f"{name}: {kept} is missing: nothing to roll back to; roll forward instead")
+    return (f"{{ [ -e {kept} ] || {{ echo {missing} >&2; exit 1; }}; }} && "
+            f"{{ [ ! -e {live} ] || mv -f {live} {kept}.swap; }} && mv -f {kept} {live} && "
+            f"{{ [ ! -e {kept}.swap ] || mv -f {kept}.swap {kept}; }}")
+
+
+def _set_aside(unit: str) -> str:
+    """A unit the kept release does not run: stopped, disabled and its file kept (a second rollback returns it)."""
+    live = paths.unit_path(unit)
+    return f"if [ -e {live} ]; then systemctl disable --now {unit} && mv -f {live} {paths.PREVIOUS_DIR}/{unit}; fi"
+
+
 def units_restored(role: str, name: str) -> list[str]:
-    """Commands putting back the units of a kept release of `role` ("single", "head" or "worker"): a kept unit
-    file swaps with the live one (which may be absent: a host that joined or left a group); a unit the kept
-    release does not run is set aside (a second rollback returns it), stopped and disabled; the others restart."""
+    """Commands putting back the units of a kept release of `role` ("single", "head" or "worker") whose record names
+    no units (written before records did): a kept unit file swaps with the live one; a unit the kept release does not
+    run is set aside; the others restart."""
     wanted = ROLE_UNITS[role]
-    commands = []
-    for unit, live in ((paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH), (paths.UNIT_NAME, paths.UNIT_PATH)):
-        kept = f"{paths.PREVIOUS_DIR}/{unit}"
-        if unit in wanted:
-            missing = shlex.quote(f"{name}: {kept} is missing: nothing to roll back to; roll forward instead")
-            commands.append(f"{{ [ -e {kept} ] || {{ echo {missing} >&2; exit 1; }}; }} && "
-                            f"{{ [ ! -e {live} ] || mv -f {live} {kept}.swap; }} && mv -f {kept} {live} && "
-                            f"{{ [ ! -e {kept}.swap ] || mv -f {kept}.swap {kept}; }}")
-        else:
-            commands.append(f"if [ -e {live} ]; then systemctl disable --now {unit} && mv -f {live} {kept}; fi")
+    commands = [_swapped_in(unit, name) if unit in wanted else _set_aside(unit)
+                for unit in (paths.RAY_UNIT_NAME, paths.UNIT_NAME)]
     return commands + ["systemctl daemon-reload", *(f"systemctl enable {u} && systemctl restart {u}" for u in wanted)]
+
+
+def release_units_restored(units: list[str], live: list[str], name: str) -> list[str]:
+    """Commands putting back every unit of a kept release that names them (its record's `units`, in start order):
+    each kept file swaps with the live one, and every live unit of a release it does not name (a service or a Ray
+    node a newer release added) is set aside. Then the engine env (today's secrets) and, in the same shell, the
+    restarts: a unit restarts when its file changed back, when the engine env changed, or when it is not running
+    (its start limit reset first: the failed release may have left it crash-looping); one the newer release left
+    untouched keeps running."""
+    swaps = [_swapped_in(unit, name) for unit in units] + [_set_aside(unit) for unit in live if unit not in units]
+    env = paths.ENGINE_ENV
+    restarts = [f"systemctl enable {unit} && {{ [ -n \"$same_env\" ] && cmp -s {paths.PREVIOUS_DIR}/{unit} "
+                f"{paths.unit_path(unit)} && systemctl is-active -q {unit} || {{ systemctl reset-failed {unit} 2>/dev/null; "
+                f"systemctl restart {unit}; }}; }}"
+                for unit in units]
+    return [*swaps, "systemctl daemon-reload",
+            " && ".join([f"before=$(sha256sum < {env}) && {env_command('env-restore')}",
+                         f"{{ same_env=; [ \"$before\" != \"$(sha256sum < {env})\" ] || same_env=1; }}",
+                         *restarts])]
 
 
 def rollback_problem(previous: dict | None, source: str) -> Unreadable | None:
     """Why a kept release cannot be rolled back to (None when it can)."""
     if previous is None:
         return Unreadable(paths.PREVIOUS_DIR, "no previous release kept: nothing to roll back to")
-    return release_problem(previous, source)
+    return release_problem(previous, source) or units_problem(previous, source)
+
+
+def units_problem(previous: dict, source: str) -> Unreadable | None:
+    """A kept record's `units` (read back from the host: checked, not trusted) must be release units, each once,
+    and each service's entry what its gate needs; a record without `units` (an older one) is rolled back by role."""
+    units = previous.get("units")
+    if units is None:
+        return None
+    if not (isinstance(units, list) and units and all(isinstance(u, str) and paths.release_unit(u) for u in units)
+            and len(set(units)) == len(units)):
+        return Unreadable(source, "`units` is not a list of sparkfleet release units, each once")
+    services = previous.get("services") or {}
+    if not isinstance(services, dict):
+        return Unreadable(source, "`services` is not an object of services")
+    for svc_name, svc in services.items():
+        unit = f"sparkfleet-vllm-{svc_name}.service"
+        if not (isinstance(svc, dict) and svc.get("unit") == unit and unit in units
+                and svc.get("container") == f"vllm-{svc_name}" and isinstance(svc.get("served_model_name"), str)
+                and isinstance(svc.get("kind"), str) and type(svc.get("api_port")) is int):
+            return Unreadable(source, f"service {str(svc_name)[:40]!r} is not one of its `units` with a container, "
+                                      "served_model_name, kind and api_port")
+    return None
 
 
 def health_command(served_name: str, port: int, kind: str, container: str, runtime: str, wait: list) -> StringCommand:

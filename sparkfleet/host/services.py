@@ -8,7 +8,6 @@ that does not match it is ignored, never acted on.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 
 from pyinfra import host
@@ -18,7 +17,7 @@ from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_command, health_gate
 from sparkfleet.host.state import unit_files
 
-_SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
+_SERVICE_UNIT = paths.SERVICE_UNIT
 
 
 

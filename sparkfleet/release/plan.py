@@ -67,6 +67,13 @@ class HostPlan:
         return self.role != "worker"
 
     @property
+    def units(self) -> list[str]:
+        """Every unit this release runs, in start order (a member's Ray node before the head's engine, the chat engine
+        before the services): the record names them, so a rollback brings back exactly these."""
+        return [*([paths.RAY_UNIT_NAME] if self.group else []), *([paths.UNIT_NAME] if self.runs_engine else []),
+                *(svc.unit for svc in self.services)]
+
+    @property
     def model_role(self) -> str:
         """Where this host's model bytes come from: "controller", "peer" (the LAN), or "hub"."""
         if self.settings.model_source == "controller":
@@ -224,6 +231,7 @@ class HostPlan:
             "engine_port": paths.engine_port(s.api_port),
             "health_timeout_s": s.health_timeout_s,
             "tools": s.enable_auto_tool_choice,
+            "units": self.units,
             **({"role": self.role, "group": self.group.to_dict()} if self.group else {}),
             **({"services": {svc.name: svc.record() for svc in self.services}} if self.services else {}),
         }

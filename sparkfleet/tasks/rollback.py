@@ -4,7 +4,10 @@ the health gate the previous release's own record describes.
 
 A member of a tensor-parallel group rolls back with every other member (the fleet commands
 run this on the whole group at once): each puts back its Ray node and checks it joined the
-head's cluster; the head also its engine and the engine's gate (a worker serves no API of its own)."""
+head's cluster; the head also its engine and the engine's gate (a worker serves no API of its own).
+
+A record that names its units (`units`) gets every one of them back, the RAG services' included, and loses those a
+newer release added; each kept service is gated too. An older record rolls back its role's units only."""
 
 from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, deploy
@@ -73,3 +76,7 @@ def rollback():
         container = kept.get("container") or (current.value or {}).get("container") or ""
         gate(kept["served_model_name"], kept["api_port"], kept["tools"], kept["health_timeout_s"],
              host.get_fact(RuntimePath), str(container), _if=swapped.did_change)
+    if "units" in kept:  # a record that names its units brought back its services' too: each gated as the converge does
+        for svc in (kept.get("services") or {}).values():
+            gate(svc["served_model_name"], svc["api_port"], False, kept["health_timeout_s"], host.get_fact(RuntimePath),
+                 svc["container"], kind=svc["kind"], unit=svc["unit"], _if=swapped.did_change)

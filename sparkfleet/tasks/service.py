@@ -80,10 +80,8 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     engine_image(plan)
     unit_text = plan.render_unit() if plan.runs_engine else None
     installed = facts.release.value or {}
-    new_units = {paths.UNIT_PATH: unit_text, paths.RAY_UNIT_PATH: plan.group and plan.render_ray_unit()}
     release_kept_for_rollback(name="Running release kept for rollback (without its secrets)",
-                              installed_release=installed.get("release_id"), new_release=plan.release_id,
-                              unit_texts={path: text for path, text in new_units.items() if text})
+                              installed_release=installed.get("release_id"), new_release=plan.release_id)
     env = secret_file(name="Engine environment (root-only)", dest=paths.ENGINE_ENV, content=plan.render_engine_env())
     unit = managed_file(name="vLLM unit", content=unit_text, dest=paths.UNIT_PATH,
                         mode="0644") if plan.runs_engine else None

@@ -150,3 +150,42 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
     assert back.returncode == 0 and not any(back.failed.values()), back.output[-5000:]
     assert installed_services(state, HOST) == ""  # dropped services: units stopped and removed
     assert started_at(state, HOST) == chat_started
+
+
+def test_a_rag_release_failing_its_gate_is_rolled_back_with_the_services_previous_units(converged_fleet, tmp_path):
+    """Issue 22: a release that changes both services' settings and fails its gate (the engine refuses embed's new
+    flag at start) is rolled back: each service's unit file and its running container's arguments are the previous
+    release's again, and the chat engine, which that release left untouched, was never restarted (a restored
+    service restarts, so its start time is the rollback's)."""
+    state = converged_fleet
+    rag = variant(tmp_path, "rag", {}, {HOST: {"services": SERVICES}})
+    bad = variant(tmp_path, "rag-bad", {}, {HOST: {"health_timeout_s": 20, "services": {
+        "embed": {**SERVICES["embed"], "max_model_len": 2048, "extra_engine_args": ["--max-num-seqs", "-1"]},
+        "rerank": {**SERVICES["rerank"], "max_model_len": 1024}}}})
+
+    def services_now() -> dict[str, tuple[str, str]]:
+        return {unit: (ssh(state, HOST, f"cat {paths.unit_path(unit)}"),
+                       ssh(state, HOST, f"docker inspect -f '{{{{json .Args}}}}' vllm-{name}"))
+                for unit, name in zip(UNITS, SERVICES)}
+
+    try:
+        first = converge(inventory=rag)
+        assert first.returncode == 0 and not any(first.failed.values()), first.output[-5000:]
+        before, chat_started = services_now(), started_at(state, HOST)
+        assert all('"--max-model-len","8192"' in args for _, args in before.values()), before  # the recipes'
+        took = time.monotonic()
+        proc = sparkfleet("rollout", bad, "--batch", "1", "--json")
+        took = time.monotonic() - took
+        assert proc.returncode != 0, proc.stdout[-3000:]
+        row = next(r for r in json.loads(proc.stdout)["hosts"] if r["host"] == HOST)
+        assert row["result"] == "rolled back" and "previous release restored" in row["detail"], row
+        assert services_now() == before
+        assert started_at(state, HOST) == chat_started
+        assert status_of_services(rag) == (0, {"embed": True, "rerank": True})
+        kept = ssh(state, HOST, f"cat {paths.PREVIOUS_DIR}/{UNITS[0]}")  # the failed release's, for a second rollback
+        assert "--max-num-seqs" in kept and "--max-num-seqs" not in before[UNITS[0]][0]
+        print(f"rollout and rollback took {took:.0f} s")
+    finally:
+        back = converge()
+    assert back.returncode == 0 and not any(back.failed.values()), back.output[-5000:]
+    assert installed_services(state, HOST) == ""

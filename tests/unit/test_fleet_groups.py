@@ -264,6 +264,7 @@ def host_dirs(tmp_path, monkeypatch):
     units, kept, bin_dir = tmp_path / "systemd", tmp_path / "previous", tmp_path / "bin"
     for d in (units, kept, bin_dir):
         d.mkdir()
+    monkeypatch.setattr(paths, "SYSTEMD_DIR", str(units))
     monkeypatch.setattr(paths, "UNIT_PATH", str(units / paths.UNIT_NAME))
     monkeypatch.setattr(paths, "RAY_UNIT_PATH", str(units / paths.RAY_UNIT_NAME))
     monkeypatch.setattr(paths, "PREVIOUS_DIR", str(kept))
@@ -319,6 +320,49 @@ def test_a_host_back_to_single_sets_its_ray_unit_aside(host_dirs):
     assert not (units / "sparkfleet-ray.service").exists()
     assert (kept / "sparkfleet-ray.service").read_text() == "ray\n"
     assert (units / "sparkfleet-vllm.service").read_text() == "single engine\n"
+
+
+def test_a_record_naming_its_units_gets_its_services_back_restarting_only_what_changed(host_dirs, monkeypatch):
+    """The kept release's every unit swaps back (the chat's, each service's); a service the newer release added is
+    set aside; only a unit whose file changed back restarts, unless the engine env changed (then every one)."""
+    from sparkfleet.contract import paths
+    from sparkfleet.host.operations import release_units_restored
+
+    units, kept, tmp_path = host_dirs
+    env = tmp_path / "engine.env"
+    monkeypatch.setattr(paths, "ENGINE_ENV", str(env))
+    # the host module's env-restore, standing in: rewrites the env file when the test says the names differ
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\n[ ! -e {tmp_path}/env-differs ] || echo B=1 >> {env}\n')
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    for name, live, previous in (("sparkfleet-vllm.service", "chat", "chat"), ("sparkfleet-vllm-embed.service",
+                                                                           "embed 2048", "embed 8192"),
+                                 ("sparkfleet-vllm-rerank.service", "rerank", "rerank"),
+                                 ("sparkfleet-vllm-extra.service", "extra", None)):
+        (units / name).write_text(live)
+        if previous:
+            (kept / name).write_text(previous)
+    restored = ["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service", "sparkfleet-vllm-rerank.service"]
+
+    def roll_back() -> list[str]:
+        import os
+        import subprocess
+
+        env.write_text("A=1\n")
+        (tmp_path / "systemctl.log").unlink(missing_ok=True)
+        live = sorted(p.name for p in units.iterdir())
+        for command in release_units_restored(restored, live, "spark-1"):
+            subprocess.run(["sh", "-c", command], check=True, env={**os.environ, "PATH": f"{tmp_path}/bin:/usr/bin:/bin"})
+        return [line for line in (tmp_path / "systemctl.log").read_text().splitlines() if line.startswith(
+            ("restart", "disable"))]
+
+    assert roll_back() == ["disable --now sparkfleet-vllm-extra.service", "restart sparkfleet-vllm-embed.service"]
+    assert {p.name: p.read_text() for p in units.iterdir()} == {
+        "sparkfleet-vllm.service": "chat", "sparkfleet-vllm-embed.service": "embed 8192",
+        "sparkfleet-vllm-rerank.service": "rerank"}
+    assert (kept / "sparkfleet-vllm-embed.service").read_text() == "embed 2048"  # a second rollback returns
+    assert (kept / "sparkfleet-vllm-extra.service").read_text() == "extra"
+    (tmp_path / "env-differs").touch()
+    assert roll_back() == [f"restart {unit}" for unit in restored]
 
 
 def test_a_kept_record_of_an_unknown_role_or_group_is_refused():

@@ -1,7 +1,6 @@
 """Every custom operation against fake facts (pyinfra-testing's runner), and the
 model operation in Python: converged facts must produce no commands."""
 
-import hashlib
 import re
 from pathlib import Path
 
@@ -224,85 +223,136 @@ def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_argume
 
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
-UNIT_SHA256 = hashlib.sha256(b"[Unit]\n").hexdigest()
-CLEAR_KEPT = "rm -f /etc/sparkfleet/previous/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-vllm.service"
+KEPT = "/etc/sparkfleet/previous"
+CLEAR_KEPT = f"rm -f {KEPT}/sparkfleet-*.service"
 KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_point8.py
 
 
-def unit_facts(vllm: str | None, ray: str | None = None) -> dict:
-    found = {path: {"type": "file", "mode": 0o644, "user": "root", "group": "root", "sha256": digest}
-             for path, digest in ((UNIT, vllm), (RAY_UNIT, ray)) if digest}
-    return {"state.HostState": {"files": found, "units": {}}}
+def unit_facts(*units: str, kept: str | None = '{"release_id": "999999999999"}') -> dict:
+    """A host with these sparkfleet unit files (names) and this kept record (text; None: none kept)."""
+    found = {f"/etc/systemd/system/{unit}": {"type": "file", "mode": 0o644, "user": "root", "group": "root",
+                                             "sha256": "1" * 64} for unit in units}
+    return {"state.HostState": {"files": found, "units": {}}, "facts.JsonFile": {f"path={KEPT}/release.json": kept}}
+
+
+def kept_units(*paths: str) -> list[str]:
+    return [f"mkdir -p {KEPT} && {CLEAR_KEPT} && cp -p {' '.join(paths)} /etc/sparkfleet/release.json {KEPT}/ && "
+            f"{KEEP_ENV}"]
 
 
 def test_release_is_kept_without_its_secret_when_a_new_release_replaces_it():
-    commands, _ = run_op(release_kept_for_rollback, unit_facts("1" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                         {UNIT: "[Unit]\n"})
-    assert commands == [(
-        f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p /etc/systemd/system/sparkfleet-vllm.service "
-        f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}")]
+    commands, _ = run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service"), "aaaaaaaaaaaa",
+                         "bbbbbbbbbbbb")
+    assert commands == kept_units(UNIT)
 
 
-def test_a_members_ray_unit_is_kept_beside_its_engine_unit_and_a_workers_alone():
-    head = run_op(release_kept_for_rollback, unit_facts("1" * 64, "2" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                  {UNIT: "[Unit]\n"})[0]
-    assert head == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} {UNIT} "
-                    f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
+def test_every_unit_of_the_running_release_is_kept_its_services_and_ray_node_too():
+    """The RAG services' units go aside with the engine's (a rollback brings them back); the share is no release's."""
+    units = ("sparkfleet-ray.service", "sparkfleet-share.service", "sparkfleet-vllm-embed.service",
+             "sparkfleet-vllm-rerank.service", "sparkfleet-vllm.service", "sparkfleet-watchdog.service")
+    assert run_op(release_kept_for_rollback, unit_facts(*units), "aaaaaaaaaaaa", "bbbbbbbbbbbb")[0] == kept_units(
+        RAY_UNIT, "/etc/systemd/system/sparkfleet-vllm-embed.service",
+        "/etc/systemd/system/sparkfleet-vllm-rerank.service", UNIT)
     # a worker leaving its group: its Ray unit is kept though the new (single) release writes only a vLLM unit
-    worker = run_op(release_kept_for_rollback, unit_facts(None, "2" * 64), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                    {UNIT: "[Unit]\n"})[0]
-    assert worker == [f"mkdir -p /etc/sparkfleet/previous && {CLEAR_KEPT} && cp -p {RAY_UNIT} "
-                      f"/etc/sparkfleet/release.json /etc/sparkfleet/previous/ && {KEEP_ENV}"]
-    # the worker's Ray unit already is the new release's: an earlier run of it replaced the old one
-    assert run_op(release_kept_for_rollback, unit_facts(None, UNIT_SHA256), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                  {RAY_UNIT: "[Unit]\n"})[0] == []
+    assert run_op(release_kept_for_rollback, unit_facts("sparkfleet-ray.service"), "aaaaaaaaaaaa",
+                  "bbbbbbbbbbbb")[0] == kept_units(RAY_UNIT)
+    # a first rollout with no kept record yet keeps the running release
+    assert run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service", kept=None), "aaaaaaaaaaaa",
+                  "bbbbbbbbbbbb")[0] == kept_units(UNIT)
 
 
-def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_unit_already_replaced():
-    assert run_op(release_kept_for_rollback, unit_facts("1" * 64), "bbbbbbbbbbbb", "bbbbbbbbbbbb",
-                  {UNIT: "[Unit]\n"}) == ([], "no running release is being replaced")
-    assert run_op(release_kept_for_rollback, unit_facts(None), None, "bbbbbbbbbbbb", {UNIT: "[Unit]\n"})[0] == []
-    assert run_op(release_kept_for_rollback, unit_facts(UNIT_SHA256), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                  {UNIT: "[Unit]\n"})[0] == []
+def test_nothing_is_kept_for_a_rerun_a_first_release_or_a_release_kept_already():
+    assert run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service"), "bbbbbbbbbbbb",
+                  "bbbbbbbbbbbb") == ([], "no running release is being replaced")
+    assert run_op(release_kept_for_rollback, unit_facts(), None, "bbbbbbbbbbbb")[0] == []
+    # a run of the new release stopped after the keep: its units may be the new ones now, the kept copy stays
+    assert run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service", kept='{"release_id": '
+                                                                                       '"aaaaaaaaaaaa"}'),
+                  "aaaaaaaaaaaa", "bbbbbbbbbbbb")[0] == []
 
 
 PREVIOUS = {"release_id": "aaaaaaaaaaaa", "model_dir": "/m/Q--M@a", "served_model_name": "Q", "api_host": "0.0.0.0",
             "api_port": 8000, "engine_port": 18000, "health_timeout_s": 60, "tools": True}
 
 
+def swapped_in(unit: str) -> str:
+    live, kept = f"/etc/systemd/system/{unit}", f"{KEPT}/{unit}"
+    return (f"{{ [ -e {kept} ] || {{ echo 'spark-1: {kept} is missing: nothing to roll back to; roll forward "
+            f"instead' >&2; exit 1; }}; }} && {{ [ ! -e {live} ] || mv -f {live} {kept}.swap; }} && mv -f {kept} "
+            f"{live} && {{ [ ! -e {kept}.swap ] || mv -f {kept}.swap {kept}; }}")
+
+
+def set_aside(unit: str) -> str:
+    live = f"/etc/systemd/system/{unit}"
+    return f"if [ -e {live} ]; then systemctl disable --now {unit} && mv -f {live} {KEPT}/{unit}; fi"
+
+
+RECORD_SWAP = ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
+               "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
+               "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json")
+
+
 def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
-    commands, _ = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})
+    """A record written before records named their units rolls back as it did: its role's units, the services'
+    units left as they are."""
+    commands, _ = run_op(previous_release_restored, unit_facts("sparkfleet-vllm-embed.service"), PREVIOUS,
+                         {"release_id": "bbbbbbbbbbbb"})
     assert commands == [
         ("test -d /m/Q--M@a || { echo 'spark-1: the previous model directory /m/Q--M@a is gone: roll forward instead' "
          ">&2; exit 1; }"),
-        ("cp -p /etc/sparkfleet/release.json /etc/sparkfleet/previous/release.json.swap && "
-         "cp -p /etc/sparkfleet/previous/release.json /etc/sparkfleet/release.json && "
-         "mv /etc/sparkfleet/previous/release.json.swap /etc/sparkfleet/previous/release.json"),
+        RECORD_SWAP,
         env_command("env-restore"),
-        ("if [ -e /etc/systemd/system/sparkfleet-ray.service ]; then systemctl disable --now sparkfleet-ray.service && "
-         "mv -f /etc/systemd/system/sparkfleet-ray.service /etc/sparkfleet/previous/sparkfleet-ray.service; fi"),
-        ("{ [ -e /etc/sparkfleet/previous/sparkfleet-vllm.service ] || { echo 'spark-1: /etc/sparkfleet/previous/"
-         "sparkfleet-vllm.service is missing: nothing to roll back to; roll forward instead' >&2; exit 1; }; } && "
-         "{ [ ! -e /etc/systemd/system/sparkfleet-vllm.service ] || mv -f /etc/systemd/system/sparkfleet-vllm.service "
-         "/etc/sparkfleet/previous/sparkfleet-vllm.service.swap; } && mv -f /etc/sparkfleet/previous/"
-         "sparkfleet-vllm.service /etc/systemd/system/sparkfleet-vllm.service && { [ ! -e /etc/sparkfleet/previous/"
-         "sparkfleet-vllm.service.swap ] || mv -f /etc/sparkfleet/previous/sparkfleet-vllm.service.swap "
-         "/etc/sparkfleet/previous/sparkfleet-vllm.service; }"),
+        set_aside("sparkfleet-ray.service"),
+        swapped_in("sparkfleet-vllm.service"),
         "systemctl daemon-reload",
         "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
     ]
 
 
+def restart_if_changed(unit: str) -> str:
+    return (f"systemctl enable {unit} && {{ [ -n \"$same_env\" ] && cmp -s {KEPT}/{unit} /etc/systemd/system/{unit} "
+            f"&& systemctl is-active -q {unit} || {{ systemctl reset-failed {unit} 2>/dev/null; systemctl restart {unit}; }}; }}")
+
+
+def test_a_record_that_names_its_units_gets_every_one_back_and_none_newer():
+    """The services' units swap back with the engine's; a service the newer release added is set aside (a second
+    rollback returns it); only what changed back (its unit, or the engine env) or is down restarts."""
+    previous = {**PREVIOUS, "units": ["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service"]}
+    live = unit_facts("sparkfleet-share.service", "sparkfleet-vllm-embed.service", "sparkfleet-vllm-rerank.service",
+                      "sparkfleet-vllm.service")
+    commands, _ = run_op(previous_release_restored, live, previous, {"release_id": "bbbbbbbbbbbb"})
+    env = "/etc/sparkfleet/engine.env"
+    assert commands[1:] == [
+        RECORD_SWAP,
+        swapped_in("sparkfleet-vllm.service"),
+        swapped_in("sparkfleet-vllm-embed.service"),
+        set_aside("sparkfleet-vllm-rerank.service"),
+        "systemctl daemon-reload",
+        (f"before=$(sha256sum < {env}) && {env_command('env-restore')} && "
+         f"{{ same_env=; [ \"$before\" != \"$(sha256sum < {env})\" ] || same_env=1; }} && "
+         f"{restart_if_changed('sparkfleet-vllm.service')} && {restart_if_changed('sparkfleet-vllm-embed.service')}"),
+    ]
+    # a pair's head: its Ray node first; a unit no release runs (the share) is never touched
+    head = {**PREVIOUS, "units": ["sparkfleet-ray.service", "sparkfleet-vllm.service"]}
+    commands = run_op(previous_release_restored, live, head, {"release_id": "bbbbbbbbbbbb"})[0]
+    assert commands[2:5] == [swapped_in("sparkfleet-ray.service"), swapped_in("sparkfleet-vllm.service"),
+                             set_aside("sparkfleet-vllm-embed.service")]
+    assert not any("sparkfleet-share" in c for c in commands)
+
+
 def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_on_the_command_line():
     """No grep, sed or awk of engine.env: the host module edits it (test_hostile_point8.py runs its edits), and no
     command names the API key's variable, let alone a value."""
-    kept = run_op(release_kept_for_rollback, unit_facts("1" * 40), "aaaaaaaaaaaa", "bbbbbbbbbbbb",
-                  {UNIT: "[Unit]\n"})[0]
-    restored = run_op(previous_release_restored, {}, PREVIOUS, {"release_id": "bbbbbbbbbbbb"})[0]
-    for command in kept + restored:
+    kept = run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service"), "aaaaaaaaaaaa",
+                  "bbbbbbbbbbbb")[0]
+    restored = run_op(previous_release_restored, unit_facts(), PREVIOUS, {"release_id": "bbbbbbbbbbbb"})[0]
+    named = run_op(previous_release_restored, unit_facts(), {**PREVIOUS, "units": ["sparkfleet-vllm.service"]},
+                   {"release_id": "bbbbbbbbbbbb"})[0]
+    for command in kept + restored + named:
         assert not {"grep", "sed", "awk"} & set(re.split(r"[\s;|&(){}]+", command)), command
         assert API_KEY_VAR not in command, command
     assert kept[0].endswith(env_command("env-keep")) and env_command("env-restore") in restored
+    assert env_command("env-restore") in named[-1]
     assert env_command("env-keep").startswith("python3 /opt/sparkfleet/bin/sparkfleet_host.py env-keep ")
 
 
@@ -318,6 +368,32 @@ def test_rollback_problems_name_what_is_missing():
     assert rollback_problem({**old, "tools": "yes"}, "prev.json") == Unreadable(
         "prev.json", "the release record lacks api_host, health_timeout_s, tools (written by an older sparkfleet?)")
     assert rollback_problem(PREVIOUS, "prev.json") is None
+
+
+EMBED = {"kind": "embedding", "unit": "sparkfleet-vllm-embed.service", "container": "vllm-embed",
+         "served_model_name": "E", "api_port": 8001}
+
+
+@pytest.mark.parametrize("units, services", [
+    (["sparkfleet-vllm.service; rm -rf /"], {}),  # a kept record is host output: a unit is a release unit or nothing
+    (["sparkfleet-share.service"], {}),
+    (["sparkfleet-vllm.service", "sparkfleet-vllm.service"], {}),
+    ([], {}),
+    ("sparkfleet-vllm.service", {}),
+    (["sparkfleet-vllm.service"], {"embed": EMBED}),  # a service the units do not name
+    (["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service"], {"embed": {**EMBED, "container": "x; reboot"}}),
+    (["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service"], {"embed": {**EMBED, "api_port": "8001"}}),
+    (["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service"], ["embed"]),
+])
+def test_a_kept_records_units_and_services_are_checked_before_anything_is_swapped(units, services):
+    problem = rollback_problem({**PREVIOUS, "units": units, "services": services}, "prev.json")
+    assert problem is not None and problem.source == "prev.json", problem
+
+
+def test_a_kept_record_naming_its_services_units_rolls_back():
+    record = {**PREVIOUS, "units": ["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service"],
+              "services": {"embed": EMBED}}
+    assert rollback_problem(record, "prev.json") is None
 
 
 MODELS = "/var/lib/sparkfleet/models"

@@ -147,6 +147,10 @@ def test_adding_services_changes_the_release_but_not_the_chat_unit():
     assert record["service_model_dirs"] == ["/var/lib/sparkfleet/models/Qwen--Qwen3-Embedding-0.6B@" + "e" * 16,
                                             "/var/lib/sparkfleet/models/Qwen--Qwen3-Reranker-0.6B@" + "e" * 16]
     assert "services" not in alone.release_record({}) and "service_model_dirs" not in alone.release_record({})
+    # every unit the release runs, so a rollback brings back the services' units too (and none a newer one added)
+    assert record["units"] == ["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service",
+                               "sparkfleet-vllm-rerank.service"]
+    assert alone.release_record({})["units"] == ["sparkfleet-vllm.service"]
 
 
 def test_a_dropped_services_model_stays_while_its_release_can_be_rolled_back_to():

@@ -202,6 +202,9 @@ def test_the_head_runs_vllm_over_ray_and_a_worker_records_the_heads_arguments():
     assert record["group"]["addresses"] == ["192.168.100.1", "192.168.100.2"]
     assert record["release_id"] == head.release_record()["release_id"]
     assert "role" not in plan_hosts([("spark-3", host_data())], resolve=hub)[0].release_record()
+    # what a rollback brings back: the head's Ray node before its engine, a worker's Ray node alone
+    assert (head.release_record()["units"], record["units"]) == (
+        ["sparkfleet-ray.service", "sparkfleet-vllm.service"], ["sparkfleet-ray.service"])
 
 
 def test_the_backend_flag_is_owned_by_the_group_settings():
