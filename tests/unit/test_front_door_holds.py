@@ -137,6 +137,8 @@ def test_a_rollout_puts_back_what_is_stale_first_then_holds_each_batch(monkeypat
     calls = []
 
     class Door:
+        doors = ["door"]
+
         def put_back_stale(self, log):
             calls.append("put back stale")
 
@@ -147,11 +149,18 @@ def test_a_rollout_puts_back_what_is_stale_first_then_holds_each_batch(monkeypat
             calls.append(("ready", tuple(hosts)))
 
     monkeypatch.setattr(rollout_module.FrontDoorRuntime, "of", classmethod(lambda cls, inv: Door()))
-    monkeypatch.setattr(rollout_module, "run_deploy", lambda inv, hosts, data=None, deploy_file="deploy.py": {
-        h: HostResult(h, changed=["unit"]) for h in hosts})
+
+    def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
+        calls.append((deploy_file, tuple(hosts)))
+        if before_ops:
+            before_ops()
+        return {h: HostResult(h, changed=["unit"]) for h in hosts}
+
+    monkeypatch.setattr(rollout_module, "run_deploy", run_deploy)
     rollout_module.rollout("inv.py", ["a", "b"], {"a": ("o", "n"), "b": ("o", "n")}, log=lambda m: None)
-    assert calls == ["put back stale", ("drain", ("a",), "rollout"), ("ready", ("a",)),
-                     ("drain", ("b",), "rollout"), ("ready", ("b",))]
+    assert calls == ["put back stale", ("stage.py", ("a", "b")),
+                     ("deploy.py", ("a",)), ("drain", ("a",), "rollout"), ("ready", ("a",)),
+                     ("deploy.py", ("b",)), ("drain", ("b",), "rollout"), ("ready", ("b",))]
 
 
 STATES = {
