@@ -219,6 +219,7 @@ def _rollout(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.rollout import (
         batches,
+        holds_what_it_needs,
         load_whole_groups,
         members_of,
         report_json,
@@ -242,8 +243,10 @@ def _rollout(args) -> int:
         return _invalid(exc)
     installed = read_hosts(args.inventory, names, lambda h: read_json_object(h, RELEASE_FILE).value or {})
     releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
+    prepared = {p.name for p in plans if holds_what_it_needs(p, installed[p.name] or {})}
     reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
-                      max_fail=args.max_fail, data=data, groups=groups, log=lambda m: print(m, file=sys.stderr))
+                      max_fail=args.max_fail, data=data, groups=groups, prepared=prepared,
+                      log=lambda m: print(m, file=sys.stderr))
     _print_reports(reports, args.json)
     return 0 if report_json(reports)["ok"] else 1
 

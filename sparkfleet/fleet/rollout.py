@@ -141,11 +141,25 @@ def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[st
 
 
 def to_stage(hosts: list[str], releases: dict[str, tuple[str | None, str | None]],
-             groups: dict[str, Unit] | None = None) -> list[str]:
+             groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """The hosts a rollout stages, in `hosts` order: every member of a unit where any member's planned release is
-    not its installed one (a group changes whole); a host that keeps its release has nothing to prepare."""
-    return [h for unit in units(hosts, groups or {}) if any(releases[m][0] != releases[m][1] for m in unit)
+    not its installed one (a group changes whole) and not every member holds it already (`prepared`, see
+    `holds_what_it_needs`); a host that keeps its release has nothing to prepare."""
+    return [h for unit in units(hosts, groups or {})
+            if any(releases[m][0] != releases[m][1] for m in unit) and not all(m in prepared for m in unit)
             for h in unit]
+
+
+def holds_what_it_needs(plan, installed: dict) -> bool:
+    """Whether a host's installed release (its record, as the host tells it) already runs every model directory
+    and the engine image the planned release needs: a release that changes only arguments or settings has nothing
+    to fetch or pull, so staging it would cost a run and prepare nothing. A record that says otherwise (or none)
+    is staged; one that lies only moves the fetch into the batch (longer out of rotation, never a wrong file:
+    the converge verifies what it serves)."""
+    services = installed.get("services") if isinstance(installed.get("services"), dict) else {}
+    have = {installed.get("model_dir"), *(svc.get("model_dir") for svc in services.values() if isinstance(svc, dict))}
+    want = {plan.model_dir, *(svc.model_dir for svc in plan.services)}
+    return bool(installed) and want <= have and plan.engine_ref == installed.get("image")
 
 
 def not_reached(unit: Unit, releases: dict[str, tuple[str | None, str | None]], number: int | None,
@@ -174,20 +188,22 @@ def staging_halted(order: list[Unit], results: dict[str, HostResult],
 
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
-            groups: dict[str, Unit] | None = None, log=print) -> list[HostReport]:
+            groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
+            log=print) -> list[HostReport]:
     """Drive deploy.py over `hosts` in batches; roll back units whose new release fails its health gate.
 
     `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
     tensor-parallel group to its members (see `members_of`). Batches count units, and so does `max_fail`
     (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
-    Before the first batch, the hosts `to_stage` names are staged in one run; any failure there halts the rollout.
+    Before the first batch, the hosts `to_stage` names are staged in one run (those in `prepared` hold what their
+    new release needs already); any failure there halts the rollout.
     """
     reports: list[HostReport] = []
     failures = 0
     plan = batches(units(hosts, groups or {}), batch, canary)
     door = FrontDoorRuntime.of(inventory)  # none: no drain
     door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
-    staged, staged_s = to_stage(hosts, releases, groups), None
+    staged, staged_s = to_stage(hosts, releases, groups, prepared), None
     if staged:
         log(f"stage: {', '.join(staged)}: the new release prepared beside the running one, still serving")
         started = time.monotonic()

@@ -125,6 +125,24 @@ def test_only_hosts_whose_release_changes_are_staged_and_a_group_whole():
     assert rollout_module.to_stage(["b"], RELEASES) == []
 
 
+def test_a_host_that_holds_what_its_new_release_needs_is_not_staged():
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(model_dir="/m/qwen-abc", engine_ref="reg/vllm@sha256:1",
+                           services=[SimpleNamespace(model_dir="/m/embed-1")])
+    installed = {"model_dir": "/m/qwen-abc", "image": "reg/vllm@sha256:1",
+                 "services": {"embed": {"model_dir": "/m/embed-1"}}}
+    assert rollout_module.holds_what_it_needs(plan, installed)  # new arguments only: nothing to fetch or pull
+    assert not rollout_module.holds_what_it_needs(plan, {**installed, "model_dir": "/m/qwen-old"})  # a new model
+    assert not rollout_module.holds_what_it_needs(plan, {**installed, "image": "reg/vllm@sha256:2"})  # a new image
+    assert not rollout_module.holds_what_it_needs(plan, {**installed, "services": {}})  # a new service's model
+    assert not rollout_module.holds_what_it_needs(plan, {**installed, "services": ["/m/embed-1"]})  # not a record
+    assert not rollout_module.holds_what_it_needs(plan, {})  # no record (a new or unreachable host)
+    assert rollout_module.to_stage(["a", "b", "c"], RELEASES, prepared={"a"}) == ["c"]
+    pair = {"b": ("b", "d"), "d": ("b", "d")}  # one member holding it is not enough: the group stages whole
+    assert rollout_module.to_stage(["b", "d"], {**RELEASES, "d": ("d1", "d2")}, pair, prepared={"d"}) == ["b", "d"]
+
+
 def test_every_changing_host_is_staged_in_one_run_before_the_first_drain(monkeypatch):
     calls = fake_fleet(monkeypatch)
     logged = []
