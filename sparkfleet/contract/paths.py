@@ -29,9 +29,14 @@ UNIT_PATH = unit_path(UNIT_NAME)
 RAY_UNIT_NAME = "sparkfleet-ray.service"  # a tensor-parallel member's Ray node (head or worker)
 RAY_UNIT_PATH = unit_path(RAY_UNIT_NAME)
 RAY_CONTAINER = "sparkfleet-ray"
-# a RAG service's unit (release/services.py unit_name): the names follow the settings grammar, and a name read back
-# from a host that does not match it is ignored, never acted on
+# a RAG service's unit (service_unit): the names follow the settings grammar, and a name read back from a host that
+# does not match it is ignored, never acted on
 SERVICE_UNIT = re.compile(r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service")
+
+
+def service_unit(name: str) -> str:
+    """The unit of the RAG service `name` (SERVICE_UNIT matches it)."""
+    return f"sparkfleet-vllm-{name}.service"
 
 
 def release_unit(unit: str) -> bool:

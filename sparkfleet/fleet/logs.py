@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 
 from sparkfleet.contract import paths
-from sparkfleet.release.services import unit_name
 
 UNITS = {
     "engine": paths.UNIT_NAME,
@@ -33,7 +32,7 @@ def unit_for(choice: str, services: list[str]) -> str:
     if choice in UNITS:
         return UNITS[choice]
     if choice in services:
-        return unit_name(choice)
+        return paths.service_unit(choice)
     raise LogsError(f"--unit {choice!r}: give one of {', '.join(UNITS)}"
                     + (f", or a service of this host ({', '.join(services)})" if services else
                        " (this host runs no RAG service)"))

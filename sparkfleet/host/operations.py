@@ -319,7 +319,7 @@ def units_problem(previous: dict, source: str) -> Unreadable | None:
     if not isinstance(services, dict):
         return Unreadable(source, "`services` is not an object of services")
     for svc_name, svc in services.items():
-        unit = f"sparkfleet-vllm-{svc_name}.service"
+        unit = paths.service_unit(svc_name)
         if not (isinstance(svc, dict) and svc.get("unit") == unit and unit in units
                 and svc.get("container") == f"vllm-{svc_name}" and isinstance(svc.get("served_model_name"), str)
                 and isinstance(svc.get("kind"), str) and type(svc.get("api_port")) is int):

@@ -41,10 +41,6 @@ SERVICE_RESERVE_BYTES = 1 * GIB
 REQUIRED = ("model_repo", "model_revision", "served_model_name", "api_port", "gpu_memory_utilization")
 
 
-def unit_name(name: str) -> str:
-    return f"sparkfleet-vllm-{name}.service"
-
-
 def container_name(name: str) -> str:
     return f"vllm-{name}"
 
@@ -69,7 +65,7 @@ class ServicePlan:
 
     @property
     def unit(self) -> str:
-        return unit_name(self.name)
+        return paths.service_unit(self.name)
 
     @property
     def container(self) -> str:
@@ -179,7 +175,7 @@ def min_share(report: FitReport) -> float:
 def memory_plan(s: Settings, shares: dict[str, float]) -> dict:
     """The host's one memory plan (contract/formats.py): the chat's share and each service's, by unit."""
     rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization),
-            **{name: (unit_name(name), share) for name, share in shares.items()}}
+            **{name: (paths.service_unit(name), share) for name, share in shares.items()}}
     return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows)
 
 
