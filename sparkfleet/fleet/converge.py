@@ -34,6 +34,7 @@ class HostResult:
     changed: list[str] = field(default_factory=list)  # operations that changed something
     failed: list[str] = field(default_factory=list)  # operations that failed (or never ran after one did)
     health_gate: str | None = None  # "passed" | "failed": the gate's own result; None when it did not run
+    said: list[str] = field(default_factory=list)  # what the failed operations printed last on stderr (`host_said`)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +76,16 @@ def deploy_path(name: str, project: Path = PROJECT_ROOT) -> Path:
     return own if own.is_file() else DEPLOYS_DIR / name
 
 
+SAID_MAX_CHARS = 300
+
+
+def host_said(lines: list[str], keep: int = 3) -> list[str]:
+    """The last few non-empty lines a failed command printed, for a report: a host's words are untrusted, so
+    only printable characters are kept (no escape sequence reaches the terminal) and each line is cut short."""
+    kept = ["".join(c for c in line if c.isprintable()).strip()[:SAID_MAX_CHARS] for line in lines]
+    return [line for line in kept if line][-keep:]
+
+
 def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                deploy_file: str = "deploy.py", before_ops: Callable[[], None] | None = None) -> dict[str, HostResult]:
     """Run deploy_file (`deploy_path` finds it) on `hosts` (names in the inventory); results per host.
@@ -112,6 +123,8 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
                         results[host.name].changed.append(name)
                 elif results[host.name].connected:
                     results[host.name].failed.append(name)
+                    if meta.is_complete():
+                        results[host.name].said += host_said(meta.stderr_lines)
         for name, gate in health_gate_results(state).items():
             results[name].health_gate = gate
     return results

@@ -182,7 +182,8 @@ def staging_halted(order: list[Unit], results: dict[str, HostResult],
         r.staged_s = seconds if r.host in results else None
         if r.host in failed:
             r.result = judge(results[r.host])
-            r.detail = f"staging failed: {'; '.join(results[r.host].failed)}; its release is unchanged"
+            why = results[r.host].said or results[r.host].failed
+            r.detail = f"staging failed: {'; '.join(why)}; its release is unchanged"
     return reports
 
 
@@ -212,6 +213,9 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
         if not all(r.ok for r in results.values()):
             log(f"stage: failed on {', '.join(h for h, r in results.items() if not r.ok)} after {staged_s:g} s: "
                 "halted, no host drained")
+            for h, r in results.items():
+                for line in [] if r.ok else r.said or r.failed:
+                    log(f"stage: {line if line.startswith(f'{h}: ') else f'{h}: {line}'}")
             return staging_halted([unit for batch_units in plan for unit in batch_units], results, releases, staged_s)
         log(f"stage: {len(staged)} hosts ready in {staged_s:g} s")
     for number, batch_units in enumerate(plan, 1):

@@ -56,6 +56,12 @@ def unreadable_facts(name: str, f: HostFacts) -> list[str]:
     return [u.line(name) for u in found]
 
 
+def disk_text(n: int) -> str:
+    """GiB, as df -h and the hubs' listings say it; MiB below a tenth of one (a small model, a nearly full disk),
+    where "0.0 GiB" would say nothing."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
+
+
 def refused_by(version: str | None, refused: dict[str, str]) -> tuple[str, str] | None:
     """(the glob, why) of the first entry of a refused_* setting that `version` matches (fnmatch, case kept);
     None when it matches none, or is not known (its own check names that)."""
@@ -108,8 +114,8 @@ def preflight_problems(name: str, s: Settings, f: HostFacts, in_group: bool = Fa
         refuse("memory (MemTotal)", f"{total_gib:.1f} GiB", f">= {s.min_memory_gib:g} GiB",
                "use a host with more memory, or lower min_memory_gib")
     if f.free_bytes < f.needed_bytes:
-        refuse(f"free disk at {s.model_root}", f"{f.free_bytes / GIB:.1f} GiB",
-               f"{f.needed_bytes / GIB:.1f} GiB for the model files still to fetch",
+        refuse(f"free disk at {s.model_root}", disk_text(f.free_bytes),
+               f"{disk_text(f.needed_bytes)} for the model files still to fetch",
                "free space there (old models under model_root), or set model_root to a larger disk")
     if not f.docker["installed"]:
         refuse("Docker", "not installed", "Docker Engine", "install Docker (DGX OS ships it)")

@@ -193,6 +193,54 @@ def fetched_s(stderr: str, host: str) -> float:
     return 60 * int(found[1] or 0) + int(found[2])
 
 
+def model_dirs(state: dict, root: str) -> dict[str, set[str]]:
+    return {h: set(ssh(state, h, f"ls -A {shlex.quote(root)}").split()) for h in HOSTS}
+
+
+def test_a_host_whose_disk_cannot_hold_old_and_new_halts_the_rollout_before_any_drain(door, sim_fleet, hub):
+    """Issue 22: a new model commit, and spark-2's model disk (a tmpfs over its model root holding a copy of the
+    running release, with room for half a model more) too small for the old release beside the new one. The
+    staging fails there; the rollout halts before any host is drained (the front door polled), naming spark-2 and
+    the disk; no host changes release. The disk, the hub, the lock and the other hosts' staged files are put
+    back."""
+    from .test_lock import lock, records, sim
+
+    inventory, _ = door
+    before = records(sim_fleet)
+    running = before["spark-2"]["model_dir"]
+    root = os.path.dirname(running)
+    had = model_dirs(sim_fleet, root)
+    used = int(ssh(sim_fleet, "spark-2", f"du -sb {shlex.quote(running)}").split()[0])
+    original_lock = lock().read_bytes()
+    sim("hub", "publish")
+    small, copy = shlex.quote(root), shlex.quote(running)
+    ssh(sim_fleet, "spark-2", f"cp -a {copy} /tmp/running && mount -t tmpfs -o size={used * 3 // 2} "
+                              f"sparkfleet-sim-small {small} && mv /tmp/running {copy}")
+    try:
+        update = sparkfleet("update", inventory, timeout=300)
+        assert update.returncode == 0, update.stderr[-3000:]
+        with DoorWatch(sim_fleet, hub) as watch:
+            proc = sparkfleet("rollout", inventory, "--batch", "1", "--json")
+    finally:
+        ssh(sim_fleet, "spark-2", f"umount {small}", check=False)
+        lock().write_bytes(original_lock)
+        sim("hub", "unpublish")
+        for h, dirs in model_dirs(sim_fleet, root).items():  # what the other hosts staged for the gone commit
+            made = [f"{small}/{shlex.quote(d)}" for d in sorted(dirs - had[h])]
+            ssh(sim_fleet, h, f"rm -rf {' '.join(made)} {small}/.staging/*")
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    hosts = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    assert [hosts[h]["result"] for h in HOSTS] == ["not reached", "failed", "not reached"], hosts
+    assert re.search(r"^stage: failed on spark-2 after [\d.]+ s: halted, no host drained$", proc.stderr, re.M)
+    disk = re.search(r"^stage: spark-2: free disk at .*: found [\d.]+ MiB, required [\d.]+ MiB for the model files "
+                     r"still to fetch", proc.stderr, re.M)
+    assert disk, proc.stderr[-3000:]
+    assert hosts["spark-2"]["detail"].startswith("staging failed: spark-2: free disk at "), hosts["spark-2"]
+    assert watch.left == {}, watch.left  # nobody was drained
+    assert records(sim_fleet) == before
+    assert backend_states(inventory) == {h: "in" for h in HOSTS}
+
+
 def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_request_through_the_front_door(
         door, sim_fleet, hub):
     """Issue 22's staged rollout: a new commit of the chat model (sim hub publish, then `sparkfleet update`), the

@@ -73,6 +73,14 @@ def test_each_problem_is_one_line_with_a_fix():
     ]
 
 
+def test_a_small_model_on_a_nearly_full_disk_is_said_in_mib():
+    """The sim's 8 MB model on a 12 MiB disk that holds the running release: '0.0 GiB' would say nothing."""
+    [line] = problems(free_bytes=4_177_920, needed_bytes=8_386_675)
+    assert line == ("spark-a: free disk at /var/lib/sparkfleet/models: found 4.0 MiB, required 8.0 MiB for the model "
+                    "files still to fetch: free space there (old models under model_root), or set model_root to a "
+                    "larger disk")
+
+
 def test_no_driver_says_so_once():
     [line] = problems(gpu=GpuReport(None, None, None, error="nvidia-smi printed no driver line (NVIDIA-SMI has failed)"))
     assert line == ("spark-a: GPU driver: found nvidia-smi printed no driver line (NVIDIA-SMI has failed), "

@@ -168,16 +168,16 @@ def test_nothing_to_stage_runs_no_staging(monkeypatch):
 
 
 def test_a_staging_failure_on_any_host_halts_before_anything_is_drained(monkeypatch):
+    disk = "c: free disk at /m: found 4.0 MiB, required 8.0 MiB for the model files still to fetch: free space"
     calls = fake_fleet(monkeypatch, staged={"c": HostResult("c", failed=["Preflight failed: this host is left "
-                                                                          "untouched"])})
+                                                                          "untouched"], said=[disk])})
     logged = []
     reports = rollout("inv.py", ["a", "b", "c"], RELEASES, batch="2", log=logged.append)
     assert calls == [("stage.py", ["a", "c"])]  # no drain, no deploy: every host keeps its release
-    assert logged[-1] == "stage: failed on c after 40 s: halted, no host drained"
+    assert logged[-2:] == ["stage: failed on c after 40 s: halted, no host drained", f"stage: {disk}"]
     assert [(r.host, r.result, r.batch, r.staged_s, r.out_of_rotation_s) for r in reports] == [
         ("a", "not reached", None, 40, None), ("b", "not reached", None, None, None), ("c", "failed", None, 40, None)]
-    assert reports[2].detail == ("staging failed: Preflight failed: this host is left untouched; its release is "
-                                 "unchanged")
+    assert reports[2].detail == f"staging failed: {disk}; its release is unchanged"
     assert reports[0].detail == "halted: staging failed on c; no host was drained"
     assert not rollout_module.report_json(reports)["ok"]
     assert rollout_module.report_json(reports)["phases"]["switch"] == {"batches": 0, "seconds": 0}
@@ -211,3 +211,12 @@ def test_the_report_prints_both_phases_and_the_out_of_rotation_times(monkeypatch
     printed = json.loads(capsys.readouterr().out)
     assert printed["hosts"][0]["out_of_rotation_s"] == 8 and printed["hosts"][0]["staged_s"] == 40
     assert printed["phases"]["stage"] == {"hosts": ["a"], "seconds": 40}
+
+
+def test_what_a_failed_host_said_reaches_the_report_printable_and_short():
+    """A host's stderr is untrusted: an escape sequence or a megabyte line must not reach the terminal whole."""
+    from sparkfleet.fleet.converge import SAID_MAX_CHARS, host_said
+
+    lines = ["", "first", "\x1b[2J\x1b]0;pwned\x07spark-2: free disk", "  ", "x" * 5000, "last\r"]
+    assert host_said(lines) == ["[2J]0;pwnedspark-2: free disk", "x" * SAID_MAX_CHARS, "last"]
+    assert host_said(["only"]) == ["only"] and host_said([]) == []
