@@ -13,10 +13,12 @@ import time
 import pytest
 
 from .conftest import HOSTS, ROOT, container, ssh
-from .test_front_door import USERS, Probe, backend_states, chat, deploy, door, sparkfleet, wait_until  # noqa: F401 (door)
+from . import test_front_door
+from .test_front_door import USERS, Probe, backend_states, chat, deploy, sparkfleet, wait_until
 from .test_lock import sim
 
 pytestmark = pytest.mark.e2e
+door = test_front_door.door  # the fleet converged with its front door on spark-1
 
 NEW = "580.95.99"
 PACKAGE_CHANGE = f"nvidia-driver-580-open 580.95.05-1 -> {NEW}-1"
