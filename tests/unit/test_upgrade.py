@@ -21,7 +21,7 @@ from sparkfleet.host.upgrade import (
     upstream,
 )
 
-from .helpers import host_data
+from .helpers import RecordingDoor, host_data
 
 DRIVER = Change("nvidia-driver-580-open", "580.95.05-1", "580.95.99-1")
 KERNEL = Change("linux-image-6.17.0-1008-nvidia", None, "6.17.0-1008.8")
@@ -112,7 +112,7 @@ def test_front_door_hosts_go_last():
 
 def fake_fleet(monkeypatch, steps: dict | None = None, converges: dict | None = None, doors=()):
     """run_deploy and the front door replaced: each call recorded in order; upgrade.py gives `steps` (default: a
-    reboot), deploy.py `converges` (default: passed)."""
+    reboot), deploy.py `converges` (default: passed); the front door records its drains (the hold: the upgrade's)."""
     calls = []
 
     def run_deploy(inventory, hosts, data=None, deploy_file="deploy.py", before_ops=None):
@@ -123,22 +123,9 @@ def fake_fleet(monkeypatch, steps: dict | None = None, converges: dict | None = 
         default = [UPGRADE_OP, REBOOT_OP] if deploy_file == "upgrade.py" else []
         return {h: given.get(h, HostResult(h, changed=default)) for h in hosts}
 
-    class Door:
-        def __init__(self):
-            self.doors = [(d, {}) for d in doors]
-
-        def put_back_stale(self, log):
-            calls.append(("put back stale", []))
-
-        def drain(self, hosts, log, operation=None):
-            assert operation == "upgrade"  # the hold names the upgrade
-            calls.append(("drain", list(hosts)))
-
-        def ready(self, hosts, log):
-            calls.append(("ready", list(hosts)))
-
     monkeypatch.setattr(upgrade_module, "run_deploy", run_deploy)
-    monkeypatch.setattr(upgrade_module.FrontDoorRuntime, "of", classmethod(lambda cls, inventory: Door()))
+    monkeypatch.setattr(upgrade_module.FrontDoorRuntime, "of",
+                        classmethod(lambda cls, inventory: RecordingDoor(calls, "upgrade", [(d, {}) for d in doors])))
     return calls
 
 
@@ -149,8 +136,7 @@ def surveys(*todo: str, hosts=("a", "b", "c")) -> list[HostSurvey]:
 def test_units_with_something_to_do_go_batch_by_batch_drained_upgraded_converged_and_back(monkeypatch):
     calls = fake_fleet(monkeypatch, doors=("a",))
     reports = upgrade("inv.py", surveys("a", "c"), batch="1", log=lambda m: None)
-    assert calls == [("put back stale", []),
-                     ("drain", ["c"]), ("upgrade.py", ["c"]), ("deploy.py", ["c"]), ("ready", ["c"]),
+    assert calls == [("drain", ["c"]), ("upgrade.py", ["c"]), ("deploy.py", ["c"]), ("ready", ["c"]),
                      ("drain", ["a"]), ("upgrade.py", ["a"]), ("deploy.py", ["a"]), ("ready", ["a"])]
     assert [(r.host, r.result, r.rebooted) for r in reports] == [
         ("a", "upgraded", True), ("b", "unchanged", False), ("c", "upgraded", True)]
@@ -161,7 +147,7 @@ def test_a_refusal_at_the_canary_halts_and_leaves_it_drained(monkeypatch):
     refused = HostResult("a", failed=[f"{REFUSED_OP}: a: nvidia-driver-580-open 580.95.99-1 is refused"])
     calls = fake_fleet(monkeypatch, steps={"a": refused})
     reports = upgrade("inv.py", surveys("a", "b", "c"), batch="2", canary=True, log=logged.append)
-    assert calls == [("put back stale", []), ("drain", ["a"]), ("upgrade.py", ["a"]), ("ready", [])]
+    assert calls == [("drain", ["a"]), ("upgrade.py", ["a"]), ("ready", [])]
     assert [r.result for r in reports] == ["refused", "not reached", "not reached"]
     assert "a: nvidia-driver-580-open 580.95.99-1 is refused; left drained on its old versions" in logged
     assert reports[1].detail.startswith("halted: 1 failed > --max-fail 0")
@@ -192,7 +178,7 @@ def test_a_group_is_one_unit_and_a_failed_step_on_a_member_skips_the_converge_of
     calls = fake_fleet(monkeypatch, steps={"c": HostResult("c", failed=[UPGRADE_OP])})
     groups = {"b": ("b", "c"), "c": ("b", "c")}
     reports = upgrade("inv.py", surveys("b", "c"), groups=groups, log=lambda m: None)
-    assert calls == [("put back stale", []), ("drain", ["b"]), ("upgrade.py", ["b", "c"]), ("ready", [])]
+    assert calls == [("drain", ["b"]), ("upgrade.py", ["b", "c"]), ("ready", [])]
     assert [(r.host, r.result, r.group) for r in reports] == [
         ("a", "unchanged", None), ("b", "failed", "b+c"), ("c", "failed", "b+c")]
 
@@ -200,7 +186,7 @@ def test_a_group_is_one_unit_and_a_failed_step_on_a_member_skips_the_converge_of
 def test_nothing_to_do_drains_nothing(monkeypatch):
     calls = fake_fleet(monkeypatch)
     assert [r.result for r in upgrade("inv.py", surveys(), log=lambda m: None)] == ["unchanged"] * 3
-    assert calls == [("put back stale", [])]
+    assert calls == []
 
 
 @pytest.mark.parametrize("args", [["--batch", "0"], ["--data", "refused_drivers=nope"]])
