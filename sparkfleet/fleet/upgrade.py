@@ -75,9 +75,9 @@ class UpgradeReport:
 
 def judge(step: HostResult, converge: HostResult | None, slow: str | None) -> tuple[str, str]:
     """(result, detail) of a host from its upgrade step, its converge (None: not run) and its speed gate."""
-    refused = [f for f in step.failed if f.startswith(REFUSED_OP)]
+    refused = [f.partition(f"{REFUSED_OP}: ")[2] for f in step.failed if f"{REFUSED_OP}: " in f]  # "Deploy | Op"
     if refused:
-        return "refused", refused[0][len(REFUSED_OP) + 2:] + "; left drained on its old versions"
+        return "refused", refused[0] + "; left drained on its old versions"
     if not step.ok:
         return ("unreachable" if not step.connected else "failed"), (
             f"upgrade step failed: {'; '.join(step.failed)}; left drained")
@@ -97,8 +97,8 @@ def unit_reports(unit: Unit, surveys: dict[str, HostSurvey], step: dict[str, Hos
     found = []
     for h in unit:
         result, detail = judge(step[h], converged.get(h), slow.get(h))
-        found.append(UpgradeReport(h, result, surveys[h].changes, REBOOT_OP in step[h].changed, seconds, detail,
-                                   group, number))
+        rebooted = any(name.endswith(REBOOT_OP) for name in step[h].changed)  # "Platform upgrade | " first
+        found.append(UpgradeReport(h, result, surveys[h].changes, rebooted, seconds, detail, group, number))
     return found
 
 

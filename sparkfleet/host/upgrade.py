@@ -42,12 +42,15 @@ class Simulation:
     reboot_required: bool  # /var/run/reboot-required is there already
 
 
+END = "end of the simulation"  # its last line: an answer cut short is not an empty upgrade
+
+
 def parse_simulation(lines: list[str]) -> Simulation | Unreadable:
-    """The fact's output: `Inst` lines, `reboot-required`; an apt error line makes it unreadable (nothing is
-    installed on a guess)."""
+    """The fact's output: `Inst` lines, `reboot-required`, END; an apt error line, or no END, makes it unreadable
+    (nothing is installed on a guess)."""
     errors = [line for line in lines if line.startswith("E:")]
-    if errors:
-        return Unreadable("apt-get upgrade (simulated)", errors[0][:200])
+    if errors or END not in lines:
+        return Unreadable("apt-get upgrade (simulated)", errors[0][:200] if errors else "its answer was cut short")
     changes = tuple(Change(m["package"], m["old"], m["new"]) for m in map(INST.match, lines) if m)
     return Simulation(changes, "reboot-required" in lines)
 
@@ -59,10 +62,14 @@ class UpgradeSimulation(FactBase):
     def command(self):
         return ("apt-get update -q >/dev/null 2>&1 || echo 'E: apt-get update failed (run it on the host to see "
                 f"why)'; apt-get -s {UPGRADE_FLAGS} upgrade 2>&1 | grep -E '^(Inst|E:) ' || true; "
-                f"test -e {paths.REBOOT_REQUIRED} && echo reboot-required || true")
+                f"test -e {paths.REBOOT_REQUIRED} && echo reboot-required; echo {END!r}")
 
     def process(self, output):
         return parse_simulation(output)
+
+    @staticmethod
+    def default():  # no answer at all (pyinfra gives a fact's default then): unreadable too
+        return parse_simulation([])
 
 
 def upstream(version: str) -> str:

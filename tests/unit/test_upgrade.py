@@ -9,11 +9,13 @@ from sparkfleet.fleet.converge import HostResult
 from sparkfleet.fleet.upgrade import HostSurvey, front_doors_last, judge, survey_of, upgrade
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.upgrade import (
+    END,
     REBOOT_OP,
     REFUSED_OP,
     UPGRADE_OP,
     Change,
     Simulation,
+    UpgradeSimulation,
     needs_reboot,
     parse_simulation,
     platform_version,
@@ -32,16 +34,19 @@ def test_the_simulation_reads_inst_lines_new_packages_and_the_reboot_flag():
     sim = parse_simulation([
         "Inst nvidia-driver-580-open [580.95.05-1] (580.95.99-1 sparkfleet-sim DGX OS stand-in:x [amd64])",
         "Inst linux-image-6.17.0-1008-nvidia (6.17.0-1008.8 Ubuntu:24.04/noble-updates [arm64])",
-        "reboot-required",
+        "reboot-required", END,
     ])
     assert sim == Simulation((DRIVER, KERNEL), True)
-    assert parse_simulation([]) == Simulation((), False)
+    assert parse_simulation([END]) == Simulation((), False)
+    assert isinstance(parse_simulation([]), Unreadable)  # cut short, or no answer: not "nothing to upgrade"
+    assert isinstance(UpgradeSimulation().default(), Unreadable)
     assert DRIVER.line() == "nvidia-driver-580-open 580.95.05-1 -> 580.95.99-1"
     assert KERNEL.line() == "linux-image-6.17.0-1008-nvidia (new) -> 6.17.0-1008.8"
 
 
 def test_an_apt_error_is_unreadable_not_an_empty_upgrade():
-    found = parse_simulation(["Inst curl [1] (2 x [arm64])", "E: apt-get update failed (run it on the host to see why)"])
+    found = parse_simulation(["Inst curl [1] (2 x [arm64])", "E: apt-get update failed (run it on the host to see why)",
+                              END])
     assert isinstance(found, Unreadable) and "apt-get update failed" in found.problem
 
 
@@ -91,7 +96,8 @@ def test_a_survey_says_what_would_change_and_what_stops_it():
 
 
 def test_judge_names_the_step_that_failed():
-    refused = HostResult("a", failed=[f"{REFUSED_OP}: a: nvidia-driver-580-open 580.95.99-1 is refused"])
+    refused = HostResult("a", failed=["No hosts remaining!",
+                                      f"Platform upgrade | {REFUSED_OP}: a: nvidia-driver-580-open 580.95.99-1 is refused"])
     assert judge(refused, None, None) == (
         "refused", "a: nvidia-driver-580-open 580.95.99-1 is refused; left drained on its old versions")
     assert judge(HostResult("a", failed=[UPGRADE_OP]), None, None)[0] == "failed"
@@ -120,7 +126,7 @@ def fake_fleet(monkeypatch, steps: dict | None = None, converges: dict | None = 
             before_ops()
         calls.append((deploy_file, list(hosts)))
         given = (steps if deploy_file == "upgrade.py" else converges) or {}
-        default = [UPGRADE_OP, REBOOT_OP] if deploy_file == "upgrade.py" else []
+        default = [f"Platform upgrade | {op}" for op in (UPGRADE_OP, REBOOT_OP)] if deploy_file == "upgrade.py" else []
         return {h: given.get(h, HostResult(h, changed=default)) for h in hosts}
 
     monkeypatch.setattr(upgrade_module, "run_deploy", run_deploy)
