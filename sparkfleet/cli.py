@@ -254,6 +254,7 @@ def _rollout(args) -> int:
 def _upgrade(args) -> int:
     from sparkfleet.fleet.rollout import batches, load_whole_groups, members_of, units
     from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
+    from sparkfleet.host.pins import render_pins
     from sparkfleet.host.upgrade import refused_changes
 
     try:
@@ -268,7 +269,7 @@ def _upgrade(args) -> int:
         return _invalid(exc)
     refusals = {p.name: (lambda sim, p=p: refused_changes(p.name, p.settings, sim.changes, p.group is not None))
                 for p in plans}
-    found = survey(args.inventory, names, refusals)
+    found = survey(args.inventory, names, {p.name: render_pins(p.settings.platform_pins) for p in plans}, refusals)
     if args.dry:
         if args.json:
             print(json.dumps(survey_json(found), indent=2))

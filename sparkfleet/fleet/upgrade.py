@@ -50,10 +50,12 @@ def survey_of(name: str, sim: Simulation | Unreadable | None, refused: Callable[
     return HostSurvey(name, [c.line() for c in sim.changes], needs_reboot(sim), refused=refused(sim))
 
 
-def survey(inventory: str, hosts: list[str], refused: dict[str, Callable[[Simulation], list[str]]]) -> list[HostSurvey]:
-    """Every host's survey, read at once (`refused`: per host, its settings' refusal of a simulation's changes)."""
-    sims = read_hosts(inventory, hosts, lambda h: {"sim": h.get_fact(UpgradeSimulation)})
-    return [survey_of(h, (sims[h] or {}).get("sim") if sims[h] else None, refused[h]) for h in hosts]
+def survey(inventory: str, hosts: list[str], pins: dict[str, str],
+           refused: dict[str, Callable[[Simulation], list[str]]]) -> list[HostSurvey]:
+    """Every host's survey, read at once; per host, `pins`: its platform_pins rendered (`host/pins.py`), `refused`:
+    its settings' refusal of a simulation's changes."""
+    sims = read_hosts(inventory, hosts, lambda h: {"sim": h.get_fact(UpgradeSimulation, pins=pins[h.name])})
+    return [survey_of(h, sims[h]["sim"] if sims[h] else None, refused[h]) for h in hosts]
 
 
 @dataclass

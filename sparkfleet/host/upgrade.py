@@ -4,7 +4,9 @@ needs a reboot. The fact reads the simulation; `sparkfleet upgrade` acts on it (
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
@@ -57,11 +59,17 @@ def parse_simulation(lines: list[str]) -> Simulation | Unreadable:
 
 class UpgradeSimulation(FactBase):
     """`apt-get -s upgrade` after `apt-get update`: the packages an upgrade would change (pyinfra's apt facts list
-    what is installed, not what would move). Refreshing the lists is its one change to the host."""
+    what is installed, not what would move), with the host's apt pins but sparkfleet's own as `pins` (the
+    preferences file platform_pins renders; "": none), as the upgrade step writes them before apt runs.
+    Refreshing the lists is its one change to the host."""
 
-    def command(self):
+    def command(self, pins: str = ""):
+        ours = os.path.basename(paths.PLATFORM_PINS)
         return ("apt-get update -q >/dev/null 2>&1 || echo 'E: apt-get update failed (run it on the host to see "
-                f"why)'; apt-get -s {UPGRADE_FLAGS} upgrade 2>&1 | grep -E '^(Inst|E:) ' || true; "
+                f"why)'; d=$(mktemp -d) && cp -a {os.path.dirname(paths.PLATFORM_PINS)}/. \"$d\"/ 2>/dev/null; "
+                f"rm -f \"$d\"/{ours}; " + (f"printf %s {shlex.quote(pins)} > \"$d\"/{ours}; " if pins else "") +
+                f"apt-get -s -o Dir::Etc::PreferencesParts=\"$d\" {UPGRADE_FLAGS} upgrade 2>&1 | "
+                f"grep -E '^(Inst|E:) '; rm -rf \"$d\"; "
                 f"test -e {paths.REBOOT_REQUIRED} && echo reboot-required; echo {END!r}")
 
     def process(self, output):

@@ -12,6 +12,7 @@ from pyinfra.operations import server
 from sparkfleet.contract import paths
 from sparkfleet.fleet.inventory import plan_for
 from sparkfleet.host.facts import Unreadable
+from sparkfleet.host.pins import render_pins
 from sparkfleet.host.upgrade import (
     REBOOT_OP,
     REFUSED_OP,
@@ -36,7 +37,7 @@ def refuse(lines: list[str]) -> None:
 @deploy("Platform upgrade")
 def platform_upgrade(plan: HostPlan) -> None:
     platform(plan)
-    sim = host.get_fact(UpgradeSimulation)
+    sim = host.get_fact(UpgradeSimulation, pins=render_pins(plan.settings.platform_pins))  # as platform() writes
     if isinstance(sim, Unreadable):
         return refuse([sim.line(host.name)])
     refused = refused_changes(host.name, plan.settings, sim.changes, in_group=plan.group is not None)
