@@ -202,3 +202,15 @@ def test_bad_input_exits_2_before_any_host(args, capsys, monkeypatch):
     monkeypatch.setattr(upgrade_module, "read_hosts", lambda *a: pytest.fail("a host was read"))
     assert cli.main(["upgrade", "inventory/office.py", *args]) == 2
     assert "sparkfleet:" in capsys.readouterr().err
+
+
+def test_the_simulation_reads_the_pins_platform_pins_names_in_place_of_the_hosts_copy():
+    import shlex
+
+    from sparkfleet.host.pins import render_pins
+
+    pins = render_pins({"nvidia-driver-580-open": "580.95.05-1"})
+    with_pins, without = UpgradeSimulation().command(pins), UpgradeSimulation().command("")
+    assert f"printf %s {shlex.quote(pins)} > \"$d\"/sparkfleet-platform" in with_pins
+    assert "printf" not in without and 'rm -f "$d"/sparkfleet-platform' in without  # none: the old copy not read
+    assert '-o Dir::Etc::PreferencesParts="$d"' in without and without.endswith("echo 'end of the simulation'")
