@@ -35,6 +35,13 @@ def boots() -> dict[str, int]:
                                   text=True, check=True).stdout) for h in HOSTS}
 
 
+def door_now(tmp_path) -> tuple[str, str]:
+    """The front door's inventory and URL again: the sim publishes spark-1's port 8080 on a port Docker picks at
+    each start of its container, which its reboot is (the other ports are fixed)."""
+    return (test_front_door.door_inventory(tmp_path, "door-now", USERS),
+            f"http://127.0.0.1:{test_front_door.door_port()}")
+
+
 def upgrade_through(probe: Probe, *args: str) -> tuple[int, dict, str]:
     """`sparkfleet upgrade ARGS --json` while `probe` chats through the front door; the probe stops when the front
     door's own host (spark-1, upgraded last) begins: its reboot stops the one front door."""
@@ -50,7 +57,7 @@ def upgrade_through(probe: Probe, *args: str) -> tuple[int, dict, str]:
 
 
 def test_upgrade_refused_at_the_canary_then_a_new_driver_everywhere_with_one_reboot_each_and_no_failed_request(
-        door, sim_fleet):
+        door, sim_fleet, tmp_path):
     inventory, url = door
     started, canary = boots(), "spark-2"  # the canary: the first host that does not run the front door
     sim("publish-driver", NEW)
@@ -82,6 +89,7 @@ def test_upgrade_refused_at_the_canary_then_a_new_driver_everywhere_with_one_reb
         assert boots() == {h: n + 1 for h, n in started.items()}
         assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
         assert len(probe.results) >= 20, len(probe.results)
+        inventory, url = door_now(tmp_path)
         wait_until(lambda: chat(url, USERS["alice"], [{"role": "user", "content": "hi"}], False, 1)[0] == 200, 60)
 
         again = sparkfleet("upgrade", inventory, "--json", timeout=300)
@@ -90,6 +98,7 @@ def test_upgrade_refused_at_the_canary_then_a_new_driver_everywhere_with_one_reb
         assert boots() == {h: n + 1 for h, n in started.items()}
     finally:
         sim("reset-driver")
+        inventory, url = door_now(tmp_path)
         if backend_states(inventory) != {h: "in" for h in HOSTS}:
             deploy(inventory, "--limit", "spark-1")  # the front door's converge puts back a hold left behind
     assert drivers(sim_fleet) == {h: "580.95.05" for h in HOSTS}
