@@ -251,6 +251,47 @@ def _rollout(args) -> int:
     return 0 if report_json(reports)["ok"] else 1
 
 
+def _upgrade(args) -> int:
+    from sparkfleet.fleet.rollout import batches, load_whole_groups, members_of, units
+    from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
+    from sparkfleet.host.pins import render_pins
+    from sparkfleet.host.upgrade import refused_changes
+
+    try:
+        hosts = load_whole_groups(args.inventory, args.limit)
+        plans = _locked_plans(_with_data(hosts, args.data))
+    except INVALID as exc:
+        return _invalid(exc)
+    names, groups = [p.name for p in plans], members_of(plans)
+    try:
+        batches(units(names, groups), args.batch, args.canary)
+    except ValueError as exc:
+        return _invalid(exc)
+    refusals = {p.name: (lambda sim, p=p: refused_changes(p.name, p.settings, sim.changes, p.group is not None))
+                for p in plans}
+    found = survey(args.inventory, names, {p.name: render_pins(p.settings.platform_pins) for p in plans}, refusals)
+    if args.dry:
+        if args.json:
+            print(json.dumps(survey_json(found), indent=2))
+        else:
+            rows = [(s.host, literal("\n".join(s.changes) or "-"), "yes" if s.reboot else "no",
+                     literal("\n".join(([s.problem] if s.problem else []) + s.refused))) for s in found]
+            print_table("sparkfleet upgrade --dry", ("host", "would change", "would reboot", "problem"), rows,
+                        stderr=True)
+        return 0 if survey_json(found)["ok"] else 1
+    reports = upgrade(args.inventory, found, batch=args.batch, canary=args.canary, max_fail=args.max_fail,
+                      data=_parse_data(args.data), groups=groups, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print(json.dumps(report_json(reports), indent=2))
+    else:
+        rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]", literal("\n".join(r.changes) or "-"),
+                 "yes" if r.rebooted else "no", f"{r.seconds:g}",
+                 "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}", literal(r.detail)) for r in reports]
+        print_table("sparkfleet upgrade", ("host", "result", "changed", "rebooted", "seconds", "out of rotation s",
+                                           "detail"), rows, stderr=True)
+    return 0 if report_json(reports)["ok"] else 1
+
+
 def _rollback(args) -> int:
     from sparkfleet.fleet.converge import run_deploy
     from sparkfleet.fleet.front_door import FrontDoorRuntime
@@ -444,6 +485,17 @@ def _json(parser: argparse.ArgumentParser, help: str = "print JSON instead of th
     parser.add_argument("--json", action="store_true", help=help)
 
 
+def _batched(parser: argparse.ArgumentParser) -> None:
+    """A command that changes the fleet batch by batch (rollout, upgrade): the same batches, canary and halt rule."""
+    parser.add_argument("inventory")
+    parser.add_argument("--batch", default="1", help="hosts per batch: a number or a percentage (default 1)")
+    parser.add_argument("--canary", action="store_true", help="the first host alone first")
+    parser.add_argument("--max-fail", type=int, default=0, help="halt once more than K hosts failed (default 0)")
+    _limit(parser)
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+    _json(parser, "print the report as JSON")
+
+
 def parser() -> argparse.ArgumentParser:
     from sparkfleet.fleet import bench
     from sparkfleet.fleet import update as lock_update
@@ -489,14 +541,15 @@ def parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_status)
 
     roll = sub.add_parser("rollout", help="converge the fleet batch by batch; halt on failures, undo failed releases")
-    roll.add_argument("inventory")
-    roll.add_argument("--batch", default="1", help="hosts per batch: a number or a percentage (default 1)")
-    roll.add_argument("--canary", action="store_true", help="the first host alone first")
-    roll.add_argument("--max-fail", type=int, default=0, help="halt once more than K hosts failed (default 0)")
-    _limit(roll)
-    roll.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
-    _json(roll, "print the report as JSON")
+    _batched(roll)
     roll.set_defaults(func=_rollout)
+
+    up = sub.add_parser("upgrade", help="upgrade the hosts' platform packages within the apt pins batch by batch, "
+                                        "rebooting where needed; halt on the first failure")
+    _batched(up)
+    up.add_argument("--dry", action="store_true",
+                    help="touch nothing: per host, the packages that would change and whether it would reboot")
+    up.set_defaults(func=_upgrade)
 
     back = sub.add_parser("rollback", help="switch hosts to their previous release (no download)")
     back.add_argument("inventory")

@@ -5,6 +5,7 @@ Laid out like NVIDIA's flat repository:
     .sim/apt/repo/stable/deb/amd64/            *.deb, Packages(.gz), Release,
                                                InRelease, Release.gpg
 Hosts use:  deb [signed-by=KEYRING] http://sparkfleet-apt:8081/stable/deb/amd64 /
+Beside it, .sim/apt/repo/dgx/ stands in for DGX OS's own repository: the driver package (sim/fleet/driver.py).
 
 The key (no passphrase) lives in .sim/apt/gnupg and is made once; the repo is
 rebuilt only when its inputs (stand-in files, versions, key) change.
@@ -20,12 +21,14 @@ import time
 from email.utils import formatdate
 from pathlib import Path
 
+from . import driver
 from ._util import IMAGES_DIR, SIM_DIR, hash_paths, log, read_json, run, sha256_bytes, write_json
 
 APT_DIR = SIM_DIR / "apt"
 GNUPG_HOME = APT_DIR / "gnupg"
 REPO_DIR = APT_DIR / "repo"
 STAMP = APT_DIR / "stamp.json"
+DGX_STAMP = APT_DIR / "dgx-stamp.json"
 TOOLKIT_DIR = IMAGES_DIR / "toolkit"
 
 VERSIONS = ["1.17.8-1", "1.18.1-1"]
@@ -94,6 +97,7 @@ def ensure_repo() -> dict:
     h = _inputs_hash(fpr)
     stamp = read_json(STAMP, {})
     if stamp.get("hash") == h and (REPO_DIR / "stable/deb" / ARCH / "InRelease").exists():
+        ensure_dgx(fpr)
         return {"fingerprint": fpr, "hash": h, "dir": str(REPO_DIR)}
     t0 = time.monotonic()
     log("building the signed apt repository")
@@ -117,6 +121,7 @@ def ensure_repo() -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     write_json(STAMP, {"hash": h, "fingerprint": fpr})
+    ensure_dgx(fpr)
     log(f"apt repository built in {time.monotonic() - t0:.1f}s")
     return {"fingerprint": fpr, "hash": h, "dir": str(REPO_DIR)}
 
@@ -150,12 +155,57 @@ def _build_deb(name: str, version: str, out_dir: Path) -> None:
         run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)])
 
 
-def _index_and_sign(flat: Path) -> None:
+def ensure_dgx(fpr: str) -> Path:
+    """The DGX OS stand-in beside the toolkit's repository, with the original driver: built in place when its inputs
+    changed (a rebuild of the whole repository would move the directory the running services containers serve)."""
+    dgx = REPO_DIR / driver.DGX_DIR
+    h = sha256_bytes(hash_paths([driver.DRIVER_SRC], IMAGES_DIR), fpr, driver.DRIVER_VERSION, DGX_LABEL)
+    if read_json(DGX_STAMP, {}).get("hash") == h and (dgx / "InRelease").exists():
+        return dgx
+    log("building the DGX OS stand-in repository (the driver package)")
+    tmp = Path(tempfile.mkdtemp(prefix="dgx-", dir=REPO_DIR))
+    driver.build_deb(driver.DRIVER_VERSION, tmp, ARCH, MAINTAINER)
+    _index_and_sign(tmp, DGX_LABEL)
+    for p in [tmp, *tmp.iterdir()]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    shutil.rmtree(dgx, ignore_errors=True)
+    tmp.rename(dgx)
+    write_json(DGX_STAMP, {"hash": h})
+    return dgx
+
+
+def publish_driver(version: str) -> list[str]:
+    """Add a driver version to the DGX OS stand-in repository (as DGX OS publishing an update); the versions it
+    holds. The repository is shared by every named fleet; `unpublish_drivers` takes the added ones out."""
+    version = driver.full_version(version)
+    dgx = ensure_dgx(ensure_repo()["fingerprint"])
+    if version not in driver.versions(dgx):
+        driver.build_deb(version, dgx, ARCH, MAINTAINER)
+        os.chmod(dgx / f"{driver.DRIVER_PACKAGE}_{version}_{ARCH}.deb", 0o644)
+    _index_and_sign(dgx, DGX_LABEL)  # again too: an index an interrupted publish left behind is made whole
+    return driver.versions(dgx)
+
+
+def unpublish_drivers() -> list[str]:
+    """The DGX OS stand-in repository back to the original driver only; the versions it holds."""
+    dgx = ensure_dgx(ensure_repo()["fingerprint"])
+    extra = [v for v in driver.versions(dgx) if v != driver.DRIVER_VERSION]
+    for v in extra:
+        (dgx / f"{driver.DRIVER_PACKAGE}_{v}_{ARCH}.deb").unlink()
+    if extra:
+        _index_and_sign(dgx, DGX_LABEL)
+    return driver.versions(dgx)
+
+
+DGX_LABEL = "sparkfleet-sim DGX OS stand-in (NVIDIA driver)"
+
+
+def _index_and_sign(flat: Path, label: str = "sparkfleet-sim NVIDIA Container Toolkit stand-ins") -> None:
     cp = run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=flat)
     packages = cp.stdout.encode()
     (flat / "Packages").write_bytes(packages)
     (flat / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    lines = ["Origin: sparkfleet-sim", "Label: sparkfleet-sim NVIDIA Container Toolkit stand-ins",
+    lines = ["Origin: sparkfleet-sim", f"Label: {label}",
              f"Architectures: {ARCH}", f"Date: {formatdate(usegmt=True)}"]
     for field, algo in (("MD5Sum", hashlib.md5), ("SHA1", hashlib.sha1), ("SHA256", hashlib.sha256)):
         lines.append(f"{field}:")
@@ -163,7 +213,7 @@ def _index_and_sign(flat: Path) -> None:
             data = (flat / fn).read_bytes()
             lines.append(f" {algo(data).hexdigest()} {len(data):>8} {fn}")
     (flat / "Release").write_text("\n".join(lines) + "\n")
-    _gpg("--pinentry-mode", "loopback", "--passphrase", "", "--digest-algo", "SHA512",
+    _gpg("--yes", "--pinentry-mode", "loopback", "--passphrase", "", "--digest-algo", "SHA512",
          "--clearsign", "--output", str(flat / "InRelease"), str(flat / "Release"))
-    _gpg("--pinentry-mode", "loopback", "--passphrase", "", "--digest-algo", "SHA512",
+    _gpg("--yes", "--pinentry-mode", "loopback", "--passphrase", "", "--digest-algo", "SHA512",
          "--armor", "--detach-sign", "--output", str(flat / "Release.gpg"), str(flat / "Release"))

@@ -104,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "fabric spark-2 down, fabric spark-2 mtu=1500, fabric spark-2 up mtu=9000")
     p.add_argument("host")
     p.add_argument("changes", nargs="*", metavar="up|down|mtu=N")
+    p = sub.add_parser("publish-driver", help="a newer stand-in NVIDIA driver in the DGX OS repository, e.g. "
+                                              "publish-driver 580.95.99 (hosts get it by apt upgrade, then reboot)")
+    p.add_argument("version")
+    p = sub.add_parser("reset-driver", help="the DGX OS repository back to the original driver, and the hosts (or one) "
+                                            "on it without a reboot")
+    p.add_argument("host", nargs="?")
+    p = sub.add_parser("driver", help="a host's driver package, the driver nvidia-smi reports, a pending reboot")
+    p.add_argument("host")
     sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
     sub.add_parser("start-services", help="start it again")
     sub.add_parser("build", help="build the images only")
@@ -139,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(fleet.set_fabric(args.host, **parse_fabric(args.changes)), sort_keys=True))
         elif args.cmd == "lose-gpu":
             fleet.lose_container_gpu(args.host)
+        elif args.cmd == "publish-driver":
+            print(" ".join(fleet.publish_driver(args.version)))
+        elif args.cmd == "reset-driver":
+            print(f"on {fleet.driver.DRIVER_VERSION}: {', '.join(fleet.reset_driver(args.host))}")
+        elif args.cmd == "driver":
+            print(json.dumps(fleet.driver_state(args.host), sort_keys=True))
         elif args.cmd == "stop-services":
             fleet.stop_services()
         elif args.cmd == "start-services":
@@ -151,6 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.cmd not in ("status", "set-gpu", "engine", "fabric"):
+    if args.cmd not in ("status", "set-gpu", "engine", "fabric", "driver"):
         print(f"({args.cmd}: {time.monotonic() - t0:.1f}s)", file=sys.stderr)
     return 0

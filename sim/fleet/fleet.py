@@ -19,7 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import apt_repo, images
+from . import apt_repo, driver, images
 from ._util import (CONFIG_LABEL, FLEET, FLEET_DIR, IMAGES_DIR, LABEL, LOCK_FILE, PREFIX, REPO_ROOT, SIM_DIR,
                     STATE_FILE, SimError, docker, free_port, log, port_is_free, read_json, run, sha256_bytes,
                     wait_for, write_json)
@@ -48,6 +48,7 @@ FABRIC_SCRIPT = "/usr/local/sbin/sparkfleet-sim-fabric"
 SERVICES = f"{PREFIX}-services"
 HUB_ALIAS, APT_ALIAS, REGISTRY_ALIAS = "sparkfleet-hub", "sparkfleet-apt", "sparkfleet-registry"
 HUB_PORT, APT_PORT, REGISTRY_PORT = 8080, 8081, 5000
+APT_URL = f"http://{APT_ALIAS}:{APT_PORT}"  # the services container's apt repositories, as a host reaches them
 HUB_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
 SSH_KEY = FLEET_DIR / "id_ed25519"
 KNOWN_HOSTS = FLEET_DIR / "known_hosts"  # the hosts' real SSH host keys: inventory/sim.py checks them strictly
@@ -389,8 +390,18 @@ def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
         _create_host(name, images.image_hash(images.SPARK_IMAGE) or "", h["ssh_port"], h["api_port"], role)
         wait_host_ready(name, h["ssh_port"])
     _put_file(c, "/root/.ssh/authorized_keys", pubkey, "0600")
+    _install_reboot_unit(c)
+    _exec(c, "sh", "-c", driver.host_script(APT_URL), timeout=300)  # before the knobs: a fault's driver wins
     _put_file(c, GPU_FILE, json.dumps(gpu, sort_keys=True) + "\n")
     _exec(c, FABRIC_SCRIPT)  # the boot unit did it; again here: up() also repairs a fabric knob left set
+
+
+def _install_reboot_unit(c: str) -> None:
+    """The unit that makes an in-host reboot read as one (sim/fleet/driver.py), started now and at every boot."""
+    changed = [_put_file(c, path, content, mode) for path, (content, mode) in driver.reboot_files().items()]
+    if any(changed):
+        _exec(c, "systemctl", "daemon-reload")
+    _exec(c, "systemctl", "enable", "--now", driver.REBOOT_UNIT)
 
 
 # --------------------------------------------------------------------------- public API
@@ -728,3 +739,28 @@ def start_services() -> None:
     state = load_state()
     docker("start", SERVICES)
     _wait_services(state["services"])
+
+
+def publish_driver(version: str) -> list[str]:
+    """A newer stand-in driver in the DGX OS repository (apt_repo.publish_driver); the versions it holds."""
+    return apt_repo.publish_driver(version)
+
+
+def reset_driver(host: str | None = None) -> list[str]:
+    """The repository back to the original driver only, and `host` (every fleet host when None) on it as if booted
+    with it, no reboot cycle; the hosts reset."""
+    apt_repo.unpublish_drivers()
+    names = [host] if host else [h["name"] for h in load_state()["hosts"]]
+    for name in names:
+        _exec(_host_row(name)["container"], "sh", "-c", driver.host_script(APT_URL), timeout=300)
+    return names
+
+
+def driver_state(host: str) -> dict:
+    """The host's driver package version, the driver nvidia-smi reports, and whether a reboot is pending."""
+    c = _host_row(host)["container"]
+    cp = _exec(c, "sh", "-c", f"dpkg-query -W -f='${{Version}}' {driver.DRIVER_PACKAGE}; echo; "
+               "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
+               "test -e /run/reboot-required && echo yes || echo no", check=False)
+    package, loaded, pending = (cp.stdout.splitlines() + ["", "", ""])[:3]
+    return {"package": package or None, "driver": loaded or None, "reboot_required": pending == "yes"}

@@ -133,3 +133,6 @@ MANAGED_UNITS = ("docker.service", "haproxy.service")
 MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES)
 # The system users it reports (passwd entry): the ones sparkfleet makes.
 MANAGED_USERS = (SHARE_USER,)
+
+# Debian's (update-notifier's) flag that a host needs a reboot for what was installed: a new kernel, a driver
+REBOOT_REQUIRED = "/var/run/reboot-required"

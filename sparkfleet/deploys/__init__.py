@@ -1,4 +1,5 @@
-"""The pyinfra deploy files sparkfleet ships: `deploy.py` (converge), `rollback.py` (back to the previous release)
+"""The pyinfra deploy files sparkfleet ships: `deploy.py` (converge), `rollback.py` (back to the previous release),
+`upgrade.py` (`sparkfleet upgrade`'s per-host step: apt upgrade within the pins, a reboot where needed)
 and `stage.py` (a rollout's first phase: the new release made ready while the host serves).
 
 They are files pyinfra runs once per host (the fleet commands load them by path, `fleet/converge.py`

@@ -70,12 +70,19 @@ def refused_by(version: str | None, refused: dict[str, str]) -> tuple[str, str] 
     return next(((glob, why) for glob, why in refused.items() if fnmatchcase(version, glob)), None)
 
 
+def refused_lists(s: Settings, in_group: bool = False) -> dict[str, list[tuple[dict[str, str], str]]]:
+    """{"kernel" | "NVIDIA driver": [(a refused_* setting's entries, its name)]} that apply to a host (a member of a
+    tensor-parallel group: `in_group`): preflight checks the running versions, an upgrade the new ones."""
+    kernels = [(s.refused_kernels, "refused_kernels")] + ([(s.refused_pair_kernels, "refused_pair_kernels")]
+                                                         if in_group else [])
+    return {"kernel": kernels, "NVIDIA driver": [(s.refused_drivers, "refused_drivers")]}
+
+
 def refused_versions(name: str, s: Settings, f: HostFacts, in_group: bool = False) -> list[str]:
     """One line per platform version a refused_* setting names: the host, the version, why, and the fix."""
-    checks = [("kernel", f.kernel, s.refused_kernels, "refused_kernels"),
-              ("NVIDIA driver", f.gpu.driver, s.refused_drivers, "refused_drivers")]
-    if in_group:
-        checks.append(("kernel", f.kernel, s.refused_pair_kernels, "refused_pair_kernels"))
+    running = {"kernel": f.kernel, "NVIDIA driver": f.gpu.driver}
+    checks = [(what, running[what], refused, setting)
+              for what, lists in refused_lists(s, in_group).items() for refused, setting in lists]
     lines = []
     for what, version, refused, setting in checks:
         found = refused_by(version, refused)

@@ -196,3 +196,21 @@ def start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
     assert check.returncode == 0, check.stdout + check.stderr
     return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+
+
+class RecordingDoor:
+    """FrontDoorRuntime for a fleet command's tests: its drains and returns appended to `calls`, in order, each drain
+    checked to be held by `operation` (test_front_door_holds)."""
+
+    def __init__(self, calls: list, operation: str, doors=()):
+        self.calls, self.operation, self.doors = calls, operation, list(doors)
+
+    def put_back_stale(self, log):
+        return []
+
+    def drain(self, hosts, log, operation=None):
+        assert operation == self.operation
+        self.calls.append(("drain", list(hosts)))
+
+    def ready(self, hosts, log):
+        self.calls.append(("ready", list(hosts)))

@@ -18,6 +18,8 @@ from sparkfleet.fleet.rollout import (
 )
 from sparkfleet.release.group import TensorParallelGroup
 
+from .helpers import RecordingDoor
+
 PAIR = TensorParallelGroup(members=("spark-1", "spark-2"), addresses=("192.168.100.1", "192.168.100.2"),
                            interface="enp1s0f0np0", mtu=9000, ray_port=6379)
 GROUPS = {"spark-1": ("spark-1", "spark-2"), "spark-2": ("spark-1", "spark-2")}
@@ -77,21 +79,9 @@ def fake_fleet(monkeypatch, results: dict, rollback_ok: bool = True):
             return {h: HostResult(h, changed=["Model files verified"]) for h in hosts}
         return {h: results.get(h, HostResult(h, changed=["unit"], health_gate="passed")) for h in hosts}
 
-    class Door:
-        doors = ["spark-1"]
-
-        def put_back_stale(self, log):
-            return []
-
-        def drain(self, hosts, log, operation=None):
-            assert operation == "rollout"  # held by the rollout (test_front_door_holds)
-            calls.append(("drain", list(hosts)))
-
-        def ready(self, hosts, log):
-            calls.append(("ready", list(hosts)))
-
     monkeypatch.setattr(rollout_module, "run_deploy", run_deploy)
-    monkeypatch.setattr(rollout_module.FrontDoorRuntime, "of", classmethod(lambda cls, inventory: Door()))
+    monkeypatch.setattr(rollout_module.FrontDoorRuntime, "of",
+                        classmethod(lambda cls, inventory: RecordingDoor(calls, "rollout", ["spark-1"])))
     return calls
 
 

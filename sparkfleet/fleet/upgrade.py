@@ -1,0 +1,175 @@
+"""Upgrade a fleet's platform (kernel, driver, the rest of DGX OS) within its apt pins, with the rollout's batches,
+canary and halt rules (`fleet/rollout.py`).
+
+First a survey, all hosts at once, draining none: each host's `apt-get upgrade` simulated (after `apt-get update`),
+with whether it would reboot; `--dry` stops there. A host with nothing to change is not drained. Then, unit by unit
+in batches: drain -> the upgrade step (`upgrade.py`: the pins, a refusal of a new kernel or driver that a refused_*
+setting names, `apt-get upgrade`, a reboot where needed, SSH back) -> converge (`deploy.py`: preflight reads the new
+driver, the health gate) -> the speed gate, where one is given -> undrain. A failed host stays drained, held by the
+upgrade, and the upgrade halts once more than `max_fail` units failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
+from sparkfleet.fleet.front_door import FrontDoorRuntime
+from sparkfleet.fleet.rollout import Unit, batches, unit_name, units
+from sparkfleet.host.facts import Unreadable
+from sparkfleet.host.upgrade import REBOOT_OP, REFUSED_OP, Simulation, UpgradeSimulation, needs_reboot
+
+# (the hosts that passed the health gate) -> {host: why it is too slow}; the lead's speed gate plugs in here
+SpeedGate = Callable[[list[str]], dict[str, str]]
+
+
+@dataclass
+class HostSurvey:
+    """What an upgrade would do on one host: the package changes ("pkg old -> new"), whether it would reboot, and
+    why it would not run (unreachable, apt unreadable); `refused`: the lines of the versions a setting refuses."""
+
+    host: str
+    changes: list[str] = field(default_factory=list)
+    reboot: bool = False
+    problem: str | None = None
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def todo(self) -> bool:
+        return bool(self.changes or self.reboot or self.problem)
+
+
+def survey_of(name: str, sim: Simulation | Unreadable | None, refused: Callable[[Simulation], list[str]]) -> HostSurvey:
+    """A host's survey from its simulation (None: it did not answer over SSH)."""
+    if sim is None:
+        return HostSurvey(name, problem="unreachable over SSH")
+    if isinstance(sim, Unreadable):
+        return HostSurvey(name, problem=sim.line(name))
+    return HostSurvey(name, [c.line() for c in sim.changes], needs_reboot(sim), refused=refused(sim))
+
+
+def survey(inventory: str, hosts: list[str], pins: dict[str, str],
+           refused: dict[str, Callable[[Simulation], list[str]]]) -> list[HostSurvey]:
+    """Every host's survey, read at once; per host, `pins`: its platform_pins rendered (`host/pins.py`), `refused`:
+    its settings' refusal of a simulation's changes."""
+    sims = read_hosts(inventory, hosts, lambda h: {"sim": h.get_fact(UpgradeSimulation, pins=pins[h.name])})
+    return [survey_of(h, sims[h]["sim"] if sims[h] else None, refused[h]) for h in hosts]
+
+
+@dataclass
+class UpgradeReport:
+    host: str
+    result: str  # upgraded | unchanged | refused | failed | unreachable | not reached
+    changes: list[str] = field(default_factory=list)
+    rebooted: bool = False
+    seconds: float = 0.0  # its batch's upgrade step and converge
+    detail: str = ""
+    group: str | None = None
+    batch: int | None = None
+    out_of_rotation_s: float | None = None  # a front door's backend: from its drain to its return; None: not back
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("upgraded", "unchanged")
+
+
+def judge(step: HostResult, converge: HostResult | None, slow: str | None) -> tuple[str, str]:
+    """(result, detail) of a host from its upgrade step, its converge (None: not run) and its speed gate."""
+    refused = [f.partition(f"{REFUSED_OP}: ")[2] for f in step.failed if f"{REFUSED_OP}: " in f]  # "Deploy | Op"
+    if refused:
+        return "refused", refused[0] + "; left drained on its old versions"
+    if not step.ok:
+        return ("unreachable" if not step.connected else "failed"), (
+            f"upgrade step failed: {'; '.join(step.failed)}; left drained")
+    if converge is None:
+        return "failed", "another member of its group failed its upgrade step; left drained"
+    if not converge.ok:
+        return "failed", f"converge after the upgrade failed: {'; '.join(converge.failed)}; left drained"
+    if slow:
+        return "failed", f"speed gate: {slow}; left drained"
+    return "upgraded", ""
+
+
+def unit_reports(unit: Unit, surveys: dict[str, HostSurvey], step: dict[str, HostResult],
+                 converged: dict[str, HostResult], slow: dict[str, str], seconds: float,
+                 number: int) -> list[UpgradeReport]:
+    group = unit_name(unit) if len(unit) > 1 else None
+    found = []
+    for h in unit:
+        result, detail = judge(step[h], converged.get(h), slow.get(h))
+        rebooted = any(name.endswith(REBOOT_OP) for name in step[h].changed)  # "Platform upgrade | " first
+        found.append(UpgradeReport(h, result, surveys[h].changes, rebooted, seconds, detail, group, number))
+    return found
+
+
+def front_doors_last(todo: list[Unit], doors: list[str], log=print) -> list[Unit]:
+    """The units in order, those with a front door host last (a stable sort): its reboot takes that front door
+    down with it, so the other hosts are upgraded while it still serves."""
+    last = [u for u in todo if any(h in doors for h in u)]
+    for unit in last:
+        log(f"{unit_name(unit)}: runs a front door; upgraded last: its reboot stops that front door until it is back")
+    return [u for u in todo if u not in last] + last
+
+
+def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", canary: bool = False,
+            max_fail: int = 0, data: dict | None = None, groups: dict[str, Unit] | None = None,
+            speed_gate: SpeedGate | None = None, log=print) -> list[UpgradeReport]:
+    """Upgrade the units that have something to do (`survey`), batch by batch; the rest are reported unchanged.
+    The front door drains each unit's first host; a failed unit stays drained, and more than `max_fail` failed units
+    halt the upgrade (the units not reached keep their versions)."""
+    by_host = {s.host: s for s in surveys}
+    todo = [u for u in units([s.host for s in surveys], groups or {}) if any(by_host[h].todo for h in u)]
+    reports = [UpgradeReport(s.host, "unchanged") for s in surveys
+               if not any(s.host in u for u in todo)]
+    failures = 0
+    door = FrontDoorRuntime.of(inventory)
+    door.put_back_stale(log)
+    todo = front_doors_last(todo, [name for name, _ in door.doors], log)
+    plan = batches(todo, batch, canary) if todo else []
+    for number, batch_units in enumerate(plan, 1):
+        batch_hosts = [h for unit in batch_units for h in unit]
+        if failures > max_fail:
+            why = f"halted: {failures} failed > --max-fail {max_fail}; its versions are unchanged"
+            reports += [UpgradeReport(h, "not reached", by_host[h].changes, detail=why, batch=number,
+                                      group=unit_name(u) if len(u) > 1 else None) for u in batch_units for h in u]
+            continue
+        log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
+        started, drained = time.monotonic(), []
+
+        def drain():  # once the step is planned (the simulation read again), right before its operations run
+            drained.append(time.monotonic())
+            door.drain([unit[0] for unit in batch_units], log, operation="upgrade")
+
+        step = run_deploy(inventory, batch_hosts, data, deploy_file="upgrade.py", before_ops=drain)
+        ready = [h for unit in batch_units if all(step[m].ok for m in unit) for h in unit]
+        converged = run_deploy(inventory, ready, data) if ready else {}
+        passed = [h for h in ready if converged[h].ok]
+        slow = speed_gate(passed) if speed_gate and passed else {}
+        seconds = round(time.monotonic() - started, 1)
+        back_in = []
+        for unit in batch_units:
+            found = unit_reports(unit, by_host, step, converged, slow, seconds, number)
+            if all(r.ok for r in found):
+                back_in.append(unit[0])
+            else:
+                failures += 1
+                for r in found:
+                    if not r.ok:  # a refusal's line names the host, the package, the version and why
+                        log(r.detail if r.result == "refused" else f"{r.host}: {r.result}: {r.detail}")
+            reports += found
+        door.ready(back_in, log)
+        for r in reports[-len(batch_hosts):]:
+            if door.doors and drained and r.host in back_in:
+                r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)
+    order = {s.host: i for i, s in enumerate(surveys)}
+    return sorted(reports, key=lambda r: order[r.host])
+
+
+def report_json(reports: list[UpgradeReport]) -> dict:
+    return {"hosts": [asdict(r) for r in reports], "ok": all(r.ok for r in reports)}
+
+
+def survey_json(surveys: list[HostSurvey]) -> dict:
+    return {"hosts": [asdict(s) for s in surveys], "ok": not any(s.problem or s.refused for s in surveys)}
