@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from sparkfleet.fleet.converge import HostResult, run_deploy
 from sparkfleet.fleet.front_door import FrontDoorRuntime
-from sparkfleet.fleet.speed import SpeedCheck, SpeedError
+from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 
 Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first
 
@@ -220,24 +220,22 @@ def baseline_now(speed, check: SpeedCheck, log) -> None:
 
 def speed_gate(speed, check: SpeedCheck, log) -> str | None:
     """Measure the canary's new release, judge it, keep the figures on the host; the halt line when it regressed
-    (or could not be measured), None when it passes."""
+    (or could not be measured), None when it passes or the controller could not reach it."""
     started = time.monotonic()
     try:
         check.measured = speed.measure(check.host)
+        check.judge(speed.max_regression(check.host))
+    except ReachError as exc:  # the controller's way to it failed, not the engine: nothing to judge
+        check.line = f"{check.host}: not measured: {exc} (give it a controller_api_url, or --no-speed-gate)"
     except SpeedError as exc:
         check.verdict, check.line = "failed", f"{check.host}: the new release could not be measured: {exc}"
-    check.seconds = round(check.seconds + time.monotonic() - started, 1)
-    if check.measured is None:
-        log(f"speed gate: {check.line}: rolled back; halted")
-        return f"{check.line}: rolled back; halted"
-    check.judge(speed.max_regression(check.host))
-    kept = {check.release: check.measured}
-    if check.baseline_measured_now:
-        kept[check.baseline_release] = check.baseline
-    if not speed.keep(check.host, kept):
+    check.seconds += time.monotonic() - started
+    kept = {**({check.baseline_release: check.baseline} if check.baseline_measured_now else {}),
+            **({check.release: check.measured} if check.measured else {})}
+    if kept and not speed.keep(check.host, kept):
         log(f"speed gate: {check.host}: its speed record could not be written: the next rollout measures again")
-    halt = f"{check.line}: rolled back; halted" if check.verdict == "regressed" else None
-    log(f"speed gate: {halt or check.line} ({check.seconds:g} s)")
+    halt = f"{check.line}: rolled back; halted" if check.verdict in ("regressed", "failed") else None
+    log(f"speed gate: {halt or check.line} ({check.seconds:.1f} s)")
     return halt
 
 

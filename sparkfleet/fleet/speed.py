@@ -34,6 +34,11 @@ class SpeedError(RuntimeError):
     """The engine could not be measured (no answer, errors in the run, no concurrency-1 figure)."""
 
 
+class ReachError(SpeedError):
+    """The controller could not reach the engine to measure it (the SSH forward failed): the engine is not to
+    blame, so the gate says so and judges nothing."""
+
+
 def figures_of(result: dict) -> Figures:
     """The kept figures of a bench result (run_bench's dict); SpeedError when the run had errors or no figure."""
     if result.get("errors"):
@@ -110,7 +115,7 @@ class SpeedCheck:
                 "baseline": None if self.baseline is None else {
                     **figures(self.baseline), "release": self.baseline_release,
                     "source": "measured now" if self.baseline_measured_now else "speed record"},
-                "seconds": self.seconds, "line": self.line}
+                "seconds": round(self.seconds, 1), "line": self.line}
 
 
 def forward_command(name: str, data: dict, local_port: int, remote_port: int) -> list[str]:
@@ -153,13 +158,13 @@ def reach(name: str, s: Settings, data: dict):
         deadline = time.monotonic() + FORWARD_WAIT_S
         while True:
             if tunnel.poll() is not None:
-                raise SpeedError(f"ssh forward to {name} failed: {tunnel.stderr.read().decode(errors='replace')[-300:]}")
+                raise ReachError(f"ssh forward to {name} failed: {tunnel.stderr.read().decode(errors='replace')[-300:]}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise SpeedError(f"ssh forward to {name}: no listener after {FORWARD_WAIT_S:g} s") from None
+                    raise ReachError(f"ssh forward to {name}: no listener after {FORWARD_WAIT_S:g} s") from None
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}"
     finally:

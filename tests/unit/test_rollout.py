@@ -241,9 +241,14 @@ class FakeGate:
         from sparkfleet.fleet.speed import SpeedError
 
         self.calls.append(("measure running" if running else "measure", host))
-        if (host, running) not in self.figures:
+        from sparkfleet.fleet.speed import ReachError
+
+        found = self.figures.get((host, running))
+        if found is None:
             raise SpeedError("APIConnectionError: refused")
-        return self.figures[(host, running)]
+        if found == "no forward":
+            raise ReachError(f"ssh forward to {host} failed: administratively prohibited")
+        return found
 
     def keep(self, host, figures):
         self.written[host] = figures
@@ -309,6 +314,17 @@ def test_a_canary_that_cannot_be_measured_is_rolled_back(monkeypatch):
     reports = rollout("inv.py", ["a", "c"], RELEASES, speed=gate, log=lambda m: None)
     assert [r.result for r in reports] == ["rolled back", "not reached"]
     assert reports[0].speed["verdict"] == "failed" and "APIConnectionError" in reports[0].speed["line"]
+
+
+def test_a_canary_the_controller_cannot_reach_is_not_judged(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", False): "no forward"}, kept={("a", "a0"): Figures(50.0, 120.0)})
+    reports = rollout("inv.py", ["a", "c"], RELEASES, speed=gate, log=lambda m: None)
+    assert [r.result for r in reports] == ["converged", "converged"] and ("rollback.py", ["a"]) not in calls
+    assert reports[0].speed["verdict"] == "not measured" and "--no-speed-gate" in reports[0].speed["line"]
+    assert gate.written == {}
 
 
 def test_a_canary_failing_its_health_gate_is_not_measured(monkeypatch):
