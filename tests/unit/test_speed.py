@@ -129,3 +129,61 @@ def test_the_forward_uses_the_inventorys_ssh_settings_and_no_shell():
     assert "UserKnownHostsFile=/k/known" in command and "StrictHostKeyChecking=yes" in command
     assert command[-2:] == ["--", "admin@10.0.0.5"]  # after "--": never read as an option
     assert forward_command("spark-1", {}, 40001, 8000)[-2:] == ["--", "spark-1"]
+
+
+class FakeForward:
+    """subprocess.Popen for `ssh -N -L`: listens on the forward's local port (loopback), or exits at once."""
+
+    def __init__(self, command, fail: bool = False, **kwargs):
+        import io
+        import socket
+
+        self.command, self.fail, self.terminated = command, fail, False
+        self.stderr = io.BytesIO(b"channel 0: open failed: administratively prohibited")
+        local = command[command.index("-L") + 1].split(":")
+        self.listener = None
+        if not fail:
+            self.listener = socket.socket()
+            self.listener.bind((local[0], int(local[1])))
+            self.listener.listen()
+
+    def poll(self):
+        return 255 if self.fail else None
+
+    def terminate(self):
+        self.terminated = True
+        if self.listener:
+            self.listener.close()
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_an_api_on_loopback_only_is_measured_through_an_ssh_forward(monkeypatch):
+    from types import SimpleNamespace
+
+    from sparkfleet.fleet import speed
+
+    started = []
+    monkeypatch.setattr(speed.subprocess, "Popen", lambda command, **kw: started.append(FakeForward(command)) or
+                        started[-1])
+    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
+    with speed.reach("spark-1", loopback, {"ssh_user": "admin"}) as url:
+        assert url.startswith("http://127.0.0.1:") and started[0].command[-1] == "admin@spark-1"
+        assert started[0].command[started[0].command.index("-L") + 1].endswith(":127.0.0.1:8000")
+    assert started[0].terminated  # the forward lasts the measurement only
+    lan = SimpleNamespace(controller_api_url="http://10.0.0.5:8000/", api_is_loopback=False, api_port=8000)
+    with speed.reach("spark-1", lan, {}) as url:
+        assert url == "http://10.0.0.5:8000" and len(started) == 1  # reached as status reaches it: no forward
+
+
+def test_a_forward_that_fails_is_a_reach_error_not_the_engines(monkeypatch):
+    from types import SimpleNamespace
+
+    from sparkfleet.fleet import speed
+
+    monkeypatch.setattr(speed.subprocess, "Popen", lambda command, **kw: FakeForward(command, fail=True))
+    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
+    with pytest.raises(speed.ReachError, match="ssh forward to spark-1 failed: .*administratively prohibited"):
+        with speed.reach("spark-1", loopback, {}):
+            pass
