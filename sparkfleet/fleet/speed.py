@@ -104,7 +104,8 @@ class SpeedCheck:
         worse = regression(self.measured, self.baseline, max_regression)
         self.verdict = "regressed" if worse else "passed"
         self.line = (f"{self.host}: {', '.join(worse)}, over {limit}" if worse else
-                     f"{self.host}: {comparison(self.measured, self.baseline)}: within {limit}")
+                     f"{self.host}: {comparison(self.measured, self.baseline)}: within {limit} or the noise floor "
+                     f"({NOISE_DECODE_TOKENS_PER_S:g} tok/s, {NOISE_TTFT_MS:g} ms)")
         if self.baseline_measured_now:
             self.line += " (baseline measured now)"
 
