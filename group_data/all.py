@@ -128,3 +128,6 @@ front_door_tls_cert = None  # a PEM certificate on the controller: the front doo
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
 front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN
 drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish
+# a rollout's speed gate: the canary's decode tokens/s may fall, its TTFT rise, by this share of the previous
+# release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)
+rollout_max_regression = 0.10

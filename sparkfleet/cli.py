@@ -188,11 +188,15 @@ def _status(args) -> int:
     return 0 if all(row["healthy"] for row in rows) and (door is None or door_ok(door)) else 1
 
 
-def _print_reports(reports, as_json: bool) -> None:
-    from sparkfleet.fleet.rollout import phases, report_json
+def _print_reports(reports, as_json: bool, speed_skipped: bool | None = None) -> None:
+    """The rollout's (or rollback's) table and phases; for a rollout (`speed_skipped` not None) its speed gate."""
+    from sparkfleet.fleet.rollout import phases, report_json, speed_summary
 
     if as_json:
-        print(json.dumps(report_json(reports), indent=2))
+        found = report_json(reports, bool(speed_skipped))
+        if speed_skipped is None:
+            del found["speed_gate"]
+        print(json.dumps(found, indent=2))
         return
     rows = []
     for r in reports:
@@ -207,6 +211,12 @@ def _print_reports(reports, as_json: bool) -> None:
     if stage["hosts"] or switch["batches"]:
         print(f"phases: stage {len(stage['hosts'])} hosts in {stage['seconds']:g} s (all at once, before any drain), "
               f"switch {switch['batches']} batches in {switch['seconds']:g} s", file=sys.stderr)
+    if speed_skipped is not None:
+        gate = speed_summary(reports, speed_skipped)
+        lines = ["skipped (--no-speed-gate)"] if gate["skipped"] else \
+            [f"{c['verdict']}: {c['line']}" for c in gate["checks"]] or ["nothing measured (no host changed)"]
+        for line in lines:
+            print(f"speed gate: {literal(line)}", file=sys.stderr)
 
 
 def _parse_data(items: list[str]) -> dict:
@@ -226,13 +236,14 @@ def _rollout(args) -> int:
         rollout,
         units,
     )
+    from sparkfleet.fleet.speed import SpeedGate
     from sparkfleet.host.facts import read_json_object
-    from sparkfleet.contract.paths import RELEASE_FILE
+    from sparkfleet.contract.paths import RELEASE_FILE, SPEED_FILE
 
     data = _parse_data(args.data)
     try:
-        hosts = load_whole_groups(args.inventory, args.limit)
-        plans = _locked_plans(_with_data(hosts, args.data))
+        hosts = dict(_with_data(load_whole_groups(args.inventory, args.limit), args.data))
+        plans = _locked_plans(list(hosts.items()))
     except INVALID as exc:
         return _invalid(exc)
     names = [p.name for p in plans]
@@ -241,13 +252,19 @@ def _rollout(args) -> int:
         batches(units(names, groups), args.batch, args.canary)
     except ValueError as exc:
         return _invalid(exc)
-    installed = read_hosts(args.inventory, names, lambda h: read_json_object(h, RELEASE_FILE).value or {})
+    found = read_hosts(args.inventory, names, lambda h: {
+        "release": read_json_object(h, RELEASE_FILE).value or {},
+        "speed": None if args.no_speed_gate else read_json_object(h, SPEED_FILE).value})
+    installed = {name: (read or {}).get("release") for name, read in found.items()}
     releases = {p.name: ((installed[p.name] or {}).get("release_id"), p.release_id) for p in plans}
     prepared = {p.name for p in plans if holds_what_it_needs(p, installed[p.name] or {})}
+    speed = None if args.no_speed_gate else SpeedGate(
+        args.inventory, {p.name: (p.settings, hosts[p.name]) for p in plans},
+        {name: (read or {}).get("speed") for name, read in found.items()}, installed)
     reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
-                      max_fail=args.max_fail, data=data, groups=groups, prepared=prepared,
+                      max_fail=args.max_fail, data=data, groups=groups, prepared=prepared, speed=speed,
                       log=lambda m: print(m, file=sys.stderr))
-    _print_reports(reports, args.json)
+    _print_reports(reports, args.json, speed_skipped=args.no_speed_gate)
     return 0 if report_json(reports)["ok"] else 1
 
 
@@ -491,6 +508,8 @@ def _batched(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", default="1", help="hosts per batch: a number or a percentage (default 1)")
     parser.add_argument("--canary", action="store_true", help="the first host alone first")
     parser.add_argument("--max-fail", type=int, default=0, help="halt once more than K hosts failed (default 0)")
+    parser.add_argument("--no-speed-gate", action="store_true",
+                        help="measure nothing: the canary is not held to its previous decode rate and TTFT")
     _limit(parser)
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     _json(parser, "print the report as JSON")

@@ -75,6 +75,9 @@ WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
 WATCHDOG_UNIT = "sparkfleet-watchdog.service"
 WATCHDOG_TIMER = "sparkfleet-watchdog.timer"
 MANIFEST_DIR = f"{STATE_DIR}/manifests"
+# 0644, figures only: each release's measured decode rate and TTFT (contract/speed.py), written by a rollout's
+# speed gate from the controller, read as the next rollout's baseline; state, outside what a converge manages
+SPEED_FILE = f"{STATE_DIR}/speed.json"
 # 0644, paths and counts only: how far a model fetch is (sparkfleet-fetch rewrites it each second, the controller's
 # progress watcher reads it while a deploy runs); under /run, so a reboot forgets it
 FETCH_PROGRESS = "/run/sparkfleet/fetch-progress.json"

@@ -354,6 +354,7 @@ class Settings(BaseModel):
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool
     drain_timeout_s: int = Field(ge=0, le=3600)
+    rollout_max_regression: float = Field(ge=0, lt=1)
 
     @property
     def api_is_loopback(self) -> bool:

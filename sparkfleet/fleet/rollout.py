@@ -9,6 +9,12 @@ Never more than one batch is changing at a time; more than `max_fail` failed hos
 not yet reached keep their release.
 A tensor-parallel group is one unit: its members share a batch, and a failed
 gate on any of them rolls every member back (one model runs on them all).
+
+The speed gate (fleet/speed.py, unless `--no-speed-gate`): the canary, the first unit the rollout changes, is
+measured after its health gate while still drained (its head); decode or TTFT worse than its previous release's
+kept figure by more than `rollout_max_regression` rolls it back and halts the rollout. Without a kept figure the
+running release is measured right after the drain, before the switch; where that fails too, the new release's
+figure becomes the baseline. Only the canary is measured.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 from sparkfleet.fleet.converge import HostResult, run_deploy
 from sparkfleet.fleet.front_door import FrontDoorRuntime
+from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 
 Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first
 
@@ -96,6 +103,7 @@ class HostReport:
     batch: int | None = None  # the batch it went in (1-based), None for a rollback run on its own
     staged_s: float | None = None  # the staging phase's time, for a host it prepared; None: nothing to stage
     out_of_rotation_s: float | None = None  # a front door's backend: from its drain to its return; None: not back
+    speed: dict | None = None  # the canary's speed gate (SpeedCheck.to_dict); None: not measured here
 
     @property
     def ok(self) -> bool:
@@ -124,16 +132,20 @@ def needs_rollback(unit: Unit, results: dict[str, HostResult]) -> list[str]:
 
 
 def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[str, HostResult],
-                releases: dict[str, tuple[str | None, str | None]]) -> None:
-    """Mark a unit's reports after its rollback: every member restored, or where it could not be."""
+                releases: dict[str, tuple[str | None, str | None]], reason: str | None = None) -> None:
+    """Mark a unit's reports after its rollback: every member restored, or where it could not be. `reason`: why,
+    when it was not a failed health gate (the speed gate's line)."""
+    why = reason or f"health gate failed ({', '.join(gate_failed)})"
     for report in reports:
         result = back[report.host]
         if not result.ok:
             report.result = "failed"
-            report.detail = f"health gate failed ({', '.join(gate_failed)}) and rollback failed too: {result.failed}"
+            report.detail = f"{why} and rollback failed too: {result.failed}"
             continue
         report.result, report.new_release = "rolled back", releases[report.host][0]
-        if report.host in gate_failed:
+        if reason:
+            report.detail = f"{reason}; previous release restored on {'every member' if report.group else 'it'}"
+        elif report.host in gate_failed:
             report.detail = "new release failed its health gate; previous release restored and healthy"
         else:
             report.detail = (f"{', '.join(gate_failed)} failed the health gate of the group {report.group}; "
@@ -187,21 +199,63 @@ def staging_halted(order: list[Unit], results: dict[str, HostResult],
     return reports
 
 
+def canary_of(plan: list[list[Unit]], releases: dict[str, tuple[str | None, str | None]]) -> Unit | None:
+    """The unit the speed gate judges: the first one, in batch order, whose release changes."""
+    return next((unit for batch_units in plan for unit in batch_units
+                 if any(releases[m][0] != releases[m][1] for m in unit)), None)
+
+
+def baseline_now(speed, check: SpeedCheck, log) -> None:
+    """The canary's running release has no kept figure: measure it now (drained, before its switch)."""
+    started = time.monotonic()
+    try:
+        check.baseline, check.baseline_measured_now = speed.measure(check.host, running=True), True
+        log(f"speed gate: {check.host}: no figure kept for {check.baseline_release}: measured it now, before the "
+            f"switch: decode {check.baseline.decode_tokens_per_s:.1f} tok/s, TTFT {check.baseline.ttft_ms:.0f} ms")
+    except SpeedError as exc:
+        log(f"speed gate: {check.host}: the running release could not be measured ({exc}): the new release's "
+            "figure becomes the baseline")
+    check.seconds += time.monotonic() - started
+
+
+def speed_gate(speed, check: SpeedCheck, log) -> str | None:
+    """Measure the canary's new release, judge it, keep the figures on the host; the halt line when it regressed
+    (or could not be measured), None when it passes or the controller could not reach it."""
+    started = time.monotonic()
+    try:
+        check.measured = speed.measure(check.host)
+        check.judge(speed.max_regression(check.host))
+    except ReachError as exc:  # the controller's way to it failed, not the engine: nothing to judge
+        check.line = f"{check.host}: not measured: {exc} (give it a controller_api_url, or --no-speed-gate)"
+    except SpeedError as exc:
+        check.verdict, check.line = "failed", f"{check.host}: the new release could not be measured: {exc}"
+    check.seconds += time.monotonic() - started
+    kept = {**({check.baseline_release: check.baseline} if check.baseline_measured_now else {}),
+            **({check.release: check.measured} if check.measured else {})}
+    if kept and not speed.keep(check.host, kept):
+        log(f"speed gate: {check.host}: its speed record could not be written: the next rollout measures again")
+    halt = f"{check.line}: rolled back; halted" if check.verdict in ("regressed", "failed") else None
+    log(f"speed gate: {halt or check.line} ({check.seconds:.1f} s)")
+    return halt
+
+
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
             groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
-            log=print) -> list[HostReport]:
+            speed=None, log=print) -> list[HostReport]:
     """Drive deploy.py over `hosts` in batches; roll back units whose new release fails its health gate.
 
     `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
     tensor-parallel group to its members (see `members_of`). Batches count units, and so does `max_fail`
     (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
     Before the first batch, the hosts `to_stage` names are staged in one run (those in `prepared` hold what their
-    new release needs already); any failure there halts the rollout.
+    new release needs already); any failure there halts the rollout. `speed`: the speed gate (fleet/speed.py
+    SpeedGate), None to skip it.
     """
     reports: list[HostReport] = []
-    failures = 0
+    failures, halted = 0, None
     plan = batches(units(hosts, groups or {}), batch, canary)
+    judged = canary_of(plan, releases) if speed else None
     door = FrontDoorRuntime.of(inventory)  # none: no drain
     door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
     staged, staged_s = to_stage(hosts, releases, groups, prepared), None
@@ -220,16 +274,23 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
         log(f"stage: {len(staged)} hosts ready in {staged_s:g} s")
     for number, batch_units in enumerate(plan, 1):
         batch_hosts = [h for unit in batch_units for h in unit]
-        if failures > max_fail:
-            why = f"halted: {failures} failed > --max-fail {max_fail}"
+        if failures > max_fail or halted:
+            why = halted or f"halted: {failures} failed > --max-fail {max_fail}"
             reports += [r for unit in batch_units for r in not_reached(unit, releases, number, why)]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
         started, drained = time.monotonic(), []
+        check = None
+        if judged in batch_units:
+            head = judged[0]
+            check = SpeedCheck(head, releases[head][1], releases[head][0])
+            check.baseline = speed.baseline(head, check.baseline_release)
 
         def drain():  # once the batch's deploy is planned, right before its operations run
             drained.append(time.monotonic())
             door.drain([unit[0] for unit in batch_units], log, operation="rollout")
+            if check and check.baseline is None and check.baseline_release:
+                baseline_now(speed, check, log)
 
         results = run_deploy(inventory, batch_hosts, data, before_ops=drain)
         seconds = round(time.monotonic() - started, 1)
@@ -240,6 +301,15 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             if gate_failed:
                 rolled_back(found, gate_failed, run_deploy(inventory, list(unit), data, deploy_file="rollback.py"),
                             releases)
+            elif unit == judged and all(r.ok for r in found):
+                halt = speed_gate(speed, check, log)
+                if halt:
+                    rolled_back(found, [], run_deploy(inventory, list(unit), data, deploy_file="rollback.py"),
+                                releases, reason=halt)
+                    halted = f"halted: the speed gate stopped the canary {unit_name(unit)}"
+            if check and unit == judged:
+                check.line = check.line or f"{check.host}: not measured: {found[0].result} ({found[0].detail})"
+                found[0].speed = check.to_dict()
             if all(r.ok or r.result == "rolled back" for r in found):
                 back_in.append(unit[0])  # failed: stays out
             failures += not all(r.ok for r in found)
@@ -262,6 +332,12 @@ def phases(reports: list[HostReport]) -> dict:
             "switch": {"batches": len(switched), "seconds": round(sum(switched.values()), 1)}}
 
 
-def report_json(reports: list[HostReport]) -> dict:
+def speed_summary(reports: list[HostReport], skipped: bool = False) -> dict:
+    """The speed gate's outcome: skipped (`--no-speed-gate`), or each measured host's check (none: nothing the
+    rollout changed was reached with a passing health gate)."""
+    return {"skipped": skipped, "checks": [] if skipped else [r.speed for r in reports if r.speed]}
+
+
+def report_json(reports: list[HostReport], speed_skipped: bool = False) -> dict:
     return {"hosts": [asdict(r) for r in reports], "phases": phases(reports),
-            "ok": all(r.ok for r in reports)}
+            "speed_gate": speed_summary(reports, speed_skipped), "ok": all(r.ok for r in reports)}

@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 import requests
 
-from .conftest import INVENTORY, HOSTS, api_port, chat_tokens, converge, fleet_out_of_step, sparkfleet, ssh, variant
+from .conftest import (INVENTORY, HOSTS, api_port, chat_tokens, converge, fleet_out_of_step, sparkfleet, ssh,
+                       started_at, variant)
 
 pytestmark = pytest.mark.e2e
 
@@ -170,3 +171,47 @@ def test_a_rollout_shows_the_fetch_and_the_engine_start_of_each_host(sim_fleet, 
     assert len([line for line in lines if line.startswith("spark-2") or line.startswith("spark-3")]) == 0
     assert len(lines) < 40  # a CI log stays short: a line on a change of phase, else one every 10 s
     assert answers_chat(sim_fleet, "spark-1") and fleet_out_of_step(sim_fleet) == {}
+
+
+def test_a_release_that_decodes_slower_is_stopped_at_the_canary(sim_fleet, converged_fleet, tmp_path):
+    """Issue 22's speed gate: a release whose stand-in decodes at 60 % of the inventory's 50 tokens/s (engine_env
+    SIM_TOKENS_PER_S) passes spark-1's health gate, is measured there while drained, and is rolled back: the
+    rollout halts naming both rates, spark-1 serves its previous release, spark-2 and spark-3 are not touched."""
+    from sparkfleet.contract import paths
+
+    slow = variant(tmp_path, "slow", {"max_model_len": 65536,
+                                      "engine_env": {"SIM_TOKENS_PER_S": "30", "SIM_FIRST_TOKEN_DELAY_MS": "100"}})
+    before = {h: json.loads(ssh(sim_fleet, h, f"cat {paths.RELEASE_FILE}"))["release_id"] for h in HOSTS}
+    served_before = served_max_len(sim_fleet, "spark-1")
+    engines = {h: started_at(sim_fleet, h) for h in HOSTS[1:]}
+    try:
+        started = time.monotonic()
+        proc = sparkfleet("rollout", slow, "--batch", "1", "--json")
+        took = time.monotonic() - started
+        assert proc.returncode != 0, proc.stderr[-3000:]
+        found = json.loads(proc.stdout)
+        hosts = report(proc)
+        [check] = found["speed_gate"]["checks"]
+        assert (check["host"], check["verdict"], found["speed_gate"]["skipped"]) == ("spark-1", "regressed", False)
+        measured, baseline = check["measured"]["decode_tokens_per_s"], check["baseline"]["decode_tokens_per_s"]
+        assert 0.5 < measured / baseline < 0.7, check  # 30 against 50, whatever the host's jitter
+        assert check["baseline"]["release"] == before["spark-1"]
+        line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("speed gate: spark-1: decode"))
+        assert f"decode {measured:.1f} tok/s vs {baseline:.1f} before" in line and "rolled back; halted" in line, line
+        assert hosts["spark-1"]["result"] == "rolled back" and "previous release restored" in hosts["spark-1"]["detail"]
+        assert json.loads(ssh(sim_fleet, "spark-1", f"cat {paths.RELEASE_FILE}"))["release_id"] == before["spark-1"]
+        assert answers_chat(sim_fleet, "spark-1") and served_max_len(sim_fleet, "spark-1") == served_before
+        kept = json.loads(ssh(sim_fleet, "spark-1", f"cat {paths.SPEED_FILE}"))["releases"]
+        assert kept[before["spark-1"]]["decode_tokens_per_s"] == baseline  # the next rollout's baseline
+        assert [hosts[h]["result"] for h in HOSTS[1:]] == ["not reached"] * 2, hosts
+        assert all("speed gate" in hosts[h]["detail"] for h in HOSTS[1:]), hosts
+        assert {h: started_at(sim_fleet, h) for h in HOSTS[1:]} == engines
+        assert all(json.loads(ssh(sim_fleet, h, f"cat {paths.RELEASE_FILE}"))["release_id"] == before[h]
+                   for h in HOSTS[1:])
+        print(f"rollout halted by the speed gate in {took:.0f} s; the gate's measurements took {check['seconds']} s")
+    finally:
+        # a rollback keeps today's engine_env values (never an older secret's): spark-1's engine decodes at 30
+        # until the demo's release is converged there again
+        again = converge("--limit", "spark-1")
+        assert again.returncode == 0, again.output[-4000:]
+    assert fleet_out_of_step(sim_fleet) == {}

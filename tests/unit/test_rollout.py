@@ -220,3 +220,133 @@ def test_what_a_failed_host_said_reaches_the_report_printable_and_short():
     lines = ["", "first", "\x1b[2J\x1b]0;pwned\x07spark-2: free disk", "  ", "x" * 5000, "last\r"]
     assert host_said(lines) == ["[2J]0;pwnedspark-2: free disk", "x" * SAID_MAX_CHARS, "last"]
     assert host_said(["only"]) == ["only"] and host_said([]) == []
+
+
+# --- the speed gate: the canary measured after its health gate, still drained ---------------------------------------
+
+class FakeGate:
+    """fleet/speed.py SpeedGate's questions answered from `figures` ({(host, running): Figures}; absent: it cannot
+    be measured), each call recorded in `calls` beside the deploys and the front door's."""
+
+    def __init__(self, calls, figures, kept=None):
+        self.calls, self.figures, self.kept, self.written = calls, figures, kept or {}, {}
+
+    def max_regression(self, host):
+        return 0.10
+
+    def baseline(self, host, release):
+        return self.kept.get((host, release))
+
+    def measure(self, host, running=False):
+        from sparkfleet.fleet.speed import SpeedError
+
+        self.calls.append(("measure running" if running else "measure", host))
+        from sparkfleet.fleet.speed import ReachError
+
+        found = self.figures.get((host, running))
+        if found is None:
+            raise SpeedError("APIConnectionError: refused")
+        if found == "no forward":
+            raise ReachError(f"ssh forward to {host} failed: administratively prohibited")
+        return found
+
+    def keep(self, host, figures):
+        self.written[host] = figures
+        return True
+
+
+def test_a_canary_slower_than_its_previous_release_is_rolled_back_and_the_rollout_halts(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", False): Figures(30.1, 121.0)}, kept={("a", "a0"): Figures(50.2, 119.0)})
+    logged = []
+    reports = rollout("inv.py", ["a", "b", "c"], RELEASES, speed=gate, log=logged.append)
+    assert calls == [("stage.py", ["a", "c"]), ("drain", ["a"]), ("deploy.py", ["a"]), ("measure", "a"),
+                     ("rollback.py", ["a"]), ("ready", ["a"])]  # measured while drained; back in on its old release
+    halt = "a: decode 30.1 tok/s vs 50.2 before (-40 %), over rollout_max_regression 10 %: rolled back; halted"
+    assert halt in "\n".join(logged)
+    assert [(r.host, r.result, r.new_release) for r in reports] == [
+        ("a", "rolled back", "a0"), ("b", "not reached", "b0"), ("c", "not reached", "c1")]
+    assert reports[0].detail == f"{halt}; previous release restored on it"
+    assert reports[2].detail == "halted: the speed gate stopped the canary a"
+    assert reports[0].speed["verdict"] == "regressed" and reports[0].speed["baseline"]["source"] == "speed record"
+    assert gate.written == {"a": {"a1": Figures(30.1, 121.0)}}
+    assert not rollout_module.report_json(reports)["ok"]
+    assert rollout_module.report_json(reports)["speed_gate"]["checks"] == [reports[0].speed]
+
+
+def test_without_a_kept_figure_the_running_release_is_measured_after_the_drain_before_the_switch(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", True): Figures(50.0, 120.0), ("a", False): Figures(49.5, 122.0)})
+    reports = rollout("inv.py", ["b", "a", "c"], RELEASES, speed=gate, log=lambda m: None)
+    # b keeps its release: the canary is a, the first unit that changes; only it is measured
+    assert [c for c in calls if c[0] != "stage.py"] == [
+        ("drain", ["b"]), ("deploy.py", ["b"]), ("ready", ["b"]),
+        ("drain", ["a"]), ("measure running", "a"), ("deploy.py", ["a"]), ("measure", "a"), ("ready", ["a"]),
+        ("drain", ["c"]), ("deploy.py", ["c"]), ("ready", ["c"])]
+    assert [r.result for r in reports] == ["converged"] * 3
+    check = reports[1].speed
+    assert check["verdict"] == "passed" and check["baseline"]["source"] == "measured now"
+    assert "(baseline measured now)" in check["line"]
+    assert gate.written == {"a": {"a1": Figures(49.5, 122.0), "a0": Figures(50.0, 120.0)}}  # both kept
+
+
+def test_where_no_baseline_can_be_had_the_first_measurement_is_the_baseline(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", False): Figures(30.0, 120.0)})  # the running release does not answer the bench
+    reports = rollout("inv.py", ["a"], RELEASES, speed=gate, log=lambda m: None)
+    assert reports[0].result == "converged" and reports[0].speed["verdict"] == "baseline"
+    gate = FakeGate(calls, {("c", False): Figures(30.0, 120.0)})  # a new host: no previous release to measure
+    reports = rollout("inv.py", ["c"], RELEASES, speed=gate, log=lambda m: None)
+    assert ("measure running", "c") not in calls and reports[0].speed["verdict"] == "baseline"
+
+
+def test_a_canary_that_cannot_be_measured_is_rolled_back(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {}, kept={("a", "a0"): Figures(50.0, 120.0)})
+    reports = rollout("inv.py", ["a", "c"], RELEASES, speed=gate, log=lambda m: None)
+    assert [r.result for r in reports] == ["rolled back", "not reached"]
+    assert reports[0].speed["verdict"] == "failed" and "APIConnectionError" in reports[0].speed["line"]
+
+
+def test_a_canary_the_controller_cannot_reach_is_not_judged(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", False): "no forward"}, kept={("a", "a0"): Figures(50.0, 120.0)})
+    reports = rollout("inv.py", ["a", "c"], RELEASES, speed=gate, log=lambda m: None)
+    assert [r.result for r in reports] == ["converged", "converged"] and ("rollback.py", ["a"]) not in calls
+    assert reports[0].speed["verdict"] == "not measured" and "--no-speed-gate" in reports[0].speed["line"]
+    assert gate.written == {}
+
+
+def test_a_canary_failing_its_health_gate_is_not_measured(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    calls = fake_fleet(monkeypatch, results={"a": HostResult("a", failed=["vLLM up"], health_gate="failed")})
+    gate = FakeGate(calls, {}, kept={("a", "a0"): Figures(50.0, 120.0)})
+    reports = rollout("inv.py", ["a"], {"a": ("a0", "a1")}, speed=gate, log=lambda m: None)
+    assert not [c for c in calls if c[0].startswith("measure")]
+    assert reports[0].speed["verdict"] == "not measured"
+    assert reports[0].speed["line"].startswith("a: not measured: failed (health gate failed")
+
+
+def test_no_speed_gate_measures_nothing_and_the_report_says_so(monkeypatch, capsys):
+    from sparkfleet import cli
+
+    calls = fake_fleet(monkeypatch)
+    reports = rollout("inv.py", ["a"], RELEASES, speed=None, log=lambda m: None)
+    assert not [c for c in calls if c[0].startswith("measure")] and reports[0].speed is None
+    cli._print_reports(reports, False, speed_skipped=True)
+    assert "speed gate: skipped (--no-speed-gate)" in capsys.readouterr().err
+    cli._print_reports(reports, True, speed_skipped=True)
+    assert json.loads(capsys.readouterr().out)["speed_gate"] == {"skipped": True, "checks": []}
+    cli._print_reports(reports, True)  # a rollback's report has no speed gate
+    assert "speed_gate" not in json.loads(capsys.readouterr().out)
