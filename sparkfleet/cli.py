@@ -190,7 +190,7 @@ def _status(args) -> int:
 
 def _print_reports(reports, as_json: bool, speed_skipped: bool | None = None) -> None:
     """The rollout's (or rollback's) table and phases; for a rollout (`speed_skipped` not None) its speed gate."""
-    from sparkfleet.fleet.rollout import phases, report_json, speed_summary
+    from sparkfleet.fleet.rollout import phases, report_json
 
     if as_json:
         found = report_json(reports, bool(speed_skipped))
@@ -212,11 +212,18 @@ def _print_reports(reports, as_json: bool, speed_skipped: bool | None = None) ->
         print(f"phases: stage {len(stage['hosts'])} hosts in {stage['seconds']:g} s (all at once, before any drain), "
               f"switch {switch['batches']} batches in {switch['seconds']:g} s", file=sys.stderr)
     if speed_skipped is not None:
-        gate = speed_summary(reports, speed_skipped)
-        lines = ["skipped (--no-speed-gate)"] if gate["skipped"] else \
-            [f"{c['verdict']}: {c['line']}" for c in gate["checks"]] or ["nothing measured (no host changed)"]
-        for line in lines:
-            print(f"speed gate: {literal(line)}", file=sys.stderr)
+        _print_speed(reports, speed_skipped)
+
+
+def _print_speed(reports, skipped: bool) -> None:
+    """The speed gate's lines after a rollout's or an upgrade's table."""
+    from sparkfleet.fleet.rollout import speed_summary
+
+    gate = speed_summary(reports, skipped)
+    lines = ["skipped (--no-speed-gate)"] if gate["skipped"] else \
+        [f"{c['verdict']}: {c['line']}" for c in gate["checks"]] or ["nothing measured (no host changed)"]
+    for line in lines:
+        print(f"speed gate: {literal(line)}", file=sys.stderr)
 
 
 def _parse_data(items: list[str]) -> dict:
@@ -270,7 +277,11 @@ def _rollout(args) -> int:
 
 def _upgrade(args) -> int:
     from sparkfleet.fleet.rollout import batches, load_whole_groups, members_of, units
+    from sparkfleet.contract.paths import RELEASE_FILE, SPEED_FILE
+    from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.fleet.speed import SpeedGate
     from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
+    from sparkfleet.host.facts import read_json_object
     from sparkfleet.host.pins import render_pins
     from sparkfleet.host.upgrade import refused_changes
 
@@ -296,16 +307,27 @@ def _upgrade(args) -> int:
             print_table("sparkfleet upgrade --dry", ("host", "would change", "would reboot", "problem"), rows,
                         stderr=True)
         return 0 if survey_json(found)["ok"] else 1
+    speed, releases = None, {}
+    if not args.no_speed_gate:
+        read = read_hosts(args.inventory, names, lambda h: {
+            "release": read_json_object(h, RELEASE_FILE).value or {}, "speed": read_json_object(h, SPEED_FILE).value})
+        installed = {name: (r or {}).get("release") for name, r in read.items()}
+        releases = {name: (r or {}).get("release_id") for name, r in installed.items()}
+        data_of = dict(_with_data(hosts, args.data))
+        speed = SpeedGate(args.inventory, {p.name: (p.settings, data_of[p.name]) for p in plans},
+                          {name: (r or {}).get("speed") for name, r in read.items()}, installed)
     reports = upgrade(args.inventory, found, batch=args.batch, canary=args.canary, max_fail=args.max_fail,
-                      data=_parse_data(args.data), groups=groups, log=lambda m: print(m, file=sys.stderr))
+                      data=_parse_data(args.data), groups=groups, speed=speed, releases=releases,
+                      log=lambda m: print(m, file=sys.stderr))
     if args.json:
-        print(json.dumps(report_json(reports), indent=2))
+        print(json.dumps(report_json(reports, args.no_speed_gate), indent=2))
     else:
         rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]", literal("\n".join(r.changes) or "-"),
                  "yes" if r.rebooted else "no", f"{r.seconds:g}",
                  "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}", literal(r.detail)) for r in reports]
         print_table("sparkfleet upgrade", ("host", "result", "changed", "rebooted", "seconds", "out of rotation s",
                                            "detail"), rows, stderr=True)
+        _print_speed(reports, args.no_speed_gate)
     return 0 if report_json(reports)["ok"] else 1
 
 

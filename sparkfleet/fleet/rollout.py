@@ -218,9 +218,10 @@ def baseline_now(speed, check: SpeedCheck, log) -> None:
     check.seconds += time.monotonic() - started
 
 
-def speed_gate(speed, check: SpeedCheck, log) -> str | None:
+def speed_gate(speed, check: SpeedCheck, log, then: str = "rolled back; halted") -> str | None:
     """Measure the canary's new release, judge it, keep the figures on the host; the halt line when it regressed
-    (or could not be measured), None when it passes or the controller could not reach it."""
+    (or could not be measured), None when it passes or the controller could not reach it. `then`: what the
+    command does about it (a rollout rolls the canary back; an upgrade cannot, and leaves it drained)."""
     started = time.monotonic()
     try:
         check.measured = speed.measure(check.host)
@@ -234,7 +235,7 @@ def speed_gate(speed, check: SpeedCheck, log) -> str | None:
             **({check.release: check.measured} if check.measured else {})}
     if kept and not speed.keep(check.host, kept):
         log(f"speed gate: {check.host}: its speed record could not be written: the next rollout measures again")
-    halt = f"{check.line}: rolled back; halted" if check.verdict in ("regressed", "failed") else None
+    halt = f"{check.line}: {then}" if check.verdict in ("regressed", "failed") else None
     log(f"speed gate: {halt or check.line} ({check.seconds:.1f} s)")
     return halt
 

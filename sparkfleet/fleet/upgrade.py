@@ -1,11 +1,13 @@
 """Upgrade a fleet's platform (kernel, driver, the rest of DGX OS) within its apt pins, with the rollout's batches,
-canary and halt rules (`fleet/rollout.py`).
+canary and halt rules (`fleet/rollout.py`), and its speed gate on the canary.
 
 First a survey, all hosts at once, draining none: each host's `apt-get upgrade` simulated (after `apt-get update`),
 with whether it would reboot; `--dry` stops there. A host with nothing to change is not drained. Then, unit by unit
 in batches: drain -> the upgrade step (`upgrade.py`: the pins, a refusal of a new kernel or driver that a refused_*
 setting names, `apt-get upgrade`, a reboot where needed, SSH back) -> converge (`deploy.py`: preflight reads the new
-driver, the health gate) -> the speed gate, where one is given -> undrain. A failed host stays drained, held by the
+driver, the health gate) -> the speed gate on the canary (the first unit upgraded; `fleet/speed.py`, as the rollout's:
+its release measured on the new platform against its kept figure, or against the old platform measured right after
+the drain where none is kept) -> undrain. A failed host, a slower canary included, stays drained, held by the
 upgrade, and the upgrade halts once more than `max_fail` units failed.
 """
 
@@ -14,16 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door import FrontDoorRuntime
-from sparkfleet.fleet.rollout import Unit, batches, unit_name, units
+from sparkfleet.fleet.rollout import Unit, baseline_now, batches, speed_gate, speed_summary, unit_name, units
+from sparkfleet.fleet.speed import SpeedCheck
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.upgrade import REBOOT_OP, REFUSED_OP, Simulation, UpgradeSimulation, needs_reboot
-
-# (the hosts that passed the health gate) -> {host: why it is too slow}; the lead's speed gate plugs in here
-SpeedGate = Callable[[list[str]], dict[str, str]]
-
 
 @dataclass
 class HostSurvey:
@@ -69,6 +69,7 @@ class UpgradeReport:
     group: str | None = None
     batch: int | None = None
     out_of_rotation_s: float | None = None  # a front door's backend: from its drain to its return; None: not back
+    speed: dict | None = None  # the canary's speed gate (SpeedCheck.to_dict); None: not measured here
 
     @property
     def ok(self) -> bool:
@@ -88,7 +89,7 @@ def judge(step: HostResult, converge: HostResult | None, slow: str | None) -> tu
     if not converge.ok:
         return "failed", f"converge after the upgrade failed: {'; '.join(converge.failed)}; left drained"
     if slow:
-        return "failed", f"speed gate: {slow}; left drained"
+        return "failed", f"speed gate: {slow}; left drained on its new versions"
     return "upgraded", ""
 
 
@@ -115,10 +116,11 @@ def front_doors_last(todo: list[Unit], doors: list[str], log=print) -> list[Unit
 
 def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", canary: bool = False,
             max_fail: int = 0, data: dict | None = None, groups: dict[str, Unit] | None = None,
-            speed_gate: SpeedGate | None = None, log=print) -> list[UpgradeReport]:
+            speed: Any = None, releases: dict[str, str | None] | None = None, log=print) -> list[UpgradeReport]:
     """Upgrade the units that have something to do (`survey`), batch by batch; the rest are reported unchanged.
     The front door drains each unit's first host; a failed unit stays drained, and more than `max_fail` failed units
-    halt the upgrade (the units not reached keep their versions)."""
+    halt the upgrade (the units not reached keep their versions). `speed`: the speed gate (fleet/speed.py
+    SpeedGate), None to skip it; `releases`: each host's installed release id, what its figures are kept under."""
     by_host = {s.host: s for s in surveys}
     todo = [u for u in units([s.host for s in surveys], groups or {}) if any(by_host[h].todo for h in u)]
     reports = [UpgradeReport(s.host, "unchanged") for s in surveys
@@ -128,6 +130,7 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
     door.put_back_stale(log)
     todo = front_doors_last(todo, [name for name, _ in door.doors], log)
     plan = batches(todo, batch, canary) if todo else []
+    judged = plan[0][0] if speed and plan else None  # the canary: the first unit upgraded
     for number, batch_units in enumerate(plan, 1):
         batch_hosts = [h for unit in batch_units for h in unit]
         if failures > max_fail:
@@ -137,20 +140,34 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
         started, drained = time.monotonic(), []
+        check = None
+        if judged in batch_units:
+            release = (releases or {}).get(judged[0])
+            check = SpeedCheck(judged[0], release, release)
+            check.baseline = speed.baseline(judged[0], release)
 
         def drain():  # once the step is planned (the simulation read again), right before its operations run
             drained.append(time.monotonic())
             door.drain([unit[0] for unit in batch_units], log, operation="upgrade")
+            if check and check.baseline is None and check.release:
+                baseline_now(speed, check, log)  # the old platform's figure, before anything is installed
 
         step = run_deploy(inventory, batch_hosts, data, deploy_file="upgrade.py", before_ops=drain)
         ready = [h for unit in batch_units if all(step[m].ok for m in unit) for h in unit]
         converged = run_deploy(inventory, ready, data) if ready else {}
         passed = [h for h in ready if converged[h].ok]
-        slow = speed_gate(passed) if speed_gate and passed else {}
+        slow = {}
+        if check and check.host in passed:
+            halt = speed_gate(speed, check, log, then="halted")
+            if halt:
+                slow[check.host] = halt
         seconds = round(time.monotonic() - started, 1)
         back_in = []
         for unit in batch_units:
             found = unit_reports(unit, by_host, step, converged, slow, seconds, number)
+            if check and unit == judged:
+                check.line = check.line or f"{check.host}: not measured: {found[0].result} ({found[0].detail})"
+                found[0].speed = check.to_dict()
             if all(r.ok for r in found):
                 back_in.append(unit[0])
             else:
@@ -167,8 +184,9 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
     return sorted(reports, key=lambda r: order[r.host])
 
 
-def report_json(reports: list[UpgradeReport]) -> dict:
-    return {"hosts": [asdict(r) for r in reports], "ok": all(r.ok for r in reports)}
+def report_json(reports: list[UpgradeReport], speed_skipped: bool = False) -> dict:
+    return {"hosts": [asdict(r) for r in reports], "speed_gate": speed_summary(reports, speed_skipped),
+            "ok": all(r.ok for r in reports)}
 
 
 def survey_json(surveys: list[HostSurvey]) -> dict:

@@ -105,7 +105,7 @@ def test_judge_names_the_step_that_failed():
     assert judge(HostResult("a"), HostResult("a", failed=["health"]), None) == (
         "failed", "converge after the upgrade failed: health; left drained")
     assert judge(HostResult("a"), HostResult("a"), "12 tokens/s < 40") == (
-        "failed", "speed gate: 12 tokens/s < 40; left drained")
+        "failed", "speed gate: 12 tokens/s < 40; left drained on its new versions")
     assert judge(HostResult("a"), None, None)[0] == "failed"  # its group's other member failed its step
     assert judge(HostResult("a", changed=[REBOOT_OP]), HostResult("a"), None) == ("upgraded", "")
 
@@ -166,18 +166,37 @@ def test_max_fail_lets_the_upgrade_go_on_past_a_failure(monkeypatch):
     assert ("ready", []) in calls and ("ready", ["b"]) in calls
 
 
-def test_the_speed_gate_is_asked_about_the_hosts_that_passed_the_health_gate(monkeypatch):
-    asked = []
+def test_a_canary_slower_on_its_new_platform_stays_drained_and_the_upgrade_halts(monkeypatch):
+    """The rollout's speed gate on the upgrade's canary: its release's kept figure against the new platform's."""
+    from sparkfleet.contract.speed import Figures
 
-    def gate(hosts):
-        asked.append(hosts)
-        return {"b": "too slow"}
+    from .test_rollout import FakeGate
 
-    calls = fake_fleet(monkeypatch, converges={"a": HostResult("a", failed=["vLLM up"])})
-    reports = upgrade("inv.py", surveys("a", "b"), batch="2", max_fail=5, speed_gate=gate, log=lambda m: None)
-    assert asked == [["b"]]
-    assert [r.result for r in reports[:2]] == ["failed", "failed"] and "speed gate: too slow" in reports[1].detail
-    assert calls[-1] == ("ready", [])
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", False): Figures(30.1, 121.0)}, kept={("a", "r1"): Figures(50.2, 119.0)})
+    logged = []
+    reports = upgrade("inv.py", surveys("a", "b"), speed=gate, releases={"a": "r1", "b": "r1"}, log=logged.append)
+    assert calls == [("drain", ["a"]), ("upgrade.py", ["a"]), ("deploy.py", ["a"]), ("measure", "a"), ("ready", [])]
+    halt = "a: decode 30.1 tok/s vs 50.2 before (-40 %), over rollout_max_regression 10 %: halted"
+    assert logged[-1] == f"a: failed: speed gate: {halt}; left drained on its new versions"
+    assert [(r.host, r.result) for r in reports] == [("a", "failed"), ("b", "not reached"), ("c", "unchanged")]
+    assert reports[0].detail == f"speed gate: {halt}; left drained on its new versions"
+    assert reports[0].speed["verdict"] == "regressed" and gate.written == {"a": {"r1": Figures(30.1, 121.0)}}
+
+
+def test_an_upgrade_canary_without_a_kept_figure_is_measured_on_its_old_platform_first(monkeypatch):
+    from sparkfleet.contract.speed import Figures
+
+    from .test_rollout import FakeGate
+
+    calls = fake_fleet(monkeypatch)
+    gate = FakeGate(calls, {("a", True): Figures(50.0, 110.0), ("a", False): Figures(49.5, 112.0)})
+    reports = upgrade("inv.py", surveys("a", "b"), batch="2", speed=gate, releases={"a": "r1"}, log=lambda m: None)
+    assert calls[:4] == [("drain", ["a", "b"]), ("measure running", "a"), ("upgrade.py", ["a", "b"]),
+                         ("deploy.py", ["a", "b"])] and ("measure", "b") not in calls  # the canary alone
+    assert [r.result for r in reports[:2]] == ["upgraded", "upgraded"]
+    assert reports[0].speed["verdict"] == "passed" and reports[0].speed["baseline"]["source"] == "measured now"
+    assert upgrade_module.report_json(reports)["speed_gate"]["checks"] == [reports[0].speed]
 
 
 def test_a_group_is_one_unit_and_a_failed_step_on_a_member_skips_the_converge_of_all(monkeypatch):
