@@ -86,6 +86,8 @@ def test_upgrade_refused_at_the_canary_then_a_new_driver_everywhere_with_one_reb
         assert [(h["host"], h["result"], h["changes"], h["rebooted"]) for h in report["hosts"]] == \
             [(h, "upgraded", [PACKAGE_CHANGE], True) for h in HOSTS]
         assert drivers(sim_fleet) == {h: NEW for h in HOSTS}
+        [check] = report["speed_gate"]["checks"]  # the canary's release on the new driver against the old one's
+        assert (check["host"], check["verdict"]) == (canary, "passed"), check
         assert boots() == {h: n + 1 for h, n in started.items()}
         assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
         assert len(probe.results) >= 20, len(probe.results)
