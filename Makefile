@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 HOSTS ?= 3
 # the simulated fleets `make e2e` runs on at once, one pytest-xdist worker each ("default": `python -m sim`'s)
-E2E_FLEETS ?= default,b
+E2E_FLEETS ?= default,b,c
 comma := ,
 
 .PHONY: venv demo test unit unit-offline install-check e2e down

@@ -1,9 +1,9 @@
 """One simulated fleet for every end-to-end test: brought up clean once per run.
 
 Tests that break something (a GPU fault knob, a reboot) repair it before they end.
-Under pytest-xdist (`make e2e`: `-n 2`) each worker has a fleet of its own, the
+Under pytest-xdist (`make e2e`: `-n 3`) each worker has a fleet of its own, the
 fleets of SPARKFLEET_E2E_FLEETS in worker order ("default" is `python -m sim`'s;
-default: "default,b"), and the modules go to the workers whole, longest first.
+default: "default,b,c"), and the modules go to the workers whole, longest first.
 Without xdist the tests use SPARKFLEET_SIM_FLEET's fleet (unset: the default one).
 """
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "inventory/sim.py"
 HOSTS = ("spark-1", "spark-2", "spark-3")
 # minutes each module took in a clean-clone CI run, its fleet's setup included (the slowest first to a worker:
-# the two fleets finish about together); others 1
+# the fleets finish about together); others 1
 MODULE_MINUTES = {"test_tensor_parallel.py": 12.8, "test_serving.py": 11.5, "test_front_door.py": 9.1,
                   "test_rollout.py": 4.6, "test_deploy.py": 2.0, "test_model_distribution.py": 1.6,
                   "test_rag.py": 3.3, "test_sim_ray.py": 1.4, "test_install.py": 4.0, "test_hostile_host.py": 1.1,
@@ -43,7 +43,7 @@ def worker_fleet(worker: str | None, fleets: str) -> str | None:
     return names[n]
 
 
-_FLEET = worker_fleet(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("SPARKFLEET_E2E_FLEETS", "default,b"))
+_FLEET = worker_fleet(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("SPARKFLEET_E2E_FLEETS", "default,b,c"))
 if _FLEET is not None:  # before anything imports sim.fleet, and inherited by pyinfra, tools and tests/infra
     os.environ["SPARKFLEET_SIM_FLEET"] = _FLEET
 if os.environ.get("SPARKFLEET_SIM_FLEET", "default") not in ("", "default"):
