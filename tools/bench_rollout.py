@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tools.bench_converge import sim, throttle
@@ -63,25 +64,27 @@ def host_shell(container: str, command: str) -> str:
 
 
 class DoorWatch:
-    """The front door's backend states polled on a thread: each host's seconds out of rotation (first departure to
-    its return)."""
+    """A front door's backend states (`show_stat`: HAProxy's `show stat` text) polled every 0.5 s on a thread: when
+    each backend first left `in` and when it came back (time.time), `on_first_departure` called at the first."""
 
-    def __init__(self, door_container: str):
-        self.container = door_container
+    def __init__(self, show_stat: Callable[[], str], on_first_departure: Callable[[], None] | None = None):
+        self.show_stat, self.on_first_departure = show_stat, on_first_departure
         self.left: dict[str, float] = {}
         self.back: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from sparkfleet.fleet.front_door import backend_states, runtime_command
+        from sparkfleet.fleet.front_door import backend_states
 
         while not self.stop.wait(0.5):
-            now = time.monotonic()
-            for host, found in backend_states(host_shell(self.container, runtime_command("show stat"))).items():
-                if found["state"] != "in":
-                    self.left.setdefault(host, now)
-                elif host in self.left:
+            now = time.time()
+            for host, found in backend_states(self.show_stat()).items():
+                if found["state"] != "in" and host not in self.left:
+                    if not self.left and self.on_first_departure:
+                        self.on_first_departure()
+                    self.left[host] = now
+                elif found["state"] == "in" and host in self.left:
                     self.back.setdefault(host, now)
 
     def __enter__(self):
@@ -92,8 +95,15 @@ class DoorWatch:
         self.stop.set()
         self.thread.join(30)
 
-    def out_s(self) -> dict[str, float | None]:
-        return {h: round(self.back[h] - t, 1) if h in self.back else None for h, t in sorted(self.left.items())}
+    def out_s(self) -> dict[str, float]:
+        """Each departed host's seconds out of rotation (inf: not back)."""
+        return {h: round(self.back.get(h, float("inf")) - t, 1) for h, t in sorted(self.left.items())}
+
+
+def show_stat(container: str) -> Callable[[], str]:
+    from sparkfleet.fleet.front_door import runtime_command
+
+    return lambda: host_shell(container, runtime_command("show stat"))
 
 
 def before(hosts: list[str]) -> None:
@@ -132,7 +142,7 @@ def measure(n: int, fetch_s: float) -> dict:
             sparkfleet("update", INVENTORY)
             throttle(bps)
             started = time.monotonic()
-            with DoorWatch(containers[names[0]]) as watch:
+            with DoorWatch(show_stat(containers[names[0]])) as watch:
                 roll(names)
             found[mode] = {"total_s": round(time.monotonic() - started, 1), "out_of_rotation_s": watch.out_s()}
             throttle(None)
@@ -154,7 +164,7 @@ def print_table(rows: list[dict], fetch_s: float) -> None:
     for row in rows:
         for mode in ("before", "staged"):
             out = row[mode]["out_of_rotation_s"]
-            worst = max((v for v in out.values() if v is not None), default=None)
+            worst = max(out.values(), default=None)
             per_host = ", ".join(f"{h} {v}" for h, v in out.items())
             print(f"{row['hosts']:>5}  {mode:<7} {row[mode]['total_s']:>8.1f}  {per_host:<40} {worst!s:>6}")
 

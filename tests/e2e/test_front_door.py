@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from sparkfleet.contract.paths import VERIFIED_RECORD
+from tools import bench_rollout
 
 from .conftest import HOSTS, ROOT, api_port, container, converge, fleet_out_of_step, ssh
 
@@ -144,42 +145,18 @@ class Probe:
         return [r for r in self.results if not r[1]]
 
 
-class DoorWatch:
-    """spark-1's front door polled on a thread (HAProxy's `show stat`, every 0.5 s): when each backend left `in`
-    and came back, and the sim hub's byte count at the first departure."""
+class DoorWatch(bench_rollout.DoorWatch):
+    """spark-1's front door polled on a thread (tools/bench_rollout.py's watch, over SSH), and the sim hub's byte
+    count at the first departure."""
 
     def __init__(self, state: dict, hub: str):
-        self.state, self.hub = state, hub
-        self.left: dict[str, float] = {}
-        self.back: dict[str, float] = {}
-        self.hub_bytes_at_first_drain: int | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        from sparkfleet.fleet.front_door import runtime_command
 
-    def _run(self) -> None:
-        from sparkfleet.fleet.front_door import backend_states, runtime_command
+        super().__init__(lambda: ssh(state, "spark-1", runtime_command("show stat"), check=False), self._first)
+        self.hub, self.hub_bytes_at_first_drain = hub, None
 
-        while not self.stop.wait(0.5):
-            states = backend_states(ssh(self.state, "spark-1", runtime_command("show stat"), check=False))
-            now = time.time()
-            for host, found in states.items():
-                if found["state"] != "in" and host not in self.left:
-                    if not self.left:
-                        self.hub_bytes_at_first_drain = hub_bytes(self.hub)
-                    self.left[host] = now
-                elif found["state"] == "in" and host in self.left and host not in self.back:
-                    self.back[host] = now
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(30)
-
-    def out_s(self) -> dict[str, float]:
-        return {h: round(self.back.get(h, float("inf")) - t, 1) for h, t in self.left.items()}
+    def _first(self) -> None:
+        self.hub_bytes_at_first_drain = hub_bytes(self.hub)
 
 
 def hub_bytes(hub: str) -> int:
