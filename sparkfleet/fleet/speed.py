@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings
 from sparkfleet.contract.speed import Figures, parse_record, render_record
+from sparkfleet.fleet.converge import host_said
 
 MEASURE = {"concurrency": [1, 4], "max_tokens": 32, "requests_per_level": 4, "think": False, "timeout_s": 60.0}
 NOISE_DECODE_TOKENS_PER_S = 1.0  # a drop below this is noise, whatever its share
@@ -159,7 +160,8 @@ def reach(name: str, s: Settings, data: dict):
         deadline = time.monotonic() + FORWARD_WAIT_S
         while True:
             if tunnel.poll() is not None:
-                raise ReachError(f"ssh forward to {name} failed: {tunnel.stderr.read().decode(errors='replace')[-300:]}")
+                said = host_said(tunnel.stderr.read().decode(errors="replace").splitlines())  # a host's banner too
+                raise ReachError(f"ssh forward to {name} failed: {' / '.join(said)}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break

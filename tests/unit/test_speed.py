@@ -139,7 +139,8 @@ class FakeForward:
         import socket
 
         self.command, self.fail, self.terminated = command, fail, False
-        self.stderr = io.BytesIO(b"channel 0: open failed: administratively prohibited")
+        self.stderr = io.BytesIO(b"\x1b]0;a host's banner\x07Welcome\nchannel 0: open failed: administratively "
+                                 b"prohibited")
         local = command[command.index("-L") + 1].split(":")
         self.listener = None
         if not fail:
@@ -184,6 +185,8 @@ def test_a_forward_that_fails_is_a_reach_error_not_the_engines(monkeypatch):
 
     monkeypatch.setattr(speed.subprocess, "Popen", lambda command, **kw: FakeForward(command, fail=True))
     loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
-    with pytest.raises(speed.ReachError, match="ssh forward to spark-1 failed: .*administratively prohibited"):
+    with pytest.raises(speed.ReachError) as raised:
         with speed.reach("spark-1", loopback, {}):
             pass
+    assert str(raised.value) == ("ssh forward to spark-1 failed: ]0;a host's bannerWelcome / channel 0: open failed: "
+                                 "administratively prohibited")  # what the host printed, without its escapes
