@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sparkfleet.release import image as image_mod
-from sparkfleet.release.image import ImageError, archive_image_id, parse_image, pin_image, registry_digest
+from sparkfleet.release.image import ImageError, archive_image_id, parse_image, registry_digest
 from sparkfleet.release.plan import plan_hosts
 from tests.unit.helpers import host_data
 

@@ -138,7 +138,7 @@ def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, 
     assert fd.Route("model_0", "sim-qwen", "chat", ()).check == (
         "POST", "/v1/probe-here", json.dumps(want[1], separators=(",", ":")))
     door = fd.FrontDoor("spark-1", parse_settings("spark-1", host_data(served_model_name="sim-qwen")), (), KEY)
-    assert f"http-check send meth POST uri /v1/probe-here ver HTTP/1.1 " in door.config()
+    assert "http-check send meth POST uri /v1/probe-here ver HTTP/1.1 " in door.config()
     assert "body '" + json.dumps(want[1], separators=(",", ":")) + "'" in door.config()
 
     from sparkfleet.fleet.status import host_status
