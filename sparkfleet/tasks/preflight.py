@@ -96,10 +96,15 @@ def read_group(group) -> list[str]:
     return run_of(state).once("pair preflight", group.name, read)
 
 
+def failing(name: str, lines: list[str]) -> None:
+    """An operation that prints `lines` on stderr (what the report shows of a failed step) and fails, so nothing
+    after it runs on this host."""
+    server.shell(name=name, commands=["printf '%s\\n' " + " ".join(shlex.quote(p) for p in lines) + " >&2; exit 1"])
+
+
 def stop(lines: list[str], what: str):
     """The host's one operation: print every problem and fail, so nothing after it runs on this host."""
-    server.shell(name=f"Preflight failed: {what} is left untouched",
-                 commands=["printf '%s\\n' " + " ".join(shlex.quote(p) for p in lines) + " >&2; exit 1"])
+    failing(f"Preflight failed: {what} is left untouched", lines)
 
 
 @deploy("Preflight")

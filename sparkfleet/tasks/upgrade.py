@@ -3,8 +3,6 @@ kernel or driver a refused_* setting names (before anything is installed), `apt-
 reboot when a kernel or driver changed or the host asks for one (pyinfra's server.reboot waits for SSH again).
 The converge and its health gate come after, in their own run (deploy.py): its facts are read after the reboot."""
 
-import shlex
-
 from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import server
@@ -24,14 +22,14 @@ from sparkfleet.host.upgrade import (
 )
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.platform import platform
+from sparkfleet.tasks.preflight import failing
 
 REBOOT_TIMEOUT_S = 900  # a Spark's firmware and DGX OS boot in a few minutes
 
 
 def refuse(lines: list[str]) -> None:
     """The host's last operation: print why and fail, so nothing is installed and the host stays as it was."""
-    server.shell(name=f"{REFUSED_OP}: {'; '.join(lines)}",
-                 commands=["printf '%s\\n' " + " ".join(shlex.quote(line) for line in lines) + " >&2; exit 1"])
+    failing(f"{REFUSED_OP}: {'; '.join(lines)}", lines)
 
 
 @deploy("Platform upgrade")
