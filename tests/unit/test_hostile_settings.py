@@ -415,6 +415,8 @@ def test_systemd_quote_keeps_one_argument():
     ("front_door_port", 70000), ("gpu_device_mode", "cdi; reboot"), ("watchdog", "sometimes"),
     ("min_toolkit_version", "1.18\n; reboot"), ("front_door_tls_cert", "relative/cert.pem"),
     ("controller_front_door_url", "ftp://door.lan"),
+    ("rollout_max_regression", 1), ("rollout_max_regression", -0.1), ("rollout_max_regression", "0.1; reboot"),
+    ("rollout_max_regression", float("nan")),
 ])
 def test_service_settings_out_of_range_refused(plan_settings, key, value):
     refused(plan_settings, key, "is invalid", **{key: value})
