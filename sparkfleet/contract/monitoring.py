@@ -1,0 +1,62 @@
+"""What the monitoring hosts, the Sparks, the front doors and the controller agree on: where each exporter answers,
+the paths Prometheus scrapes over the LAN (always behind the backend key), the files the textfile collector reads
+and the names of the metrics sparkfleet itself writes. One place, so the scrape config, the alert rules, the status
+page, the guard, the front door and `status` cannot drift apart.
+"""
+
+from sparkfleet.contract import paths
+
+GROUP = "monitoring"  # the inventory group whose hosts run Prometheus
+SERVICE_GROUPS = frozenset({"front_door", GROUP})  # a host in only these (and "all") is a service host, not a Spark
+
+# Prometheus on a monitoring host: its own unit (Debian's prometheus.service stays off), loopback only.
+PROMETHEUS_UNIT_NAME = "sparkfleet-prometheus.service"
+PROMETHEUS_UNIT_PATH = paths.unit_path(PROMETHEUS_UNIT_NAME)
+PROMETHEUS_DIR = f"{paths.CONFIG_DIR}/prometheus"
+PROMETHEUS_CONFIG = f"{PROMETHEUS_DIR}/prometheus.yml"
+PROMETHEUS_RULES = f"{PROMETHEUS_DIR}/alerts.yml"
+PROMETHEUS_CONSOLES = f"{PROMETHEUS_DIR}/consoles"  # the office status page (a console template)
+PROMETHEUS_KEY = f"{PROMETHEUS_DIR}/backend.key"  # 0600, owned by prometheus: the key its scrapes send
+PROMETHEUS_DATA = f"{paths.STATE_DIR}/prometheus"
+PROMETHEUS_USER = "prometheus"  # Debian's package makes it
+STATUS_PAGE = "/consoles/sparkfleet.html"  # where Prometheus serves the page (the front door maps /status to it)
+
+# On every Spark: Debian's node exporter, its own unit on loopback (Debian's listens on every address), its
+# textfile collector reading TEXTFILE_DIR, which a timer fills with the GB10's and the watchdog's state.
+NODE_EXPORTER_UNIT_NAME = "sparkfleet-node-exporter.service"
+NODE_EXPORTER_UNIT_PATH = paths.unit_path(NODE_EXPORTER_UNIT_NAME)
+NODE_EXPORTER_PORT = 9100  # on 127.0.0.1; the guard answers NODE_METRICS_PATH on the API port
+TEXTFILE_DIR = f"{paths.STATE_DIR}/textfile"
+TEXTFILE_UNIT = "sparkfleet-textfile.service"
+TEXTFILE_TIMER = "sparkfleet-textfile.timer"
+TEXTFILE = f"{paths.BIN_DIR}/sparkfleet-textfile"
+
+# What Prometheus asks over the LAN, every path with the backend key (a caller without it gets 401).
+ENGINE_METRICS_PATH = "/metrics"  # on each engine's API port, through the guard
+NODE_METRICS_PATH = "/node/metrics"  # on the host's API port, through the guard: the node exporter
+FRONT_DOOR_METRICS_PATH = "/haproxy/metrics"  # on the front door's port: HAProxy's own exporter (promex)
+USAGE_METRICS_PATH = "/usage/metrics"  # on the front door's port: per-user usage
+
+# The metrics sparkfleet writes (textfile collector and front door), by what they mean.
+GPU_METRICS = {
+    "sparkfleet_gpu_reading_ok": "1 when nvidia-smi answered and its fields were read, else 0",
+    "sparkfleet_gpu_sm_clock_mhz": "the SM clock now",
+    "sparkfleet_gpu_sm_clock_max_mhz": "the SM clock's maximum",
+    "sparkfleet_gpu_power_draw_watts": "the power drawn now",
+    "sparkfleet_gpu_temperature_celsius": "the GPU's temperature",
+    "sparkfleet_gpu_throttle_active": "1 per throttle reason (label reason) the driver reports active",
+}
+WATCHDOG_METRICS = {
+    "sparkfleet_watchdog_gave_up": "1 per unit (label unit) the watchdog stopped restarting",
+    "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
+}
+USAGE_METRICS = {
+    "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
+    "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",
+    "sparkfleet_user_bytes_in_total": "request bytes per user",
+    "sparkfleet_user_bytes_out_total": "response bytes per user",
+    "sparkfleet_user_in_flight": "requests in flight per user",
+    "sparkfleet_user_prompt_tokens_total": "prompt tokens the engines reported (usage) per user and model",
+    "sparkfleet_user_completion_tokens_total": "completion tokens the engines reported per user and model",
+    "sparkfleet_user_limited_total": "requests refused with 429 per user",
+}
