@@ -22,6 +22,7 @@ demo: venv
 
 ## Unit tests, then end-to-end tests against the simulated fleets.
 test: venv
+	@bash sim/bootstrap.sh
 	$(MAKE) --no-print-directory unit
 	$(PY) -m pytest tests/sim -n 2 -q -p no:cacheprovider
 	$(MAKE) --no-print-directory e2e
