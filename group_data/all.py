@@ -121,7 +121,10 @@ watchdog_window_s = 1800  # the window watchdog_max_restarts counts in
 
 # --- Front door: HAProxy on the hosts of the inventory group `front_door` ----------
 front_door_port = 8080  # one URL for the office: http(s)://<front door>:8080/v1
-front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 characters), 0600 on the host
+front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 characters), 0600 on the host;
+#                       a value may be {"key": ..., "requests_per_minute": N, "max_concurrent": M} (limits of their own)
+front_door_requests_per_minute = None  # fair share: a user's requests a minute before 429 (Retry-After: 60); None = no limit
+front_door_max_concurrent = None  # fair share: a user's requests at once before 429 (Retry-After: 1); None = no limit
 controller_front_door_url = None  # where the controller reaches it (status, bench); None = ssh_hostname:port
 controller_front_door_ca = None  # a PEM file status trusts for the front door's https; None = the system's CAs
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https

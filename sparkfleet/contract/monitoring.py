@@ -36,6 +36,8 @@ ENGINE_METRICS_PATH = "/metrics"  # on each engine's API port, through the guard
 NODE_METRICS_PATH = "/node/metrics"  # on the host's API port, through the guard: the node exporter
 FRONT_DOOR_METRICS_PATH = "/haproxy/metrics"  # on the front door's port: HAProxy's own exporter (promex)
 USAGE_METRICS_PATH = "/usage/metrics"  # on the front door's port: per-user usage
+USAGE_TABLE = "sparkfleet_usage"  # the front door's stick table, by user name (files/sparkfleet-usage.lua reads it)
+USAGE_NO_MODEL, USAGE_OTHER_MODEL = "_none", "_other"  # model labels: none in the request, not a served name
 
 # The metrics sparkfleet writes (textfile collector and front door), by what they mean.
 GPU_METRICS = {

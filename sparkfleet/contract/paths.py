@@ -105,6 +105,8 @@ FRONT_DOOR_DIR = f"{CONFIG_DIR}/front-door"
 FRONT_DOOR_CONFIG = f"{FRONT_DOOR_DIR}/haproxy.cfg"
 FRONT_DOOR_USERS_MAP = f"{FRONT_DOOR_DIR}/users.map"  # 0600: "<key> <user>" lines
 FRONT_DOOR_BACKEND_MAP = f"{FRONT_DOOR_DIR}/backend.map"  # 0600: the engines' Authorization header
+FRONT_DOOR_LIMITS_MAP = f"{FRONT_DOOR_DIR}/limits.map"  # 0600: "<user> <requests a minute>:<at once>" (0: none)
+FRONT_DOOR_USAGE_LUA = f"{FRONT_DOOR_DIR}/sparkfleet-usage.lua"  # files/sparkfleet-usage.lua: /usage/metrics
 FRONT_DOOR_TLS_PEM = f"{FRONT_DOOR_DIR}/tls.pem"  # 0600: certificate and key, as HAProxy reads them
 FRONT_DOOR_RUNTIME_NAME = "sparkfleet-front-door"  # systemd's RuntimeDirectory= and StateDirectory= name
 FRONT_DOOR_SOCKET = f"/run/{FRONT_DOOR_RUNTIME_NAME}/admin.sock"

@@ -234,6 +234,25 @@ def _secret():
     return Field(repr=False, json_schema_extra={"secret": True})
 
 
+class FrontDoorUser(BaseModel):
+    """A front door user: their key and, where set, limits of their own (else the fleet-wide
+    front_door_requests_per_minute and front_door_max_concurrent). A plain key string stands for {key}."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, hide_input_in_errors=True)
+
+    key: UserKey = _secret()
+    requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+
+
+def _user_entry(value: Any) -> Any:
+    """A user's value may stay a key string: it becomes {key: value} (limits from the fleet-wide defaults)."""
+    return {"key": value} if isinstance(value, str) else value
+
+
+UserEntry = Annotated[FrontDoorUser, BeforeValidator(_user_entry)]
+
+
 ServiceName = Annotated[str, _grammar(r"[a-z][a-z0-9-]{0,30}", "a service name: lower-case letters, digits and '-', "
                                                               "starting with a letter, at most 31 characters")]
 
@@ -347,7 +366,9 @@ class Settings(BaseModel):
     watchdog_max_restarts: int = Field(ge=1, le=100)
     watchdog_window_s: int = Field(ge=60)
     front_door_port: int = Field(ge=1, le=65535)
-    front_door_users: dict[Name, UserKey] = _secret()
+    front_door_users: dict[Name, UserEntry] = _secret()
+    front_door_requests_per_minute: int | None = Field(ge=1, le=1_000_000)
+    front_door_max_concurrent: int | None = Field(ge=1, le=100_000)
     controller_front_door_url: Url | None
     controller_front_door_ca: AbsPath | None
     front_door_tls_cert: AbsPath | None
@@ -364,6 +385,18 @@ class Settings(BaseModel):
             return ipaddress.ip_address(self.api_host).is_loopback
         except ValueError:
             return False
+
+    @property
+    def front_door_keys(self) -> dict[str, str]:
+        """{user name: key} of the front door's users."""
+        return {name: user.key for name, user in self.front_door_users.items()}
+
+    def front_door_limits(self) -> dict[str, tuple[int | None, int | None]]:
+        """{user name: (requests per minute, concurrent requests)}: the user's own, else the fleet-wide default;
+        None is no limit."""
+        return {name: (u.requests_per_minute or self.front_door_requests_per_minute,
+                       u.max_concurrent or self.front_door_max_concurrent)
+                for name, u in self.front_door_users.items()}
 
     @property
     def controller_endpoint(self) -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.contract import paths, serving
+from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
@@ -116,10 +116,26 @@ class FrontDoor:
             tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE,
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
-            chat_check=serving.http_check("chat", self.settings.served_model_name))
+            chat_check=serving.http_check("chat", self.settings.served_model_name),
+            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage())
+
+    def usage(self) -> dict:
+        """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
+        the refusals and the served names a request's model is counted under (any other is _other)."""
+        models = sorted({self.settings.served_model_name, *(r.served_name for r in self.routes)})
+        return {"lua": paths.FRONT_DOOR_USAGE_LUA, "table": monitoring.USAGE_TABLE,
+                "path": monitoring.USAGE_METRICS_PATH, "rate_429": haproxy.RATE_429,
+                "at_once_429": haproxy.AT_ONCE_429, "models": [haproxy.token(m, "served model name") for m in models]}
 
     def users_map(self) -> str:
-        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
+        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_keys.items()))
+
+    def limits_map(self) -> str:
+        """Each user's limits, "<name> <requests a minute>:<at once>" (0: none), as the fair-share block reads
+        them; a user without limits has no line."""
+        return "".join(f"{name} {rate or 0}:{at_once or 0}\n"
+                       for name, (rate, at_once) in sorted(self.settings.front_door_limits().items())
+                       if rate or at_once)
 
     def backend_map(self) -> str:
         return f"{BACKEND} Bearer {self.api_key}\n"
@@ -182,7 +198,7 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     if len(keys) > 1:
         problems.append(f"{host}: the backends of {s.served_model_name!r} have different `api_key`s: the front "
                         "door sends one; set one api_key for them all (e.g. in group_data)")
-    users = s.front_door_users
+    users = s.front_door_keys
     if len(set(users.values())) < len(users):
         problems.append(f"{host}: setting `front_door_users`: two users share one key: give each their own")
     if keys & set(users.values()):
@@ -785,4 +801,4 @@ def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str
     user = user or min(s.front_door_users)
     if user not in s.front_door_users:
         raise KeyError(f"{name}: no user {user!r} in front_door_users")
-    return front_door_url(s, data), s.served_model_name, s.front_door_users[user]
+    return front_door_url(s, data), s.served_model_name, s.front_door_users[user].key

@@ -23,6 +23,11 @@ METRICS = "/metrics"
 USER = "haproxy"  # Debian's package creates it and its empty chroot (paths.HAPROXY_CHROOT)
 UNIT_TEMPLATE = "sparkfleet-haproxy.service.j2"
 AUTH_401 = ('\'{"error":{"message":"invalid or missing API key","type":"AuthenticationError","code":401}}\'')
+# Fair share's refusals (the openai client raises RateLimitError on 429)
+RATE_429 = ('\'{"error":{"message":"too many requests a minute for this user: retry after 60 s",'
+            '"type":"RateLimitError","code":429}}\'')
+AT_ONCE_429 = ('\'{"error":{"message":"too many requests at once for this user: retry after 1 s",'
+               '"type":"RateLimitError","code":429}}\'')
 NOT_FOUND_404 = '\'{"error":{"message":"not found","type":"NotFoundError","code":404}}\''
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
 

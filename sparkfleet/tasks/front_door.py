@@ -13,6 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
+from sparkfleet import FILES_DIR
 from sparkfleet.contract import paths, serving
 from sparkfleet.fleet.front_door import controller_name, front_door_plan, put_back_command, stale_holds
 from sparkfleet.fleet.inventory import DeployRefused
@@ -39,6 +40,10 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
         secret_file(name="Front door users (root-only)", dest=paths.FRONT_DOOR_USERS_MAP, content=door.users_map()),
         secret_file(name="Front door key for the engines (root-only)", dest=paths.FRONT_DOOR_BACKEND_MAP,
                     content=door.backend_map()),
+        managed_file(name="Front door users' limits (root-only)", content=door.limits_map(),
+                     dest=paths.FRONT_DOOR_LIMITS_MAP, mode="0600"),
+        managed_file(name="Front door usage counters (Lua)", src=str(FILES_DIR / "sparkfleet-usage.lua"),
+                     dest=paths.FRONT_DOOR_USAGE_LUA, mode="0600"),
     ]
     if door.tls:
         changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=paths.FRONT_DOOR_TLS_PEM,

@@ -198,6 +198,17 @@ def start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
+def door_files(door, directory: Path) -> None:
+    """A front door's files as its stage writes them, into `directory` (its FRONT_DOOR_DIR moved there): the maps
+    and the usage Lua file."""
+    from sparkfleet.contract import paths
+
+    for dest, content in ((paths.FRONT_DOOR_USERS_MAP, door.users_map()), (paths.FRONT_DOOR_BACKEND_MAP, door.backend_map()),
+                          (paths.FRONT_DOOR_LIMITS_MAP, door.limits_map()),
+                          (paths.FRONT_DOOR_USAGE_LUA, (ROOT / "files" / "sparkfleet-usage.lua").read_text())):
+        (Path(directory) / Path(dest).name).write_text(content)
+
+
 class RecordingDoor:
     """FrontDoorRuntime for a fleet command's tests: its drains and returns appended to `calls`, in order, each drain
     checked to be held by `operation` (test_front_door_holds)."""

@@ -249,15 +249,14 @@ with socket.socket(socket.AF_UNIX) as s:
 def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
     if not shutil.which("haproxy"):
         pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
-    from .helpers import start_haproxy
+    from .helpers import door_files, start_haproxy
 
     (door_dir / "bin" / "socat").write_text(LIVE_SOCAT.format(python=sys.executable))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     door = fd.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {}}))
-    (door_dir / "users.map").write_text(door.users_map())
-    (door_dir / "backend.map").write_text(door.backend_map())
+    door_files(door, door_dir)
     # the socket and the state file are door_dir's already (the fixture); the maps move there too
     moved = {paths.FRONT_DOOR_DIR: str(door_dir), f"bind :{door.settings.front_door_port}": f"bind 127.0.0.1:{port}"}
     config = door.config()

@@ -14,7 +14,7 @@ from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
-from .helpers import KEY, Server, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, Server, host_data, make_model, door_files, start_haproxy, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 NAME = "Qwen3.5-35B-A3B"
@@ -96,8 +96,9 @@ def test_a_door_without_users_may_speak_plain_http():
 def test_the_key_and_the_path_are_decided_before_any_body_is_read():
     lines = [line.strip() for line in fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).config().splitlines()]
     order = [next(n for n, line in enumerate(lines) if line.startswith(start)) for start in (
-        "http-request set-var(txn.user)", "http-request return status 401", "http-request return status 404",
-        "http-request wait-for-body", "http-request set-var(txn.role0) req.body")]
+        "http-request set-var(txn.user)", "http-request return status 401 content-type application/json string "
+        f"{fd.haproxy.AUTH_401} unless", "http-request return status 404", "http-request track-sc0",
+        "http-request return status 429", "http-request wait-for-body", "http-request set-var(txn.role0) req.body")]
     assert order == sorted(order)
     assert lines[order[2]].endswith("unless { path -m str /v1/chat/completions /v1/completions /v1/models }")
     assert not any("http-buffer-request" in line for line in lines)
@@ -116,7 +117,7 @@ def test_a_backend_without_a_key_is_refused():
 def test_a_short_user_key_is_refused_without_echoing_it():
     with pytest.raises(SettingsError) as exc:
         parse_settings("spark-a", host_data(front_door_users={"carol": "short-key"}))
-    assert exc.value.problems == [("spark-a: setting `front_door_users['carol']` is invalid: must be at least 16 "
+    assert exc.value.problems == [("spark-a: setting `front_door_users['carol']['key']` is invalid: must be at least 16 "
                                    "of letters, digits and . _ ~ + / = -, at most 255 characters; fix it in the "
                                    "inventory or group_data")]
 
@@ -169,8 +170,7 @@ def haproxy_door(tmp_path_factory):
                         door.api_key)
     moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"), paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
-    (tmp / "users.map").write_text(door.users_map())
-    (tmp / "backend.map").write_text(door.backend_map())
+    door_files(door, tmp)
     proc = start_haproxy(door.config(), tmp, moved)
     url = f"http://127.0.0.1:{port}"
     admin = str(tmp / "admin.sock")

@@ -17,11 +17,11 @@ from sparkfleet.fleet import guard as gd
 from sparkfleet.fleet import haproxy
 from sparkfleet.contract import paths
 from sparkfleet.release.plan import plan_hosts
-from sparkfleet.contract.settings import SettingsError
+from sparkfleet.contract.settings import FrontDoorUser, SettingsError
 from tests.conftest import free_port
 
 from . import helpers
-from .helpers import KEY, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, host_data, make_model, door_files, start_haproxy, wait_for
 from .test_tensor_parallel import hub, pair
 
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -257,11 +257,10 @@ def door_over_guard(guarded, tmp_path_factory):
     _, p, _ = guarded
     tmp = tmp_path_factory.mktemp("door")
     door_port = free_port()
-    settings = p.settings.model_copy(update={"front_door_users": {"alice": USER_KEY}, "front_door_allow_http": True,
+    settings = p.settings.model_copy(update={"front_door_users": {"alice": FrontDoorUser(key=USER_KEY)}, "front_door_allow_http": True,
                                              "front_door_port": door_port})
     door = fd.FrontDoor("spark-a", settings, (fd.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
-    (tmp / "users.map").write_text(door.users_map())
-    (tmp / "backend.map").write_text(door.backend_map())
+    door_files(door, tmp)
     proc = start_haproxy(door.config(), tmp, {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
                                                paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
                                                f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"})

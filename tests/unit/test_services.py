@@ -307,8 +307,9 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
     if shutil.which("haproxy"):  # Debian's HAProxy parses it
         (tmp_path / "haproxy.cfg").write_text(config.replace(paths.FRONT_DOOR_DIR, str(tmp_path)).replace(
             paths.FRONT_DOOR_SOCKET, str(tmp_path / "admin.sock")).replace(paths.FRONT_DOOR_STATE_FILE, str(tmp_path / "state")))
-        for name in ("users.map", "backend.map"):
-            (tmp_path / name).write_text("")
+        from .helpers import door_files
+
+        door_files(door, tmp_path)
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True,
                                text=True)
         assert check.returncode == 0, check.stdout + check.stderr

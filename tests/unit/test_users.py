@@ -46,7 +46,7 @@ def test_add_prints_the_key_once_and_the_inventory_reads_it(office, capsys):
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
     assert [p.name for p in secrets.parent.iterdir()] == ["office.json"]  # no partial file left behind
     [(name, data)] = load_hosts(inventory)
-    assert parse_settings(name, data).front_door_users["alice"] == key  # a key the settings accept
+    assert parse_settings(name, data).front_door_keys["alice"] == key  # a key the settings accept
 
 
 def test_list_prints_names_never_keys(office, capsys):
@@ -134,6 +134,6 @@ def test_new_keys_are_fresh_and_fit_the_settings():
     keys = list(doc["users"].values())
     assert len(set(keys)) == 3 and API_KEY not in keys and all(len(k) >= 40 for k in keys)
     s = parse_settings("spark-a", host_data(api_host="0.0.0.0", api_key=API_KEY, front_door_users=doc["users"]))
-    assert s.front_door_users == doc["users"]
+    assert s.front_door_keys == doc["users"]
     rotated, key = users.rotate(doc, "bob")
     assert key != doc["users"]["bob"] and doc["users"]["bob"] == keys[1]  # the input is left as it was

@@ -1,0 +1,91 @@
+"""`sparkfleet usage`: what each front door counted per user and per model (files/sparkfleet-usage.lua), read
+from its /usage/metrics with the backend key at the URL the controller reaches it by.
+
+The answer is host output, so untrusted: read up to MAX_BYTES, parsed by a strict reader of the few lines the
+Lua file writes (the Prometheus text format's comments, and samples of the USAGE_METRICS names with a `user`
+and maybe a `model` label); anything else fails the whole answer. Label values are data: printed as text,
+never markup. The counts are each front door's since its last start or reload.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from sparkfleet.contract import monitoring
+
+MAX_BYTES = 4 * 1024 * 1024  # ~20k (user, model) series; the Lua file caps them at 10k
+MAX_LABEL = 255  # a user name or a served model name is at most this long
+PER_MODEL = ("requests", "errors", "prompt_tokens", "completion_tokens")
+PER_USER = ("bytes_in", "bytes_out", "in_flight", "limited")
+_LABEL = r'"((?:[^"\\\n]|\\[\\"n])*)"'
+_SAMPLE = re.compile(rf'(?P<name>[a-z_]+)\{{user={_LABEL}(?:,model={_LABEL})?\}} (?P<value>[0-9]+(?:\.[0-9]+)?)')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+class UsageError(ValueError):
+    """A front door's usage answer is not what the Lua file writes (the line number says where)."""
+
+
+def field_of(metric: str) -> str:
+    """sparkfleet_user_requests_total -> requests (a USAGE_METRICS name to its field)."""
+    return metric.removeprefix("sparkfleet_user_").removesuffix("_total")
+
+
+FIELDS = {name: field_of(name) for name in monitoring.USAGE_METRICS}
+
+
+def _label(raw: str) -> str:
+    value = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), raw)
+    if len(value) > MAX_LABEL or not value.isprintable():
+        raise ValueError("a label value that no user or model name could be")
+    return value
+
+
+def parse_usage(text: str) -> dict[str, dict]:
+    """/usage/metrics -> {user: {per-user fields, "models": {model: per-model fields}}}; UsageError on any line
+    that is neither a comment nor a sample of a known name with the labels that name takes."""
+    if len(text) > MAX_BYTES:
+        raise UsageError(f"longer than {MAX_BYTES} bytes")
+    users: dict[str, dict] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line or line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        found = _SAMPLE.fullmatch(line)
+        field = FIELDS.get(found.group("name")) if found else None
+        try:
+            if field is None or (found.group(3) is None) != (field in PER_USER):
+                raise ValueError("not a usage sample")
+            user, value = _label(found.group(2)), float(found.group("value"))
+            model = None if found.group(3) is None else _label(found.group(3))
+        except ValueError as exc:
+            raise UsageError(f"line {n}: {exc}") from None
+        if not math.isfinite(value):
+            raise UsageError(f"line {n}: not a finite count")
+        row = users.setdefault(user, empty_user())
+        if model is None:
+            row[field] += int(value)
+        else:
+            counts = row["models"].setdefault(model, dict.fromkeys(PER_MODEL, 0))
+            counts[field] += int(value)
+            row[field] += int(value)
+    return users
+
+
+def empty_user() -> dict:
+    return {**dict.fromkeys(PER_MODEL + PER_USER, 0), "models": {}}
+
+
+def merged(doors: list[dict[str, dict]]) -> dict[str, dict]:
+    """The usage of several front doors (each parse_usage's) summed per user and model."""
+    out: dict[str, dict] = {}
+    for door in doors:
+        for user, row in door.items():
+            into = out.setdefault(user, empty_user())
+            for field in PER_MODEL + PER_USER:
+                into[field] += row[field]
+            for model, counts in row["models"].items():
+                mine = into["models"].setdefault(model, dict.fromkeys(PER_MODEL, 0))
+                for field in PER_MODEL:
+                    mine[field] += counts[field]
+    return out

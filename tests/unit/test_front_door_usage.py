@@ -1,0 +1,220 @@
+"""Per-user usage and fair share at the front door: the real HAProxy with the generated config and
+files/sparkfleet-usage.lua on loopback, in front of a loopback stand-in engine."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from sparkfleet.contract import monitoring, paths
+from sparkfleet.contract.settings import SettingsError, parse_settings
+from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet import usage
+
+from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
+from .test_front_door import NAME, plans
+
+ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
+CAROL, DAVE = "carol-key-0123456789abcdef", "dave-key-0123456789abcdef"
+USERS = {"alice": ALICE, "bob": BOB, "carol": {"key": CAROL, "requests_per_minute": 4},
+         "dave": {"key": DAVE, "max_concurrent": 1}}
+
+
+def door_of(**over) -> fd.FrontDoor:
+    return fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": USERS, **over}}))
+
+
+def test_limits_come_from_the_user_or_the_fleet_defaults():
+    door = door_of(front_door_requests_per_minute=100)
+    assert door.limits_map() == "alice 100:0\nbob 100:0\ncarol 4:0\ndave 100:1\n"
+    assert door_of().limits_map() == "carol 4:0\ndave 0:1\n"
+    assert door.users_map() == f"{ALICE} alice\n{BOB} bob\n{CAROL} carol\n{DAVE} dave\n"
+    for secret in (ALICE, CAROL, KEY):
+        assert secret not in door.limits_map() and secret not in door.config()
+
+
+@pytest.mark.parametrize("users, problem", [
+    ({"carol": {"key": CAROL, "requests_per_minute": 0}}, "front_door_users['carol']['requests_per_minute']"),
+    ({"carol": {"key": CAROL, "max_concurrent": -1}}, "front_door_users['carol']['max_concurrent']"),
+    ({"carol": {"key": CAROL, "burst": 3}}, "front_door_users['carol']['burst']"),
+    ({"carol": {"requests_per_minute": 4}}, "front_door_users['carol']['key']"),
+    ({"carol": {"key": "short"}}, "front_door_users['carol']['key']"),
+])
+def test_bad_limits_are_refused_naming_the_user_and_never_the_key(users, problem):
+    with pytest.raises(SettingsError) as exc:
+        parse_settings("spark-a", host_data(front_door_users=users))
+    assert problem in str(exc.value) and CAROL not in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ['a"b', "a b", "a\nb", "a{b}", "a\\b", "-a", "a,b", "ä"])
+def test_a_user_name_that_would_break_the_metrics_or_the_config_is_refused(name):
+    with pytest.raises(SettingsError):
+        parse_settings("spark-a", host_data(front_door_users={name: ALICE}))
+
+
+def test_the_lua_file_writes_the_contracts_names():
+    lua = (ROOT / "files" / "sparkfleet-usage.lua").read_text()
+    assert set(re.findall(r'"(sparkfleet_user_[a-z_]+)"', lua)) == set(monitoring.USAGE_METRICS)
+    assert f'TABLE = "{monitoring.USAGE_TABLE}"' in lua
+    assert f'"{monitoring.USAGE_NO_MODEL}"' in lua
+    assert f"str({monitoring.USAGE_OTHER_MODEL})" in door_of().config()
+
+
+# --- the parser of /usage/metrics: host output, untrusted ------------------------------------------
+
+GOOD = """# HELP sparkfleet_user_requests_total x
+# TYPE sparkfleet_user_requests_total counter
+sparkfleet_user_requests_total{user="alice",model="Qwen"} 3
+sparkfleet_user_requests_total{user="alice",model="_none"} 1
+sparkfleet_user_prompt_tokens_total{user="alice",model="Qwen"} 30
+sparkfleet_user_bytes_out_total{user="alice"} 900
+sparkfleet_user_in_flight{user="b\\"ob"} 1
+"""
+
+
+def test_usage_is_read_per_user_and_model():
+    users = usage.parse_usage(GOOD)
+    assert users["alice"]["requests"] == 4 and users["alice"]["prompt_tokens"] == 30
+    assert users["alice"]["models"]["Qwen"] == {"requests": 3, "errors": 0, "prompt_tokens": 30,
+                                                "completion_tokens": 0}
+    assert users["alice"]["bytes_out"] == 900 and users['b"ob']["in_flight"] == 1
+    both = usage.merged([users, users])
+    assert both["alice"]["requests"] == 8 and both["alice"]["models"]["Qwen"]["prompt_tokens"] == 60
+
+
+@pytest.mark.parametrize("line", [
+    'sparkfleet_user_requests_total{user="alice"} 3',  # a per-model name without its model
+    'sparkfleet_user_in_flight{user="alice",model="Qwen"} 1',  # a per-user name with one
+    'sparkfleet_user_requests_total{user="al"ice",model="Q"} 3',
+    'sparkfleet_user_requests_total{user="alice",model="Q"} NaN',
+    'sparkfleet_user_requests_total{user="alice",model="Q"} -1',
+    'sparkfleet_user_requests_total{user="alice",model="Q"} 1e999',
+    'other_metric{user="alice"} 1',
+    'sparkfleet_user_requests_total{user="\x1b[31m",model="Q"} 1',
+    'sparkfleet_user_requests_total{user="' + "a" * 300 + '",model="Q"} 1',
+    "[red]alice[/] 1",
+])
+def test_a_usage_answer_that_the_lua_file_would_not_write_is_refused(line):
+    with pytest.raises(usage.UsageError):
+        usage.parse_usage(GOOD + line + "\n")
+
+
+def test_an_answer_too_long_is_refused():
+    with pytest.raises(usage.UsageError):
+        usage.parse_usage("# HELP x\n" * (usage.MAX_BYTES // 8))
+
+
+# --- HAProxy itself, on loopback -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    if not shutil.which("haproxy"):
+        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
+    tmp = tmp_path_factory.mktemp("usage")
+    engine = Server(make_model(tmp / "model"), "--served-model-name", NAME, "--api-key", KEY,
+                    SIM_TOKENS_PER_S="200", SIM_FIRST_TOKEN_DELAY_MS="5")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    planned = door_of(lan_address="127.0.0.1")
+    planned = fd.FrontDoor(planned.host, planned.settings.model_copy(update={"front_door_port": port}),
+                           (fd.Backend("spark-a", "127.0.0.1", engine.port),), planned.api_key)
+    door_files(planned, tmp)
+    moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
+             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}"}
+    proc = start_haproxy(planned.config(), tmp, moved)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: requests.get(f"{url}/health").status_code == 200)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+        engine.stop()
+
+
+def client(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def scrape(url: str) -> str:
+    answer = requests.get(url + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    assert answer.status_code == 200
+    return answer.text
+
+
+def chat(url: str, key: str, content: str = "hello", **extra):
+    return client(url, key).chat.completions.create(model=NAME, messages=[{"role": "user", "content": content}],
+                                                    **{"max_tokens": 4, **extra})
+
+
+def test_usage_is_counted_per_user_and_model_with_the_engines_tokens(door):
+    replies = [chat(door, ALICE, f"question {n}") for n in range(3)]
+    stream = list(chat(door, BOB, "a stream", stream=True))
+    assert stream and client(door, BOB).models.list().data[0].id == NAME
+    with pytest.raises(openai.BadRequestError):  # the engine's own 400: max_tokens past the model's length
+        chat(door, ALICE, "too long", max_tokens=10 ** 6)
+    answer = requests.post(f"{door}/v1/chat/completions", headers={"Authorization": f"Bearer {ALICE}"},
+                           json={"model": 'x"}\n{evil', "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 404  # no such model on the engine: counted under _other, as an error
+    users = usage.parse_usage(scrape(door))  # the first test on this front door: its counts start at 0
+    alice, bob = users["alice"], users["bob"]
+    assert alice["models"][NAME]["requests"] == 4 and alice["models"][NAME]["errors"] == 1
+    assert alice["models"][NAME]["prompt_tokens"] == sum(r.usage.prompt_tokens for r in replies) > 0
+    assert alice["models"][NAME]["completion_tokens"] == sum(r.usage.completion_tokens for r in replies) > 0
+    assert alice["models"][monitoring.USAGE_OTHER_MODEL] == {"requests": 1, "errors": 1, "prompt_tokens": 0,
+                                                             "completion_tokens": 0}
+    assert bob["models"][NAME]["requests"] == 1 and bob["models"][NAME]["completion_tokens"] == 0  # a stream
+    assert bob["models"][monitoring.USAGE_NO_MODEL]["requests"] == 1  # GET /v1/models
+    assert alice["bytes_in"] > 0 and alice["bytes_out"] > bob["bytes_out"] > 0
+    assert alice["in_flight"] == 0 and alice["limited"] == 0
+
+
+def test_usage_answers_only_the_backend_key_and_holds_no_key(door):
+    chat(door, ALICE)
+    text = scrape(door)
+    for secret in (ALICE, BOB, CAROL, DAVE, KEY):
+        assert secret not in text
+    assert 'user="alice"' in text
+    for header in ({}, {"Authorization": f"Bearer {ALICE}"}, {"Authorization": f"Bearer {KEY}x"},
+                   {"Authorization": f"Bearer {KEY[:-1]}"}, {"Authorization": KEY},
+                   {"Authorization": f"Bearer {KEY}, Bearer {KEY}"}):
+        refused = requests.get(door + monitoring.USAGE_METRICS_PATH, headers=header, timeout=5)
+        assert refused.status_code == 401 and "sparkfleet_user" not in refused.text
+
+
+def test_the_fifth_request_within_a_minute_is_refused_while_others_are_served(door):
+    for n in range(4):
+        chat(door, CAROL, f"question {n}")
+    refused = requests.post(f"{door}/v1/chat/completions", headers={"Authorization": f"Bearer {CAROL}"},
+                            json={"model": NAME, "messages": [{"role": "user", "content": "fifth"}], "max_tokens": 4})
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "60"
+    assert refused.json()["error"]["type"] == "RateLimitError"
+    with pytest.raises(openai.RateLimitError):
+        chat(door, CAROL, "sixth")
+    assert chat(door, ALICE, "still served").choices[0].message.content
+    carol = usage.parse_usage(scrape(door))["carol"]
+    assert carol["limited"] == 2 and carol["requests"] == 4  # the refused ones reached no engine
+
+
+def test_a_second_request_at_once_is_refused_with_retry_after_one(door):
+    slow = threading.Thread(target=lambda: chat(door, DAVE, "a long one", max_tokens=300))
+    slow.start()
+    try:
+        wait_for(lambda: usage.parse_usage(scrape(door)).get("dave", {}).get("in_flight") == 1, 5)
+        refused = requests.post(f"{door}/v1/chat/completions", headers={"Authorization": f"Bearer {DAVE}"},
+                                json={"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4})
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert chat(door, BOB, "served meanwhile").choices[0].message.content
+    finally:
+        slow.join(30)
+    wait_for(lambda: usage.parse_usage(scrape(door))["dave"]["in_flight"] == 0, 5)
+    time.sleep(0.1)
+    assert chat(door, DAVE, "one at a time again").choices[0].message.content
