@@ -188,6 +188,32 @@ def _status(args) -> int:
     return 0 if all(row["healthy"] for row in rows) and (door is None or door_ok(door)) else 1
 
 
+def _usage(args) -> int:
+    from sparkfleet.fleet.usage import HEADERS, fleet_usage, usage_rows
+
+    if args.since:
+        return _refuse("--since needs a monitoring host (Prometheus keeps the history, issue 23), which this "
+                       "sparkfleet cannot read yet: without --since, usage counts since each front door's last "
+                       "start or reload")
+    try:
+        found = fleet_usage(args.inventory)
+    except KeyError as exc:
+        return _refuse(exc)
+    except INVALID as exc:
+        return _invalid(exc)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        out = console()
+        print_table("sparkfleet usage (since each front door's last start or reload)", HEADERS,
+                    usage_rows(found["users"]), out=out)
+        for door in found["doors"]:
+            if not door["ok"]:
+                out.print(f"[red]front door {literal(door['host'])} ({literal(door['url'])}): "
+                          f"{literal(door['problem'])}[/]")
+    return 0 if all(d["ok"] for d in found["doors"]) else 1
+
+
 def _print_reports(reports, as_json: bool, speed_skipped: bool | None = None) -> None:
     """The rollout's (or rollback's) table and phases; for a rollout (`speed_skipped` not None) its speed gate."""
     from sparkfleet.fleet.rollout import phases, report_json
@@ -447,6 +473,8 @@ def _users(args) -> int:
             names = users.names(doc)
             print(json.dumps({"users": names}) if args.json else "\n".join(names), end="\n" if names or args.json else "")
             return 0
+        if args.action == "limit":
+            return _user_limit(args, users, path, doc)
         if args.action == "remove":
             new, key = users.remove(doc, args.name), None
         else:
@@ -466,6 +494,31 @@ def _users(args) -> int:
     else:
         print(f"removed {args.name} from {path}: their key answers 401 after {converge}", file=sys.stderr)
     return 0
+
+
+def _user_limit(args, users, path, doc: dict) -> int:
+    """`users limit`: a user's own limits in the secrets file (an option left out keeps its value; 0: the
+    fleet-wide default)."""
+    name = users.check_name(args.name)
+    now = users.limits_of(doc).get(name, {})
+    given = {"requests_per_minute": args.requests_per_minute, "max_concurrent": args.max_concurrent}
+    wanted = {k: now.get(k) if v is None else (v or None) for k, v in given.items()}
+    new = users.limit(doc, name, **wanted)
+    users.write_secrets(path, new)
+    if args.json:
+        print(json.dumps({"user": name, "action": "limit", **wanted}))
+    else:
+        shown = {k: "the fleet default" if v is None else str(v) for k, v in wanted.items()}
+        print(f"{name}: requests a minute {shown['requests_per_minute']}, at once {shown['max_concurrent']}; "
+              f"the next converge (sparkfleet rollout {args.inventory}) puts it on the front door", file=sys.stderr)
+    return 0
+
+
+def _count(value: str) -> int:
+    """A limit on the command line: a whole number >= 0 (0: back to the fleet-wide default)."""
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
+    return int(value)
 
 
 def _logs(args) -> int:
@@ -581,6 +634,13 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
     status.set_defaults(func=_status)
 
+    use = sub.add_parser("usage", help="per user and model at the front door: requests, errors, bytes, in flight, "
+                                       "tokens, refusals")
+    use.add_argument("inventory")
+    _json(use)
+    use.add_argument("--since", metavar="DURATION", help="a window of history (needs a monitoring host)")
+    use.set_defaults(func=_usage)
+
     roll = sub.add_parser("rollout", help="converge the fleet batch by batch; halt on failures, undo failed releases")
     _batched(roll)
     roll.set_defaults(func=_rollout)
@@ -605,16 +665,22 @@ def parser() -> argparse.ArgumentParser:
     _json(fetch, "print the copies made as JSON")
     fetch.set_defaults(func=_fetch)
 
-    users = sub.add_parser("users", help="the front door's users: add, list, rotate or remove a key")
+    users = sub.add_parser("users", help="the front door's users: add, list, rotate or remove a key, set limits")
     actions = users.add_subparsers(dest="action", required=True)
     for action, text in (("add", "a new user: prints their key once"),
                          ("list", "the users' names (never their keys)"),
                          ("rotate", "a new key for a user: prints it once"),
-                         ("remove", "take a user's key away")):
+                         ("remove", "take a user's key away"),
+                         ("limit", "a user's own fair share at the front door (429 past it)")):
         one = actions.add_parser(action, help=text)
         one.add_argument("inventory")
         if action != "list":
             one.add_argument("name")
+        if action == "limit":
+            one.add_argument("--requests-per-minute", type=_count, metavar="N",
+                             help="requests a minute before 429 (0: the fleet's front_door_requests_per_minute)")
+            one.add_argument("--max-concurrent", type=_count, metavar="M",
+                             help="requests at once before 429 (0: the fleet's front_door_max_concurrent)")
         _json(one, "print JSON")
         one.set_defaults(func=_users)
 

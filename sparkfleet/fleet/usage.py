@@ -89,3 +89,64 @@ def merged(doors: list[dict[str, dict]]) -> dict[str, dict]:
                 for field in PER_MODEL:
                     mine[field] += counts[field]
     return out
+
+
+def door_usage(url: str, api_key: str | None, verify=True, timeout_s: float = 10) -> dict[str, dict]:
+    """One front door's usage, asked at `url` with the backend key; UsageError when it does not answer 200 or
+    answers more than MAX_BYTES or something parse_usage refuses."""
+    import requests
+
+    try:
+        with requests.get(url + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {api_key}"},
+                          timeout=timeout_s, stream=True, verify=verify) as answer:
+            if answer.status_code != 200:
+                raise UsageError(f"answered HTTP {answer.status_code} (401: not the engines' api_key)")
+            body = answer.raw.read(MAX_BYTES + 1, decode_content=True)
+    except requests.RequestException as exc:
+        raise UsageError(f"did not answer ({type(exc).__name__})") from None
+    if len(body) > MAX_BYTES:
+        raise UsageError(f"answered more than {MAX_BYTES} bytes")
+    try:
+        return parse_usage(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError("answered bytes that are not UTF-8") from None
+
+
+def fleet_usage(inventory: str) -> dict:
+    """Every front door's usage, merged: {"doors": [{"host", "url", "ok", "problem"}], "users": {...}}."""
+    from sparkfleet.contract.settings import parse_settings
+    from sparkfleet.fleet.front_door import GROUP, front_door_hosts, front_door_url
+
+    hosts = front_door_hosts(inventory)
+    if not hosts:
+        raise KeyError(f"no `{GROUP}` group in {inventory}: usage is counted at the front door; add one "
+                       "(see inventory/office_front_door.py)")
+    doors, found = [], []
+    for name, data in hosts:
+        s = parse_settings(name, data)
+        url = front_door_url(s, data)
+        try:
+            found.append(door_usage(url, s.api_key, verify=s.controller_front_door_ca or True))
+            doors.append({"host": name, "url": url, "ok": True, "problem": None})
+        except UsageError as exc:
+            doors.append({"host": name, "url": url, "ok": False, "problem": str(exc)})
+    return {"doors": doors, "users": merged(found)}
+
+
+def usage_rows(users: dict[str, dict]) -> list[tuple[str, ...]]:
+    """The table: one row per user (totals), then one per model of theirs (indented); names are text, never
+    markup."""
+    from sparkfleet.tables import literal
+
+    rows = []
+    for user, row in sorted(users.items()):
+        rows.append((literal(user), "all", *(str(row[f]) for f in COLUMNS)))
+        for model, counts in sorted(row["models"].items()):
+            rows.append(("", literal(model), *(str(counts[f]) if f in counts else "" for f in COLUMNS)))
+    return rows
+
+
+COLUMNS = ("requests", "errors", "bytes_in", "bytes_out", "in_flight", "prompt_tokens", "completion_tokens",
+           "limited")
+HEADERS = ("user", "model", "requests", "errors", "bytes in", "bytes out", "in flight", "prompt tokens",
+           "completion tokens", "limited")

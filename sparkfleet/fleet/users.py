@@ -1,5 +1,8 @@
 """The office's secrets file (the engines' api_key and each user's front door key) and `sparkfleet users`.
 
+A user's value is their key, or {"key": ..., "requests_per_minute": N, "max_concurrent": M} once `users limit`
+gave them limits of their own (contract/settings.py FrontDoorUser; the settings take either form).
+
 The file lives outside the project (sparkfleet init puts it in ~/.config/sparkfleet/), 0600; the inventory
 names it in a module-level string, SPARKFLEET_SECRETS, which pyinfra's loader ignores (only lists and tuples
 are groups) and which `users` reads from the inventory's source without running it, so a missing file is
@@ -19,7 +22,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 from pyinfra.api.exceptions import PyinfraError
 
-from sparkfleet.contract.settings import Name, UserKey
+from sparkfleet.contract.settings import FrontDoorUser, Name, UserKey
 
 SECRETS_VARIABLE = "SPARKFLEET_SECRETS"
 KEY_BYTES = 32  # secrets.token_urlsafe: 43 characters, within UserKey's grammar
@@ -70,9 +73,27 @@ def _shape_problem(doc) -> str | None:
     if not isinstance(doc.get("api_key"), str) or not doc["api_key"]:
         return '"api_key" must be a non-empty string'
     users = doc.get("users")
-    if not isinstance(users, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in users.items()):
-        return '"users" must be an object of name -> key strings'
+    if not isinstance(users, dict) or not all(isinstance(k, str) and (isinstance(v, str) or _is_entry(v))
+                                              for k, v in users.items()):
+        return ('"users" must be an object of name -> key strings (or {"key": ..., "requests_per_minute": N, '
+                '"max_concurrent": M})')
     return None
+
+
+def _is_entry(value) -> bool:
+    """A user's value in the object form: a key string and, optionally, the two limits as integers."""
+    return (isinstance(value, dict) and isinstance(value.get("key"), str)
+            and set(value) <= {"key", *LIMITS}
+            and all(value.get(k) is None or (isinstance(value[k], int) and not isinstance(value[k], bool))
+                    for k in LIMITS))
+
+
+LIMITS = ("requests_per_minute", "max_concurrent")
+
+
+def key_of(value) -> str:
+    """A user's key, whichever form their value has."""
+    return value if isinstance(value, str) else value["key"]
 
 
 def write_secrets(path: str | os.PathLike, doc: dict) -> None:
@@ -125,7 +146,7 @@ def names(doc: dict) -> list[str]:
 
 def _fresh_key(doc: dict) -> str:
     """A key no user holds and that is not the engines' key (a collision is all but impossible; still checked)."""
-    taken = {doc["api_key"], *doc["users"].values()}
+    taken = {doc["api_key"], *map(key_of, doc["users"].values())}
     while (key := TypeAdapter(UserKey).validate_python(new_key())) in taken:
         pass
     return key
@@ -141,9 +162,31 @@ def add(doc: dict, name: str) -> tuple[dict, str]:
 
 
 def rotate(doc: dict, name: str) -> tuple[dict, str]:
+    """A new key for `name`; their limits are kept."""
     _known(doc, check_name(name))
-    key = _fresh_key(doc)
-    return {**doc, "users": {**doc["users"], name: key}}, key
+    key, old = _fresh_key(doc), doc["users"][name]
+    return {**doc, "users": {**doc["users"], name: key if isinstance(old, str) else {**old, "key": key}}}, key
+
+
+def limit(doc: dict, name: str, requests_per_minute: int | None, max_concurrent: int | None) -> dict:
+    """`name`'s own limits (None: the fleet-wide default, front_door_requests_per_minute / _max_concurrent),
+    checked as the settings check them; the key is kept, and a user with no own limits is a key string again."""
+    _known(doc, check_name(name))
+    key = key_of(doc["users"][name])
+    try:
+        entry = FrontDoorUser(key=key, requests_per_minute=requests_per_minute, max_concurrent=max_concurrent)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SecretsError(f"user {name!r}: {'.'.join(map(str, err['loc']))} "
+                           f"{err['msg'].removeprefix('Value error, ')}") from None
+    value = entry.model_dump(exclude_none=True)
+    return {**doc, "users": {**doc["users"], name: key if value.keys() == {"key"} else value}}
+
+
+def limits_of(doc: dict) -> dict[str, dict]:
+    """{name: {requests_per_minute, max_concurrent}} as the file sets them (None: the fleet-wide default)."""
+    return {name: {k: (None if isinstance(v, str) else v.get(k)) for k in LIMITS}
+            for name, v in sorted(doc["users"].items())}
 
 
 def remove(doc: dict, name: str) -> dict:

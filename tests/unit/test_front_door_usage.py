@@ -3,6 +3,7 @@ files/sparkfleet-usage.lua on loopback, in front of a loopback stand-in engine."
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -13,10 +14,11 @@ import openai
 import pytest
 import requests
 
+from sparkfleet import cli
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.contract.settings import SettingsError, parse_settings
 from sparkfleet.fleet import front_door as fd
-from sparkfleet.fleet import usage
+from sparkfleet.fleet import usage, users
 
 from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
@@ -218,3 +220,70 @@ def test_a_second_request_at_once_is_refused_with_retry_after_one(door):
     wait_for(lambda: usage.parse_usage(scrape(door))["dave"]["in_flight"] == 0, 5)
     time.sleep(0.1)
     assert chat(door, DAVE, "one at a time again").choices[0].message.content
+
+
+# --- the commands: `sparkfleet usage` against that front door, `sparkfleet users limit` -------------
+
+def inventory_of(tmp_path, url: str, key: str = KEY) -> str:
+    path = tmp_path / "inventory.py"
+    path.write_text(f"sparks = [('spark-a', {{'ssh_hostname': '127.0.0.1', 'api_host': '0.0.0.0', 'api_key': {key!r}, "
+                    f"'front_door_allow_http': True, 'controller_front_door_url': {url!r}}})]\n"
+                    "front_door = sparks\n")
+    return str(path)
+
+
+def test_the_usage_command_reads_the_front_door(door, tmp_path, capsys):
+    chat(door, ALICE, "for the table")
+    assert cli.main(["usage", inventory_of(tmp_path, door), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["doors"] == [{"host": "spark-a", "url": door, "ok": True, "problem": None}]
+    assert found["users"]["alice"]["models"][NAME]["requests"] >= 1
+    assert found["users"]["alice"]["prompt_tokens"] > 0
+    assert cli.main(["usage", inventory_of(tmp_path, door)]) == 0
+    out = capsys.readouterr().out
+    assert "alice" in out and NAME in out and ALICE not in out
+
+
+def test_the_usage_command_says_what_failed(door, tmp_path, capsys):
+    assert cli.main(["usage", inventory_of(tmp_path, door, key="not-the-engines-key")]) == 1
+    assert "HTTP 401" in capsys.readouterr().out
+    assert cli.main(["usage", inventory_of(tmp_path, door), "--since", "1h"]) == 2
+    assert "needs a monitoring host" in capsys.readouterr().err
+    (tmp_path / "none.py").write_text("sparks = [('spark-a', {'ssh_hostname': '127.0.0.1'})]\n")
+    assert cli.main(["usage", str(tmp_path / "none.py")]) == 2
+    assert "no `front_door` group" in capsys.readouterr().err
+
+
+def test_users_limit_edits_the_secrets_file_and_keeps_the_key(tmp_path, capsys):
+    secrets = tmp_path / "keys.json"
+    users.write_secrets(secrets, {"api_key": KEY, "users": {"carol": CAROL, "bob": BOB}})
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"SPARKFLEET_SECRETS = {str(secrets)!r}\nsparks = []\n")
+    assert cli.main(["users", "limit", str(inventory), "carol", "--requests-per-minute", "4"]) == 0
+    doc = users.read_secrets(secrets)
+    assert doc["users"] == {"carol": {"key": CAROL, "requests_per_minute": 4}, "bob": BOB}
+    assert CAROL not in capsys.readouterr().err
+    assert cli.main(["users", "limit", str(inventory), "carol", "--max-concurrent", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"user": "carol", "action": "limit", "requests_per_minute": 4,
+                                                   "max_concurrent": 2}
+    s = parse_settings("spark-a", host_data(front_door_users=users.read_secrets(secrets)["users"]))
+    assert s.front_door_limits()["carol"] == (4, 2) and s.front_door_keys["carol"] == CAROL
+    new, key = users.rotate(users.read_secrets(secrets), "carol")
+    assert new["users"]["carol"] == {"key": key, "requests_per_minute": 4, "max_concurrent": 2}
+    assert cli.main(["users", "limit", str(inventory), "carol", "--requests-per-minute", "0",
+                     "--max-concurrent", "0"]) == 0
+    assert users.read_secrets(secrets)["users"]["carol"] == CAROL  # no own limits: a key string again
+    assert cli.main(["users", "limit", str(inventory), "nobody", "--max-concurrent", "1"]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["users", "limit", str(inventory), "carol", "--max-concurrent", "-1"])
+    assert users.read_secrets(secrets)["users"]["carol"] == CAROL
+
+
+@pytest.mark.parametrize("value", [{"key": CAROL, "requests_per_minute": "4"}, {"key": CAROL, "x": 1},
+                                   {"requests_per_minute": 4}, {"key": CAROL, "max_concurrent": True}, 5])
+def test_a_secrets_file_with_a_malformed_user_is_refused(tmp_path, value):
+    secrets = tmp_path / "keys.json"
+    users.write_secrets(secrets, {"api_key": KEY, "users": {"carol": value}})
+    with pytest.raises(users.SecretsError) as exc:
+        users.read_secrets(secrets)
+    assert CAROL not in str(exc.value)
