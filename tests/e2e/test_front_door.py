@@ -462,3 +462,47 @@ def test_a_drained_host_stays_out_through_converges_reloads_and_restarts_until_u
     for n in range(12):  # twelve conversations: the hash sends some to spark-2
         assert chat(url, USERS["alice"], [{"role": "user", "content": f"back {n}"}], stream=False)[0] == 200
     assert routed_to(sim_fleet, "spark-2") > before
+
+
+def test_usage_is_counted_per_user_and_a_user_past_their_rate_gets_429_while_others_are_served(
+        converged_fleet, tmp_path):
+    import openai
+
+    carol = "carol-0123456789abcdef"
+    users = {**USERS, "carol": {"key": carol, "requests_per_minute": 4}}
+    inventory = door_inventory(tmp_path, "usage", users)
+    done = deploy(inventory, "--limit", "spark-1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    url = f"http://127.0.0.1:{door_port()}"
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
+
+    def client(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+
+    def ask(key: str, n: int, stream: bool = False):
+        reply = client(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"usage question {n}"}], max_tokens=8, stream=stream)
+        return list(reply) if stream else reply
+
+    alice = [ask(USERS["alice"], n) for n in range(5)]
+    bob = [ask(USERS["bob"], n) for n in range(2)] + [ask(USERS["bob"], 2, stream=True)]
+    assert all(r.choices[0].message.content for r in alice) and bob[-1]
+    for n in range(4):
+        ask(carol, n)
+    with pytest.raises(openai.RateLimitError) as refused:
+        ask(carol, 4)
+    assert refused.value.response.headers["retry-after"] == "60"
+    assert ask(USERS["alice"], 5).choices[0].message.content  # still served
+
+    proc = sparkfleet("usage", inventory, "--json", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = json.loads(proc.stdout)["users"]
+    assert found["alice"]["requests"] >= 5 and found["bob"]["requests"] >= 3
+    assert found["alice"]["models"][MODEL]["prompt_tokens"] >= sum(r.usage.prompt_tokens for r in alice) > 0
+    assert found["alice"]["completion_tokens"] >= sum(r.usage.completion_tokens for r in alice) > 0
+    assert found["bob"]["completion_tokens"] == sum(r.usage.completion_tokens for r in bob[:2]) > 0  # not the stream
+    assert found["carol"]["requests"] == 4 and found["carol"]["limited"] == 1
+    for key in (*USERS.values(), carol, ENGINE_KEY):
+        assert key not in proc.stdout
+    table = sparkfleet("usage", inventory, timeout=120)
+    assert table.returncode == 0 and "carol" in table.stdout and MODEL in table.stdout
