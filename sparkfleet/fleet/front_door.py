@@ -249,6 +249,8 @@ def door_summary(door: FrontDoor) -> dict:
     s = door.settings
     return {"host": door.host, "port": s.front_door_port, "tls": door.tls, "tls_cert": s.front_door_tls_cert,
             "tls_key": s.front_door_tls_key, "users": sorted(s.front_door_users),
+            "limits": {name: {"requests_per_minute": rate, "max_concurrent": at_once}
+                       for name, (rate, at_once) in sorted(s.front_door_limits().items()) if rate or at_once},
             "backends": [{"host": b.name, "target": b.target} for b in door.backends],
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
                        for r in door.routes],
@@ -268,6 +270,12 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("users", literal(", ".join(summary["users"]))))
     else:
         rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary.get("limits"):
+        rows.append(("limits", literal(", ".join(
+            f"{name} " + " and ".join(part for part in (
+                f"{lim['requests_per_minute']} a minute" if lim["requests_per_minute"] else "",
+                f"{lim['max_concurrent']} at once" if lim["max_concurrent"] else "") if part)
+            for name, lim in summary["limits"].items()))))
     if summary["tls"]:
         rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
     elif summary["users"]:

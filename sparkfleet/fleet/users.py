@@ -177,7 +177,7 @@ def limit(doc: dict, name: str, requests_per_minute: int | None, max_concurrent:
         entry = FrontDoorUser(key=key, requests_per_minute=requests_per_minute, max_concurrent=max_concurrent)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise SecretsError(f"user {name!r}: {'.'.join(map(str, err['loc']))} "
+        raise SecretsError(f"user {name!r}: {'.'.join(map(str, err['loc']))}: "
                            f"{err['msg'].removeprefix('Value error, ')}") from None
     value = entry.model_dump(exclude_none=True)
     return {**doc, "users": {**doc["users"], name: key if value.keys() == {"key"} else value}}

@@ -35,6 +35,8 @@ def door_of(**over) -> fd.FrontDoor:
 
 def test_limits_come_from_the_user_or_the_fleet_defaults():
     door = door_of(front_door_requests_per_minute=100)
+    rows = dict(fd.door_rows(fd.door_summary(door_of())))
+    assert rows["limits"] == "carol 4 a minute, dave 1 at once"
     assert door.limits_map() == "alice 100:0\nbob 100:0\ncarol 4:0\ndave 100:1\n"
     assert door_of().limits_map() == "carol 4:0\ndave 0:1\n"
     assert door.users_map() == f"{ALICE} alice\n{BOB} bob\n{CAROL} carol\n{DAVE} dave\n"
