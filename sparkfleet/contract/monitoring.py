@@ -20,6 +20,24 @@ PROMETHEUS_KEY = f"{PROMETHEUS_DIR}/backend.key"  # 0600, owned by prometheus: t
 PROMETHEUS_DATA = f"{paths.STATE_DIR}/prometheus"
 PROMETHEUS_USER = "prometheus"  # Debian's package makes it
 STATUS_PAGE = "/consoles/sparkfleet.html"  # where Prometheus serves the page (the front door maps /status to it)
+STATUS_PAGE_FILE = "sparkfleet.html"  # its file in PROMETHEUS_CONSOLES, from templates/consoles/
+FRONT_DOOR_STATUS_PATH = "/status"  # the page on the front door, for viewers (HTTP Basic), when it is a monitoring host
+FRONT_DOOR_VIEWERS_MAP = f"{paths.FRONT_DOOR_DIR}/viewers.map"  # 0600: "<viewer> <SHA-256 of the password, hex>"
+
+# Scrape jobs: every target carries HOST_LABEL = its inventory host name (a front door's too), so the page, the
+# alerts and the dashboard join an engine, its node and its front door state by host.
+HOST_LABEL = "host"
+JOB_ENGINE = "engine"  # each engine's ENGINE_METRICS_PATH (vLLM's `vllm:` metrics, label model_name)
+JOB_NODE = "node"  # each Spark's node exporter, with the textfile collector's GPU_METRICS and WATCHDOG_METRICS
+JOB_FRONT_DOOR = "front_door"  # HAProxy's promex on each front door
+JOB_USAGE = "usage"  # the front door's USAGE_METRICS
+
+# "Drained" as the page and the alerts read it: the front door's own exporter (promex) gives each backend server
+# (label server = the inventory host name) of proxy FRONT_DOOR_PROXY one series per state, 1 for the current one.
+# MAINT: out of rotation (`sparkfleet drain`, a rollout's batch); DRAIN: set aside, finishing its requests.
+SERVER_STATUS_METRIC = "haproxy_server_status"
+FRONT_DOOR_PROXY = "engines"  # fleet/front_door.py BACKEND
+DRAINED_STATES = ("MAINT", "DRAIN")
 
 # On every Spark: Debian's node exporter, its own unit on loopback (Debian's listens on every address), its
 # textfile collector reading TEXTFILE_DIR, which a timer fills with the GB10's and the watchdog's state.

@@ -1,0 +1,93 @@
+"""The office status page (templates/consoles/sparkfleet.html) rendered by the real Prometheus from a sample fleet
+on loopback: a row per host, the drained one says so, the GPU and usage columns filled, no template error."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+import requests
+
+from sparkfleet.contract import monitoring as m
+from tests.unit import status_page_fleet as fleet
+
+
+class _Rows(HTMLParser):
+    """The text of each <tr> with a data-host or data-user attribute, by that value."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: dict[str, str] = {}
+        self._key: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and ("data-host" in a or "data-user" in a):
+            self._key = a.get("data-host") or a.get("data-user")
+            self.rows[self._key] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._key = None
+
+    def handle_data(self, data):
+        if self._key:
+            self.rows[self._key] += " " + data.strip()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    with fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as url:
+        response = requests.get(url + m.STATUS_PAGE, timeout=10)
+        yield response
+
+
+def rows(html: str) -> dict[str, str]:
+    parser = _Rows()
+    parser.feed(html)
+    return {k: re.sub(r"\s+", " ", v).strip() for k, v in parser.rows.items()}
+
+
+def test_the_page_renders_without_a_template_error(page):
+    assert page.status_code == 200, page.text[:2000]
+    assert "error executing" not in page.text.lower() and "template:" not in page.text
+    assert "<script" not in page.text and "http://" not in page.text and "https://" not in page.text
+
+
+def test_each_host_has_its_row_and_the_drained_one_says_so(page):
+    found = rows(page.text)
+    assert set(fleet.HOSTS) <= set(found)
+    serving, drained = found["spark-1"], found[fleet.DRAINED]
+    assert "serving" in serving and "in rotation" in serving and "drained" not in serving
+    assert "drained" in drained and "in rotation" not in drained
+    assert fleet.MODEL in serving and "42%" in serving and "tokens/s" in serving
+    assert "2418 / 2418 MHz" in serving and "96 W" in serving and "67 °C" in serving and "none" in serving
+    assert "850 / 2418 MHz" in drained and "power" in drained
+
+
+def test_the_usage_table_names_each_user(page):
+    found = rows(page.text)
+    for user in fleet.USERS:
+        assert user in found
+    assert re.search(r"bob \d+ 0 \d+ \d+ [1-9]\d* 0", found["bob"]), found["bob"]
+
+
+def test_a_hostile_label_value_is_escaped(tmp_path):
+    """Label values come from the hosts' exporters: html/template escapes them (no markup from a host)."""
+    text = (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()
+    assert "safeHtml" not in text and "<script" not in text
+
+
+def test_the_page_asks_only_for_names_the_fleet_exports():
+    """Every metric the page queries is the contract's, vLLM's (as the stand-in exports them) or promex's; every
+    job is a contract job."""
+    text = (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()
+    names = set(re.findall(r"\b((?:sparkfleet_|vllm:|haproxy_)[a-z_:]+)", text))
+    known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, m.SERVER_STATUS_METRIC,
+             "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+             "vllm:generation_tokens_total"}
+    assert names and names <= known, names - known
+    jobs = set(re.findall(r'job=~?"([^"]+)"', text))
+    assert {j for alt in jobs for j in alt.split("|")} <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE}
+    assert f'proxy="{m.FRONT_DOOR_PROXY}"' in text and all(f'"{s}"' in text for s in m.DRAINED_STATES)
