@@ -25,6 +25,7 @@ HOSTS = ("spark-1", "spark-2")
 DRAINED = "spark-2"
 DOOR = "door-1"
 MODEL = "Qwen/Qwen3.5-35B-A3B-FP8"
+HOSTILE = "<b onmouseover=alert(1)>x</b>"  # a label value a host made up: shown as text, never as markup
 USERS = {"alice": 40, "bob": 12}  # requests per minute each makes in the samples
 
 
@@ -45,6 +46,7 @@ def _node(host: str) -> str:
             f"sparkfleet_gpu_power_draw_watts {62 if throttled else 96}\n"
             f"sparkfleet_gpu_temperature_celsius {58 if throttled else 67}\n"
             f'sparkfleet_gpu_throttle_active{{reason="power"}} {1 if throttled else 0}\n'
+            f'sparkfleet_gpu_throttle_active{{reason="{HOSTILE}"}} {1 if throttled else 0}\n'
             'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
             'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 0\n'
             "node_memory_MemAvailable_bytes 9.1e10\nnode_memory_MemTotal_bytes 1.28e11\n")
