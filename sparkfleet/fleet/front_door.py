@@ -29,6 +29,7 @@ host's own converge brings its release to the planned one and gates it.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 import re
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.contract import paths, serving
+from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
@@ -100,6 +101,7 @@ class FrontDoor:
     backends: tuple[Backend, ...]
     api_key: str
     routes: tuple[Route, ...] = ()
+    status_port: int | None = None  # Prometheus's loopback port where this door offers the status page, else None
 
     @property
     def tls(self) -> bool:
@@ -116,7 +118,22 @@ class FrontDoor:
             tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE,
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
-            chat_check=serving.http_check("chat", self.settings.served_model_name))
+            chat_check=serving.http_check("chat", self.settings.served_model_name), status_page=self.status_page)
+
+    @property
+    def status_page(self) -> dict | None:
+        """What the config needs to serve the office status page (GET FRONT_DOOR_STATUS_PATH to viewers, mapped to
+        Prometheus's console on loopback); None where this door does not offer it."""
+        if self.status_port is None:
+            return None
+        return {"path": monitoring.FRONT_DOOR_STATUS_PATH, "console": monitoring.STATUS_PAGE,
+                "port": self.status_port, "viewers_map": monitoring.FRONT_DOOR_VIEWERS_MAP}
+
+    def viewers_map(self) -> str:
+        """The status page's viewers, one "<name> <SHA-256 of the password, upper-case hex>" a line: HAProxy hashes
+        what a browser sends the same way and compares the two digests in constant time (secure_memcmp)."""
+        return "".join(f"{name} {viewer_digest(password)}\n"
+                       for name, password in sorted(self.settings.front_door_viewers.items()))
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_users.items()))
@@ -144,9 +161,15 @@ class FrontDoor:
                             save_state=save_state_command(), replay=replay_command())
 
 
-def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
+def viewer_digest(password: str) -> str:
+    """A viewer's password as the viewers map holds it (HAProxy's `digest(sha256),hex` of what a browser sends)."""
+    return hashlib.sha256(password.encode()).hexdigest().upper()
+
+
+def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False) -> FrontDoor:
     """The front door on `host`: the backends are every host serving the same served_model_name; of a
-    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API).
+    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API). Where `host`
+    is also a monitoring host and has viewers, the door offers the status page.
 
     Raises SettingsError naming each problem: the backends must be reachable from
     another host (not loopback) and share one api_key, which only the front door
@@ -188,6 +211,17 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     if keys & set(users.values()):
         problems.append(f"{host}: setting `front_door_users`: a user key equals the backends' api_key: "
                         "clients must never hold the engines' key")
+    viewers = s.front_door_viewers
+    if keys & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals the backends' api_key: "
+                        "give viewers passwords of their own")
+    if monitoring_host and viewers and s.monitoring_port == s.front_door_port:
+        problems.append(f"{host}: setting `monitoring_port` = {s.monitoring_port} is the front door's port: "
+                        "pick another port")
+    if viewers and monitoring_host and not s.front_door_tls_cert and not s.front_door_allow_http:
+        problems.append(f"{host}: the status page would take its viewers' passwords over plain http: set "
+                        "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
+                        "on a trusted LAN")
     if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
         problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
     elif users and not s.front_door_tls_cert and not s.front_door_allow_http:
@@ -206,17 +240,18 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     if problems:
         raise SettingsError(problems)
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
-                     keys.pop(), routes)
+                     keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None)
 
 
-def planned_front_doors(names: list[str], plans: dict[str, HostPlan]) -> list[FrontDoor]:
-    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans`, their
-    TLS files read as the stage reads them (so `plan` refuses what the converge would); SettingsError names
-    every problem of every door."""
+def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
+                        monitoring_hosts: frozenset[str] = frozenset()) -> list[FrontDoor]:
+    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans` (those
+    in `monitoring_hosts` with the status page), their TLS files read as the stage reads them (so `plan` refuses
+    what the converge would); SettingsError names every problem of every door."""
     doors, problems = [], []
     for name in names:
         try:
-            door = front_door_plan(name, plans)
+            door = front_door_plan(name, plans, name in monitoring_hosts)
             if door.tls:
                 door.tls_pem()
             doors.append(door)
@@ -233,6 +268,7 @@ def door_summary(door: FrontDoor) -> dict:
     s = door.settings
     return {"host": door.host, "port": s.front_door_port, "tls": door.tls, "tls_cert": s.front_door_tls_cert,
             "tls_key": s.front_door_tls_key, "users": sorted(s.front_door_users),
+            "status_page": door.status_page is not None, "viewers": sorted(s.front_door_viewers),
             "backends": [{"host": b.name, "target": b.target} for b in door.backends],
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
                        for r in door.routes],
@@ -252,6 +288,8 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("users", literal(", ".join(summary["users"]))))
     else:
         rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary.get("status_page"):
+        rows.append(("status page", literal(f"{monitoring.FRONT_DOOR_STATUS_PATH} for {', '.join(summary['viewers'])}")))
     if summary["tls"]:
         rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
     elif summary["users"]:
@@ -262,12 +300,12 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def front_door_hosts(inventory: str) -> list[tuple[str, dict]]:
-    """The hosts of the inventory's `front_door` group [(name, merged data)]; none without the group."""
+def front_door_hosts(inventory: str, group: str = GROUP) -> list[tuple[str, dict]]:
+    """The hosts of the inventory's `front_door` group (or `group`) [(name, merged data)]; none without it."""
     from sparkfleet.fleet.inventory import load_hosts
 
     try:
-        return load_hosts(inventory, limit=GROUP)
+        return load_hosts(inventory, limit=group)
     except (KeyError, FileNotFoundError):  # no front_door group (or no inventory: nothing to drain)
         return []
 
