@@ -38,16 +38,15 @@ def _engine(host: str, t: float) -> str:
             f"vllm:generation_tokens_total{{{lbl}}} {1000 + 55 * t:.0f}\n")
 
 
-def _node(host: str) -> str:
+def _node(host: str, hostile: bool) -> str:
     throttled = host == DRAINED
-    clock = 850 if throttled else 2418
+    reasons = ["power", HOSTILE] if hostile else ["power"]
     return ("sparkfleet_gpu_reading_ok 1\n"
-            f"sparkfleet_gpu_sm_clock_mhz {clock}\nsparkfleet_gpu_sm_clock_max_mhz 2418\n"
+            f"sparkfleet_gpu_sm_clock_mhz {850 if throttled else 2418}\nsparkfleet_gpu_sm_clock_max_mhz 2418\n"
             f"sparkfleet_gpu_power_draw_watts {62 if throttled else 96}\n"
             f"sparkfleet_gpu_temperature_celsius {58 if throttled else 67}\n"
-            f'sparkfleet_gpu_throttle_active{{reason="power"}} {1 if throttled else 0}\n'
-            f'sparkfleet_gpu_throttle_active{{reason="{HOSTILE}"}} {1 if throttled else 0}\n'
-            'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
+            + "".join(f'sparkfleet_gpu_throttle_active{{reason="{r}"}} {int(throttled)}\n' for r in reasons)
+            + 'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
             'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 0\n'
             "node_memory_MemAvailable_bytes 9.1e10\nnode_memory_MemTotal_bytes 1.28e11\n")
 
@@ -76,11 +75,12 @@ def _usage(t: float) -> str:
 
 class _Exporter(BaseHTTPRequestHandler):
     started = time.time()
+    hostile = True  # spark-2 also reports a throttle reason that is markup
 
     def do_GET(self):
         t = time.time() - self.started
         kind, _, host = self.path.strip("/").partition("/")
-        body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host), "front_door": _front_door,
+        body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host, self.hostile), "front_door": _front_door,
                 "usage": lambda: _usage(t)}.get(kind)
         if body is None:
             self.send_error(404)
@@ -111,14 +111,14 @@ def scrape_config(exporter: str) -> dict:
 
 
 @contextmanager
-def prometheus(tmp: Path):
-    """The real Prometheus on loopback scraping the sample fleet, the page's templates loaded; yields its URL once
-    it holds enough samples for the page's rates."""
+def prometheus(tmp: Path, hostile: bool = True):
+    """The real Prometheus on loopback scraping the sample fleet (with a hostile label value, or without: the
+    docs' screenshot), the page's templates loaded; yields its URL once it holds enough samples for its rates."""
     if not shutil.which("prometheus"):
         import pytest
 
         pytest.skip("Prometheus is not installed here (apt-get install prometheus)")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Exporter", (_Exporter,), {"hostile": hostile}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     libraries = tmp / "console_libraries"
     libraries.mkdir()
@@ -144,3 +144,26 @@ def prometheus(tmp: Path):
         proc.terminate()
         proc.wait(10)
         server.shutdown()
+
+
+def main(out: str) -> None:
+    """docs/status-page.png: the sample fleet's page through the front door, shot with tools/status_page_shot.py."""
+    import tempfile
+
+    from tests.unit.test_front_door_status import CAROL, haproxy_door
+    from tools import status_page_shot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "p").mkdir()
+        (Path(tmp) / "d").mkdir()
+        with prometheus(Path(tmp) / "p", hostile=False) as url, \
+                haproxy_door(Path(tmp) / "d", int(url.rsplit(":", 1)[1])) as door:
+            time.sleep(5)  # a few more samples for the rates
+            print(status_page_shot.screenshot(door + m.FRONT_DOOR_STATUS_PATH, Path(out), "carol", CAROL,
+                                              size=(1500, 480)))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -99,15 +100,14 @@ class _Prometheus(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def door(tmp_path_factory):
+@contextmanager
+def haproxy_door(tmp, prometheus_port: int):
+    """The real HAProxy with the generated config (paths moved under `tmp`) offering the page from Prometheus
+    on `prometheus_port`; yields its URL."""
     if not shutil.which("haproxy"):
         pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
-    tmp = tmp_path_factory.mktemp("door")
-    prometheus = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
-    threading.Thread(target=prometheus.serve_forever, daemon=True).start()
     port = free_port()
-    planned = door_of(monitoring_port=prometheus.server_address[1], front_door_port=port)
+    planned = door_of(monitoring_port=prometheus_port, front_door_port=port)
     (tmp / "users.map").write_text(planned.users_map())
     (tmp / "backend.map").write_text(planned.backend_map())
     (tmp / "viewers.map").write_text(planned.viewers_map())
@@ -122,6 +122,16 @@ def door(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    prometheus = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
+    threading.Thread(target=prometheus.serve_forever, daemon=True).start()
+    try:
+        with haproxy_door(tmp_path_factory.mktemp("door"), prometheus.server_address[1]) as url:
+            yield url
+    finally:
         prometheus.shutdown()
 
 
