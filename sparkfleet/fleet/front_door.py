@@ -215,6 +215,9 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
     if keys & set(viewers.values()):
         problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals the backends' api_key: "
                         "give viewers passwords of their own")
+    if set(users.values()) & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals a user's key: give "
+                        "viewers passwords of their own")
     if monitoring_host and viewers and s.monitoring_port == s.front_door_port:
         problems.append(f"{host}: setting `monitoring_port` = {s.monitoring_port} is the front door's port: "
                         "pick another port")

@@ -64,12 +64,13 @@ def test_passwords_live_only_as_digests_in_the_viewers_map():
      "the status page would take its viewers' passwords over plain http"),
     ({"api_key": CAROL, "front_door_viewers": {"carol": CAROL}}, "a viewer's password equals the backends' api_key"),
     ({"monitoring_port": 8080}, "setting `monitoring_port` = 8080 is the front door's port"),
+    ({"front_door_viewers": {"carol": ALICE}}, "a viewer's password equals a user's key"),
 ])
 def test_refused_viewers(settings, expected):
     with pytest.raises(SettingsError) as exc:
         door_of(**settings)
     assert expected in str(exc.value)
-    assert KEY not in str(exc.value) and CAROL not in str(exc.value)
+    assert KEY not in str(exc.value) and CAROL not in str(exc.value) and ALICE not in str(exc.value)
 
 
 def test_a_hostile_viewer_name_is_refused_before_it_reaches_the_map():
