@@ -16,6 +16,7 @@ PROMETHEUS_DIR = f"{paths.CONFIG_DIR}/prometheus"
 PROMETHEUS_CONFIG = f"{PROMETHEUS_DIR}/prometheus.yml"
 PROMETHEUS_RULES = f"{PROMETHEUS_DIR}/alerts.yml"
 PROMETHEUS_CONSOLES = f"{PROMETHEUS_DIR}/consoles"  # the office status page (a console template)
+PROMETHEUS_CONSOLE_LIBRARIES = f"{PROMETHEUS_DIR}/console_libraries"  # empty: the page needs no library
 PROMETHEUS_KEY = f"{PROMETHEUS_DIR}/backend.key"  # 0600, owned by prometheus: the key its scrapes send
 PROMETHEUS_DATA = f"{paths.STATE_DIR}/prometheus"
 PROMETHEUS_USER = "prometheus"  # Debian's package makes it

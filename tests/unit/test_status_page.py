@@ -92,3 +92,14 @@ def test_the_page_asks_only_for_names_the_fleet_exports():
     jobs = set(re.findall(r'job=~?"([^"]+)"', text))
     assert {j for alt in jobs for j in alt.split("|")} <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE}
     assert f'proxy="{m.FRONT_DOOR_PROXY}"' in text and all(f'"{s}"' in text for s in m.DRAINED_STATES)
+
+
+def test_the_monitoring_host_gets_the_page_and_the_flags_that_load_it():
+    from sparkfleet.fleet import status_page
+
+    files = status_page.console_files()
+    assert files == {f"{m.PROMETHEUS_CONSOLES}/{m.STATUS_PAGE_FILE}":
+                     (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()}
+    assert m.STATUS_PAGE == f"/consoles/{m.STATUS_PAGE_FILE}"  # Prometheus serves its console dir at /consoles/
+    assert status_page.prometheus_flags() == [f"--web.console.templates={m.PROMETHEUS_CONSOLES}",
+                                              f"--web.console.libraries={m.PROMETHEUS_CONSOLE_LIBRARIES}"]
