@@ -1,5 +1,5 @@
-"""A fleet on loopback for the status page's tests: one exporter serving sample metrics of two Sparks (spark-2
-drained on the front door and power-throttled), a front door and its users; and the real Prometheus scraping it
+"""A fleet on loopback for the status page's tests: one exporter serving sample metrics of three Sparks (spark-2
+drained on the front door and power-throttled, spark-3 failed), a front door and its users; and the real Prometheus scraping it
 with the page's templates. Shared by the page's test and the screenshot's."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLES = ROOT / "templates" / "consoles"
-HOSTS = ("spark-1", "spark-2")
+HOSTS = ("spark-1", "spark-2", "spark-3")
 DRAINED = "spark-2"
+FAILED = "spark-3"  # its engine does not answer, nvidia-smi neither, and the watchdog gave up on it
 DOOR = "door-1"
 MODEL = "Qwen/Qwen3.5-35B-A3B-FP8"
 HOSTILE = "<b onmouseover=alert(1)>x</b>"  # a label value a host made up: shown as text, never as markup
@@ -39,6 +40,10 @@ def _engine(host: str, t: float) -> str:
 
 
 def _node(host: str, hostile: bool) -> str:
+    if host == FAILED:
+        return ("sparkfleet_gpu_reading_ok 0\n"
+                'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 1\n'
+                'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 3\n')
     throttled = host == DRAINED
     reasons = ["power", HOSTILE] if hostile else ["power"]
     return ("sparkfleet_gpu_reading_ok 1\n"
@@ -54,7 +59,7 @@ def _node(host: str, hostile: bool) -> str:
 def _front_door() -> str:
     lines = []
     for host in HOSTS:
-        now = "MAINT" if host == DRAINED else "UP"
+        now = {DRAINED: "MAINT", FAILED: "DOWN"}.get(host, "UP")
         lines += [f'haproxy_server_status{{proxy="{m.FRONT_DOOR_PROXY}",server="{host}",state="{state}"}} '
                   f"{int(state == now)}" for state in ("DOWN", "UP", "MAINT", "DRAIN", "NOLB")]
     return "\n".join(lines) + "\n"
@@ -82,8 +87,8 @@ class _Exporter(BaseHTTPRequestHandler):
         kind, _, host = self.path.strip("/").partition("/")
         body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host, self.hostile), "front_door": _front_door,
                 "usage": lambda: _usage(t)}.get(kind)
-        if body is None:
-            self.send_error(404)
+        if body is None or (kind == "engine" and host == FAILED):
+            self.send_error(404 if body is None else 503)
             return
         data = body().encode()
         self.send_response(200)
@@ -111,9 +116,10 @@ def scrape_config(exporter: str) -> dict:
 
 
 @contextmanager
-def prometheus(tmp: Path, hostile: bool = True):
+def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True):
     """The real Prometheus on loopback scraping the sample fleet (with a hostile label value, or without: the
-    docs' screenshot), the page's templates loaded; yields its URL once it holds enough samples for its rates."""
+    docs' screenshot; or nothing), the page's templates loaded; yields its URL once it holds enough samples for
+    its rates."""
     if not shutil.which("prometheus"):
         import pytest
 
@@ -123,7 +129,8 @@ def prometheus(tmp: Path, hostile: bool = True):
     libraries = tmp / "console_libraries"
     libraries.mkdir()
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(f"127.0.0.1:{server.server_address[1]}")))
+    exporter = f"127.0.0.1:{server.server_address[1]}"
+    config.write_text(yaml.safe_dump(scrape_config(exporter) if scrape else {"global": {"scrape_interval": "1s"}}))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -138,7 +145,8 @@ def prometheus(tmp: Path, hostile: bool = True):
             counts = [float(r["value"][1]) for r in q["data"]["result"]]
             return len(counts) == 2 * len(HOSTS) + 2 and min(counts) >= 3
 
-        wait_for(enough, 30)
+        if scrape:
+            wait_for(enough, 30)
         yield url
     finally:
         proc.terminate()
@@ -160,7 +168,7 @@ def main(out: str) -> None:
                 haproxy_door(Path(tmp) / "d", int(url.rsplit(":", 1)[1])) as door:
             time.sleep(5)  # a few more samples for the rates
             print(status_page_shot.screenshot(door + m.FRONT_DOOR_STATUS_PATH, Path(out), "carol", CAROL,
-                                              size=(1500, 480)))
+                                              size=(1600, 520)))
 
 
 if __name__ == "__main__":

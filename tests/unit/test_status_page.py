@@ -66,11 +66,27 @@ def test_each_host_has_its_row_and_the_drained_one_says_so(page):
     assert "850 / 2418 MHz" in drained and "power" in drained
 
 
+def test_a_failed_host_says_what_failed(page):
+    failed = rows(page.text)[fleet.FAILED]
+    assert "down" in failed and "serving" not in failed and "failing checks" in failed
+    assert "no GPU reading" in failed and "gave up on sparkfleet-vllm.service" in failed
+    assert "MHz" not in failed and "tokens/s" not in failed
+
+
 def test_the_usage_table_names_each_user(page):
     found = rows(page.text)
     for user in fleet.USERS:
         assert user in found
     assert re.search(r"bob \d+ 0 \d+ \d+ [1-9]\d* 0", found["bob"]), found["bob"]
+
+
+def test_an_empty_prometheus_renders_the_page_too(tmp_path):
+    """Before the first scrape (or with every target gone) the page says so instead of failing."""
+    with fleet.prometheus(tmp_path, scrape=False) as url:
+        response = requests.get(url + m.STATUS_PAGE, timeout=10)
+    assert response.status_code == 200, response.text[:2000]
+    assert "Prometheus scrapes no host yet." in response.text and "No usage recorded" in response.text
+    assert rows(response.text) == {}
 
 
 def test_a_hostile_label_value_is_shown_as_text(page):
