@@ -6,6 +6,7 @@ Prometheus is reached through the door."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import threading
 from contextlib import contextmanager
@@ -173,3 +174,22 @@ def test_nothing_else_of_prometheus_is_reached(door, method, path):
         r = requests.request(method, f"{door}{path}", auth=auth, headers=headers, timeout=5)
         assert r.status_code in (401, 404), (path, r.status_code)
     assert _Prometheus.seen == []
+
+
+def test_plan_shows_the_page_on_a_door_that_is_a_monitoring_host_and_no_password(tmp_path, capsys):
+    from sparkfleet import cli
+
+    data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE},
+            "front_door_viewers": VIEWERS, "front_door_allow_http": True}
+    inventory = tmp_path / "office.py"
+    inventory.write_text(f"_d = {data!r}\n"
+                         "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2)]\n"
+                         "front_door = sparks\nmonitoring = sparks[:1]\n")
+    rc = cli.main(["plan", str(inventory), "--offline", "--json"])
+    out = capsys.readouterr().out
+    doors = {d["host"]: d for d in json.loads(out)["front_doors"]}
+    assert rc == 0
+    assert doors["spark-1"]["status_page"] is True and doors["spark-1"]["viewers"] == ["carol", "dave"]
+    assert "backend status_page" in doors["spark-1"]["config"]
+    assert doors["spark-2"]["status_page"] is False and "status_page" not in doors["spark-2"]["config"]
+    assert CAROL not in out and DAVE not in out and ALICE not in out
