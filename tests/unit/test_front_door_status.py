@@ -116,7 +116,7 @@ def haproxy_door(tmp, prometheus_port: int):
     moved = {m.FRONT_DOOR_VIEWERS_MAP: str(tmp / "viewers.map"), paths.FRONT_DOOR_DIR: str(tmp),
              paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"), paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
-    proc = start_haproxy(planned.config(), tmp, moved)  # `haproxy -c` first
+    proc = start_haproxy(planned.config(), tmp, moved, log=(tmp / "haproxy.log").open("w"))  # `haproxy -c` first
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: requests.get(f"{url}/health", timeout=2).status_code in (200, 503))
@@ -131,7 +131,9 @@ def door(tmp_path_factory):
     prometheus = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
     threading.Thread(target=prometheus.serve_forever, daemon=True).start()
     try:
-        with haproxy_door(tmp_path_factory.mktemp("door"), prometheus.server_address[1]) as url:
+        tmp = tmp_path_factory.mktemp("door")
+        with haproxy_door(tmp, prometheus.server_address[1]) as url:
+            _Prometheus.log = tmp / "haproxy.log"
             yield url
     finally:
         prometheus.shutdown()
@@ -143,6 +145,9 @@ def test_a_viewer_sees_the_page_and_prometheus_never_sees_the_password(door):
         r = requests.get(f"{door}{m.FRONT_DOOR_STATUS_PATH}?x=/api/v1/query", auth=(viewer, password), timeout=5)
         assert r.status_code == 200 and r.text == PAGE
     assert _Prometheus.seen == [(m.STATUS_PAGE, None)] * 2
+    wait_for(lambda: "user=viewer:dave" in _Prometheus.log.read_text())
+    log = _Prometheus.log.read_text()
+    assert "user=viewer:carol" in log and CAROL not in log and DAVE not in log
 
 
 @pytest.mark.parametrize("auth, headers", [
