@@ -24,6 +24,10 @@ whose operation is gone (`stale`) is put back by the next converge's front door
 stage or rollout: HAProxy routes to it only once its checks pass, and that
 host's own converge brings its release to the planned one and gates it.
 `status` names every backend out of rotation with what holds it.
+
+Where the front door's host is also a monitoring host, it serves the office status page (Prometheus's console
+on loopback) at /status to viewers, HTTP Basic against SHA-256 digests in a 0600 map; nothing else of
+Prometheus passes the door.
 """
 
 from __future__ import annotations
@@ -292,7 +296,8 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
     else:
         rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
     if summary.get("status_page"):
-        rows.append(("status page", literal(f"{monitoring.FRONT_DOOR_STATUS_PATH} for {', '.join(summary['viewers'])}")))
+        viewers = ", ".join(summary["viewers"])
+        rows.append(("status page", literal(f"{monitoring.FRONT_DOOR_STATUS_PATH} for {viewers}")))
     if summary["tls"]:
         rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
     elif summary["users"]:

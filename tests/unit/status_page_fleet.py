@@ -1,6 +1,6 @@
 """A fleet on loopback for the status page's tests: one exporter serving sample metrics of three Sparks (spark-2
-drained on the front door and power-throttled, spark-3 failed), a front door and its users; and the real Prometheus scraping it
-with the page's templates. Shared by the page's test and the screenshot's."""
+drained on the front door and power-throttled, spark-3 failed), a front door and its users; and the real
+Prometheus scraping it with the page's templates. Shared by the page's tests, the screenshot's and the docs'."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ class _Exporter(BaseHTTPRequestHandler):
     def do_GET(self):
         t = time.time() - self.started
         kind, _, host = self.path.strip("/").partition("/")
-        body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host, self.hostile), "front_door": _front_door,
-                "usage": lambda: _usage(t)}.get(kind)
+        body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host, self.hostile),
+                "front_door": _front_door, "usage": lambda: _usage(t)}.get(kind)
         if body is None or (kind == "engine" and host == FAILED):
             self.send_error(404 if body is None else 503)
             return
