@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from sparkfleet import cli  # imported first: it loads pyinfra's CLI, which patches threading (gevent)
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
@@ -182,8 +183,6 @@ def test_nothing_else_of_prometheus_is_reached(door, method, path):
 
 
 def test_plan_shows_the_page_on_a_door_that_is_a_monitoring_host_and_no_password(tmp_path, capsys):
-    from sparkfleet import cli
-
     data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE},
             "front_door_viewers": VIEWERS, "front_door_allow_http": True}
     inventory = tmp_path / "office.py"
