@@ -31,6 +31,7 @@ HOST_LABEL = "host"
 JOB_ENGINE = "engine"  # each engine's ENGINE_METRICS_PATH (vLLM's `vllm:` metrics, label model_name)
 JOB_NODE = "node"  # each Spark's node exporter, with the textfile collector's GPU_METRICS and WATCHDOG_METRICS
 JOB_FRONT_DOOR = "front_door"  # HAProxy's promex on each front door
+JOB_FRONT_DOOR_TLS = f"{JOB_FRONT_DOOR}_tls"  # the same, of the front doors that speak https
 JOB_USAGE = "usage"  # the front door's USAGE_METRICS
 
 # "Drained" as the page and the alerts read it: the front door's own exporter (promex) gives each backend server
@@ -69,6 +70,9 @@ WATCHDOG_METRICS = {
     "sparkfleet_watchdog_gave_up": "1 per unit (label unit) the watchdog stopped restarting",
     "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
 }
+# Throttle reasons (label `reason` of sparkfleet_gpu_throttle_active) that slow nothing a user waits on: an idle
+# GPU clocks down, the other two are clocks set on purpose. The page shows them apart; every other one is a throttle.
+BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",

@@ -45,12 +45,13 @@ def _node(host: str, hostile: bool) -> str:
                 'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 1\n'
                 'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 3\n')
     throttled = host == DRAINED
-    reasons = ["power", HOSTILE] if hostile else ["power"]
+    reasons = ["sw_power_cap", HOSTILE] if hostile else ["sw_power_cap"]
     return ("sparkfleet_gpu_reading_ok 1\n"
             f"sparkfleet_gpu_sm_clock_mhz {850 if throttled else 2418}\nsparkfleet_gpu_sm_clock_max_mhz 2418\n"
             f"sparkfleet_gpu_power_draw_watts {62 if throttled else 96}\n"
             f"sparkfleet_gpu_temperature_celsius {58 if throttled else 67}\n"
             + "".join(f'sparkfleet_gpu_throttle_active{{reason="{r}"}} {int(throttled)}\n' for r in reasons)
+            + f'sparkfleet_gpu_throttle_active{{reason="gpu_idle"}} {int(not throttled)}\n'
             + 'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
             'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 0\n'
             "node_memory_MemAvailable_bytes 9.1e10\nnode_memory_MemTotal_bytes 1.28e11\n")

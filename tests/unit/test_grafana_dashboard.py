@@ -88,7 +88,7 @@ def test_it_names_only_metrics_the_fleet_exports():
     assert ours and ours - known == set()
     assert {"vllm:kv_cache_usage_perc", "sparkfleet_gpu_sm_clock_mhz", "sparkfleet_user_requests_total"} <= ours
     jobs = {j for e in expressions() for alt in re.findall(r'job=~?"([^"]+)"', e) for j in alt.split("|")}
-    assert jobs and jobs <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE}
+    assert jobs and jobs <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_FRONT_DOOR_TLS, m.JOB_USAGE}
 
 
 def _scrape_names(command: list[str], url: str) -> set[str]:

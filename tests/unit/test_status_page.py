@@ -62,14 +62,15 @@ def test_each_host_has_its_row_and_the_drained_one_says_so(page):
     assert "serving" in serving and "in rotation" in serving and "drained" not in serving
     assert "drained" in drained and "in rotation" not in drained
     assert fleet.MODEL in serving and "42%" in serving and "tokens/s" in serving
-    assert "2418 / 2418 MHz" in serving and "96 W" in serving and "67 °C" in serving and "none" in serving
-    assert "850 / 2418 MHz" in drained and "power" in drained
+    assert "2418 / 2418 MHz" in serving and "96 W" in serving and "67 °C" in serving
+    assert "none (gpu_idle)" in serving  # an idle GPU's lower clock is no throttle
+    assert "850 / 2418 MHz" in drained and "sw_power_cap" in drained and "none" not in drained
 
 
 def test_a_failed_host_says_what_failed(page):
     failed = rows(page.text)[fleet.FAILED]
     assert "down" in failed and "serving" not in failed and "failing checks" in failed
-    assert "no GPU reading" in failed and "gave up on sparkfleet-vllm.service" in failed
+    assert "no GPU reading" in failed and "gave up on vllm" in failed
     assert "MHz" not in failed and "tokens/s" not in failed
 
 
@@ -106,7 +107,11 @@ def test_the_page_asks_only_for_names_the_fleet_exports():
              "vllm:generation_tokens_total"}
     assert names and names <= known, names - known
     jobs = set(re.findall(r'job=~?"([^"]+)"', text))
-    assert {j for alt in jobs for j in alt.split("|")} <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE}
+    assert {j for alt in jobs for j in alt.split("|")} <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR,
+                                                           m.JOB_FRONT_DOOR_TLS, m.JOB_USAGE}
+    assert f'job=~"{m.JOB_FRONT_DOOR}|{m.JOB_FRONT_DOOR_TLS}"' in text  # a door's scrape job, http or https
+    benign = "|".join(m.BENIGN_THROTTLE_REASONS)
+    assert text.count(f'reason!~"{benign}"') == 1 and text.count(f'reason=~"{benign}"') == 1
     assert f'proxy="{m.FRONT_DOOR_PROXY}"' in text and all(f'"{s}"' in text for s in m.DRAINED_STATES)
 
 
