@@ -83,3 +83,4 @@ USAGE_METRICS = {
     "sparkfleet_user_completion_tokens_total": "completion tokens the engines reported per user and model",
     "sparkfleet_user_limited_total": "requests refused with 429 per user",
 }
+WATCHDOG_METRICS["sparkfleet_watchdog_probe_ok"] = "1 when the watchdog's last probe of a unit (label unit) passed"

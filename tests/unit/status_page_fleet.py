@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONSOLES = ROOT / "templates" / "consoles"
 HOSTS = ("spark-1", "spark-2", "spark-3")
 DRAINED = "spark-2"
-FAILED = "spark-3"  # its engine does not answer, nvidia-smi neither, and the watchdog gave up on it
+FAILED = "spark-3"  # its engine answers its scrape but not the watchdog's chat probe, nvidia-smi does not answer,
+# and the watchdog gave up on it
 DOOR = "door-1"
 MODEL = "Qwen/Qwen3.5-35B-A3B-FP8"
 HOSTILE = "<b onmouseover=alert(1)>x</b>"  # a label value a host made up: shown as text, never as markup
@@ -31,7 +32,7 @@ USERS = {"alice": 40, "bob": 12}  # requests per minute each makes in the sample
 
 
 def _engine(host: str, t: float) -> str:
-    kv = 0.42 if host != DRAINED else 0.05
+    kv = {DRAINED: 0.05, FAILED: 0.97}.get(host, 0.42)
     lbl = f'engine="0",model_name="{MODEL}"'
     return (f"vllm:num_requests_running{{{lbl}}} {3 if host != DRAINED else 0}\n"
             f"vllm:num_requests_waiting{{{lbl}}} 0\n"
@@ -42,6 +43,7 @@ def _engine(host: str, t: float) -> str:
 def _node(host: str, hostile: bool) -> str:
     if host == FAILED:
         return ("sparkfleet_gpu_reading_ok 0\n"
+                'sparkfleet_watchdog_probe_ok{unit="sparkfleet-vllm.service"} 0\n'
                 'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 1\n'
                 'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 3\n')
     throttled = host == DRAINED
@@ -52,7 +54,8 @@ def _node(host: str, hostile: bool) -> str:
             f"sparkfleet_gpu_temperature_celsius {58 if throttled else 67}\n"
             + "".join(f'sparkfleet_gpu_throttle_active{{reason="{r}"}} {int(throttled)}\n' for r in reasons)
             + f'sparkfleet_gpu_throttle_active{{reason="gpu_idle"}} {int(not throttled)}\n'
-            + 'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
+            + 'sparkfleet_watchdog_probe_ok{unit="sparkfleet-vllm.service"} 1\n'
+            'sparkfleet_watchdog_gave_up{unit="sparkfleet-vllm.service"} 0\n'
             'sparkfleet_watchdog_restarts_total{unit="sparkfleet-vllm.service"} 0\n'
             "node_memory_MemAvailable_bytes 9.1e10\nnode_memory_MemTotal_bytes 1.28e11\n")
 
@@ -88,8 +91,8 @@ class _Exporter(BaseHTTPRequestHandler):
         kind, _, host = self.path.strip("/").partition("/")
         body = {"engine": lambda: _engine(host, t), "node": lambda: _node(host, self.hostile),
                 "front_door": _front_door, "usage": lambda: _usage(t)}.get(kind)
-        if body is None or (kind == "engine" and host == FAILED):
-            self.send_error(404 if body is None else 503)
+        if body is None:
+            self.send_error(404)
             return
         data = body().encode()
         self.send_response(200)

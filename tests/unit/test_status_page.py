@@ -68,10 +68,11 @@ def test_each_host_has_its_row_and_the_drained_one_says_so(page):
 
 
 def test_a_failed_host_says_what_failed(page):
+    """spark-3's engine answers its scrape but not the watchdog's chat probe (a wedged engine)."""
     failed = rows(page.text)[fleet.FAILED]
-    assert "down" in failed and "serving" not in failed and "failing checks" in failed
-    assert "no GPU reading" in failed and "gave up on vllm" in failed
-    assert "MHz" not in failed and "tokens/s" not in failed
+    assert failed.split()[:3] == [fleet.FAILED, "not", "serving"] and "failing checks" in failed
+    assert "no GPU reading" in failed and "gave up on vllm" in failed and "MHz" not in failed
+    assert "97%" in failed
 
 
 def test_the_usage_table_names_each_user(page):
