@@ -130,6 +130,10 @@ controller_front_door_ca = None  # a PEM file status trusts for the front door's
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
 front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN
+# secret: {"name": "password"} (>= 16 characters): who may open the office status page, GET /status with HTTP
+# Basic auth; offered where the front door host is also a `monitoring` host (0600 on it, as a SHA-256 only)
+front_door_viewers = {}
+monitoring_port = 9090  # Prometheus on the monitoring hosts, bound to 127.0.0.1 only
 drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish
 # a rollout's speed gate: the canary's decode tokens/s may fall, its TTFT rise, by this share of the previous
 # release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)

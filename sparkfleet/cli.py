@@ -97,12 +97,14 @@ def _front_doors(args, plans) -> list:
     """The front doors among the planned hosts (group `front_door`), as the front door stage builds them: from
     the whole inventory's plans (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
     from sparkfleet.fleet.front_door import front_door_hosts, planned_front_doors
+    from sparkfleet.contract import monitoring
 
     planned = {p.name: p for p in plans}
     names = [name for name, _ in front_door_hosts(args.inventory) if name in planned]
     if names and args.limit:
         planned = {p.name: p for p in plan_hosts(_with_data(load_hosts(args.inventory), args.data))}
-    return planned_front_doors(names, planned)
+    monitoring_hosts = frozenset(name for name, _ in front_door_hosts(args.inventory, monitoring.GROUP))
+    return planned_front_doors(names, planned, monitoring_hosts)
 
 
 def _group_rows(plan) -> list[tuple[str, str]]:

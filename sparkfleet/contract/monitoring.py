@@ -16,10 +16,30 @@ PROMETHEUS_DIR = f"{paths.CONFIG_DIR}/prometheus"
 PROMETHEUS_CONFIG = f"{PROMETHEUS_DIR}/prometheus.yml"
 PROMETHEUS_RULES = f"{PROMETHEUS_DIR}/alerts.yml"
 PROMETHEUS_CONSOLES = f"{PROMETHEUS_DIR}/consoles"  # the office status page (a console template)
+PROMETHEUS_CONSOLE_LIBRARIES = f"{PROMETHEUS_DIR}/console_libraries"  # empty: the page needs no library
 PROMETHEUS_KEY = f"{PROMETHEUS_DIR}/backend.key"  # 0600, owned by prometheus: the key its scrapes send
 PROMETHEUS_DATA = f"{paths.STATE_DIR}/prometheus"
 PROMETHEUS_USER = "prometheus"  # Debian's package makes it
 STATUS_PAGE = "/consoles/sparkfleet.html"  # where Prometheus serves the page (the front door maps /status to it)
+STATUS_PAGE_FILE = "sparkfleet.html"  # its file in PROMETHEUS_CONSOLES, from templates/consoles/
+FRONT_DOOR_STATUS_PATH = "/status"  # the page on the front door, for viewers (HTTP Basic), when it is a monitoring host
+FRONT_DOOR_VIEWERS_MAP = f"{paths.FRONT_DOOR_DIR}/viewers.map"  # 0600: "<viewer> <SHA-256 of the password, hex>"
+
+# Scrape jobs: every target carries HOST_LABEL = its inventory host name (a front door's too), so the page, the
+# alerts and the dashboard join an engine, its node and its front door state by host.
+HOST_LABEL = "host"
+JOB_ENGINE = "engine"  # each engine's ENGINE_METRICS_PATH (vLLM's `vllm:` metrics, label model_name)
+JOB_NODE = "node"  # each Spark's node exporter, with the textfile collector's GPU_METRICS and WATCHDOG_METRICS
+JOB_FRONT_DOOR = "front_door"  # HAProxy's promex on each front door
+JOB_FRONT_DOOR_TLS = f"{JOB_FRONT_DOOR}_tls"  # the same, of the front doors that speak https
+JOB_USAGE = "usage"  # the front door's USAGE_METRICS
+
+# "Drained" as the page and the alerts read it: the front door's own exporter (promex) gives each backend server
+# (label server = the inventory host name) of proxy FRONT_DOOR_PROXY one series per state, 1 for the current one.
+# MAINT: out of rotation (`sparkfleet drain`, a rollout's batch); DRAIN: set aside, finishing its requests.
+SERVER_STATUS_METRIC = "haproxy_server_status"
+FRONT_DOOR_PROXY = "engines"  # fleet/front_door.py BACKEND
+DRAINED_STATES = ("MAINT", "DRAIN")
 
 # On every Spark: Debian's node exporter, its own unit on loopback (Debian's listens on every address), its
 # textfile collector reading TEXTFILE_DIR, which a timer fills with the GB10's and the watchdog's state.
@@ -52,6 +72,9 @@ WATCHDOG_METRICS = {
     "sparkfleet_watchdog_gave_up": "1 per unit (label unit) the watchdog stopped restarting",
     "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
 }
+# Throttle reasons (label `reason` of sparkfleet_gpu_throttle_active) that slow nothing a user waits on: an idle
+# GPU clocks down, the other two are clocks set on purpose. The page shows them apart; every other one is a throttle.
+BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",
@@ -62,3 +85,4 @@ USAGE_METRICS = {
     "sparkfleet_user_completion_tokens_total": "completion tokens the engines reported per user and model",
     "sparkfleet_user_limited_total": "requests refused with 429 per user",
 }
+WATCHDOG_METRICS["sparkfleet_watchdog_probe_ok"] = "1 when the watchdog's last probe of a unit (label unit) passed"

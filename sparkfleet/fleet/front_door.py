@@ -24,11 +24,16 @@ whose operation is gone (`stale`) is put back by the next converge's front door
 stage or rollout: HAProxy routes to it only once its checks pass, and that
 host's own converge brings its release to the planned one and gates it.
 `status` names every backend out of rotation with what holds it.
+
+Where the front door's host is also a monitoring host, it serves the office status page (Prometheus's console
+on loopback) at /status to viewers, HTTP Basic against SHA-256 digests in a 0600 map; nothing else of
+Prometheus passes the door.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 import re
@@ -100,6 +105,7 @@ class FrontDoor:
     backends: tuple[Backend, ...]
     api_key: str
     routes: tuple[Route, ...] = ()
+    status_port: int | None = None  # Prometheus's loopback port where this door offers the status page, else None
 
     @property
     def tls(self) -> bool:
@@ -117,7 +123,7 @@ class FrontDoor:
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
             chat_check=serving.http_check("chat", self.settings.served_model_name),
-            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage())
+            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page)
 
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
@@ -126,6 +132,21 @@ class FrontDoor:
         return {"lua": paths.FRONT_DOOR_USAGE_LUA, "table": monitoring.USAGE_TABLE,
                 "path": monitoring.USAGE_METRICS_PATH, "rate_429": haproxy.RATE_429,
                 "at_once_429": haproxy.AT_ONCE_429, "models": [haproxy.token(m, "served model name") for m in models]}
+
+    @property
+    def status_page(self) -> dict | None:
+        """What the config needs to serve the office status page (GET FRONT_DOOR_STATUS_PATH to viewers, mapped to
+        Prometheus's console on loopback); None where this door does not offer it."""
+        if self.status_port is None:
+            return None
+        return {"path": monitoring.FRONT_DOOR_STATUS_PATH, "console": monitoring.STATUS_PAGE,
+                "port": self.status_port, "viewers_map": monitoring.FRONT_DOOR_VIEWERS_MAP}
+
+    def viewers_map(self) -> str:
+        """The status page's viewers, one "<name> <SHA-256 of the password, upper-case hex>" a line: HAProxy hashes
+        what a browser sends the same way and compares the two digests in constant time (secure_memcmp)."""
+        return "".join(f"{name} {viewer_digest(password)}\n"
+                       for name, password in sorted(self.settings.front_door_viewers.items()))
 
     def users_map(self) -> str:
         return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_keys.items()))
@@ -160,9 +181,15 @@ class FrontDoor:
                             save_state=save_state_command(), replay=replay_command())
 
 
-def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
+def viewer_digest(password: str) -> str:
+    """A viewer's password as the viewers map holds it (HAProxy's `digest(sha256),hex` of what a browser sends)."""
+    return hashlib.sha256(password.encode()).hexdigest().upper()
+
+
+def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False) -> FrontDoor:
     """The front door on `host`: the backends are every host serving the same served_model_name; of a
-    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API).
+    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API). Where `host`
+    is also a monitoring host and has viewers, the door offers the status page.
 
     Raises SettingsError naming each problem: the backends must be reachable from
     another host (not loopback) and share one api_key, which only the front door
@@ -204,6 +231,20 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     if keys & set(users.values()):
         problems.append(f"{host}: setting `front_door_users`: a user key equals the backends' api_key: "
                         "clients must never hold the engines' key")
+    viewers = s.front_door_viewers
+    if keys & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals the backends' api_key: "
+                        "give viewers passwords of their own")
+    if set(users.values()) & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals a user's key: give "
+                        "viewers passwords of their own")
+    if monitoring_host and viewers and s.monitoring_port == s.front_door_port:
+        problems.append(f"{host}: setting `monitoring_port` = {s.monitoring_port} is the front door's port: "
+                        "pick another port")
+    if viewers and monitoring_host and not s.front_door_tls_cert and not s.front_door_allow_http:
+        problems.append(f"{host}: the status page would take its viewers' passwords over plain http: set "
+                        "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
+                        "on a trusted LAN")
     if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
         problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
     elif users and not s.front_door_tls_cert and not s.front_door_allow_http:
@@ -222,17 +263,18 @@ def front_door_plan(host: str, plans: dict[str, HostPlan]) -> FrontDoor:
     if problems:
         raise SettingsError(problems)
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
-                     keys.pop(), routes)
+                     keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None)
 
 
-def planned_front_doors(names: list[str], plans: dict[str, HostPlan]) -> list[FrontDoor]:
-    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans`, their
-    TLS files read as the stage reads them (so `plan` refuses what the converge would); SettingsError names
-    every problem of every door."""
+def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
+                        monitoring_hosts: frozenset[str] = frozenset()) -> list[FrontDoor]:
+    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans` (those
+    in `monitoring_hosts` with the status page), their TLS files read as the stage reads them (so `plan` refuses
+    what the converge would); SettingsError names every problem of every door."""
     doors, problems = [], []
     for name in names:
         try:
-            door = front_door_plan(name, plans)
+            door = front_door_plan(name, plans, name in monitoring_hosts)
             if door.tls:
                 door.tls_pem()
             doors.append(door)
@@ -251,6 +293,7 @@ def door_summary(door: FrontDoor) -> dict:
             "tls_key": s.front_door_tls_key, "users": sorted(s.front_door_users),
             "limits": {name: {"requests_per_minute": rate, "max_concurrent": at_once}
                        for name, (rate, at_once) in sorted(s.front_door_limits().items()) if rate or at_once},
+            "status_page": door.status_page is not None, "viewers": sorted(s.front_door_viewers),
             "backends": [{"host": b.name, "target": b.target} for b in door.backends],
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
                        for r in door.routes],
@@ -276,6 +319,9 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
                 f"{lim['requests_per_minute']} a minute" if lim["requests_per_minute"] else "",
                 f"{lim['max_concurrent']} at once" if lim["max_concurrent"] else "") if part)
             for name, lim in summary["limits"].items()))))
+    if summary.get("status_page"):
+        viewers = ", ".join(summary["viewers"])
+        rows.append(("status page", literal(f"{monitoring.FRONT_DOOR_STATUS_PATH} for {viewers}")))
     if summary["tls"]:
         rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
     elif summary["users"]:
@@ -286,12 +332,12 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def front_door_hosts(inventory: str) -> list[tuple[str, dict]]:
-    """The hosts of the inventory's `front_door` group [(name, merged data)]; none without the group."""
+def front_door_hosts(inventory: str, group: str = GROUP) -> list[tuple[str, dict]]:
+    """The hosts of the inventory's `front_door` group (or `group`) [(name, merged data)]; none without it."""
     from sparkfleet.fleet.inventory import load_hosts
 
     try:
-        return load_hosts(inventory, limit=GROUP)
+        return load_hosts(inventory, limit=group)
     except (KeyError, FileNotFoundError):  # no front_door group (or no inventory: nothing to drain)
         return []
 

@@ -14,7 +14,7 @@ from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from sparkfleet import FILES_DIR
-from sparkfleet.contract import paths, serving
+from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.fleet.front_door import controller_name, front_door_plan, put_back_command, stale_holds
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.facts import JsonFile
@@ -28,7 +28,7 @@ from sparkfleet.contract.settings import SettingsError
 @deploy("Front door")
 def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     try:
-        door = front_door_plan(plan.name, plans)
+        door = front_door_plan(plan.name, plans, monitoring.GROUP in host.groups)
     except SettingsError as exc:
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     s = door.settings
@@ -45,6 +45,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
         managed_file(name="Front door usage counters (Lua)", src=str(FILES_DIR / "sparkfleet-usage.lua"),
                      dest=paths.FRONT_DOOR_USAGE_LUA, mode="0600"),
     ]
+    if door.status_page:  # the status page's viewers (digests of their passwords)
+        changes.append(secret_file(name="Front door status page viewers (root-only)",
+                                   dest=monitoring.FRONT_DOOR_VIEWERS_MAP, content=door.viewers_map()))
     if door.tls:
         changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=paths.FRONT_DOOR_TLS_PEM,
                                    content=door.tls_pem()))

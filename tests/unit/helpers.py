@@ -181,10 +181,10 @@ def _changes_user() -> bool:
         return False
 
 
-def start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
+def start_haproxy(config: str, tmp, moved: dict[str, str], log=subprocess.DEVNULL) -> subprocess.Popen:
     """The real HAProxy on a rendered config, its host paths moved under `tmp`; checked (`-c`) first. Where it
     cannot change user (not root, or a user namespace), the user, group and chroot lines are dropped: the rest of
-    the config is the same."""
+    the config is the same. Its log (stdout) goes to `log`."""
     for old, new in moved.items():
         config = config.replace(old, new)
     if not _changes_user():
@@ -194,8 +194,7 @@ def start_haproxy(config: str, tmp, moved: dict[str, str]) -> subprocess.Popen:
     check = subprocess.run(["haproxy", "-c", "-f", str(tmp / "haproxy.cfg")], capture_output=True, text=True,
                            check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=log, stderr=subprocess.DEVNULL)
 
 
 def door_files(door, directory: Path) -> None:

@@ -138,7 +138,7 @@ def test_every_make_target_shown_exists():
 
 def test_no_page_shows_a_secret_written_into_a_file():
     """api_key, hub_token and users' keys come from a file outside the project, never a literal in an example."""
-    literal = re.compile(r"""\b(api_key|hub_token|front_door_users)"?\s*[:=]\s*["'{]""")
+    literal = re.compile(r"""\b(api_key|hub_token|front_door_users|front_door_viewers)"?\s*[:=]\s*["'{]""")
     assert [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in PAGES for block in _code_blocks(p)
             for m in literal.finditer(block)] == []
 

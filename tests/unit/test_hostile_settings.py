@@ -300,7 +300,8 @@ STRING_SETTINGS = {
     "front_door_tls_key": "/srv/tls/door.key", "controller_front_door_ca": "/srv/tls/ca.pem",
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
 }
-ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "services",
+ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
+                 "services",
                  "tensor_parallel_hosts", "ray_start_args", "refused_kernels", "refused_pair_kernels",
                  "refused_drivers", "platform_pins"}
 
