@@ -199,13 +199,15 @@ def start_haproxy(config: str, tmp, moved: dict[str, str], log=subprocess.DEVNUL
 
 def door_files(door, directory: Path) -> None:
     """A front door's files as its stage writes them, into `directory` (its FRONT_DOOR_DIR moved there): the maps
-    and the usage Lua file."""
-    from sparkfleet.contract import paths
+    and the usage Lua file, and the status page's viewers where the door offers it."""
+    from sparkfleet.contract import monitoring, paths
 
     for dest, content in ((paths.FRONT_DOOR_USERS_MAP, door.users_map()), (paths.FRONT_DOOR_BACKEND_MAP, door.backend_map()),
                           (paths.FRONT_DOOR_LIMITS_MAP, door.limits_map()),
                           (paths.FRONT_DOOR_USAGE_LUA, (ROOT / "files" / "sparkfleet-usage.lua").read_text())):
         (Path(directory) / Path(dest).name).write_text(content)
+    if door.status_page:
+        (Path(directory) / Path(monitoring.FRONT_DOOR_VIEWERS_MAP).name).write_text(door.viewers_map())
 
 
 class RecordingDoor:

@@ -22,7 +22,7 @@ from sparkfleet.contract.settings import SettingsError
 from sparkfleet.fleet import front_door as fd
 from tests.conftest import free_port
 
-from .helpers import KEY, start_haproxy, wait_for
+from .helpers import KEY, door_files, start_haproxy, wait_for
 from .test_front_door import ALICE, plans
 
 CAROL, DAVE = "carol-pass-0123456789abcdef", "dave-pass-0123456789abcdef"
@@ -111,9 +111,7 @@ def haproxy_door(tmp, prometheus_port: int):
         pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     port = free_port()
     planned = door_of(monitoring_port=prometheus_port, front_door_port=port)
-    (tmp / "users.map").write_text(planned.users_map())
-    (tmp / "backend.map").write_text(planned.backend_map())
-    (tmp / "viewers.map").write_text(planned.viewers_map())
+    door_files(planned, tmp)
     moved = {m.FRONT_DOOR_VIEWERS_MAP: str(tmp / "viewers.map"), paths.FRONT_DOOR_DIR: str(tmp),
              paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"), paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
