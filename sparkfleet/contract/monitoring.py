@@ -60,3 +60,15 @@ USAGE_METRICS = {
     "sparkfleet_user_completion_tokens_total": "completion tokens the engines reported per user and model",
     "sparkfleet_user_limited_total": "requests refused with 429 per user",
 }
+WATCHDOG_METRICS["sparkfleet_watchdog_probe_ok"] = "1 when the watchdog's last probe of a unit (label unit) passed"
+
+# Throttle reasons, as nvidia-smi names its clocks_event_reasons.* fields (label `reason` of
+# sparkfleet_gpu_throttle_active). The benign ones slow nothing a user waits on: an idle GPU clocks down, and
+# the other two are clocks set on purpose. Every other reason active for a while is a GB10 throttling.
+THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown", "sw_thermal_slowdown", "sync_boost")
+BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
+GPU_TEXTFILE = f"{TEXTFILE_DIR}/gpu.prom"
+WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/watchdog.prom"
+PROMETHEUS_READY_PATH = "/-/ready"
+ALERTS_API_PATH = "/api/v1/alerts"
