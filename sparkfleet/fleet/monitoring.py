@@ -56,7 +56,7 @@ def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Tar
                 problems.append(f"{name}: setting `api_key` is missing: Prometheus asks the engines with it")
             try:
                 found += [Target("engine", name, haproxy.address(address, port), svc) for svc, port in engines]
-                found.append(Target("node", name, haproxy.address(address, s.api_port)))
+                found.append(Target("node", name, haproxy.address(address, engines[0][1])))  # the guard's first
             except ValueError as exc:
                 problems.append(f"{name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
         if FRONT_DOOR in groups.get(name, set()):
