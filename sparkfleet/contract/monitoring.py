@@ -72,3 +72,10 @@ GPU_TEXTFILE = f"{TEXTFILE_DIR}/gpu.prom"
 WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/watchdog.prom"
 PROMETHEUS_READY_PATH = "/-/ready"
 ALERTS_API_PATH = "/api/v1/alerts"
+
+# Alertmanager on a monitoring host, only with alertmanager_webhook_url: its own unit on loopback, no cluster port.
+ALERTMANAGER_UNIT_NAME = "sparkfleet-alertmanager.service"
+ALERTMANAGER_UNIT_PATH = paths.unit_path(ALERTMANAGER_UNIT_NAME)
+ALERTMANAGER_DIR = f"{PROMETHEUS_DIR}/alertmanager"
+ALERTMANAGER_CONFIG = f"{ALERTMANAGER_DIR}/alertmanager.yml"  # 0600, owned by prometheus: it holds the webhook URL
+ALERTMANAGER_DATA = f"{paths.STATE_DIR}/alertmanager"

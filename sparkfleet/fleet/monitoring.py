@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import yaml
 
 from sparkfleet.contract import monitoring as m
+from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.fleet import haproxy
 from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 
 JOBS = ("engine", "node", "front_door")  # the scrape jobs, by what they reach
@@ -169,3 +171,66 @@ def alertmanager_config(url: str) -> str:
     """alertmanager.yml: every alert to one webhook (the URL is a secret: this file is 0600)."""
     return _dump({"route": {"receiver": "webhook", "group_by": ["alertname", "host"]},
                   "receivers": [{"name": "webhook", "webhook_configs": [{"url": url, "send_resolved": True}]}]})
+
+
+TEXTFILE_INTERVAL_S = 15  # how often the timer reads the GB10 and the watchdog
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    """What one monitoring host runs: Prometheus's config, rules and key, its unit, and Alertmanager's."""
+
+    host: str
+    settings: Settings
+    targets: tuple[Target, ...]
+    key: str
+    tls_doors: frozenset[str] = frozenset()
+
+    @property
+    def alertmanager(self) -> bool:
+        return self.settings.alertmanager_webhook_url is not None
+
+    def config(self) -> str:
+        return scrape_config(self.settings, list(self.targets), set(self.tls_doors), self.alertmanager)
+
+    def rules(self) -> str:
+        return rules_file(self.settings)
+
+    def unit(self) -> str:
+        return render._templates.get_template("sparkfleet-prometheus.service.j2").render(
+            s=self.settings, config=m.PROMETHEUS_CONFIG, data=m.PROMETHEUS_DATA, user=m.PROMETHEUS_USER,
+            listen=f"127.0.0.1:{self.settings.monitoring_port}")
+
+    def alertmanager_config(self) -> str:
+        return alertmanager_config(self.settings.alertmanager_webhook_url)
+
+    def alertmanager_unit(self) -> str:
+        return render._templates.get_template("sparkfleet-alertmanager.service.j2").render(
+            config=m.ALERTMANAGER_CONFIG, data=m.ALERTMANAGER_DATA, user=m.PROMETHEUS_USER,
+            listen=f"127.0.0.1:{self.settings.alertmanager_port}")
+
+
+def monitoring_plan(host: str, plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> Monitoring:
+    """The monitoring on `host`, from the whole inventory's plans and each host's groups (SettingsError names
+    every problem)."""
+    s = plans[host].settings
+    found = targets(plans, groups)
+    if s.monitoring_port in (s.api_port, s.front_door_port, s.peer_port, s.alertmanager_port):
+        raise SettingsError([f"{host}: setting `monitoring_port` = {s.monitoring_port} is taken by another "
+                             "listener on this host: pick another port"])
+    tls = frozenset(t.host for t in found if t.job == "front_door" and plans[t.host].settings.front_door_tls_cert)
+    return Monitoring(host, s, tuple(found), backend_key(plans, found), tls)
+
+
+def node_exporter_unit() -> str:
+    return render._templates.get_template("sparkfleet-node-exporter.service.j2").render(
+        listen=f"127.0.0.1:{m.NODE_EXPORTER_PORT}", textfile_dir=m.TEXTFILE_DIR, user=m.PROMETHEUS_USER,
+        path=m.NODE_METRICS_PATH)
+
+
+def textfile_units() -> tuple[str, str]:
+    """The textfile writer's service and timer."""
+    t = render._templates
+    return (t.get_template("sparkfleet-textfile.service.j2").render(
+                textfile=m.TEXTFILE, serving=paths.SERVING_FILE, textfile_dir=m.TEXTFILE_DIR),
+            t.get_template("sparkfleet-textfile.timer.j2").render(interval_s=TEXTFILE_INTERVAL_S))
