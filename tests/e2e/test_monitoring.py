@@ -62,6 +62,12 @@ def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
     raise AssertionError(f"not within {timeout_s} s: {explain()}")
 
 
+def values(state, query: str) -> dict[str, str]:
+    """{host: value} of an instant query."""
+    found = prometheus(state, f"/api/v1/query?query={query}")["data"]["result"]
+    return {r["metric"]["host"]: r["value"][1] for r in found}
+
+
 def targets(state) -> dict[tuple[str, str], str]:
     return {(t["labels"]["job"], t["labels"]["host"]): t["health"]
             for t in prometheus(state, "/api/v1/targets")["data"]["activeTargets"]}
@@ -71,10 +77,8 @@ def test_every_target_is_up_nothing_listens_on_the_lan_and_a_second_converge_cha
     state, inventory = monitored
     wanted = {**{(job, h): "up" for h in HOSTS for job in ("engine", "node")}, ("front_door", "spark-1"): "up"}
     wait_until(lambda: targets(state) == wanted, 60, lambda: targets(state))
-    readings = prometheus(state, "/api/v1/query?query=sparkfleet_gpu_reading_ok")["data"]["result"]
-    assert {r["metric"]["host"]: r["value"][1] for r in readings} == {h: "1" for h in HOSTS}
-    watchdog = prometheus(state, "/api/v1/query?query=sparkfleet_watchdog_probe_ok")["data"]["result"]
-    assert {r["metric"]["host"] for r in watchdog} == set(HOSTS)
+    for metric in ("sparkfleet_gpu_reading_ok", "sparkfleet_watchdog_probe_ok"):  # the textfile, within a tick
+        wait_until(lambda q=metric: values(state, q) == {h: "1" for h in HOSTS}, 60, lambda q=metric: values(state, q))
     for host, ports in (("spark-1", (9090, 9100)), ("spark-2", (9100,)), ("spark-3", (9100,))):
         listening = ssh(state, host, "ss -Hltn").split()
         for port in ports:
