@@ -187,3 +187,19 @@ def test_promtool_fires_each_alert_for_its_host_and_keeps_the_others_quiet(tmp_p
     done = subprocess.run([PROMTOOL, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_plan_never_prints_the_webhook_url(tmp_path, capsys):
+    from sparkfleet import cli
+
+    url = "https://hooks.example/T0KEN-abcdef0123"
+    path = tmp_path / "office.py"
+    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': {KEY!r}, 'alertmanager_webhook_url': {url!r}}}\n"
+                    "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2)]\n"
+                    "monitoring = sparks[:1]\n")
+    for extra in ([], ["--json"]):
+        assert cli.main(["plan", str(path), "--offline", *extra]) == 0
+        out = capsys.readouterr()
+        assert "T0KEN" not in out.out + out.err
+    assert "T0KEN" in monitoring.monitoring_plan("spark-1", plans(alertmanager_webhook_url=url), GROUPS)\
+        .alertmanager_config()
