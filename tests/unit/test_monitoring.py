@@ -203,3 +203,14 @@ def test_plan_never_prints_the_webhook_url(tmp_path, capsys):
         assert "T0KEN" not in out.out + out.err
     assert "T0KEN" in monitoring.monitoring_plan("spark-1", plans(alertmanager_webhook_url=url), GROUPS)\
         .alertmanager_config()
+
+
+def test_every_unit_listens_on_loopback_only():
+    wanted = monitoring.monitoring_plan("spark-1", plans(monitoring_port=9191, monitoring_retention="2w"), GROUPS)
+    unit = wanted.unit()
+    assert " --web.listen-address=127.0.0.1:9191" in unit and " --storage.tsdb.retention.time=2w " in unit
+    assert "--web.listen-address=127.0.0.1:9100 " in monitoring.node_exporter_unit()
+    manager = wanted.alertmanager_unit()
+    assert "--web.listen-address=127.0.0.1:9093 --cluster.listen-address=\n" in manager
+    with pytest.raises(SettingsError, match="monitoring_port"):
+        monitoring.monitoring_plan("spark-1", plans(monitoring_port=8080), GROUPS)
