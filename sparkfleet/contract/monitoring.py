@@ -7,6 +7,8 @@ page, the guard, the front door and `status` cannot drift apart.
 from sparkfleet.contract import paths
 
 GROUP = "monitoring"  # the inventory group whose hosts run Prometheus
+# Debian's packages (paths.MONITORING_PACKAGES: the host read reports them), each with its own unit kept off
+PROMETHEUS_PACKAGE, NODE_EXPORTER_PACKAGE, ALERTMANAGER_PACKAGE = paths.MONITORING_PACKAGES
 SERVICE_GROUPS = frozenset({"front_door", GROUP})  # a host in only these (and "all") is a service host, not a Spark
 
 # Prometheus on a monitoring host: its own unit (Debian's prometheus.service stays off), loopback only.

@@ -10,6 +10,7 @@ from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from sparkfleet.contract import monitoring as m
+from sparkfleet.contract import paths
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.fleet.monitoring import monitoring_plan
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_permissions, managed_unit
@@ -31,9 +32,10 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
     except SettingsError as exc:
         raise DeployRefused(f"invalid monitoring settings; no host was changed:\n{exc}") from None
     s, user = wanted.settings, m.PROMETHEUS_USER
-    managed_packages(name="Prometheus installed", packages=["prometheus"], extra_install_args="--no-install-recommends")
+    managed_packages(name="Prometheus installed", packages=[m.PROMETHEUS_PACKAGE],
+                     extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus.service off (sparkfleet runs its own, on loopback)",
-                 service="prometheus.service", running=False, enabled=False)
+                 service=paths.MONITORING_PACKAGES[m.PROMETHEUS_PACKAGE], running=False, enabled=False)
     managed_directory(name="Prometheus config directory", path=m.PROMETHEUS_DIR, mode="0750", user="root", group=user)
     managed_directory(name="Prometheus data directory", path=m.PROMETHEUS_DATA, mode="0750", user=user, group=user)
     key = secret_file(name="Prometheus's backend key (0600)", dest=m.PROMETHEUS_KEY, content=wanted.key + "\n")
@@ -60,10 +62,10 @@ def _alertmanager(wanted) -> None:
     """Alertmanager (Debian's package, its own unit on loopback, no cluster port): every alert to the webhook,
     whose URL is a secret (a 0600 file owned by prometheus, never in the plan or the unit)."""
     user = m.PROMETHEUS_USER
-    managed_packages(name="Alertmanager installed", packages=["prometheus-alertmanager"],
+    managed_packages(name="Alertmanager installed", packages=[m.ALERTMANAGER_PACKAGE],
                      extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus-alertmanager.service off (it listens on every address)",
-                 service="prometheus-alertmanager.service", running=False, enabled=False)
+                 service=paths.MONITORING_PACKAGES[m.ALERTMANAGER_PACKAGE], running=False, enabled=False)
     managed_directory(name="Alertmanager config directory", path=m.ALERTMANAGER_DIR, mode="0750", user="root",
                       group=user)
     managed_directory(name="Alertmanager data directory", path=m.ALERTMANAGER_DATA, mode="0750", user=user, group=user)
@@ -73,6 +75,7 @@ def _alertmanager(wanted) -> None:
                         user=user, group=user)
     unit = managed_file(name="Alertmanager unit", content=wanted.alertmanager_unit(),
                         dest=m.ALERTMANAGER_UNIT_PATH, mode="0644")
-    managed_unit(name=f"Alertmanager on 127.0.0.1:{wanted.settings.alertmanager_port}", service=m.ALERTMANAGER_UNIT_NAME,
+    managed_unit(name=f"Alertmanager on 127.0.0.1:{wanted.settings.alertmanager_port}",
+                 service=m.ALERTMANAGER_UNIT_NAME,
                  running=True, enabled=True, restarted=unit.will_change,
                  reloaded=not unit.will_change and config.will_change, daemon_reload=unit.will_change)

@@ -16,10 +16,10 @@ from sparkfleet.release.plan import HostPlan
 
 @deploy("Node metrics")
 def node_metrics(plan: HostPlan):
-    managed_packages(name="Node exporter installed", packages=["prometheus-node-exporter"],
+    managed_packages(name="Node exporter installed", packages=[m.NODE_EXPORTER_PACKAGE],
                      extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus-node-exporter.service off (it listens on every address)",
-                 service="prometheus-node-exporter.service", running=False, enabled=False)
+                 service=paths.MONITORING_PACKAGES[m.NODE_EXPORTER_PACKAGE], running=False, enabled=False)
     managed_directory(name="Textfile collector directory", path=m.TEXTFILE_DIR, mode="0755")
     script = managed_file(name="Helper sparkfleet-textfile", src=str(FILES_DIR / "sparkfleet-textfile"),
                           dest=m.TEXTFILE, mode="0755")
