@@ -4,8 +4,7 @@ HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/
 Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
 off. With `node_metrics` (the inventory has a monitoring host) it also answers the node exporter's metrics on
 the API port, behind the backend key. A change of rules or key is a reload (connections in flight finish); a
-changed unit is a restart. A host
-that runs no engine (a tensor-parallel worker) has its guard off.
+changed unit is a restart. A host that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
 from pyinfra.api import deploy
