@@ -7,6 +7,7 @@ with short `for:` durations set in its inventory (the defaults stay)."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 import pytest
@@ -14,18 +15,20 @@ import pytest
 from sim import fleet
 from sparkfleet.contract import monitoring as m
 
-from .conftest import HOSTS, ROOT, converge, sparkfleet, ssh
+from .conftest import HOSTS, ROOT, container, converge, sparkfleet, ssh
 from .test_front_door import door_port
 
 pytestmark = pytest.mark.e2e
 
 FAST = {"monitoring_scrape_interval_s": 5, "monitoring_down_for_s": 10, "monitoring_alert_for_s": 15}
 FIRE_WITHIN_S = 180
+USER_KEY = "alice-0123456789abcdef"
+BACKEND_KEY = "sim-key"  # inventory/sim.py's api_key
 
 
 def monitored_inventory(tmp_path) -> str:
     """inventory/sim.py plus a front door and Prometheus on spark-1, alerting after seconds, not minutes."""
-    settings = {"front_door_users": {"alice": "alice-0123456789abcdef"}, "front_door_allow_http": True,
+    settings = {"front_door_users": {"alice": USER_KEY}, "front_door_allow_http": True,
                 "controller_front_door_url": f"http://127.0.0.1:{door_port()}", "drain_timeout_s": 30, **FAST}
     path = tmp_path / "monitored.py"
     path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
@@ -62,6 +65,12 @@ def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
     raise AssertionError(f"not within {timeout_s} s: {explain()}")
 
 
+def lan_get(state, url: str, key: str | None) -> str:
+    """The HTTP status of a GET of `url` from spark-2, on the sim's LAN."""
+    auth = f"-H {shlex.quote('Authorization: Bearer ' + key)} " if key else ""
+    return ssh(state, "spark-2", f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {auth}{shlex.quote(url)}", check=False)
+
+
 def values(state, query: str) -> dict[str, str]:
     """{host: value} of an instant query."""
     found = prometheus(state, f"/api/v1/query?query={query}")["data"]["result"]
@@ -84,6 +93,9 @@ def test_every_target_is_up_nothing_listens_on_the_lan_and_a_second_converge_cha
         for port in ports:
             found = [a for a in listening if a.endswith(f":{port}")]
             assert found == [f"127.0.0.1:{port}"], (host, port, found)
+    lan = f"http://{container('spark-1')}"  # as spark-2 reaches it: the exporters only with the backend key
+    for url, user in ((f"{lan}:8080{m.FRONT_DOOR_METRICS_PATH}", "404"), (f"{lan}:8000{m.NODE_METRICS_PATH}", "401")):
+        assert [lan_get(state, url, k) for k in (None, USER_KEY, BACKEND_KEY)] == ["401", user, "200"], url
     again = converge(inventory=inventory)
     assert again.returncode == 0 and not any(again.changed.values()), again.changed
 

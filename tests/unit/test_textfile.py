@@ -94,3 +94,24 @@ def test_the_script_writes_both_files_with_a_stand_in_nvidia_smi(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--serving", str(serving), "--out", str(out)], env=env, check=True,
                    timeout=30)
     assert (out / "gpu.prom").read_text().endswith("sparkfleet_gpu_reading_ok 0\n")
+
+
+@pytest.mark.parametrize("knobs, throttling, clock", [
+    ({}, set(), "2418"), ({"throttle": "power", "sm_clock_mhz": 850}, {"sw_power_cap"}, "850"),
+    ({"throttle": "thermal"}, {"hw_thermal_slowdown", "sw_thermal_slowdown"}, "2418")])
+def test_the_sims_nvidia_smi_answers_the_query_as_set_gpu_sets_it(tmp_path, knobs, throttling, clock):
+    """The stand-in (sim/images/spark) knows every field the textfile asks, and its throttle knob lands on the
+    reasons the alert reads; the fields a GB10 reads as [N/A] are left out."""
+    stand_in = (FILES_DIR.parent / "sim/images/spark/rootfs/usr/bin/nvidia-smi").read_text()
+    (tmp_path / "gpu.json").write_text(json.dumps(knobs))
+    script = tmp_path / "nvidia-smi"
+    script.write_text(stand_in.replace('"/etc/sparkfleet-sim/gpu.json"', repr(str(tmp_path / "gpu.json"))))
+    done = subprocess.run([sys.executable, str(script), f"--query-gpu={','.join(T['FIELDS'])}",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout
+    lines = T["gpu_lines"](done.stdout)
+    assert "sparkfleet_gpu_reading_ok 1" in lines and f"sparkfleet_gpu_sm_clock_mhz {clock}" in lines
+    active = {line.split('"')[1] for line in lines if line.startswith("sparkfleet_gpu_throttle_active{")
+              and line.endswith(" 1")}
+    assert active == throttling
+    assert not any('reason="sync_boost"' in line for line in lines)
