@@ -138,3 +138,16 @@ drain_timeout_s = 120  # a rollout waits this long for a drained host's requests
 # a rollout's speed gate: the canary's decode tokens/s may fall, its TTFT rise, by this share of the previous
 # release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)
 rollout_max_regression = 0.10
+
+# --- Monitoring: Prometheus on the hosts of the inventory group `monitoring` (loopback only) ----------
+monitoring_port = 9090  # Prometheus on 127.0.0.1 of each monitoring host: reach it by an SSH tunnel or `status`
+monitoring_retention = "15d"  # how long Prometheus keeps its samples (h, d, w or y)
+monitoring_scrape_interval_s = 15  # seconds between scrapes (and rule evaluations)
+monitoring_down_for_s = 60  # an engine not serving, or a front door backend down, this long fires an alert
+monitoring_alert_for_s = 300  # KV cache full, requests waiting, a GB10 throttling or clocked low this long fires
+monitoring_kv_cache_max = 0.9  # KV cache usage (1 = full) above which an engine counts as full
+monitoring_waiting_requests_max = 8  # requests waiting in an engine's queue above which they pile up
+monitoring_min_sm_clock_mhz = 1000  # a busy GB10's SM clock below this is clocked low (0: no such alert)
+monitoring_drained_max_s = 86400  # a host drained at a front door longer than this fires an alert
+alertmanager_port = 9093  # Alertmanager on 127.0.0.1 of a monitoring host, when alertmanager_webhook_url is set
+alertmanager_webhook_url = None  # secret: where Alertmanager posts firing alerts; None = no Alertmanager

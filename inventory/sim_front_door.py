@@ -1,4 +1,4 @@
-"""The simulated fleet (inventory/sim.py) with a front door (HAProxy) on spark-1, as `make demo` runs it.
+"""The simulated fleet (inventory/sim.py) with a front door (HAProxy) and Prometheus on spark-1, as `make demo` runs it.
 
     pyinfra inventory/sim_front_door.py deploy.py --limit front_door
     python -m tools.bench_front_door inventory/sim_front_door.py --chat
@@ -27,3 +27,4 @@ _door = {
 }
 sparks = [(name, {**data, **_door}) for name, data in _sim["sparks"]]
 front_door = sparks[:1]
+monitoring = front_door  # Prometheus beside the front door (another host once the sim has a non-Spark one)

@@ -155,6 +155,7 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
 
 
 def _status(args) -> int:
+    from sparkfleet.fleet.alerts import alerts_ok, fleet_alerts
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door import door_ok, front_door_status, status_rows
     from sparkfleet.fleet.rollout import load_whole_groups
@@ -176,8 +177,10 @@ def _status(args) -> int:
     rows = fleet_rows(list(hosts), groups, facts,
                       lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
     door = front_door_status(args.inventory)  # None: the inventory has no front door
+    alerts = fleet_alerts(args.inventory)  # None: the inventory has no monitoring host
     if args.json:
-        print(json.dumps({"hosts": rows, **({"front_door": door} if door else {})}, indent=2))
+        print(json.dumps({"hosts": rows, **({"front_door": door} if door else {}),
+                          **({"alerts": alerts} if alerts else {})}, indent=2))
     else:
         out = console()
         columns, cells = status_table(rows, wide=not narrow(out))
@@ -187,7 +190,17 @@ def _status(args) -> int:
                 out.print(f"[bold]{literal(row['host'])}[/] answers: {literal(row['chat'])}")
         if door:
             print_table("front door", ("front door / backend", "url", "state"), status_rows(door), out=out)
-    return 0 if all(row["healthy"] for row in rows) and (door is None or door_ok(door)) else 1
+        if alerts:
+            for problem in alerts["problems"]:
+                out.print(f"[red]{literal(problem)}[/]")
+            if alerts["firing"]:
+                print_table("alerts firing", ("alert", "host", "summary"),
+                            [(literal(a["alert"]), literal(a["host"]), literal(a["summary"])) for a in alerts["firing"]],
+                            out=out)
+            elif not alerts["problems"]:
+                out.print("alerts: none firing")
+    healthy = all(row["healthy"] for row in rows) and (door is None or door_ok(door))
+    return 0 if healthy and alerts_ok(alerts) else 1
 
 
 def _usage(args) -> int:

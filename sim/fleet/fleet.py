@@ -56,6 +56,7 @@ BOOTSTRAP = REPO_ROOT / "sim" / "bootstrap.sh"
 DEFAULT_GPU = {"present": True, "name": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0",
                "compute_cap": "12.1"}
 GPU_FILE = "/etc/sparkfleet-sim/gpu.json"
+GPU_THROTTLES = ("none", "idle", "power", "thermal", "hw")  # the stand-in nvidia-smi's throttle knob
 ENGINE_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"  # the stand-in engine's fault knobs (sim/engine)
 ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str),
                 "spec_acceptance_rate": (int, float, str),  # speculative decoding: share of drafts accepted
@@ -582,8 +583,17 @@ def status() -> dict:
 
 
 def set_gpu(host: str, **gpu) -> dict:
-    """Change a host's simulated GPU (keys: present, name, driver, cuda, compute_cap, and
-    containers: false for GPU containers started from now on not to see it)."""
+    """Change a host's simulated GPU (keys: present, name, driver, cuda, compute_cap, sm_clock_mhz,
+    sm_clock_max_mhz, power, temp, throttle=none|idle|power|thermal|hw, and containers: false for GPU
+    containers started from now on not to see it)."""
+    if gpu.get("throttle", "none") not in GPU_THROTTLES:
+        raise SimError(f"throttle {gpu['throttle']!r}: use one of {', '.join(GPU_THROTTLES)}")
+    for key in ("sm_clock_mhz", "sm_clock_max_mhz", "power", "temp"):
+        if key in gpu:
+            try:
+                gpu[key] = float(gpu[key])
+            except (TypeError, ValueError):
+                raise SimError(f"{key} {gpu[key]!r}: give a number") from None
     c = _host_row(host)["container"]
     cur = _exec(c, "cat", GPU_FILE, check=False)
     knobs = dict(DEFAULT_GPU)

@@ -31,6 +31,7 @@ BASE_PACKAGES = [
     "docker.io", "containerd", "runc", "tini", "netbase", "xz-utils", "less",
     "iputils-ping",  # a Spark (DGX OS) has ping: preflight checks the fabric peers with it
     "haproxy", "socat",  # the guard and the front door: the deploy ensures them, a converge need not wait on apt
+    "prometheus-node-exporter", "prometheus",  # node metrics on every Spark, Prometheus on a monitoring host: the same
 ]
 # The services container: hub (python3), static apt server (python3), registry.
 SERVICES_PACKAGES = ["python3", "docker-registry", "ca-certificates", "netbase"]

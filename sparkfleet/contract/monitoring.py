@@ -7,6 +7,8 @@ page, the guard, the front door and `status` cannot drift apart.
 from sparkfleet.contract import paths
 
 GROUP = "monitoring"  # the inventory group whose hosts run Prometheus
+# Debian's packages (paths.MONITORING_PACKAGES: the host read reports them), each with its own unit kept off
+PROMETHEUS_PACKAGE, NODE_EXPORTER_PACKAGE, ALERTMANAGER_PACKAGE = paths.MONITORING_PACKAGES
 SERVICE_GROUPS = frozenset({"front_door", GROUP})  # a host in only these (and "all") is a service host, not a Spark
 
 # Prometheus on a monitoring host: its own unit (Debian's prometheus.service stays off), loopback only.
@@ -71,10 +73,8 @@ GPU_METRICS = {
 WATCHDOG_METRICS = {
     "sparkfleet_watchdog_gave_up": "1 per unit (label unit) the watchdog stopped restarting",
     "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
+    "sparkfleet_watchdog_probe_ok": "1 when the watchdog's last probe of a unit (label unit) passed",
 }
-# Throttle reasons (label `reason` of sparkfleet_gpu_throttle_active) that slow nothing a user waits on: an idle
-# GPU clocks down, the other two are clocks set on purpose. The page shows them apart; every other one is a throttle.
-BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",
@@ -85,4 +85,22 @@ USAGE_METRICS = {
     "sparkfleet_user_completion_tokens_total": "completion tokens the engines reported per user and model",
     "sparkfleet_user_limited_total": "requests refused with 429 per user",
 }
-WATCHDOG_METRICS["sparkfleet_watchdog_probe_ok"] = "1 when the watchdog's last probe of a unit (label unit) passed"
+
+# Throttle reasons, as nvidia-smi names its clocks_event_reasons.* fields (label `reason` of
+# sparkfleet_gpu_throttle_active). The benign ones slow nothing a user waits on: an idle GPU clocks down, and
+# the other two are clocks set on purpose (the page shows them apart). Every other reason active for a while is a
+# GB10 throttling.
+THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown", "sw_thermal_slowdown", "sync_boost")
+BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
+GPU_TEXTFILE = f"{TEXTFILE_DIR}/gpu.prom"
+WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/watchdog.prom"
+PROMETHEUS_READY_PATH = "/-/ready"
+ALERTS_API_PATH = "/api/v1/alerts"
+
+# Alertmanager on a monitoring host, only with alertmanager_webhook_url: its own unit on loopback, no cluster port.
+ALERTMANAGER_UNIT_NAME = "sparkfleet-alertmanager.service"
+ALERTMANAGER_UNIT_PATH = paths.unit_path(ALERTMANAGER_UNIT_NAME)
+ALERTMANAGER_DIR = f"{PROMETHEUS_DIR}/alertmanager"
+ALERTMANAGER_CONFIG = f"{ALERTMANAGER_DIR}/alertmanager.yml"  # 0600, owned by prometheus: it holds the webhook URL
+ALERTMANAGER_DATA = f"{paths.STATE_DIR}/alertmanager"

@@ -134,8 +134,12 @@ MANAGED_GLOBS = (
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")
+# Debian's monitoring packages (stages monitoring and node_metrics), each with its own unit, which stays off.
+MONITORING_PACKAGES = {"prometheus": "prometheus.service",
+                       "prometheus-node-exporter": "prometheus-node-exporter.service",
+                       "prometheus-alertmanager": "prometheus-alertmanager.service"}
 # The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
-MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES)
+MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES, *MONITORING_PACKAGES)
 # The system users it reports (passwd entry): the ones sparkfleet makes.
 MANAGED_USERS = (SHARE_USER,)
 

@@ -378,6 +378,18 @@ class Settings(BaseModel):
     monitoring_port: int = Field(ge=1, le=65535)
     drain_timeout_s: int = Field(ge=0, le=3600)
     rollout_max_regression: float = Field(ge=0, lt=1)
+    monitoring_port: int = Field(ge=1, le=65535)
+    monitoring_retention: Annotated[Text, _grammar(r"[1-9][0-9]{0,5}(h|d|w|y)", "a retention: a number and h, d, "
+                                                                               "w or y (e.g. 15d)")]
+    monitoring_scrape_interval_s: int = Field(ge=5, le=300)
+    monitoring_down_for_s: int = Field(ge=0, le=86400)
+    monitoring_alert_for_s: int = Field(ge=0, le=86400)
+    monitoring_kv_cache_max: float = Field(gt=0, le=1)
+    monitoring_waiting_requests_max: int = Field(ge=0)
+    monitoring_min_sm_clock_mhz: int = Field(ge=0, le=10000)
+    monitoring_drained_max_s: int = Field(ge=60)
+    alertmanager_port: int = Field(ge=1, le=65535)
+    alertmanager_webhook_url: Url | None = _secret()
 
     @property
     def api_is_loopback(self) -> bool:

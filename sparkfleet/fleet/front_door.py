@@ -123,7 +123,8 @@ class FrontDoor:
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
             chat_check=serving.http_check("chat", self.settings.served_model_name),
-            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page)
+            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
+            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH)
 
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkfleet.fleet import haproxy
-from sparkfleet.contract import paths
+from sparkfleet.contract import monitoring, paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
 
@@ -31,6 +31,7 @@ class Listener:
     bind: str
     engine: str
     paths: tuple[str, ...]
+    node_metrics: bool = False  # also answers NODE_METRICS_PATH (the node exporter on loopback)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Guard:
     def config(self) -> str:
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
-                              key_user=KEY_USER)
+                              key_user=KEY_USER, node_metrics=monitoring.NODE_METRICS_PATH,
+                              node_exporter=haproxy.address(paths.ENGINE_HOST, monitoring.NODE_EXPORTER_PORT))
 
     def key_map(self) -> str:
         return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""
@@ -51,9 +53,10 @@ class Guard:
         return haproxy.unit(f"guard of {self.host}'s engines", paths.GUARD_CONFIG, paths.GUARD_RUNTIME_NAME, LIMITS)
 
 
-def guard_plan(plan: HostPlan) -> Guard | None:
+def guard_plan(plan: HostPlan, node_metrics: bool = False) -> Guard | None:
     """The guard of one host: the chat engine (a single host or a group's head; a worker runs no engine API)
-    and each RAG service. None when the host runs no engine at all.
+    and each RAG service. None when the host runs no engine at all. With `node_metrics` (the inventory has a
+    monitoring host) its first listener, the API port, also answers the node exporter's metrics.
 
     Raises SettingsError when api_host is not an address HAProxy can bind (the settings grammar already
     refuses one; this is where it lands)."""
@@ -66,8 +69,8 @@ def guard_plan(plan: HostPlan) -> Guard | None:
         listeners = tuple(
             Listener(name, kind, haproxy.address(s.api_host, port),
                      haproxy.address(paths.ENGINE_HOST, paths.engine_port(port)),
-                     (*haproxy.API_PATHS[kind], haproxy.METRICS))
-            for name, kind, port in engines)
+                     (*haproxy.API_PATHS[kind], haproxy.METRICS), node_metrics and n == 0)
+            for n, (name, kind, port) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
     return Guard(plan.name, listeners, s.api_key)

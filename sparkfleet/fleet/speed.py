@@ -153,8 +153,16 @@ def reach(name: str, s: Settings, data: dict):
     if url is not None:
         yield url
         return
+    with forwarded(name, data, s.api_port) as url:
+        yield url
+
+
+@contextmanager
+def forwarded(name: str, data: dict, remote_port: int):
+    """http://127.0.0.1:PORT of an SSH forward to the host's 127.0.0.1:remote_port, while the block runs;
+    ReachError when it does not listen."""
     port = _free_port()
-    tunnel = subprocess.Popen(forward_command(name, data, port, s.api_port), stdin=subprocess.DEVNULL,
+    tunnel = subprocess.Popen(forward_command(name, data, port, remote_port), stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + FORWARD_WAIT_S

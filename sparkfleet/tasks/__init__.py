@@ -3,7 +3,8 @@
 Every host's settings are validated (and the model manifest resolved from the hub) before anything runs; a host
 that fails preflight is left untouched, and so is every member of a tensor-parallel group when any member, or the
 fabric between them, fails it. A group's members each run a Ray node; its head runs the engine (`service`).
-Engines listen on loopback; each host's guard is what the LAN reaches.
+Engines listen on loopback; each host's guard is what the LAN reaches. With a `monitoring` group, every Spark runs
+a node exporter on loopback (behind its guard) and the monitoring hosts run Prometheus, after the front door.
 
 `stage()` is a rollout's first phase: run on every host that will change before any is drained.
 
@@ -14,6 +15,7 @@ stage's name is its function, not its module (`from sparkfleet.tasks.model impor
 
 from pyinfra import host, state
 
+from sparkfleet.contract.monitoring import GROUP as MONITORING
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plan_for, plans
@@ -23,6 +25,8 @@ from sparkfleet.tasks.front_door import front_door
 from sparkfleet.tasks.guard import guard
 from sparkfleet.tasks.health import health
 from sparkfleet.tasks.model import model
+from sparkfleet.tasks.monitoring import monitoring
+from sparkfleet.tasks.node_metrics import node_metrics
 from sparkfleet.tasks.platform import platform
 from sparkfleet.tasks.preflight import preflight
 from sparkfleet.tasks.service import service
@@ -41,11 +45,22 @@ def converge(plan: HostPlan | None = None) -> None:
     container_toolkit(plan, arch=facts.arch)
     model_result = model(plan, facts, prepared)
     service_result = service(plan, facts, model_result=model_result)
-    guard(plan)
+    monitored = inventory_groups(state)
+    guard(plan, node_metrics=bool(monitored))
     health(plan, model_result=model_result, service_result=service_result)
     watchdog(plan, model_result=model_result, service_result=service_result)
+    if monitored:
+        node_metrics(plan)
     if FRONT_DOOR in host.groups:
         front_door(plan, plans(state))
+    if MONITORING in host.groups:
+        monitoring(plan, plans(state), monitored)
+
+
+def inventory_groups(state) -> dict[str, set[str]]:
+    """Each host's groups when the inventory has a monitoring host (Prometheus reads them), else none."""
+    groups = {h.name: set(h.groups) for h in state.inventory}
+    return groups if any(MONITORING in g for g in groups.values()) else {}
 
 
 def stage(plan: HostPlan | None = None) -> None:

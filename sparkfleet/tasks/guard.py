@@ -2,8 +2,9 @@
 HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/fleet/guard.py).
 
 Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
-off. A change of rules or key is a reload (connections in flight finish); a changed unit is a restart. A host
-that runs no engine (a tensor-parallel worker) has its guard off.
+off. With `node_metrics` (the inventory has a monitoring host) it also answers the node exporter's metrics on
+the API port, behind the backend key. A change of rules or key is a reload (connections in flight finish); a
+changed unit is a restart. A host that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
 from pyinfra.api import deploy
@@ -18,9 +19,9 @@ from sparkfleet.contract.settings import SettingsError
 
 
 @deploy("Guard")
-def guard(plan: HostPlan):
+def guard(plan: HostPlan, node_metrics: bool = False):
     try:
-        wanted = guard_plan(plan)
+        wanted = guard_plan(plan, node_metrics)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
     managed_packages(name="HAProxy installed", packages=["haproxy"])

@@ -14,6 +14,8 @@ from sparkfleet.fleet import front_door as fd
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
+from sparkfleet.contract.monitoring import FRONT_DOOR_METRICS_PATH
+
 from .helpers import KEY, Server, host_data, make_model, door_files, start_haproxy, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -219,6 +221,17 @@ def test_user_keys_open_the_door_and_the_engine_key_does_not(haproxy_door):
         assert refused.json()["error"]["type"] == "AuthenticationError"
     answer = chat(url, ALICE, hello)
     assert KEY not in answer.text and KEY not in str(answer.headers)
+
+
+def test_haproxy_metrics_answer_only_the_backend_key(haproxy_door):
+    """Prometheus (holding the backend key) reads HAProxy's exporter; a user's key, no key or a wrong one do not."""
+    url, _, _ = haproxy_door
+    path = f"{url}{FRONT_DOOR_METRICS_PATH}"
+    metrics = requests.get(path, headers={"Authorization": f"Bearer {KEY}"})
+    assert metrics.status_code == 200 and 'haproxy_server_status{proxy="engines",server="spark-a"' in metrics.text
+    assert requests.get(path, headers={"Authorization": f"Bearer {ALICE}"}).status_code == 404
+    assert requests.get(path).status_code == 401
+    assert requests.get(path, headers={"Authorization": f"Bearer {KEY}x"}).status_code == 401
 
 
 def test_a_conversation_stays_on_one_engine(haproxy_door):

@@ -291,3 +291,45 @@ def test_the_front_doors_401_comes_before_any_body_is_read(door_over_guard):
         started = time.monotonic()
         head = sock.recv(200)
     assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
+
+
+def test_node_metrics_only_where_monitored_and_only_with_the_backend_key(tmp_path):
+    """With a monitoring host the guard's API port answers the node exporter's metrics (on loopback behind it),
+    with the backend key alone; without one that path stays a 404, as before."""
+    assert "/node/metrics" not in gd.guard_plan(plan()).config()
+    if not shutil.which("haproxy"):
+        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
+    import http.server
+    import threading
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = f"node_seen_path{{path=\"{self.path}\"}} 1\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=exporter.serve_forever, daemon=True).start()
+    api_port = _api_port()
+    [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
+    guard = gd.guard_plan(p, node_metrics=True)
+    (tmp_path / "key.map").write_text(guard.key_map())
+    proc = start_haproxy(guard.config(), tmp_path, {paths.GUARD_DIR: str(tmp_path),
+                                                    "127.0.0.1:9100": f"127.0.0.1:{exporter.server_port}"})
+    url = f"http://127.0.0.1:{api_port}/node/metrics"
+    try:
+        wait_for(lambda: requests.get(url, timeout=1).status_code == 401)
+        answer = requests.get(url, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+        assert answer.status_code == 200 and 'node_seen_path{path="/metrics"} 1' in answer.text
+        assert requests.get(url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=5).status_code == 401
+        assert requests.get(url.replace("/node/", "/nodes/"), headers={"Authorization": f"Bearer {KEY}"},
+                            timeout=5).status_code == 404
+    finally:
+        proc.terminate()
+        proc.wait()
+        exporter.shutdown()

@@ -105,7 +105,8 @@ def test_stage_results_are_frozen_and_named():
         runtime, fetched = result  # a result is not a tuple: unpacking it fails loudly, not by position
 
 
-STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door")
+STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door",
+          "node_metrics", "monitoring")
 
 
 @pytest.fixture
@@ -123,7 +124,7 @@ def stand_ins(monkeypatch):
     plan, facts = SimpleNamespace(name="spark-1"), SimpleNamespace(arch="aarch64")
     results = {"preflight": facts, "model": ModelResult(runtime="/opt/rt", fetched=None, services_fetched={}),
                "service": ServiceResult(started=None, keep=[], services_started={})}
-    calls = {}
+    calls, monitored = {}, {}
 
     def stand_in(stage):
         signature = inspect.signature(stage)
@@ -138,11 +139,12 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(tasks, "plan_for", lambda state, host: plan)
     monkeypatch.setattr(tasks, "plans", lambda state: {"spark-1": plan})
     monkeypatch.setattr(tasks, "prepare", lambda plan, facts: "prepared")
+    monkeypatch.setattr(tasks, "inventory_groups", lambda state: dict(monitored))
     monkeypatch.setattr(files, "directory", lambda **kwargs: calls.setdefault("own operation", kwargs))
-    return calls, plan, results
+    return calls, plan, results, monitored
 
 
-@pytest.mark.parametrize("groups", [["front_door"], ["sparks"]])
+@pytest.mark.parametrize("groups", [["front_door"], ["sparks"], ["front_door", "monitoring"]])
 @pytest.mark.parametrize("deploy_file", ["deploy.py", "sparkfleet/deploys/deploy.py", "examples/my_deploy.py"])
 def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, groups, stand_ins):
     """The checkout's deploy, the packaged one and the foreign example all run `converge`'s whole sequence."""
@@ -153,14 +155,16 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
 
     from tests.unit.helpers import ROOT
 
-    calls, plan, results = stand_ins
+    calls, plan, results, monitored = stand_ins
+    if "monitoring" in groups:
+        monitored["spark-1"] = set(groups)
     with ctx_host.use(SimpleNamespace(name="spark-1", groups=groups)):
         runpy.run_path(str(ROOT / deploy_file))
 
     assert calls["preflight"] == {"plan": plan}
     assert calls["platform"] == {"plan": plan}
     assert calls["container_toolkit"] == {"plan": plan, "arch": "aarch64"}
-    assert calls["guard"] == {"plan": plan}
+    assert calls["guard"] == {"plan": plan, "node_metrics": "monitoring" in groups}
     assert calls["model"] == {"plan": plan, "facts": results["preflight"], "prepared": "prepared"}
     assert calls["service"]["model_result"] is results["model"]
     for stage in ("health", "watchdog"):
@@ -169,6 +173,10 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
     if "front_door" in calls:
         assert calls["front_door"] == {"plan": plan, "plans": {"spark-1": plan}}
     assert ("own operation" in calls) == (deploy_file == "examples/my_deploy.py")
+    assert ("node_metrics" in calls) == ("monitoring" in calls) == ("monitoring" in groups)
+    if "monitoring" in calls:
+        assert calls["node_metrics"] == {"plan": plan}
+        assert calls["monitoring"] == {"plan": plan, "plans": {"spark-1": plan}, "groups": {"spark-1": set(groups)}}
 
 
 def test_converge_takes_a_given_plan_and_stops_after_a_failed_preflight(stand_ins, monkeypatch):
@@ -178,7 +186,7 @@ def test_converge_takes_a_given_plan_and_stops_after_a_failed_preflight(stand_in
 
     import sparkfleet.tasks as tasks
 
-    calls, _, results = stand_ins
+    calls, _, results, _ = stand_ins
     given = SimpleNamespace(name="spark-1", given=True)
     monkeypatch.setattr(tasks, "plan_for", lambda state, host: pytest.fail("a given plan is not planned again"))
     results["preflight"] = None  # the host is not fit: nothing after preflight runs

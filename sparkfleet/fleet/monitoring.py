@@ -1,0 +1,240 @@
+"""Prometheus on the monitoring hosts, built from the inventory: what it scrapes, the alerts it evaluates.
+
+Every target is asked over the LAN the way the front door asks the engines: the host's guard (or the front
+door's own port) with the backend key, which Prometheus reads from a 0600 file (contract/monitoring.py
+PROMETHEUS_KEY), never from its config. Each target carries the label `host` (its inventory name), so every
+series, and every alert, names the host it is about. The files are YAML written by a YAML-safe dump of plain
+data: a host name or a setting can never add a line or a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from sparkfleet.contract import monitoring as m
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import Settings, SettingsError
+from sparkfleet.fleet import haproxy
+from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.fleet.status_page import prometheus_flags
+from sparkfleet.release import render
+from sparkfleet.release.plan import HostPlan
+
+JOBS = (m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE)  # the scrape jobs, by what they reach
+DOOR_JOBS = (m.JOB_FRONT_DOOR, m.JOB_USAGE)  # asked on a front door's port (https where the door speaks it)
+KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM's gauge, new name then the old one
+
+
+@dataclass(frozen=True)
+class Target:
+    job: str
+    host: str  # the inventory name: the label `host`
+    address: str  # host:port
+    service: str = ""  # the RAG service's name, "" for the chat engine (and other jobs)
+
+
+def service_host(groups: set[str]) -> bool:
+    """A host whose groups (besides "all") are only front_door and/or monitoring: it runs no engine."""
+    named = set(groups) - {"all"}
+    return bool(named) and named <= m.SERVICE_GROUPS
+
+
+def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Target]:
+    """What a monitoring host scrapes: per host with a guard, each engine's /metrics and the node exporter; per
+    front door host, HAProxy's exporter and the per-user usage. `groups`: each host's inventory groups. A tensor-parallel worker runs
+    no guard (no engine API), so neither of its exporters is in reach; service hosts (only in front_door and
+    monitoring) run no engine."""
+    found, problems = [], []
+    for name, p in sorted(plans.items()):
+        s, address = p.settings, p.lan_address
+        spark = not service_host(groups.get(name, set()))
+        engines = ([("", s.api_port)] if p.runs_engine else []) + [(svc.name, svc.service.api_port)
+                                                                   for svc in p.services]
+        if spark and engines:
+            if s.api_is_loopback:
+                problems.append(f"{name}: api_host {s.api_host} is loopback, out of Prometheus's reach: set "
+                                "api_host to a LAN address (or 0.0.0.0) with an api_key")
+            if s.api_key is None:
+                problems.append(f"{name}: setting `api_key` is missing: Prometheus asks the engines with it")
+            try:
+                found += [Target(m.JOB_ENGINE, name, haproxy.address(address, port), svc) for svc, port in engines]
+                found.append(Target(m.JOB_NODE, name, haproxy.address(address, engines[0][1])))  # the guard's first
+            except ValueError as exc:
+                problems.append(f"{name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
+        if FRONT_DOOR in groups.get(name, set()):
+            try:
+                door = haproxy.address(address, s.front_door_port)
+                found += [Target(job, name, door) for job in DOOR_JOBS]
+            except ValueError as exc:
+                problems.append(f"{name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
+    keys = {plans[t.host].settings.api_key for t in found if t.job == m.JOB_ENGINE}
+    if len(keys) > 1:
+        problems.append("the hosts Prometheus scrapes have different `api_key`s: it sends one; set one api_key "
+                        "for them all (e.g. in group_data)")
+    if problems:
+        raise SettingsError(problems)
+    return found
+
+
+def backend_key(plans: dict[str, HostPlan], found: list[Target]) -> str:
+    """The one backend key the scrapes send (what the PROMETHEUS_KEY file holds)."""
+    return next((plans[t.host].settings.api_key for t in found if t.job == m.JOB_ENGINE), None) or ""
+
+
+def _dump(data) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1000)
+
+
+def scrape_config(s: Settings, found: list[Target], tls_doors: set[str] = frozenset(),
+                  alertmanager: bool = False) -> str:
+    """prometheus.yml: one job per kind of target, each target labelled with its host (and service)."""
+    paths = {m.JOB_ENGINE: m.ENGINE_METRICS_PATH, m.JOB_NODE: m.NODE_METRICS_PATH,
+             m.JOB_FRONT_DOOR: m.FRONT_DOOR_METRICS_PATH, m.JOB_USAGE: m.USAGE_METRICS_PATH}
+    jobs = []
+    for job in JOBS:
+        mine = [t for t in found if t.job == job]
+        if not mine:
+            continue
+        for scheme in ("http", "https"):
+            of_scheme = [t for t in mine if (t.job in DOOR_JOBS and t.host in tls_doors) == (scheme == "https")]
+            if not of_scheme:
+                continue
+            jobs.append({
+                "job_name": job if scheme == "http" else f"{job}_tls", "metrics_path": paths[job], "scheme": scheme,
+                "authorization": {"type": "Bearer", "credentials_file": m.PROMETHEUS_KEY},
+                **({"tls_config": {"insecure_skip_verify": False}} if scheme == "https" else {}),
+                "static_configs": [{"targets": [t.address],
+                                    "labels": {"host": t.host, **({"service": t.service} if t.service else {})}}
+                                   for t in of_scheme]})
+    interval = f"{s.monitoring_scrape_interval_s}s"
+    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval,
+                         "scrape_timeout": f"{min(10, s.monitoring_scrape_interval_s)}s"},
+              "rule_files": [m.PROMETHEUS_RULES], "scrape_configs": jobs}
+    if alertmanager:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [
+            {"targets": [f"127.0.0.1:{s.alertmanager_port}"]}]}]}
+    return _dump(config)
+
+
+def _for(seconds: int) -> str:
+    return f"{seconds}s"
+
+
+def _alert(name: str, expr: str, for_s: int, summary: str) -> dict:
+    return {"alert": name, "expr": expr, "for": _for(for_s), "labels": {"severity": "warning"},
+            "annotations": {"summary": "{{ $labels.host }}: " + summary}}
+
+
+def _benign() -> str:
+    return "|".join(m.BENIGN_THROTTLE_REASONS)
+
+
+def rules(s: Settings) -> list[dict]:
+    """The alerts, each naming the host its series carry (label `host`)."""
+    kv = " or ".join(f"{name} > {s.monitoring_kv_cache_max!r}" for name in KV_CACHE)
+    drained = ('label_replace(label_replace(haproxy_server_status{job=~"front_door(_tls)?",state="MAINT"} == 1, '
+               '"front_door", "$1", "host", "(.*)"), "host", "$1", "server", "(.*)")')
+    down = drained.replace('"MAINT"', '"DOWN"')
+    alerts = [
+        _alert("EngineNotServing", 'up{job="engine"} == 0 or sparkfleet_watchdog_probe_ok == 0',
+               s.monitoring_down_for_s, "an engine is down or not serving"),
+        _alert("NodeExporterDown", 'up{job="node"} == 0', s.monitoring_down_for_s,
+               "its node exporter does not answer (the host, or its guard, is down)"),
+        _alert("WatchdogGaveUp", "sparkfleet_watchdog_gave_up == 1", 0,
+               "the watchdog gave up restarting {{ $labels.unit }}"),
+        _alert("KvCacheFull", kv, s.monitoring_alert_for_s,
+               f"KV cache usage above {s.monitoring_kv_cache_max:.0%}"),
+        _alert("RequestsPilingUp", f"vllm:num_requests_waiting > {s.monitoring_waiting_requests_max}",
+               s.monitoring_alert_for_s, f"more than {s.monitoring_waiting_requests_max} requests waiting"),
+        _alert("MemoryRunningOut", 'predict_linear(node_memory_MemAvailable_bytes{job="node"}[30m], 3600) <= 0',
+               s.monitoring_alert_for_s, "memory available trends to zero within the hour"),
+        _alert("GpuThrottling", f'sparkfleet_gpu_throttle_active{{reason!~"{_benign()}"}} == 1',
+               s.monitoring_alert_for_s, "the GB10 is throttling ({{ $labels.reason }})"),
+        _alert("FrontDoorBackendDown", down, s.monitoring_down_for_s,
+               "down at the front door on {{ $labels.front_door }}"),
+        _alert("HostDrainedTooLong", drained, s.monitoring_drained_max_s,
+               "drained at the front door on {{ $labels.front_door }} for over "
+               f"{s.monitoring_drained_max_s}s"),
+    ]
+    if s.monitoring_min_sm_clock_mhz:
+        alerts.insert(-2, _alert(
+            "GpuClockLow", f"sparkfleet_gpu_sm_clock_mhz < {s.monitoring_min_sm_clock_mhz} unless on (host) "
+            'sparkfleet_gpu_throttle_active{reason="gpu_idle"} == 1', s.monitoring_alert_for_s,
+            f"the GB10's SM clock is below {s.monitoring_min_sm_clock_mhz} MHz while busy"))
+    return alerts
+
+
+def rules_file(s: Settings) -> str:
+    """alerts.yml: one group of the rules above."""
+    return _dump({"groups": [{"name": "sparkfleet", "rules": rules(s)}]})
+
+
+def alertmanager_config(url: str) -> str:
+    """alertmanager.yml: every alert to one webhook (the URL is a secret: this file is 0600)."""
+    return _dump({"route": {"receiver": "webhook", "group_by": ["alertname", "host"]},
+                  "receivers": [{"name": "webhook", "webhook_configs": [{"url": url, "send_resolved": True}]}]})
+
+
+TEXTFILE_INTERVAL_S = 15  # how often the timer reads the GB10 and the watchdog
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    """What one monitoring host runs: Prometheus's config, rules and key, its unit, and Alertmanager's."""
+
+    host: str
+    settings: Settings
+    targets: tuple[Target, ...]
+    key: str
+    tls_doors: frozenset[str] = frozenset()
+
+    @property
+    def alertmanager(self) -> bool:
+        return self.settings.alertmanager_webhook_url is not None
+
+    def config(self) -> str:
+        return scrape_config(self.settings, list(self.targets), set(self.tls_doors), self.alertmanager)
+
+    def rules(self) -> str:
+        return rules_file(self.settings)
+
+    def unit(self) -> str:
+        return render._templates.get_template("sparkfleet-prometheus.service.j2").render(
+            s=self.settings, config=m.PROMETHEUS_CONFIG, data=m.PROMETHEUS_DATA, user=m.PROMETHEUS_USER,
+            listen=f"127.0.0.1:{self.settings.monitoring_port}", consoles=prometheus_flags())
+
+    def alertmanager_config(self) -> str:
+        return alertmanager_config(self.settings.alertmanager_webhook_url)
+
+    def alertmanager_unit(self) -> str:
+        return render._templates.get_template("sparkfleet-alertmanager.service.j2").render(
+            config=m.ALERTMANAGER_CONFIG, data=m.ALERTMANAGER_DATA, user=m.PROMETHEUS_USER,
+            listen=f"127.0.0.1:{self.settings.alertmanager_port}")
+
+
+def monitoring_plan(host: str, plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> Monitoring:
+    """The monitoring on `host`, from the whole inventory's plans and each host's groups (SettingsError names
+    every problem)."""
+    s = plans[host].settings
+    found = targets(plans, groups)
+    if s.monitoring_port in (s.api_port, s.front_door_port, s.peer_port, s.alertmanager_port):
+        raise SettingsError([f"{host}: setting `monitoring_port` = {s.monitoring_port} is taken by another "
+                             "listener on this host: pick another port"])
+    tls = frozenset(t.host for t in found if t.job == m.JOB_FRONT_DOOR and plans[t.host].settings.front_door_tls_cert)
+    return Monitoring(host, s, tuple(found), backend_key(plans, found), tls)
+
+
+def node_exporter_unit() -> str:
+    return render._templates.get_template("sparkfleet-node-exporter.service.j2").render(
+        listen=f"127.0.0.1:{m.NODE_EXPORTER_PORT}", textfile_dir=m.TEXTFILE_DIR, user=m.PROMETHEUS_USER,
+        path=m.NODE_METRICS_PATH)
+
+
+def textfile_units() -> tuple[str, str]:
+    """The textfile writer's service and timer."""
+    t = render._templates
+    return (t.get_template("sparkfleet-textfile.service.j2").render(
+                textfile=m.TEXTFILE, serving=paths.SERVING_FILE, textfile_dir=m.TEXTFILE_DIR),
+            t.get_template("sparkfleet-textfile.timer.j2").render(interval_s=TEXTFILE_INTERVAL_S))
