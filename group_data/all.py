@@ -133,7 +133,6 @@ front_door_allow_http = False  # plain http with users (their keys in clear on t
 # secret: {"name": "password"} (>= 16 characters): who may open the office status page, GET /status with HTTP
 # Basic auth; offered where the front door host is also a `monitoring` host (0600 on it, as a SHA-256 only)
 front_door_viewers = {}
-monitoring_port = 9090  # Prometheus on the monitoring hosts, bound to 127.0.0.1 only
 drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish
 # a rollout's speed gate: the canary's decode tokens/s may fall, its TTFT rise, by this share of the previous
 # release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)

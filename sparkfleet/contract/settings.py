@@ -375,7 +375,6 @@ class Settings(BaseModel):
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool
     front_door_viewers: dict[Name, UserKey] = _secret()
-    monitoring_port: int = Field(ge=1, le=65535)
     drain_timeout_s: int = Field(ge=0, le=3600)
     rollout_max_regression: float = Field(ge=0, lt=1)
     monitoring_port: int = Field(ge=1, le=65535)

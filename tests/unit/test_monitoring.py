@@ -33,11 +33,11 @@ def test_every_engine_node_exporter_and_front_door_is_a_target_labelled_with_its
     found = monitoring.targets(plans(), GROUPS)
     assert {(t.job, t.host, t.address) for t in found} == {
         *((job, f"spark-{n}", f"10.0.0.{n}:8000") for n in (1, 2, 3) for job in ("engine", "node")),
-        ("front_door", "spark-1", "10.0.0.1:8080")}
+        ("front_door", "spark-1", "10.0.0.1:8080"), ("usage", "spark-1", "10.0.0.1:8080")}
     config = yaml.safe_load(monitoring.scrape_config(parse_settings("spark-1", host_data()), found))
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     assert {name: j["metrics_path"] for name, j in jobs.items()} == {
-        "engine": "/metrics", "node": "/node/metrics", "front_door": "/haproxy/metrics"}
+        "engine": "/metrics", "node": "/node/metrics", "front_door": "/haproxy/metrics", "usage": "/usage/metrics"}
     assert all(j["authorization"] == {"type": "Bearer", "credentials_file": m.PROMETHEUS_KEY} for j in jobs.values())
     assert jobs["node"]["static_configs"][1] == {"targets": ["10.0.0.2:8000"], "labels": {"host": "spark-2"}}
     assert KEY not in monitoring.scrape_config(parse_settings("spark-1", host_data()), found)
@@ -47,7 +47,7 @@ def test_every_engine_node_exporter_and_front_door_is_a_target_labelled_with_its
 def test_a_service_host_is_scraped_as_a_front_door_only_and_a_loopback_engine_is_refused():
     groups = {**GROUPS, "spark-3": {"all", "front_door"}}
     found = monitoring.targets(plans(), groups)
-    assert {t.job for t in found if t.host == "spark-3"} == {"front_door"}
+    assert {t.job for t in found if t.host == "spark-3"} == {"front_door", "usage"}
     with pytest.raises(SettingsError, match="spark-2: api_host 127.0.0.1 is loopback"):
         monitoring.targets({**plans(), "spark-2": plans(api_host="127.0.0.1")["spark-2"]}, GROUPS)
     with pytest.raises(SettingsError, match="different `api_key`s"):
