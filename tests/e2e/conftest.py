@@ -169,7 +169,7 @@ def hub(sim_fleet):
 
 def ssh(state: dict, host: str, command: str, check: bool = True) -> str:
     """Run a command on a simulated host over real SSH, as an operator would."""
-    port = next(h["ssh_port"] for h in state["hosts"] if h["name"] == host)
+    port = next(h["ssh_port"] for h in [*state["hosts"], *state.get("service_hosts", [])] if h["name"] == host)
     proc = subprocess.run(
         ["ssh", "-i", state["ssh_key"], "-p", str(port), "-o", "StrictHostKeyChecking=no",
          "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],

@@ -31,9 +31,11 @@ def _plans(config):
     if not inventory:
         raise pytest.UsageError("tests/infra needs --inventory inventory/<fleet>.py")
     if not hasattr(config, "_sparkfleet_plans"):
-        hosts = dict(load_hosts(inventory, config.getoption("--limit")))
+        hosts = dict(load_hosts(inventory))  # the whole inventory: a front door's backends are other hosts
         plans = plan_hosts(list(hosts.items()), resolve=hub_resolver, resolve_image=image_resolver)
-        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plans]
+        chosen = {name for name, _ in load_hosts(inventory, config.getoption("--limit"))}
+        config._sparkfleet_all_plans = {plan.name: plan for plan in plans}
+        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plans if plan.name in chosen]
     return config._sparkfleet_plans
 
 

@@ -19,8 +19,7 @@ def door(node, request):
         doors = []
     if node.plan.name not in doors:
         pytest.skip(f"{node.plan.name} is not in the group {fd.GROUP}")
-    plans = {plan.name: plan for plan, _ in request.config._sparkfleet_plans}
-    return fd.front_door_plan(node.plan.name, plans)
+    return fd.front_door_plan(node.plan.name, request.config._sparkfleet_all_plans)
 
 
 def test_config_and_unit_on_disk_are_the_plans(node, door):
