@@ -18,6 +18,7 @@ from sparkfleet.contract.monitoring import SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plan_for, plans
+from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.container_toolkit import container_toolkit
 from sparkfleet.tasks.front_door import front_door
@@ -33,12 +34,13 @@ from sparkfleet.tasks.watchdog import watchdog
 
 def converge(plan: HostPlan | None = None) -> None:
     """Converge the current host to its release (the inventory's plan for it unless `plan` is given); a service
-    host (front door, monitoring: no GPU) to its roles. pyinfra orders operations by the line that made them, so
-    a service host's come after every Spark's: its front door finds the Sparks' guards up."""
+    host (front door, monitoring: no GPU) to its roles, once every Spark's stages have run (its front door then
+    finds the Sparks' guards up)."""
     plan = plan_for(state, host) if plan is None else plan
     if plan.role != SERVICE_ROLE:
         spark(plan)
-    else:
+    fleet_point(name="The Sparks' stages done (the service hosts' follow)", what="service hosts after the Sparks")
+    if plan.role == SERVICE_ROLE:
         service_host(plan)
 
 

@@ -32,6 +32,24 @@ def test_the_role_comes_from_the_groups(groups, service):
     assert is_service_host(groups) is service
 
 
+@pytest.mark.parametrize("groups, service", [
+    ({"sparks": ["a", "b"], "front_door": ["d"], "monitoring": ["d"]}, {"d"}),
+    ({"sparks": ["a", "b"], "front_door": ["a"]}, set()),  # a Spark's own front door: every host holds `sparks`
+    ({"sparks": ["a"], "front_door": ["a"]}, set()),  # one host in every group
+    ({"front_door": ["d"]}, {"d"}),  # an inventory of one service host
+    ({"sparks": ["a", "b", "d"], "front_door": ["d"]}, set()),  # d is in `sparks`: a Spark
+])
+def test_the_role_comes_from_the_inventory_files_groups_not_the_one_pyinfra_adds(tmp_path, groups, service):
+    """pyinfra adds a group named after the inventory file, holding every host: it makes no host a Spark."""
+    from sparkfleet.fleet.inventory import load_hosts
+
+    path = tmp_path / "office.py"
+    path.write_text("".join(f"{name} = [(h, {{'ssh_hostname': '10.0.0.1'}}) for h in {members!r}]\n"
+                            for name, members in groups.items()))
+    found = {name for name, data in load_hosts(str(path)) if is_service_host(data[GROUPS_KEY])}
+    assert found == service
+
+
 def mixed(door_data=None, **spark_data):
     """Offline plans of two Sparks and door-1, a service host in front_door and monitoring."""
     spark = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": USERS, "front_door_allow_http": True,
