@@ -17,7 +17,9 @@ from sparkfleet.host.preflight import ServiceFacts, service_preflight_problems
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import KEY, host_data
-from .test_run import stand_ins  # noqa: F401 (a fixture)
+from . import test_run
+
+stand_ins = test_run.stand_ins  # the converge's stages replaced by stand-ins (a fixture)
 
 GIB = 1024**3
 USERS = {"alice": "alice-key-0123456789abcdef"}
@@ -171,7 +173,7 @@ def test_the_reach_probe_tells_a_listener_from_a_refusal_on_loopback():
     assert fact.process(out.splitlines()) == {f"127.0.0.1:{ports[0]}": "ok", f"127.0.0.1:{ports[1]}": "refused"}
 
 
-def test_converge_of_a_service_host_runs_its_preflight_and_roles_only(stand_ins, monkeypatch):  # noqa: F811
+def test_converge_of_a_service_host_runs_its_preflight_and_roles_only(stand_ins, monkeypatch):
     from pyinfra.context import ctx_host
 
     import sparkfleet.tasks as tasks
