@@ -18,6 +18,7 @@ demo: venv
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
 	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py --limit front_door
+	$(PY) -m pytest tests/infra --inventory inventory/sim_front_door.py --limit front_door -q -p no:cacheprovider
 	$(PY) -m tools.bench_front_door inventory/sim_front_door.py --chat
 
 ## Unit tests, then end-to-end tests against the simulated fleets.

@@ -14,6 +14,8 @@ expected_gpu_name = "NVIDIA GB10"  # nvidia-smi --query-gpu=name
 min_driver_version = "580.95.05"  # first public GB10 driver
 min_cuda_version = "13.0"  # CUDA version nvidia-smi reports
 min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
+service_min_memory_gib = 1  # MemTotal of a service host (only in groups front_door/monitoring: no GPU, no model)
+service_min_disk_gib = 2  # free disk at / of a service host (Prometheus's history, the packages)
 # versions known to break a Spark, refused by preflight: {glob of `uname -r` or of the driver version: why}; the why
 # is printed with the refusal; an office adds its own, or takes out one it has checked
 refused_kernels = {"6.17.0-1008*": "kernel panics reported on NVIDIA's DGX Spark forum"}  # on every host

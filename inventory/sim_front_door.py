@@ -1,9 +1,10 @@
-"""The simulated fleet (inventory/sim.py) with a front door (HAProxy) and Prometheus on spark-1, as `make demo` runs it.
+"""The simulated fleet (inventory/sim.py) with a front door (HAProxy) on door-1, a service host: a plain Debian
+box beside the Sparks (no GPU, no Docker), in the groups front_door and monitoring. `make demo` runs it.
 
     pyinfra inventory/sim_front_door.py deploy.py --limit front_door
     python -m tools.bench_front_door inventory/sim_front_door.py --chat
 
-The sim publishes each host's port 8080 on a free 127.0.0.1 port; `docker port` says which.
+The Sparks are its backends. The sim publishes door-1's port 8080 on a free 127.0.0.1 port; `docker port` says which.
 """
 
 import runpy as _runpy
@@ -13,11 +14,16 @@ from pathlib import Path as _Path
 _here = _Path(__file__).resolve().parent
 _sim = _runpy.run_path(str(_here / "sim.py"))
 _state = _sim["_state"]  # the selected fleet's state.json (SPARKFLEET_SIM_FLEET)
-_published = _subprocess.run(["docker", "port", _state["hosts"][0]["container"], "8080/tcp"],
+_doors = _state.get("service_hosts") or []
+if not _doors:
+    raise RuntimeError("the simulated fleet has no service host door-1: recreate it (`python -m sim down; "
+                       "python -m sim up`)")
+_door_host = _doors[0]
+_published = _subprocess.run(["docker", "port", _door_host["container"], "8080/tcp"],
                              capture_output=True, text=True, check=False).stdout.split()
 if not _published:
-    raise RuntimeError("spark-1 publishes no port 8080: recreate the simulated fleet (`python -m sim down; "
-                       "python -m sim up`)")
+    raise RuntimeError(f"{_door_host['name']} publishes no port 8080: recreate the simulated fleet "
+                       "(`python -m sim down; python -m sim up`)")
 
 _door = {
     "front_door_users": {"demo": "demo-user-key-0123456789", "guest": "guest-user-key-0123456789"},
@@ -25,6 +31,7 @@ _door = {
     "drain_timeout_s": 30,
     "front_door_allow_http": True,  # the sim's LAN is this machine's Docker network
 }
-sparks = [(name, {**data, **_door}) for name, data in _sim["sparks"]]
-front_door = sparks[:1]
-monitoring = front_door  # Prometheus beside the front door (another host once the sim has a non-Spark one)
+sparks = _sim["sparks"]
+front_door = [(_door_host["name"], {**_sim["_common"], "ssh_port": _door_host["ssh_port"],
+                                    "lan_address": _door_host["container"], **_door})]
+monitoring = [_door_host["name"]]  # Prometheus's host (the monitoring stage)

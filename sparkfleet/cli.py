@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.syntax import Syntax
 
 from sparkfleet import __version__
-from sparkfleet.fleet.inventory import InventoryError, load_hosts, locked
+from sparkfleet.fleet.inventory import InventoryError, load_hosts, locked, spark_hosts
 from sparkfleet.fleet.users import SecretsError
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.contract.recipes import catalogue
@@ -19,7 +19,7 @@ from sparkfleet.release.image import image_resolver
 from sparkfleet.release.lock import LockError
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import plan_rows
-from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
+from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
 from sparkfleet.tables import console, literal, print_table
 
 EXIT_INVALID = 2
@@ -70,6 +70,10 @@ def _plan(args) -> int:
         return 0
     out = console()
     for plan in plans:
+        if plan.is_service:
+            print_table(f"{plan.name}: service host", ("key", "value"), [("role", _service_roles(args, plan.name))],
+                        header=False, out=out)
+            continue
         rows = [("recipe", plan.settings.recipe), ("image", plan.settings.engine_image),
                 ("image pin", plan.image_pin.ref if plan.image_pin else f"[yellow]{literal(plan.image_error)}[/]"),
                 ("engine args", literal(" ".join(plan.engine_args))), ("model dir", literal(plan.model_dir))] \
@@ -91,6 +95,12 @@ def _plan(args) -> int:
         print_table(f"{door['host']}: front door", ("key", "value"), door_rows(door), header=False, out=out)
         out.print(Syntax(door["config"], "text", word_wrap=True))
     return 0
+
+
+def _service_roles(args, name: str) -> str:
+    """What a service host serves, in words: its groups (front door, monitoring), no engine."""
+    groups = dict(load_hosts(args.inventory, name))[name].get(GROUPS_KEY, [])
+    return f"{', '.join(g for g in groups if g != 'all')}: no GPU, model or engine; its own preflight"
 
 
 def _front_doors(args, plans) -> list:
@@ -165,7 +175,7 @@ def _status(args) -> int:
     from sparkfleet.tables import narrow
 
     try:
-        hosts = dict(load_whole_groups(args.inventory, args.limit))
+        hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
         settings = {name: parse_settings(name, data) for name, data in hosts.items()}
         groups, problems = plan_groups(settings)
         if problems:
@@ -282,6 +292,7 @@ def _rollout(args) -> int:
         members_of,
         report_json,
         rollout,
+        service_hosts_last,
         units,
     )
     from sparkfleet.fleet.speed import SpeedGate
@@ -294,6 +305,8 @@ def _rollout(args) -> int:
         plans = _locked_plans(list(hosts.items()))
     except INVALID as exc:
         return _invalid(exc)
+    service_names = [p.name for p in plans if p.is_service]  # converged after the batches, never drained
+    plans = [p for p in plans if not p.is_service]
     names = [p.name for p in plans]
     groups = members_of(plans)
     try:
@@ -312,6 +325,8 @@ def _rollout(args) -> int:
     reports = rollout(args.inventory, names, releases, batch=args.batch, canary=args.canary,
                       max_fail=args.max_fail, data=data, groups=groups, prepared=prepared, speed=speed,
                       log=lambda m: print(m, file=sys.stderr))
+    if report_json(reports)["ok"]:
+        reports += service_hosts_last(args.inventory, service_names, data, log=lambda m: print(m, file=sys.stderr))
     _print_reports(reports, args.json, speed_skipped=args.no_speed_gate)
     return 0 if report_json(reports)["ok"] else 1
 
@@ -327,7 +342,7 @@ def _upgrade(args) -> int:
     from sparkfleet.host.upgrade import refused_changes
 
     try:
-        hosts = load_whole_groups(args.inventory, args.limit)
+        hosts = spark_hosts(load_whole_groups(args.inventory, args.limit))  # DGX OS updates: the Sparks'
         plans = _locked_plans(_with_data(hosts, args.data))
     except INVALID as exc:
         return _invalid(exc)
@@ -383,7 +398,7 @@ def _rollback(args) -> int:
     )
 
     try:
-        hosts = load_whole_groups(args.inventory, args.limit)  # a group rolls back whole
+        hosts = spark_hosts(load_whole_groups(args.inventory, args.limit))  # a group rolls back whole
         names = [name for name, _ in hosts]
         found = units(names, members_in_data(hosts))
     except (*INVALID, ValueError) as exc:
@@ -403,7 +418,7 @@ def _fetch(args) -> int:
     from sparkfleet.controller.copy import ControllerCopyError, controller_copy
 
     try:
-        plans = _locked_plans(load_hosts(args.inventory, args.limit), images=False)
+        plans = _locked_plans(spark_hosts(load_hosts(args.inventory, args.limit)), images=False)
     except INVALID as exc:
         return _invalid(exc)
     done, copies = set(), []

@@ -19,7 +19,7 @@ import time
 import requests
 
 from sparkfleet.fleet.front_door import bench_target
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.fleet.inventory import load_hosts, spark_hosts
 from sparkfleet.fleet.status import api_url
 from sparkfleet.contract.settings import parse_settings
 
@@ -41,7 +41,7 @@ def ttft_ms(url: str, key: str, model: str, prompt: str) -> float:
 def engines(inventory: str, model: str) -> list[tuple[str, str]]:
     """(url, key) of each engine serving `model`, as the controller reaches it."""
     out = []
-    for name, data in load_hosts(inventory):
+    for name, data in spark_hosts(load_hosts(inventory)):  # a service host serves no engine
         s = parse_settings(name, data)
         if s.served_model_name == model and api_url(s, data):
             out.append((api_url(s, data), s.api_key or "none"))

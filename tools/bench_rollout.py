@@ -2,7 +2,7 @@
 
     flock /tmp/sparkfleet-e2e.lock python -m tools.bench_rollout [--hosts 3,6] [--fetch-s 30] [--json]
 
-For each fleet size N: `python -m sim up --hosts N`, the fleet converged with its front door on spark-1
+For each fleet size N: `python -m sim up --hosts N`, the fleet converged with its front door on door-1
 (inventory/sim_front_door.py), then two rollouts of a new commit of the chat model (`python -m sim hub publish`,
 `sparkfleet update` into a lock of the benchmark's own), the hub throttled so that one host's fetch of the largest
 file takes --fetch-s seconds:
@@ -13,9 +13,9 @@ file takes --fetch-s seconds:
 - staged: `sparkfleet rollout --batch 1` (every host fetches and verifies beside its running release first, then
   batch by batch: drain, switch, gate, undrain).
 
-Each host's time out of rotation is read from the front door itself (HAProxy's `show stat` on spark-1, polled
+Each host's time out of rotation is read from the front door itself (HAProxy's `show stat` on door-1, polled
 every 0.5 s), the same for both. At the end the hub's branch, the lock and the release are put back (one converge),
-the two commits' model directories removed, and the fleet left at 3 hosts, converged, its front door on spark-1.
+the two commits' model directories removed, and the fleet left at 3 hosts, converged, its front door on door-1.
 The fleet changes under everyone's feet: hold the e2e lock the whole time.
 
 This is a benchmark, not a test: it asserts nothing.
@@ -142,7 +142,7 @@ def measure(n: int, fetch_s: float) -> dict:
             sparkfleet("update", INVENTORY)
             throttle(bps)
             started = time.monotonic()
-            with DoorWatch(show_stat(containers[names[0]])) as watch:
+            with DoorWatch(show_stat(state["service_hosts"][0]["container"])) as watch:
                 roll(names)
             found[mode] = {"total_s": round(time.monotonic() - started, 1), "out_of_rotation_s": watch.out_s()}
             throttle(None)
@@ -159,7 +159,7 @@ def measure(n: int, fetch_s: float) -> dict:
 
 
 def print_table(rows: list[dict], fetch_s: float) -> None:
-    print(f"rollout of a new model commit, hub throttled (largest file ~{fetch_s:g} s), front door on spark-1")
+    print(f"rollout of a new model commit, hub throttled (largest file ~{fetch_s:g} s), front door on door-1")
     print(f"{'hosts':>5}  {'mode':<7} {'total s':>8}  {'out of rotation per host (s)':<40} {'max':>6}")
     for row in rows:
         for mode in ("before", "staged"):

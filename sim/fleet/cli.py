@@ -59,12 +59,12 @@ def _print_status(st: dict) -> None:
     print(f"services: {svc.get('status')}  hub={s['hub']['controller_url']} ({'ok' if svc.get('hub') else 'DOWN'})"
           f"  registry={s['registry']['controller']} ({'ok' if svc.get('registry') else 'DOWN'})")
     print(f"{'HOST':<10} {'CONTAINER':<24} {'STATUS':<9} {'SYSTEMD':<10} {'SSH':>6} {'API':>6}  GPU")
-    for h in st["hosts"]:
+    for h in [*st["hosts"], *st.get("service_hosts", [])]:
         g = h.get("gpu") or {}
         gpu = "-" if not g else (f"{g.get('name')} driver {g.get('driver')}" if g.get("present", True)
                                  else "absent (driver not loaded)")
         print(f"{h['name']:<10} {h['container']:<24} {h['status']:<9} {str(h['system']):<10} "
-              f"{h['ssh_port']:>6} {h['api_port']:>6}  {gpu}")
+              f"{h['ssh_port']:>6} {h.get('api_port') or '-':>6}  {gpu if 'api_port' in h else 'service host'}")
     print(f"ssh: ssh -i {s['ssh_key']} -p PORT -o UserKnownHostsFile={Path(s['ssh_key']).parent / 'known_hosts'} "
           f"root@127.0.0.1")
 
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("up", help="build what is missing and start the fleet (idempotent)")
     p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--service-hosts", type=int, default=1, metavar="N",
+                   help="service hosts door-1..N beside the Sparks (a front door / monitoring box, no GPU)")
     p.add_argument("--fault", action="append", default=[], metavar="HOST:KEY=VALUE[,KEY=VALUE]",
                    help="simulated GPU knobs, e.g. spark-2:driver=550.54.14 or spark-3:present=false")
     p.add_argument("--json", action="store_true", help="print state.json")
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         if args.cmd == "up":
-            state = fleet.up(hosts=args.hosts, faults=parse_faults(args.fault))
+            state = fleet.up(hosts=args.hosts, faults=parse_faults(args.fault), service_hosts=args.service_hosts)
             if args.json:
                 print(json.dumps(state, indent=2))
             else:

@@ -224,7 +224,8 @@ def _host_key_lines(row: dict) -> list[str]:
 
 def write_known_hosts() -> Path:
     """.sim/known_hosts for every running sim host (the fleet's and scratch ones), rewritten whole."""
-    rows = list(load_state()["hosts"])
+    state = load_state()
+    rows = [*state["hosts"], *state.get("service_hosts", [])]
     names = {row["container"] for row in rows}
     for c in docker("ps", "--filter", f"label={LABEL}.role=scratch", "--format", "{{.Names}}",
                     check=False).stdout.split():
@@ -308,19 +309,29 @@ def _host_config_hash(name: str, image_hash: str, ssh_port: int, api_port: int) 
                         str(fabric_address(name)), json.dumps(FABRIC, sort_keys=True))
 
 
-def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int, role: str = "host") -> None:
-    """Create the host on both networks before its first boot (the boot unit names the fabric link), then start it."""
+SERVICE_ROLE = "service"  # a service host's role label: a front door / monitoring box, not a Spark
+
+
+def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int | None, role: str = "host") -> None:
+    """Create the host on both networks before its first boot (the boot unit names the fabric link), then start it.
+    A service host (role SERVICE_ROLE) is the same container of its own image: no Docker volume, no engine port,
+    no fabric."""
     c = container_name(name)
-    for vol in (f"{c}-docker", f"{c}-data"):
+    service = role == SERVICE_ROLE
+    volumes = [f"{c}-data"] if service else [f"{c}-docker", f"{c}-data"]
+    for vol in volumes:
         _ensure_volume(vol)
     docker("create", "--name", c, "--hostname", name, "--network", NETWORK,
            "--label", f"{LABEL}=1", "--label", f"{LABEL}.role={role}", "--label", f"{LABEL}.host={name}",
            "--label", f"{CONFIG_LABEL}={_host_config_hash(name, image_hash, ssh_port, api_port)}",
            *SYSTEMD_FLAGS, "--restart", "unless-stopped", "--stop-timeout", STOP_TIMEOUT,
-           "-v", f"{c}-docker:/var/lib/docker", "-v", f"{c}-data:/var/lib/sparkfleet",
-           "-p", f"127.0.0.1:{ssh_port}:22", "-p", f"127.0.0.1:{api_port}:8000",
+           *([] if service else ["-v", f"{c}-docker:/var/lib/docker"]), "-v", f"{c}-data:/var/lib/sparkfleet",
+           "-p", f"127.0.0.1:{ssh_port}:22", *([] if service else ["-p", f"127.0.0.1:{api_port}:8000"]),
            "-p", "127.0.0.1::8080",  # a front door (group_data's front_door_port); `docker port` tells where
-           images.SPARK_IMAGE, "/sbin/init")
+           images.SERVICE_HOST_IMAGE if service else images.SPARK_IMAGE, "/sbin/init")
+    if service:
+        docker("start", c)
+        return
     if FLEET:
         _copy_fabric_file(c)
     fixed = fabric_address(name) if role == "host" else None
@@ -341,22 +352,25 @@ def _system_state(c: str) -> str:
     return cp.stdout.strip() or cp.stderr.strip()
 
 
-def wait_host_ready(name: str, ssh_port: int, timeout: float = BOOT_TIMEOUT) -> None:
-    """systemd finished booting, docker.service active, sshd answering on 127.0.0.1."""
+def wait_host_ready(name: str, ssh_port: int, timeout: float = BOOT_TIMEOUT, spark: bool = True) -> None:
+    """systemd finished booting, docker.service active (on a Spark), sshd answering on 127.0.0.1."""
     c = container_name(name)
     wait_for(lambda: _system_state(c) in ("running", "degraded"), timeout, what=f"{name} to boot")
-    wait_for(lambda: _exec(c, "systemctl", "is-active", "docker", check=False).returncode == 0, 60,
-             what=f"docker.service on {name}")
+    if spark:
+        wait_for(lambda: _exec(c, "systemctl", "is-active", "docker", check=False).returncode == 0, 60,
+                 what=f"docker.service on {name}")
     wait_for(lambda: _ssh_banner(ssh_port), 30, what=f"sshd on {name} (127.0.0.1:{ssh_port})")
 
 
-def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int]) -> dict:
+def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int], role: str = "host") -> dict:
     c = container_name(name)
     info = _inspect(c)
     ssh_port = (_published(info, 22) if info else None) or _pick_port(prev.get("ssh_port"), taken)
     taken.add(ssh_port)
-    api_port = (_published(info, 8000) if info else None) or _pick_port(prev.get("api_port"), taken)
-    taken.add(api_port)
+    api_port = None
+    if role != SERVICE_ROLE:  # a service host serves no engine API
+        api_port = (_published(info, 8000) if info else None) or _pick_port(prev.get("api_port"), taken)
+        taken.add(api_port)
     want = _host_config_hash(name, image_hash, ssh_port, api_port)
     if info and info["Config"]["Labels"].get(CONFIG_LABEL) != want:
         log(f"{name}: image or config changed: recreating the container (volumes kept)")
@@ -367,14 +381,16 @@ def _ensure_host(name: str, prev: dict, image_hash: str, taken: set[int]) -> dic
         docker("rm", "-f", c)
         info = None
     if info is None:
-        log(f"{name}: creating (ssh 127.0.0.1:{ssh_port}, api 127.0.0.1:{api_port})")
-        _create_host(name, image_hash, ssh_port, api_port)
+        log(f"{name}: creating (ssh 127.0.0.1:{ssh_port}" + (f", api 127.0.0.1:{api_port})" if api_port else ")"))
+        _create_host(name, image_hash, ssh_port, api_port, role)
     elif not info["State"]["Running"]:
         log(f"{name}: container was stopped: starting it")
         if docker("start", c, check=False).returncode != 0:
             log(f"{name}: start failed: recreating")
             docker("rm", "-f", c)
-            _create_host(name, image_hash, ssh_port, api_port)
+            _create_host(name, image_hash, ssh_port, api_port, role)
+    if role == SERVICE_ROLE:
+        return {"name": name, "ssh_port": ssh_port, "container": c}
     return {"name": name, "ssh_port": ssh_port, "api_port": api_port, "container": c,
             "fabric_address": fabric_address(name)}
 
@@ -397,6 +413,13 @@ def _finish_host(h: dict, pubkey: str, gpu: dict) -> None:
     _exec(c, FABRIC_SCRIPT)  # the boot unit did it; again here: up() also repairs a fabric knob left set
 
 
+def _finish_service_host(h: dict, pubkey: str) -> None:
+    """A service host booted and reachable over SSH with the fleet's key (no driver, GPU or fabric to set)."""
+    wait_host_ready(h["name"], h["ssh_port"], spark=False)
+    _put_file(h["container"], "/root/.ssh/authorized_keys", pubkey, "0600")
+    _install_reboot_unit(h["container"])
+
+
 def _install_reboot_unit(c: str) -> None:
     """The unit that makes an in-host reboot read as one (sim/fleet/driver.py), started now and at every boot."""
     changed = [_put_file(c, path, content, mode) for path, (content, mode) in driver.reboot_files().items()]
@@ -407,8 +430,13 @@ def _install_reboot_unit(c: str) -> None:
 
 # --------------------------------------------------------------------------- public API
 
-def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
-    """Bring the fleet to `hosts` simulated Sparks plus services; idempotent."""
+def service_host_names(count: int) -> list[str]:
+    return [f"door-{i}" for i in range(1, count + 1)]
+
+
+def up(hosts: int = 3, faults: dict[str, dict] | None = None, service_hosts: int = 1) -> dict:
+    """Bring the fleet to `hosts` simulated Sparks and `service_hosts` service hosts (door-N: a front door /
+    monitoring box, no GPU) plus services; idempotent."""
     if hosts < 1:
         raise SimError("hosts must be >= 1")
     faults = faults or {}
@@ -435,14 +463,21 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None) -> dict:
             _remove_containers([extra], volumes=True)
     prev_hosts = {h["name"]: h for h in prev.get("hosts", [])}
     taken = {ports["hub"], ports["registry"], ports["apt"]}
+    doors = service_host_names(service_hosts)
+    for extra in _host_containers(SERVICE_ROLE):
+        if extra not in [container_name(n) for n in doors]:
+            log(f"removing {extra} ({service_hosts} service hosts)")
+            _remove_containers([extra], volumes=True)
     host_rows = [_ensure_host(n, prev_hosts.get(n, {}), hashes["spark"], taken) for n in names]
-    with ThreadPoolExecutor(max(1, len(host_rows))) as ex:
+    prev_doors = {h["name"]: h for h in prev.get("service_hosts", [])}
+    door_rows = [_ensure_host(n, prev_doors.get(n, {}), hashes["service-host"], taken, SERVICE_ROLE) for n in doors]
+    with ThreadPoolExecutor(max(1, len(host_rows) + len(door_rows))) as ex:
         futs = [ex.submit(_finish_host, h, pubkey, {**DEFAULT_GPU, **faults.get(h["name"], {})})
-                for h in host_rows]
+                for h in host_rows] + [ex.submit(_finish_service_host, h, pubkey) for h in door_rows]
         for f in futs:
             f.result()
 
-    state = _make_state(host_rows, ports, apt, key)
+    state = {**_make_state(host_rows, ports, apt, key), "service_hosts": door_rows}
     if state != prev:
         write_json(STATE_FILE, state)
     write_known_hosts()
@@ -478,8 +513,8 @@ def _build_lock():
         yield
 
 
-def _host_containers() -> list[str]:
-    cp = docker("ps", "-a", "--filter", f"label={LABEL}.role=host", "--format", "{{.Names}}", check=False)
+def _host_containers(role: str = "host") -> list[str]:
+    cp = docker("ps", "-a", "--filter", f"label={LABEL}.role={role}", "--format", "{{.Names}}", check=False)
     return sorted(n for n in cp.stdout.split() if n)
 
 
@@ -490,7 +525,7 @@ def _remove_containers(names: list[str], volumes: bool) -> None:
     if volumes:
         for c in names:
             for vol in (f"{c}-docker", f"{c}-data"):
-                docker("volume", "rm", "-f", vol, check=False)
+                docker("volume", "rm", "-f", vol, check=False)  # a service host has no -docker: nothing to do
 
 
 def down() -> None:
@@ -521,7 +556,8 @@ def load_state() -> dict:
 
 def _host_row(host: str) -> dict:
     """A fleet host from state.json, or a scratch host found by its container."""
-    for h in load_state()["hosts"]:
+    state = load_state()
+    for h in [*state["hosts"], *state.get("service_hosts", [])]:
         if h["name"] == host or h["container"] == host:
             return h
     info = _inspect(container_name(host))
@@ -561,7 +597,7 @@ def status() -> dict:
     dockerd = docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=30).returncode == 0
     state = read_json(STATE_FILE)
     out: dict = {"dockerd": dockerd, "up": False, "state_file": str(STATE_FILE), "state": state,
-                 "hosts": [], "services": None}
+                 "hosts": [], "service_hosts": [], "services": None}
     if not dockerd or not state:
         return out
     info = _inspect(SERVICES)
@@ -569,15 +605,16 @@ def status() -> dict:
                        "hub": _http_ok(state["hub"]["controller_url"] + "/_sim/counters", 2) if info else False,
                        "registry": _http_ok(f"http://{state['registry']['controller']}/v2/", 2) if info else False}
     all_ok = bool(info and info["State"]["Running"])
-    for h in state["hosts"]:
+    doors = state.get("service_hosts", [])
+    for h in [*state["hosts"], *doors]:
         info = _inspect(h["container"])
         row = {**h, "status": info["State"]["Status"] if info else "missing", "system": None, "gpu": None}
         if info and info["State"]["Running"]:
             row["system"] = _system_state(h["container"])
-            g = _exec(h["container"], "cat", GPU_FILE, check=False)
-            row["gpu"] = json.loads(g.stdout) if g.returncode == 0 else None
+            g = _exec(h["container"], "cat", GPU_FILE, check=False) if h not in doors else None
+            row["gpu"] = json.loads(g.stdout) if g and g.returncode == 0 else None
         all_ok = all_ok and row["system"] in ("running", "degraded")
-        out["hosts"].append(row)
+        out["service_hosts" if h in doors else "hosts"].append(row)
     out["up"] = all_ok
     return out
 

@@ -6,6 +6,8 @@ skipped when an image with that name and hash exists.
 
   sparkfleet-sim/base            docker import of a debootstrap rootfs (systemd, sshd, docker.io...)
   sparkfleet-sim/spark           FROM base: a simulated DGX Spark (sim/images/spark)
+  sparkfleet-sim/service-host-root  docker import of a rootfs with systemd, sshd, HAProxy, Prometheus (no Docker)
+  sparkfleet-sim/service-host    FROM service-host-root: a front door / monitoring box (sim/images/service-host)
   sparkfleet-sim/services-root   docker import of a rootfs with python3 + docker-registry
   sparkfleet-sim/services        FROM services-root: hub + apt server + registry (sim/images/services)
   ENGINE_IMAGE                   one-layer import: rootfs with python3 + Ray (pip) + the stand-in vLLM
@@ -28,6 +30,9 @@ from ._util import HASH_LABEL, IMAGES_DIR, REPO_ROOT, SIM_DIR, SimError, docker,
 
 BASE_IMAGE = "sparkfleet-sim/base"
 SPARK_IMAGE = "sparkfleet-sim/spark"
+SERVICE_HOST_ROOT_IMAGE = "sparkfleet-sim/service-host-root"
+SERVICE_HOST_IMAGE = "sparkfleet-sim/service-host"
+SSH_FILES = ["etc/ssh/sshd_config.d", "etc/systemd/system/ssh.service.d"]  # the Spark image's, on a service host too
 SERVICES_ROOT_IMAGE = "sparkfleet-sim/services-root"
 SERVICES_IMAGE = "sparkfleet-sim/services"
 ENGINE_REPO = "vllm/vllm-openai"
@@ -123,6 +128,27 @@ def ensure_base() -> str:
     return _ensure_imported(BASE_IMAGE, "base", rootfs.BASE_PACKAGES)
 
 
+def ensure_service_host_root() -> str:
+    return _ensure_imported(SERVICE_HOST_ROOT_IMAGE, "service-host", rootfs.SERVICE_HOST_PACKAGES)
+
+
+def ensure_service_host(root_hash: str) -> str:
+    """The service host image: its Dockerfile, with the Spark image's SSH files as its rootfs/."""
+    ctx_src, ssh_src = IMAGES_DIR / "service-host", IMAGES_DIR / "spark" / "rootfs"
+    h = sha256_bytes("service-host-v1", root_hash, hash_paths([ctx_src, *(ssh_src / p for p in SSH_FILES)],
+                                                              IMAGES_DIR))
+    if image_hash(SERVICE_HOST_IMAGE) != h:
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=SIM_DIR) as d:
+            ctx = Path(d) / "ctx"
+            shutil.copytree(ctx_src, ctx)
+            for p in SSH_FILES:
+                shutil.copytree(ssh_src / p, ctx / "rootfs" / p)
+            _build(SERVICE_HOST_IMAGE, ctx, h, SERVICE_HOST_ROOT_IMAGE)
+        log(f"built {SERVICE_HOST_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
 def ensure_services_root() -> str:
     return _ensure_imported(SERVICES_ROOT_IMAGE, "services", rootfs.SERVICES_PACKAGES)
 
@@ -191,12 +217,14 @@ def ensure_engine() -> str:
 def ensure_all() -> dict[str, str]:
     """Build what is missing or stale; rootfs debootstraps run in parallel."""
     t0 = time.monotonic()
-    with ThreadPoolExecutor(3) as ex:
+    with ThreadPoolExecutor(4) as ex:
         f_base = ex.submit(ensure_base)
         f_sroot = ex.submit(ensure_services_root)
         f_engine = ex.submit(ensure_engine)
-        base_h, sroot_h, engine_h = f_base.result(), f_sroot.result(), f_engine.result()
-    hashes = {"base": base_h, "services-root": sroot_h, "engine": engine_h,
-              "spark": ensure_spark(base_h), "services": ensure_services(sroot_h)}
+        f_hroot = ex.submit(ensure_service_host_root)
+        base_h, sroot_h, engine_h, hroot_h = f_base.result(), f_sroot.result(), f_engine.result(), f_hroot.result()
+    hashes = {"base": base_h, "services-root": sroot_h, "engine": engine_h, "service-host-root": hroot_h,
+              "spark": ensure_spark(base_h), "services": ensure_services(sroot_h),
+              "service-host": ensure_service_host(hroot_h)}
     log(f"images ready in {time.monotonic() - t0:.1f}s")
     return hashes

@@ -33,6 +33,11 @@ BASE_PACKAGES = [
     "haproxy", "socat",  # the guard and the front door: the deploy ensures them, a converge need not wait on apt
     "prometheus-node-exporter", "prometheus",  # node metrics on every Spark, Prometheus on a monitoring host: the same
 ]
+# A service host (front door, monitoring; sim/images/service-host): a plain Debian box, no Docker, no GPU stand-ins.
+SERVICE_HOST_PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "ca-certificates", "curl", "iproute2",
+    "procps", "netbase", "less", "haproxy", "socat", "prometheus",
+]
 # The services container: hub (python3), static apt server (python3), registry.
 SERVICES_PACKAGES = ["python3", "docker-registry", "ca-certificates", "netbase"]
 # The stand-in vLLM image: python3 (kept small: every host pulls it) + Ray core from pip.

@@ -9,7 +9,17 @@ from sparkfleet.contract import paths
 GROUP = "monitoring"  # the inventory group whose hosts run Prometheus
 # Debian's packages (paths.MONITORING_PACKAGES: the host read reports them), each with its own unit kept off
 PROMETHEUS_PACKAGE, NODE_EXPORTER_PACKAGE, ALERTMANAGER_PACKAGE = paths.MONITORING_PACKAGES
-SERVICE_GROUPS = frozenset({"front_door", GROUP})  # a host in only these (and "all") is a service host, not a Spark
+FRONT_DOOR_GROUP = "front_door"  # the inventory group whose hosts run a front door
+SERVICE_GROUPS = frozenset({FRONT_DOOR_GROUP, GROUP})  # a host in only these (and "all") is a service host, not a Spark
+SERVICE_ROLE = "service"  # the plan's role of such a host: no model, no engine, no GPU stage
+
+
+def is_service_host(groups) -> bool:
+    """Whether a host in these inventory groups is a service host: in at least one of SERVICE_GROUPS and in no
+    other group ("all" aside). A host in no group at all is a Spark, as every inventory before service hosts had."""
+    named = set(groups) - {"all"}
+    return bool(named) and named <= SERVICE_GROUPS
+
 
 # Prometheus on a monitoring host: its own unit (Debian's prometheus.service stays off), loopback only.
 PROMETHEUS_UNIT_NAME = "sparkfleet-prometheus.service"

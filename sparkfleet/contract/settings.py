@@ -40,6 +40,8 @@ CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_
 # In a host's data: the keys its inventory entry, its groups or `--data` set (fleet.inventory.host_data
 # adds it); they win over the recipe even where they equal a default.
 USER_SET_KEY = "_sparkfleet_user_set"
+# In a host's data: its inventory groups (fleet.inventory.host_data adds it): a service host is told by them.
+GROUPS_KEY = "_sparkfleet_groups"
 
 
 class SettingsError(ValueError):
@@ -287,6 +289,8 @@ class Settings(BaseModel):
     min_driver_version: Version
     min_cuda_version: Version
     min_memory_gib: float = Field(ge=0)
+    service_min_memory_gib: float = Field(ge=0)
+    service_min_disk_gib: float = Field(ge=0)
     refused_kernels: dict[VersionGlob, Text]
     refused_pair_kernels: dict[VersionGlob, Text]
     refused_drivers: dict[VersionGlob, Text]

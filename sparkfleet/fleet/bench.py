@@ -510,11 +510,14 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
 
         url, model, key = bench_target(args.target)
         return url, args.model or model, api_key or key, args.roofline
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.fleet.inventory import load_hosts, spark_hosts
     from sparkfleet.fleet.status import api_url
     from sparkfleet.contract.settings import parse_settings
 
-    hosts = load_hosts(args.target, args.limit)
+    hosts = spark_hosts(load_hosts(args.target, args.limit))
+    if not hosts:
+        raise BenchError(f"no Spark in {args.limit or args.target}: a service host serves no engine; bench a "
+                         "Spark, or its front door with --front-door")
     name, data = hosts[0]
     s = parse_settings(name, data)
     url = api_url(s, data)

@@ -49,7 +49,7 @@ from sparkfleet.contract.paths import engine_port
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
 
-GROUP = "front_door"  # the inventory group whose hosts run a front door
+GROUP = monitoring.FRONT_DOOR_GROUP  # the inventory group whose hosts run a front door
 BACKEND = "engines"
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
 # prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per connection: 500
@@ -199,7 +199,7 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
     s = plans[host].settings
     problems = []
     backends = sorted((p for p in plans.values()
-                       if p.settings.served_model_name == s.served_model_name and p.role != "worker"),
+                       if p.settings.served_model_name == s.served_model_name and p.runs_engine),
                       key=lambda p: p.name)
     if not backends:
         problems.append(f"{host}: no host serves {s.served_model_name!r} behind this front door: "

@@ -19,7 +19,8 @@ from sparkfleet.host.run import Run, run_of
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
-from sparkfleet.contract.settings import USER_SET_KEY, SettingsError
+from sparkfleet.contract.monitoring import SERVICE_GROUPS, is_service_host
+from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
 
 
 def host_data(host) -> dict:
@@ -31,7 +32,25 @@ def host_data(host) -> dict:
     inventory = host.inventory
     named = {*host.data.override_datas, *inventory.get_override_data(), *inventory.get_host_data(host.name),
              *inventory.get_groups_data(host.groups)}
-    return {**host.data.dict(), USER_SET_KEY: sorted(named)}
+    return {**host.data.dict(), USER_SET_KEY: sorted(named), GROUPS_KEY: inventory_groups(host)}
+
+
+def inventory_groups(host) -> list[str]:
+    """The host's groups less the one pyinfra adds: it puts every host in a group named after the inventory file
+    (inventory/office.py: `office`) unless the file defines one of that name, and that group says nothing of a
+    host's role. It is not told apart by name (pyinfra keeps no file name), so one group holding every host, other
+    than front_door or monitoring, is left out: where the file has such a group of its own too, the host is still
+    in it (a Spark). Only a file named after its own all-hosts group (sparks.py holding `sparks`) is misread."""
+    inventory = host.inventory
+    everyone = [g for g in sorted(host.groups)
+                if g not in SERVICE_GROUPS and len(inventory.groups.get(g, ())) == len(inventory)]
+    return sorted(g for g in host.groups if g not in everyone[:1])
+
+
+def spark_hosts(hosts: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The Sparks of [(host name, merged data)]: the service hosts (monitoring.is_service_host) left out, for the
+    readers that ask engines (status, bench, testinfra's engine checks)."""
+    return [(name, data) for name, data in hosts if not is_service_host(data.get(GROUPS_KEY, ()))]
 
 
 class InventoryError(SettingsError):
@@ -147,6 +166,8 @@ def plan_for(state, host) -> HostPlan:
     """This host's plan, from the run's one validation of the whole inventory (`plans`)."""
     try:
         plan = plans(state)[host.name]
+        if plan.is_service:
+            return plan
         if plan.manifest is None:
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
         if plan.image_pin is None:

@@ -35,12 +35,6 @@ class Target:
     service: str = ""  # the RAG service's name, "" for the chat engine (and other jobs)
 
 
-def service_host(groups: set[str]) -> bool:
-    """A host whose groups (besides "all") are only front_door and/or monitoring: it runs no engine."""
-    named = set(groups) - {"all"}
-    return bool(named) and named <= m.SERVICE_GROUPS
-
-
 def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Target]:
     """What a monitoring host scrapes: per host with a guard, each engine's /metrics and the node exporter; per
     front door host, HAProxy's exporter and the per-user usage. `groups`: each host's inventory groups. A tensor-parallel worker runs
@@ -49,7 +43,7 @@ def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Tar
     found, problems = [], []
     for name, p in sorted(plans.items()):
         s, address = p.settings, p.lan_address
-        spark = not service_host(groups.get(name, set()))
+        spark = p.role != m.SERVICE_ROLE
         engines = ([("", s.api_port)] if p.runs_engine else []) + [(svc.name, svc.service.api_port)
                                                                    for svc in p.services]
         if spark and engines:

@@ -126,6 +126,18 @@ def unit_reports(unit: Unit, results: dict[str, HostResult], releases: dict[str,
                        "; ".join(results[h].failed), group, batch) for h in unit]
 
 
+def service_hosts_last(inventory: str, hosts: list[str], data: dict | None = None, log=print) -> list[HostReport]:
+    """The service hosts (front doors, monitoring: no release of their own) converged once after every batch:
+    their config (users, backends) follows the fleet's. Nothing of theirs is drained or gated."""
+    if not hosts:
+        return []
+    log(f"service hosts: {', '.join(hosts)}")
+    started = time.monotonic()
+    results = run_deploy(inventory, hosts, data)
+    seconds = round(time.monotonic() - started, 1)
+    return [HostReport(h, None, None, judge(r), seconds, "; ".join(r.failed)) for h, r in results.items()]
+
+
 def needs_rollback(unit: Unit, results: dict[str, HostResult]) -> list[str]:
     """The members whose new release failed its health gate: any one rolls the whole unit back."""
     return [h for h in unit if judge(results[h]) == "failed" and results[h].health_gate == "failed"]

@@ -44,6 +44,8 @@ def _unresolved(plans: list[HostPlan]) -> list[str]:
     """Each host's model, service model and image that its resolvers could not answer."""
     found = []
     for p in plans:
+        if p.is_service:
+            continue  # no model, no image
         found += [f"{p.name}: {p.hub_error}"] if p.manifest is None else []
         found += [f"{p.name}: {p.image_error}"] if p.image_pin is None else []
         found += [f"{p.name}: service {svc.name!r}: {svc.hub_error}" for svc in p.services if not svc.manifest]

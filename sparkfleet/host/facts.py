@@ -436,6 +436,73 @@ def parse_fabric_reach(lines: list[str], addresses: list[str]) -> dict[str, bool
     return {address: answered.get(address, False) for address in addresses}
 
 
+def parse_os_release(lines: list[str]) -> dict[str, str]:
+    """/etc/os-release's ID and ID_LIKE (lower case, quotes dropped); any other line is ignored, a missing file
+    reads as {}."""
+    found = {}
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ("ID", "ID_LIKE"):
+            found[key] = value.strip().strip("\"'").lower()[:80]
+    return found
+
+
+class OsRelease(FactBase[dict]):
+    """The distribution's ID and ID_LIKE from /etc/os-release (a service host's preflight: Debian or Ubuntu)."""
+
+    def command(self):
+        return "cat /etc/os-release 2>/dev/null || true"
+
+    @staticmethod
+    def default():
+        return {}
+
+    def process(self, output):
+        return parse_os_release(output)
+
+
+REACH_VERDICTS = ("ok", "refused", "unreachable")  # connected; the host answered with a refusal; no answer in 3 s
+
+
+def parse_tcp_reach(lines: list[str], targets: list[str]) -> dict[str, str]:
+    """Each of `targets` ("address:port") -> "ok" (connected), "refused" (the host said no one listens there: it is
+    reached, its service not up yet) or "unreachable": a line `TARGET VERDICT` per target asked about; a line about
+    anything else is ignored, and a target with no line counts as unreachable."""
+    answered = {}
+    for line in lines:
+        target, _, verdict = line.strip().partition(" ")
+        if target in targets and verdict in REACH_VERDICTS:
+            answered[target] = verdict
+    return {target: answered.get(target, "unreachable") for target in targets}
+
+
+class TcpReach(FactBase[dict]):
+    """Whether the host opens a TCP connection to each (address, port) within 3 s (bash's /dev/tcp: no client to
+    install), telling a refusal (the path is there) from silence; pyinfra has no reachability fact. Only a
+    validated address or host name and a port reach the shell, each quoted; bash's error is matched, never shown."""
+
+    def command(self, targets: list[tuple[str, int]]):
+        kept = [(a, int(p)) for a, p in targets if _reach_address(a) and 0 < int(p) < 65536]
+        self.targets = [f"{a}:{p}" for a, p in kept]
+        probes = [StringCommand("if out=$(timeout 3 bash -c ': < /dev/tcp/$0/$1'", QuoteString(a), QuoteString(str(p)),
+                                "2>&1); then echo", QuoteString(f"{a}:{p} ok"), '; else case "$out" in *refused*) echo',
+                                QuoteString(f"{a}:{p} refused"), ";; *) echo", QuoteString(f"{a}:{p} unreachable"),
+                                ";; esac; fi;") for a, p in kept]
+        return StringCommand("true;", *probes)
+
+    @staticmethod
+    def default():
+        return {}
+
+    def process(self, output):
+        return parse_tcp_reach(output, self.targets)
+
+
+def _reach_address(address: str) -> bool:
+    """An IPv4 address or a DNS name (letters, digits, dots and dashes): nothing else is probed."""
+    return bool(_ipv4_text(address) or re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", address or ""))
+
+
 class FabricReach(FactBase):
     """Whether each address answers one ping sent out of the fabric interface (`ping -I`): a member reaches
     the others over the link, not over the office LAN. pyinfra has no reachability fact."""

@@ -47,6 +47,15 @@ _INSTALL_ONE_KEY = (
 
 
 @operation()
+def fleet_point(what: str):
+    """Changes nothing. pyinfra runs the operations of all hosts in an order that keeps each host's sequence (a
+    graph of them), so an operation every host calls at one place is a point they meet at: what a host does after
+    it runs after what every host did before it."""
+    host.noop(what)
+    yield from ()
+
+
+@operation()
 def apt_keyring(src: str, dest: str, fingerprint: str):
     """A keyring at dest holding exactly one key: the primary key with this fingerprint.
 

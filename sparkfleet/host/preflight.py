@@ -41,11 +41,17 @@ def converge_reads(model_root: str, engine_ref: str, front_door: bool = False) -
     """What the stages read from a host that needs nothing (the batched state, daemon.json, the toolkit's keyring,
     the engine image, the model directories; on a front door its hold record): read with preflight's facts, in
     its one round trip, and held until an operation changes the host (state.fact)."""
-    return {"managed": (HostState, {}), "model root": (PathState, {"path": model_root}),
+    return {"model root": (PathState, {"path": model_root}),
             "daemon.json": (JsonFile, {"path": paths.DAEMON_JSON}),
             "keyring": (KeyringKeys, {"path": paths.TOOLKIT_KEYRING}),
             "engine image": image_read(engine_ref),
-            "model dirs": (ModelDirs, {"model_root": model_root}),
+            "model dirs": (ModelDirs, {"model_root": model_root}), **service_reads(front_door)}
+
+
+def service_reads(front_door: bool = False) -> dict:
+    """What the stages of a service host read from it (converge_reads, less a Spark's): the batched state and, on
+    a front door, its hold record."""
+    return {"managed": (HostState, {}),
             **({"front door holds": (JsonFile, {"path": paths.FRONT_DOOR_HOLDS})} if front_door else {})}
 
 
@@ -130,6 +136,47 @@ def preflight_problems(name: str, s: Settings, f: HostFacts, in_group: bool = Fa
         refuse("Docker", "docker.service not active", "running", "systemctl enable --now docker")
     if not f.python:
         refuse("python3", "not installed", "python3 >= 3.10", "apt-get install python3 (DGX OS ships it)")
+    return problems
+
+
+SERVICE_OS = ("debian", "ubuntu")  # what a service host may run: the distributions whose packages the stages install
+SERVICE_DISK_PATH = "/"  # a service host's free-disk check (Prometheus's history, the packages)
+
+
+@dataclass(frozen=True)
+class ServiceFacts:
+    """What a service host's preflight reads: no GPU, no Docker, no model; the Sparks it must reach."""
+
+    os_release: dict  # /etc/os-release's ID and ID_LIKE
+    meminfo: dict | Unreadable  # kB
+    free_bytes: int | Unreadable  # at SERVICE_DISK_PATH
+    python: str | None | Unreadable
+    reach: dict[str, str]  # "address:port" of each Spark's API -> TcpReach's verdict from this host
+
+
+def service_preflight_problems(name: str, s: Settings, f: ServiceFacts) -> list[str]:
+    """Why this service host is not fit for its roles (front door, monitoring), one line each with the fix."""
+    found = [v for v in (f.meminfo, f.free_bytes, f.python) if isinstance(v, Unreadable)]
+    if found:
+        return [u.line(name) for u in found]
+    problems = []
+    distro = {f.os_release.get("ID", ""), *f.os_release.get("ID_LIKE", "").split()}
+    if not distro & set(SERVICE_OS):
+        problems.append(f"{name}: operating system: found {f.os_release.get('ID') or 'unknown'}, required Debian or "
+                        f"Ubuntu: run the front door and monitoring on a Debian or Ubuntu host")
+    total_gib = f.meminfo.get("MemTotal", 0) / 1024**2
+    if total_gib < s.service_min_memory_gib:
+        problems.append(f"{name}: memory (MemTotal): found {total_gib:.1f} GiB, required >= "
+                        f"{s.service_min_memory_gib:g} GiB: use a host with more memory, or lower "
+                        f"service_min_memory_gib")
+    if f.free_bytes < s.service_min_disk_gib * GIB:
+        problems.append(f"{name}: free disk at {SERVICE_DISK_PATH}: found {disk_text(f.free_bytes)}, required >= "
+                        f"{s.service_min_disk_gib:g} GiB: free space there, or lower service_min_disk_gib")
+    if not f.python:
+        problems.append(f"{name}: python3: not installed, required python3 >= 3.10: apt-get install python3")
+    problems += [f"{name}: cannot reach the Spark API at {target} (TCP, no answer in 3 s): check that the Spark is "
+                 f"up and on this LAN, its lan_address is right, and no firewall between them drops the port"
+                 for target, verdict in f.reach.items() if verdict == "unreachable"]
     return problems
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.formats import API_KEY_VAR, host_memory_bytes
+from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -27,7 +28,7 @@ from sparkfleet.release.engine import engine_args, flag_table, surface_problems
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
-from sparkfleet.contract.settings import Settings, SettingsError, parse_settings
+from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
 
 # how the engine container gets the GPU: the legacy runtime hook (can lose it on a daemon-reload) or CDI
 GPU_OPTIONS = {"runtime": ("--gpus", "all"), "cdi": ("--device", "nvidia.com/gpu=all")}
@@ -49,6 +50,7 @@ class HostPlan:
     group: TensorParallelGroup | None = None  # the tensor-parallel group this host is a member of
     image_pin: ImagePin | None = None  # engine_image pinned by content; None: unknown (image_error says why)
     image_error: str | None = None
+    is_service: bool = False  # a service host (front door, monitoring): no model, engine, release or GPU
 
     @property
     def engine_ref(self) -> str:
@@ -58,13 +60,16 @@ class HostPlan:
 
     @property
     def role(self) -> str:
-        """"single" (no group), "head" (Ray head and the group's vLLM) or "worker" (a Ray node only)."""
+        """"single" (no group), "head" (Ray head and the group's vLLM), "worker" (a Ray node only), or "service"
+        (a host of only the front door and monitoring groups: no engine at all)."""
+        if self.is_service:
+            return SERVICE_ROLE
         return self.group.role(self.name) if self.group else "single"
 
     @property
     def runs_engine(self) -> bool:
         """Whether this host runs the vLLM unit: a worker lends its GPU to the head's engine through Ray."""
-        return self.role != "worker"
+        return self.role not in ("worker", SERVICE_ROLE)
 
     @property
     def units(self) -> list[str]:
@@ -251,6 +256,8 @@ class HostPlan:
         return {**record, "service_model_dirs": service_dirs} if service_dirs else record
 
     def to_dict(self) -> dict:
+        if self.is_service:
+            return {"name": self.name, "role": self.role, "release_id": None, "lan_address": self.lan_address}
         return {
             "name": self.name,
             "release_id": self.release_id,
@@ -398,12 +405,15 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
     offline and tests never wait for a client.
     """
     problems: list[str] = []
-    parsed = []
+    parsed, services = [], {}
     for name, data in hosts:
         try:
             s = parse_settings(name, data)
         except SettingsError as exc:
             problems += exc.problems
+            continue
+        if is_service_host(data.get(GROUPS_KEY, ())):
+            services[name] = s
             continue
         known = known_model(s.model_repo)
         problems += _plan(name, s, None, known and known.config, None)[1]
@@ -413,7 +423,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
     if problems:
         raise SettingsError(problems)
 
-    plans = []
+    plans = [service_plan(name, s, dict(hosts)[name]) for name, s in services.items()]
     for name, s in parsed:
         manifest, config, hub_error = (resolve or _resolve)(s)
         known = known_model(s.model_repo)
@@ -427,7 +437,15 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
     if problems:
         raise SettingsError(problems)
     _assign_peers(plans)
-    return plans
+    order = [name for name, _ in hosts]
+    return sorted(plans, key=lambda p: order.index(p.name))
+
+
+def service_plan(name: str, s: Settings, data: dict) -> HostPlan:
+    """A service host's plan: its settings and LAN address only; nothing of a release is asked or checked."""
+    plan = HostPlan(name, s, None, None, None, is_service=True)
+    plan.lan_address = s.lan_address or data.get("ssh_hostname") or name
+    return plan
 
 
 def _assign_peers(plans: list[HostPlan]) -> None:

@@ -15,10 +15,11 @@ stage's name is its function, not its module (`from sparkfleet.tasks.model impor
 
 from pyinfra import host, state
 
-from sparkfleet.contract.monitoring import GROUP as MONITORING
+from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plan_for, plans
+from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.container_toolkit import container_toolkit
 from sparkfleet.tasks.front_door import front_door
@@ -28,15 +29,26 @@ from sparkfleet.tasks.model import model
 from sparkfleet.tasks.monitoring import monitoring
 from sparkfleet.tasks.node_metrics import node_metrics
 from sparkfleet.tasks.platform import platform
-from sparkfleet.tasks.preflight import preflight
+from sparkfleet.tasks.preflight import preflight, service_preflight
 from sparkfleet.tasks.service import service
 from sparkfleet.tasks.staging import staging
 from sparkfleet.tasks.watchdog import watchdog
 
 
 def converge(plan: HostPlan | None = None) -> None:
-    """Converge the current host to its release (the inventory's plan for it unless `plan` is given)."""
+    """Converge the current host to its release (the inventory's plan for it unless `plan` is given); a service
+    host (front door, monitoring: no GPU) to its roles, once every Spark's stages have run (its front door then
+    finds the Sparks' guards up)."""
     plan = plan_for(state, host) if plan is None else plan
+    if plan.role != SERVICE_ROLE:
+        spark(plan)
+    fleet_point(name="The Sparks' stages done (the service hosts' follow)", what="service hosts after the Sparks")
+    if plan.role == SERVICE_ROLE:
+        service_host(plan)
+
+
+def spark(plan: HostPlan) -> None:
+    """A Spark: preflight, the GPU and engine stages, the health gate, the watchdog, and a front door if it has one."""
     facts = preflight(plan)
     if not facts:
         return
@@ -63,6 +75,18 @@ def inventory_groups(state) -> dict[str, set[str]]:
     return groups if any(MONITORING in g for g in groups.values()) else {}
 
 
+def service_host(plan: HostPlan) -> None:
+    """A service host: its own preflight, then only its roles' stages; no GPU stage, no Docker, no model. HAProxy
+    comes with the guard stage, which on a host without an engine installs it and keeps every guard off."""
+    if not service_preflight(plan):
+        return
+    guard(plan)
+    if FRONT_DOOR in host.groups:
+        front_door(plan, plans(state))
+    if MONITORING in host.groups:
+        monitoring(plan, plans(state), inventory_groups(state))
+
+
 def stage(plan: HostPlan | None = None) -> None:
     """Prepare the current host's release beside the running one, which keeps serving: preflight (memory, and free
     disk for the files still to fetch, the running release's staying where they are), prepare, then the model files
@@ -75,6 +99,8 @@ def stage(plan: HostPlan | None = None) -> None:
     converge, drained; a project with more to prepare while serving writes its own stage.py.
     """
     plan = plan_for(state, host) if plan is None else plan
+    if plan.role == SERVICE_ROLE:
+        return  # nothing of a release to prepare
     facts = preflight(plan)
     if facts:
         staging(plan, facts, prepare(plan, facts))

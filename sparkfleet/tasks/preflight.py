@@ -18,7 +18,9 @@ from sparkfleet.host.facts import (
     MemInfo,
     ModelFiles,
     NvidiaSmi,
+    OsRelease,
     PythonVersion,
+    TcpReach,
     Unreadable,
     json_object,
 )
@@ -28,11 +30,15 @@ from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.host.state import read_facts
 from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD
 from sparkfleet.host.preflight import (
+    SERVICE_DISK_PATH,
     HostFacts,
     MemberFacts,
+    ServiceFacts,
     converge_reads,
     pair_problems,
     preflight_problems,
+    service_preflight_problems,
+    service_reads,
 )
 from sparkfleet.host.run import run_of
 from sparkfleet.release.plan import HostPlan
@@ -113,5 +119,29 @@ def preflight(plan: HostPlan) -> HostFacts | None:
     group_lines = read_group(plan.group) if plan.group else []
     if problems or group_lines:
         stop(problems + group_lines, f"every member of {plan.group.name}" if plan.group else "this host")
+        return None
+    return facts
+
+
+def spark_apis(plans: dict[str, HostPlan]) -> list[tuple[str, int]]:
+    """(LAN address, API port) of every host of the inventory that serves an engine API: what a service host must
+    reach (its front door's backends, its Prometheus's targets)."""
+    return [(p.lan_address, p.settings.api_port) for p in plans.values() if p.runs_engine]
+
+
+@deploy("Service host preflight")
+def service_preflight(plan: HostPlan) -> ServiceFacts | None:
+    """A service host's preflight: what its roles need (OS, memory, disk, python3, the Sparks' API ports within
+    reach), none of a Spark's (GPU, Docker, model). A host that fails it is left untouched."""
+    got = read_facts(host, {
+        "os": (OsRelease, {}), "meminfo": (MemInfo, {}), "free_bytes": (FreeBytes, {"path": SERVICE_DISK_PATH}),
+        "python": (PythonVersion, {}), "reach": (TcpReach, {"targets": spark_apis(plans(state))}),
+        **service_reads(front_door=FRONT_DOOR in host.groups),
+    })
+    facts = ServiceFacts(os_release=got["os"], meminfo=got["meminfo"], free_bytes=got["free_bytes"],
+                         python=got["python"], reach=got["reach"])
+    problems = service_preflight_problems(host.name, plan.settings, facts)
+    if problems:
+        stop(problems, "this service host")
         return None
     return facts

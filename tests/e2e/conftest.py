@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,7 @@ class Converge:
     failed: dict[str, list[str]]  # host -> names of operations that failed
     output: str
     hub_counters: dict | None = None  # the sim hub's traffic counters right after it (first_converge only)
+    order: list[str] = field(default_factory=list)  # every operation's name, in the order pyinfra ran them
 
     def host_failed(self, host: str) -> bool:
         return bool(self.failed.get(host))
@@ -89,16 +90,18 @@ def converge(*extra: str, timeout: float = 1500, inventory: str = INVENTORY) -> 
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     changed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})
     failed: dict[str, list[str]] = defaultdict(list, {h: [] for h in HOSTS})
+    order: list[str] = []
     try:
         results = json.loads(proc.stdout)["results"]
     except (ValueError, KeyError, TypeError):
         raise AssertionError(f"pyinfra printed no results (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     for op in results["operations"]:
+        order.append(op["name"])
         for host in op["success"]:
             changed[host].append(op["name"])
         for host in op["error"]:
             failed[host].append(op["name"])
-    return Converge(proc.returncode, changed, failed, proc.stderr)
+    return Converge(proc.returncode, changed, failed, proc.stderr, order=order)
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +172,7 @@ def hub(sim_fleet):
 
 def ssh(state: dict, host: str, command: str, check: bool = True) -> str:
     """Run a command on a simulated host over real SSH, as an operator would."""
-    port = next(h["ssh_port"] for h in state["hosts"] if h["name"] == host)
+    port = next(h["ssh_port"] for h in [*state["hosts"], *state.get("service_hosts", [])] if h["name"] == host)
     proc = subprocess.run(
         ["ssh", "-i", state["ssh_key"], "-p", str(port), "-o", "StrictHostKeyChecking=no",
          "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],

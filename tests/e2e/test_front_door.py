@@ -1,4 +1,4 @@
-"""The front door (HAProxy on spark-1) in front of the simulated fleet: per-user keys, drain during a rollout,
+"""The front door (HAProxy on door-1, a service host: no GPU, no Docker) in front of the simulated fleet: per-user keys, drain during a rollout,
 health routing around a hung engine, cache affinity, status and bench. Probes go through the front door with
 a user key, at 5 requests/s, alternating streaming and non-streaming chat, each with a 10 s limit and no retry.
 """
@@ -30,23 +30,26 @@ pytestmark = pytest.mark.e2e
 MODEL = "Qwen3.5-35B-A3B"
 USERS = {"alice": "alice-0123456789abcdef", "bob": "bob-0123456789abcdef"}
 ENGINE_KEY = "sim-key"  # inventory/sim.py's api_key: the engines' key, which only the front door holds
+DOOR = "door-1"  # the sim's service host: the front door of inventory/sim_front_door.py
 
 
 def door_port() -> int:
-    """The 127.0.0.1 port where spark-1's front door port (8080) is published."""
-    out = subprocess.run(["docker", "port", container("spark-1"), "8080/tcp"], capture_output=True, text=True,
+    """The 127.0.0.1 port where door-1's front door port (8080) is published."""
+    out = subprocess.run(["docker", "port", container(DOOR), "8080/tcp"], capture_output=True, text=True,
                          check=True).stdout
     return int(out.split()[0].rsplit(":", 1)[1])
 
 
 def door_inventory(tmp_path, name: str, users: dict, everywhere: dict | None = None) -> str:
-    """inventory/sim.py plus a front door on spark-1 (group front_door), with these users and settings."""
+    """inventory/sim_front_door.py (the Sparks, and door-1 in front_door and monitoring) with these users on the
+    front door and `everywhere`'s settings on every host."""
     settings = {"front_door_users": users, "controller_front_door_url": f"http://127.0.0.1:{door_port()}",
                 "drain_timeout_s": 30, "front_door_allow_http": True, **(everywhere or {})}
     path = tmp_path / f"{name}.py"
-    path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim.py')!r})\n"
-                    f"sparks = [(n, {{**d, **{settings!r}}}) for n, d in _sim['sparks']]\n"
-                    "front_door = [sparks[0]]\n")
+    path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim_front_door.py')!r})\n"
+                    f"sparks = [(n, {{**d, **{everywhere or {}!r}}}) for n, d in _sim['sparks']]\n"
+                    f"front_door = [(n, {{**d, **{settings!r}}}) for n, d in _sim['front_door']]\n"
+                    "monitoring = _sim['monitoring']\n")
     return str(path)
 
 
@@ -62,13 +65,42 @@ def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def door(converged_fleet, tmp_path):
-    """The fleet converged with its front door on spark-1 (only spark-1 changes: the engines keep their release)."""
+    """The fleet converged with its front door on door-1 (only door-1 changes: the engines keep their release)."""
     inventory = door_inventory(tmp_path, "door", USERS)
-    done = deploy(inventory, "--limit", "spark-1")
+    done = deploy(inventory, "--limit", DOOR)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     url = f"http://127.0.0.1:{door_port()}"
     wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
     return inventory, url
+
+
+def test_the_front_door_on_a_service_host_runs_no_gpu_stage_serves_the_fleet_and_converges_once(converged_fleet,
+                                                                                                 tmp_path):
+    """door-1 (a plain Debian box: no Docker, no nvidia-smi) converges as a service host: its own preflight, HAProxy,
+    the front door; none of a Spark's stages. It serves chats to the three Sparks, and a second converge changes
+    nothing."""
+    inventory = door_inventory(tmp_path, "service-host", USERS)
+    first = deploy(inventory, "--limit", DOOR)
+    said = first.stdout + first.stderr
+    assert first.returncode == 0, said[-4000:]
+    assert "Front door | Front door answers on port 8080" in said, said[-3000:]  # (its preflight only reads)
+    for spark_only in ("Preflight |", "Platform pins |", "NVIDIA Container Toolkit |", "Model |", "Service |",
+                       "Health gate |", "Watchdog |", "docker", "nvidia"):
+        assert spark_only not in said, (spark_only, said[-3000:])
+    on_door = ssh(converged_fleet, DOOR, "command -v docker nvidia-smi nvidia-ctk; "
+                                         "systemctl is-active sparkfleet-vllm sparkfleet-guard; "
+                                         "systemctl is-active sparkfleet-front-door", check=False).split()
+    assert on_door == ["inactive", "inactive", "active"], on_door  # no binary found, no engine, no guard
+    url = f"http://127.0.0.1:{door_port()}"
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
+    hello = [{"role": "user", "content": "hello from a service host"}]
+    assert [chat(url, USERS["alice"], hello, stream)[0] for stream in (False, True, False)] == [200] * 3
+    again = converge(inventory=inventory)  # the whole inventory: nothing changes, the door's stages come last
+    assert again.returncode == 0, again.output[-3000:]
+    assert {h: again.changed[h] for h in (*HOSTS, DOOR)} == {h: [] for h in (*HOSTS, DOOR)}
+    point = again.order.index("The Sparks' stages done (the service hosts' follow)")
+    assert all(not name.startswith(("Front door |", "Service host preflight |")) for name in again.order[:point])
+    assert all(not name.startswith(("Watchdog |", "Guard | Guard enabled")) for name in again.order[point:])
 
 
 def backend_states(inventory: str) -> dict[str, str]:
@@ -146,13 +178,13 @@ class Probe:
 
 
 class DoorWatch(bench_rollout.DoorWatch):
-    """spark-1's front door polled on a thread (tools/bench_rollout.py's watch, over SSH), and the sim hub's byte
+    """door-1's front door polled on a thread (tools/bench_rollout.py's watch, over SSH), and the sim hub's byte
     count at the first departure."""
 
     def __init__(self, state: dict, hub: str):
         from sparkfleet.fleet.front_door import runtime_command
 
-        super().__init__(lambda: ssh(state, "spark-1", runtime_command("show stat"), check=False), self._first)
+        super().__init__(lambda: ssh(state, DOOR, runtime_command("show stat"), check=False), self._first)
         self.hub, self.hub_bytes_at_first_drain = hub, None
 
     def _first(self) -> None:
@@ -261,7 +293,7 @@ def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_reques
           f"{len(probe.failures)} of {len(probe.results)} requests failed")
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60)
-    assert [h["result"] for h in report["hosts"]] == ["converged"] * 3
+    assert {h["host"]: h["result"] for h in report["hosts"]} == {**{h: "converged" for h in HOSTS}, DOOR: "unchanged"}
     assert new_dir != old_dir and all(after[h]["model_dir"] == new_dir for h in HOSTS)
     assert report["phases"]["stage"]["hosts"] == list(HOSTS) and report["phases"]["switch"]["batches"] == 3
     assert fetch_s >= 30 and report["phases"]["stage"]["seconds"] >= fetch_s
@@ -270,7 +302,8 @@ def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_reques
     assert all(verified[h] <= first_drain for h in HOSTS), (verified, first_drain)
     assert hub_bytes_after == watch.hub_bytes_at_first_drain  # the switch fetched nothing from the hub
     assert sorted(watch.out_s()) == list(HOSTS) and max(watch.out_s().values()) <= fetch_s / 2, watch.out_s()
-    assert all(0 < h["out_of_rotation_s"] <= fetch_s / 2 for h in report["hosts"]), report["hosts"]
+    switched = [h for h in report["hosts"] if h["host"] in HOSTS]  # the service host is never out of rotation
+    assert all(0 < h["out_of_rotation_s"] <= fetch_s / 2 for h in switched), report["hosts"]
     assert len(probe.results) >= 4 * probe.seconds - 5, (len(probe.results), probe.seconds)
     assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
     assert {h: r["release_id"] for h, r in records(sim_fleet).items()} == \
@@ -301,7 +334,7 @@ def test_a_rollout_killed_after_its_first_drain_leaves_nothing_out_after_the_nex
         assert out["reason"].startswith(f"held by a rollout that is gone (rollout pid {rollout.pid} "), out
         again = converge(inventory=inventory)
         assert again.returncode == 0, again.output[-4000:]
-        assert any(op.startswith(f"Front door | {drained} back in") for op in again.changed["spark-1"]), again.changed
+        assert any(op.startswith(f"Front door | {drained} back in") for op in again.changed[DOOR]), again.changed
         wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60)
     print(f"killed rollout: {len(probe.results)} requests in {probe.seconds:.0f} s, {len(probe.failures)} failed")
     assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
@@ -390,7 +423,7 @@ def test_a_removed_user_is_refused_after_one_converge_and_no_reply_carries_the_e
     assert chat(url, ENGINE_KEY, hello, False)[0] == 401  # the engines' key does not open the front door
     assert chat(url, None, hello, False)[0] == 401
     without_bob = door_inventory(tmp_path, "without-bob", {"alice": USERS["alice"]})
-    done = deploy(without_bob, "--limit", "spark-1")
+    done = deploy(without_bob, "--limit", DOOR)
     assert done.returncode == 0, done.stderr[-3000:]
     assert chat(url, USERS["bob"], hello, False)[0] == 401
     after = [chat(url, USERS["alice"], hello, stream) for stream in (False, True)]
@@ -399,7 +432,7 @@ def test_a_removed_user_is_refused_after_one_converge_and_no_reply_carries_the_e
         assert ENGINE_KEY not in body and ENGINE_KEY not in json.dumps(headers)
     for secret in (*USERS.values(), ENGINE_KEY):
         assert secret not in done.stdout + done.stderr
-    again = deploy(inventory, "--limit", "spark-1")  # bob back, as the other tests expect
+    again = deploy(inventory, "--limit", DOOR)  # bob back, as the other tests expect
     assert again.returncode == 0, again.stderr[-3000:]
 
 
@@ -414,21 +447,21 @@ def test_status_shows_the_front_door_and_fails_when_it_is_down(door, sim_fleet, 
                        "--max-tokens", "8", "--out", str(tmp_path / "bench-front-door"))
     assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
     assert url in bench.stdout
-    ssh(sim_fleet, "spark-1", "systemctl stop sparkfleet-front-door")
+    ssh(sim_fleet, DOOR, "systemctl stop sparkfleet-front-door")
     try:
         down = sparkfleet("status", inventory, "--json", timeout=120)
         assert down.returncode != 0
         assert json.loads(down.stdout)["front_door"]["up"] is False
     finally:
-        ssh(sim_fleet, "spark-1", "systemctl start sparkfleet-front-door")
+        ssh(sim_fleet, DOOR, "systemctl start sparkfleet-front-door")
 
 
 # --- drain / undrain (issue 21). Written without a simulator to run it on: the integrator runs it first. -----
 
 
 def routed_to(sim_fleet, host: str) -> int:
-    """Requests spark-1's front door has sent to `host` (HAProxy's stot of engines/HOST; checks not counted)."""
-    stat = ssh(sim_fleet, "spark-1",
+    """Requests door-1's front door has sent to `host` (HAProxy's stot of engines/HOST; checks not counted)."""
+    stat = ssh(sim_fleet, DOOR,
                "echo 'show stat' | socat stdio UNIX-CONNECT:/run/sparkfleet-front-door/admin.sock")
     return next(int(row["stot"]) for row in csv.DictReader(io.StringIO(stat.lstrip("# ")))
                 if row["pxname"] == "engines" and row["svname"] == host)
@@ -439,12 +472,12 @@ def test_a_drained_host_stays_out_through_converges_reloads_and_restarts_until_u
     assert converge(inventory=inventory).returncode == 0  # the baseline: this inventory, converged
     drained = sparkfleet("drain", inventory, "spark-2", "--json", timeout=300)
     assert drained.returncode == 0, drained.stderr[-2000:]
-    assert json.loads(drained.stdout)["front_doors"] == [{"host": "spark-1", "state": "drained"}]
+    assert json.loads(drained.stdout)["front_doors"] == [{"host": DOOR, "state": "drained"}]
     try:
         again = converge(inventory=inventory)
         assert again.returncode == 0 and all(again.changed[h] == [] for h in HOSTS), again.changed
         for how in ("reload", "restart"):
-            ssh(sim_fleet, "spark-1", f"systemctl {how} sparkfleet-front-door")
+            ssh(sim_fleet, DOOR, f"systemctl {how} sparkfleet-front-door")
             wait_until(lambda: backend_states(inventory).get("spark-2") == "drained", 30)
         before = routed_to(sim_fleet, "spark-2")
         for n in range(12):

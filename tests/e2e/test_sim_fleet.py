@@ -104,6 +104,26 @@ def test_systemd_sshd_and_docker_run_on_every_host(_fleet):
         assert ssh(_fleet, h["name"], "docker info --format '{{.Driver}}'").stdout.strip() == "overlay2"
 
 
+def test_the_service_host_is_a_plain_debian_box_beside_the_sparks(_fleet):
+    """door-1: listed apart from the Sparks, reached over SSH with its real key, no Docker and no GPU stand-ins,
+    Debian's Prometheus off, nothing on the LAN but sshd, its port 8080 published on 127.0.0.1."""
+    [door] = _fleet["service_hosts"]
+    assert door["name"] == "door-1" and "api_port" not in door and door["name"] not in [h["name"] for h in
+                                                                                        _fleet["hosts"]]
+    known_hosts = Path(_fleet["ssh_key"]).parent / "known_hosts"
+    assert any(line.startswith(f"[127.0.0.1]:{door['ssh_port']} ssh-ed25519 ")
+               for line in known_hosts.read_text().splitlines())
+    assert ssh(_fleet, door, "hostname").stdout.strip() == "door-1"
+    assert ssh(_fleet, door, "command -v docker nvidia-smi", check=False).stdout.strip() == ""
+    assert ssh(_fleet, door, "command -v haproxy socat prometheus curl ip python3").stdout.count("\n") == 6
+    assert ssh(_fleet, door, "systemctl is-enabled prometheus.service", check=False).stdout.strip() == "disabled"
+    listening = ssh(_fleet, door, "ss -Htln | awk '{print $4}'").stdout.split()
+    assert {a.rsplit(":", 1)[1] for a in listening if not a.startswith(("127.", "[::1]"))} <= {"22", "8080"}
+    published = subprocess.run(["docker", "port", door["container"], "8080/tcp"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert published and all(p.startswith("127.0.0.1:") for p in published)
+
+
 def test_a_fresh_host_has_no_toolkit_and_a_unique_identity(_fleet, _scratch):
     assert ssh(_fleet, _scratch, "command -v nvidia-ctk nvidia-container-runtime-hook", check=False).returncode != 0
     assert ssh(_fleet, _scratch, "systemctl --failed --no-legend").stdout.strip() == ""

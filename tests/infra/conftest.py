@@ -31,26 +31,35 @@ def _plans(config):
     if not inventory:
         raise pytest.UsageError("tests/infra needs --inventory inventory/<fleet>.py")
     if not hasattr(config, "_sparkfleet_plans"):
-        hosts = dict(load_hosts(inventory, config.getoption("--limit")))
+        hosts = dict(load_hosts(inventory))  # the whole inventory: a front door's backends are other hosts
         plans = plan_hosts(list(hosts.items()), resolve=hub_resolver, resolve_image=image_resolver)
-        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plans]
+        chosen = {name for name, _ in load_hosts(inventory, config.getoption("--limit"))}
+        config._sparkfleet_all_plans = {plan.name: plan for plan in plans}
+        config._sparkfleet_plans = [(plan, hosts[plan.name]) for plan in plans if plan.name in chosen]
     return config._sparkfleet_plans
 
 
+# fixture -> the hosts it is given: the Sparks, every host (a front door may be either), a group's members, the
+# service hosts (front door, monitoring: no GPU, no engine)
+CHOSEN = {"spark": lambda plan: not plan.is_service, "node": lambda plan: True, "member": lambda plan: plan.group,
+          "service_host": lambda plan: plan.is_service}
+OPTIONAL = ("member", "service_host")  # a fleet without any: their checks are deselected
+
+
 def pytest_generate_tests(metafunc):
-    if "spark" in metafunc.fixturenames:
-        plans = _plans(metafunc.config)
-        metafunc.parametrize("spark", plans, ids=[plan.name for plan, _ in plans], indirect=True)
-    elif "member" in metafunc.fixturenames:
-        members = [(plan, data) for plan, data in _plans(metafunc.config) if plan.group]
-        if members:
-            metafunc.parametrize("member", members, ids=[plan.name for plan, _ in members], indirect=True)
+    for name, chosen in CHOSEN.items():
+        if name in metafunc.fixturenames:
+            hosts = [(plan, data) for plan, data in _plans(metafunc.config) if chosen(plan)]
+            if hosts or name not in OPTIONAL:
+                metafunc.parametrize(name, hosts, ids=[plan.name for plan, _ in hosts], indirect=True)
+            return
 
 
 def pytest_collection_modifyitems(config, items):
-    """The checks of tensor-parallel members are left out of a fleet without a group (deselected, not skipped:
-    a single-host fleet's pass and skip counts stay what they were)."""
-    idle = [item for item in items if "member" in getattr(item, "fixturenames", ()) and not hasattr(item, "callspec")]
+    """The checks of tensor-parallel members and of service hosts are left out of a fleet without any
+    (deselected, not skipped: a single-host fleet's pass and skip counts stay what they were)."""
+    idle = [item for item in items if set(OPTIONAL) & set(getattr(item, "fixturenames", ()))
+            and not hasattr(item, "callspec")]
     if idle:
         config.hook.pytest_deselected(items=idle)
         items[:] = [item for item in items if item not in idle]
@@ -95,6 +104,18 @@ def spark(request, _connections):
 @pytest.fixture
 def member(request, _connections):
     """A member of a tensor-parallel group (only members are given: see pytest_generate_tests)."""
+    return _connected(request, _connections)
+
+
+@pytest.fixture
+def node(request, _connections):
+    """Any host of the inventory, a Spark or a service host."""
+    return _connected(request, _connections)
+
+
+@pytest.fixture
+def service_host(request, _connections):
+    """A service host (only service hosts are given)."""
     return _connected(request, _connections)
 
 

@@ -1,4 +1,5 @@
-"""The front door on each host of the group `front_door`: what the plan renders, keys root-only, answering."""
+"""The front door on each host of the group `front_door` (a Spark or a service host): what the plan renders, keys
+root-only, answering."""
 
 from __future__ import annotations
 
@@ -10,37 +11,36 @@ from sparkfleet.fleet.inventory import load_hosts
 
 
 @pytest.fixture
-def door(spark, request):
+def door(node, request):
     """This host's front door plan; hosts outside the group `front_door` have none to check."""
     try:
         doors = [name for name, _ in load_hosts(request.config.getoption("--inventory"), fd.GROUP)]
     except KeyError:
         doors = []
-    if spark.plan.name not in doors:
-        pytest.skip(f"{spark.plan.name} is not in the group {fd.GROUP}")
-    plans = {plan.name: plan for plan, _ in request.config._sparkfleet_plans}
-    return fd.front_door_plan(spark.plan.name, plans)
+    if node.plan.name not in doors:
+        pytest.skip(f"{node.plan.name} is not in the group {fd.GROUP}")
+    return fd.front_door_plan(node.plan.name, request.config._sparkfleet_all_plans)
 
 
-def test_config_and_unit_on_disk_are_the_plans(spark, door):
-    assert spark.host.file(paths.FRONT_DOOR_CONFIG).content_string == door.config()
-    assert spark.host.file(paths.FRONT_DOOR_UNIT_PATH).content_string == door.unit()
+def test_config_and_unit_on_disk_are_the_plans(node, door):
+    assert node.host.file(paths.FRONT_DOOR_CONFIG).content_string == door.config()
+    assert node.host.file(paths.FRONT_DOOR_UNIT_PATH).content_string == door.unit()
 
 
-def test_key_files_are_root_only(spark, door):
+def test_key_files_are_root_only(node, door):
     for path in (paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP):
-        key_file = spark.host.file(path)
+        key_file = node.host.file(path)
         assert key_file.user == "root" and key_file.mode == 0o600, path
 
 
-def test_front_door_active_and_every_backend_in(spark, door):
-    service = spark.host.service(paths.FRONT_DOOR_UNIT_NAME)
+def test_front_door_active_and_every_backend_in(node, door):
+    service = node.host.service(paths.FRONT_DOOR_UNIT_NAME)
     assert service.is_enabled and service.is_running
-    states = fd.backend_states(spark.host.check_output(fd.runtime_command("show stat")))
+    states = fd.backend_states(node.host.check_output(fd.runtime_command("show stat")))
     assert {name: row["state"] for name, row in states.items()} == {b.name: "in" for b in door.backends}
 
 
-def test_front_door_answers_and_refuses_a_request_without_key(spark, door):
+def test_front_door_answers_and_refuses_a_request_without_key(node, door):
     url = f"{'https' if door.tls else 'http'}://127.0.0.1:{door.settings.front_door_port}"
-    assert spark.host.check_output(f"curl -sk -o /dev/null -w '%{{http_code}}' {url}/health") == "200"
-    assert spark.host.check_output(f"curl -sk -o /dev/null -w '%{{http_code}}' {url}/v1/models") == "401"
+    assert node.host.check_output(f"curl -sk -o /dev/null -w '%{{http_code}}' {url}/health") == "200"
+    assert node.host.check_output(f"curl -sk -o /dev/null -w '%{{http_code}}' {url}/v1/models") == "401"

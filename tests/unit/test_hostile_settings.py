@@ -22,7 +22,7 @@ from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
-from sparkfleet.contract.settings import USER_SET_KEY, Settings, parse_settings
+from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, Settings, parse_settings
 
 from .helpers import DEFAULTS, host_data
 
@@ -31,8 +31,9 @@ SECRET = "s3cret-Tok3n"
 
 def inventory_data(data: dict) -> dict:
     """One host's data as load_hosts merges an entry `('spark-x', data)`: group_data/all.py under it, its keys
-    named as set by the user (test_inventory_data_is_what_the_cli_loads holds it to that)."""
-    return {**DEFAULTS, **data, USER_SET_KEY: sorted(data)}
+    named as set by the user, its groups the file's own (test_inventory_data_is_what_the_cli_loads holds it to
+    that)."""
+    return {**DEFAULTS, **data, USER_SET_KEY: sorted(data), GROUPS_KEY: ["sparks"]}
 
 
 @pytest.fixture

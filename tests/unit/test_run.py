@@ -106,7 +106,7 @@ def test_stage_results_are_frozen_and_named():
 
 
 STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door",
-          "node_metrics", "monitoring")
+          "node_metrics", "monitoring", "service_preflight")
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def stand_ins(monkeypatch):
     import sparkfleet.tasks as tasks
     from sparkfleet.host.run import ModelResult, ServiceResult
 
-    plan, facts = SimpleNamespace(name="spark-1"), SimpleNamespace(arch="aarch64")
+    plan, facts = SimpleNamespace(name="spark-1", role="single"), SimpleNamespace(arch="aarch64")
     results = {"preflight": facts, "model": ModelResult(runtime="/opt/rt", fetched=None, services_fetched={}),
                "service": ServiceResult(started=None, keep=[], services_started={})}
     calls, monitored = {}, {}
@@ -140,6 +140,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(tasks, "plans", lambda state: {"spark-1": plan})
     monkeypatch.setattr(tasks, "prepare", lambda plan, facts: "prepared")
     monkeypatch.setattr(tasks, "inventory_groups", lambda state: dict(monitored))
+    monkeypatch.setattr(tasks, "fleet_point", lambda **kwargs: None)  # an operation: it needs a pyinfra state
     monkeypatch.setattr(files, "directory", lambda **kwargs: calls.setdefault("own operation", kwargs))
     return calls, plan, results, monitored
 
@@ -187,7 +188,7 @@ def test_converge_takes_a_given_plan_and_stops_after_a_failed_preflight(stand_in
     import sparkfleet.tasks as tasks
 
     calls, _, results, _ = stand_ins
-    given = SimpleNamespace(name="spark-1", given=True)
+    given = SimpleNamespace(name="spark-1", role="single", given=True)
     monkeypatch.setattr(tasks, "plan_for", lambda state, host: pytest.fail("a given plan is not planned again"))
     results["preflight"] = None  # the host is not fit: nothing after preflight runs
     with ctx_host.use(SimpleNamespace(name="spark-1", groups=["front_door"])):
