@@ -40,11 +40,11 @@ def door_port() -> int:
     return int(out.split()[0].rsplit(":", 1)[1])
 
 
-def door_inventory(tmp_path, name: str, users: dict, everywhere: dict | None = None) -> str:
+def door_inventory(tmp_path, name: str, users: dict, everywhere: dict | None = None, door: dict | None = None) -> str:
     """inventory/sim_front_door.py (the Sparks, and door-1 in front_door and monitoring) with these users on the
-    front door and `everywhere`'s settings on every host."""
+    front door, `everywhere`'s settings on every host and `door`'s on door-1."""
     settings = {"front_door_users": users, "controller_front_door_url": f"http://127.0.0.1:{door_port()}",
-                "drain_timeout_s": 30, "front_door_allow_http": True, **(everywhere or {})}
+                "drain_timeout_s": 30, "front_door_allow_http": True, **(everywhere or {}), **(door or {})}
     path = tmp_path / f"{name}.py"
     path.write_text(f"import runpy\n_sim = runpy.run_path({str(ROOT / 'inventory/sim_front_door.py')!r})\n"
                     f"sparks = [(n, {{**d, **{everywhere or {}!r}}}) for n, d in _sim['sparks']]\n"
@@ -503,8 +503,8 @@ def test_usage_is_counted_per_user_and_a_user_past_their_rate_gets_429_while_oth
 
     carol = "carol-0123456789abcdef"
     users = {**USERS, "carol": {"key": carol, "requests_per_minute": 4}}
-    inventory = door_inventory(tmp_path, "usage", users)
-    done = deploy(inventory, "--limit", "spark-1")
+    inventory = door_inventory(tmp_path, "usage", users, door={"monitoring_scrape_interval_s": 5})
+    done = deploy(inventory, "--limit", DOOR)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     url = f"http://127.0.0.1:{door_port()}"
     wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
@@ -539,3 +539,12 @@ def test_usage_is_counted_per_user_and_a_user_past_their_rate_gets_429_while_oth
         assert key not in proc.stdout
     table = sparkfleet("usage", inventory, timeout=120)
     assert table.returncode == 0 and "carol" in table.stdout and MODEL in table.stdout
+
+    def in_prometheus() -> dict[str, int]:  # the same counters, as door-1's Prometheus scraped them
+        query = shlex.quote("query=sum by (user) (sparkfleet_user_requests_total)")
+        answer = json.loads(ssh(converged_fleet, DOOR, "curl -fsS --get --data-urlencode "
+                                f"{query} http://127.0.0.1:9090/api/v1/query"))
+        return {r["metric"]["user"]: int(float(r["value"][1])) for r in answer["data"]["result"]}
+
+    counted = {name: found[name]["requests"] for name in ("alice", "bob", "carol")}
+    wait_until(lambda: {n: in_prometheus().get(n) for n in counted} == counted, 60)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sparkfleet.contract import monitoring as m
-from sparkfleet.contract.settings import SettingsError, parse_settings
+from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
 from sparkfleet.fleet import monitoring
 from sparkfleet.release.plan import plan_hosts
 
@@ -46,7 +46,9 @@ def test_every_engine_node_exporter_and_front_door_is_a_target_labelled_with_its
 
 def test_a_service_host_is_scraped_as_a_front_door_only_and_a_loopback_engine_is_refused():
     groups = {**GROUPS, "spark-3": {"all", "front_door"}}
-    found = monitoring.targets(plans(), groups)
+    door = plan_hosts([("spark-3", host_data(api_host="0.0.0.0", api_key=KEY, ssh_hostname="10.0.0.3",
+                                             **{GROUPS_KEY: ["front_door"]}))])[0]
+    found = monitoring.targets({**plans(), "spark-3": door}, groups)
     assert {t.job for t in found if t.host == "spark-3"} == {"front_door", "usage"}
     with pytest.raises(SettingsError, match="spark-2: api_host 127.0.0.1 is loopback"):
         monitoring.targets({**plans(), "spark-2": plans(api_host="127.0.0.1")["spark-2"]}, GROUPS)

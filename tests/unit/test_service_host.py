@@ -178,14 +178,15 @@ def test_converge_of_a_service_host_runs_its_preflight_and_roles_only(stand_ins,
 
     import sparkfleet.tasks as tasks
 
-    calls, _, results = stand_ins
+    calls, _, results, _ = stand_ins
     door = SimpleNamespace(name="door-1", role=SERVICE_ROLE)
     results["service_preflight"] = "facts"
     monkeypatch.setattr(tasks, "plans", lambda state: {"door-1": door})
     with ctx_host.use(SimpleNamespace(name="door-1", groups=["front_door", "monitoring"])):
         tasks.converge(door)
     assert calls == {"service_preflight": {"plan": door}, "guard": {"plan": door},
-                     "front_door": {"plan": door, "plans": {"door-1": door}}}
+                     "front_door": {"plan": door, "plans": {"door-1": door}},
+                     "monitoring": {"plan": door, "plans": {"door-1": door}, "groups": {}}}
 
     calls.clear()
     results["service_preflight"] = None  # not fit: nothing after its preflight
