@@ -9,6 +9,7 @@ import json
 
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract.settings import parse_settings
+from sparkfleet.fleet.metrics import CappedGetError, capped_get
 
 READ_TIMEOUT_S = 10
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
@@ -46,17 +47,10 @@ def firing(answer: bytes) -> list[dict]:
 
 def read_alerts(url: str) -> list[dict]:
     """The firing alerts of the Prometheus at `url`."""
-    import requests
-
     try:
-        with requests.get(url + m.ALERTS_API_PATH, timeout=READ_TIMEOUT_S, stream=True) as answer:
-            if answer.status_code != 200:
-                raise AlertsUnavailable(f"{m.ALERTS_API_PATH} answered HTTP {answer.status_code}")
-            body = answer.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
-    except requests.RequestException as exc:
-        raise AlertsUnavailable(f"no answer ({type(exc).__name__})") from None
-    if len(body) > MAX_ANSWER_BYTES:
-        raise AlertsUnavailable(f"its answer is over {MAX_ANSWER_BYTES} bytes")
+        body = capped_get(url + m.ALERTS_API_PATH, MAX_ANSWER_BYTES, READ_TIMEOUT_S)
+    except CappedGetError as exc:
+        raise AlertsUnavailable(f"{m.ALERTS_API_PATH} {exc}") from None
     return firing(body)
 
 

@@ -13,6 +13,7 @@ import math
 import re
 
 from sparkfleet.contract import monitoring
+from sparkfleet.fleet.metrics import CappedGetError, capped_get
 
 MAX_BYTES = 4 * 1024 * 1024  # ~20k (user, model) series; the Lua file caps them at 10k
 MAX_LABEL = 255  # a user name or a served model name is at most this long
@@ -94,18 +95,12 @@ def merged(doors: list[dict[str, dict]]) -> dict[str, dict]:
 def door_usage(url: str, api_key: str | None, verify=True, timeout_s: float = 10) -> dict[str, dict]:
     """One front door's usage, asked at `url` with the backend key; UsageError when it does not answer 200 or
     answers more than MAX_BYTES or something parse_usage refuses."""
-    import requests
-
     try:
-        with requests.get(url + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {api_key}"},
-                          timeout=timeout_s, stream=True, verify=verify) as answer:
-            if answer.status_code != 200:
-                raise UsageError(f"answered HTTP {answer.status_code} (401: not the engines' api_key)")
-            body = answer.raw.read(MAX_BYTES + 1, decode_content=True)
-    except requests.RequestException as exc:
-        raise UsageError(f"did not answer ({type(exc).__name__})") from None
-    if len(body) > MAX_BYTES:
-        raise UsageError(f"answered more than {MAX_BYTES} bytes")
+        body = capped_get(url + monitoring.USAGE_METRICS_PATH, MAX_BYTES, timeout_s,
+                          headers={"Authorization": f"Bearer {api_key}"}, verify=verify)
+    except CappedGetError as exc:
+        hint = " (401: not the engines' api_key)" if "HTTP 401" in str(exc) else ""
+        raise UsageError(f"{exc}{hint}") from None
     try:
         return parse_usage(body.decode("utf-8"))
     except UnicodeDecodeError:

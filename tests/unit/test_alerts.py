@@ -59,7 +59,7 @@ def test_no_alert_firing_is_an_empty_list(prometheus):
     (200, b'{"status": "success", "data": {"alerts": "many"}}', "not the alerts API's"),
     (200, b"[1, 2]", "not the alerts API's"),
     (503, b"Service Unavailable", "HTTP 503"),
-    (200, b" " * (alerts.MAX_ANSWER_BYTES + 1), "over"),
+    (200, b" " * (alerts.MAX_ANSWER_BYTES + 1), "more than"),
 ])
 def test_an_answer_that_is_not_the_apis_is_one_reason(prometheus, status, body, reason):
     url, answer = prometheus
@@ -69,7 +69,7 @@ def test_an_answer_that_is_not_the_apis_is_one_reason(prometheus, status, body, 
 
 
 def test_no_answer_is_one_reason():
-    with pytest.raises(alerts.AlertsUnavailable, match="no answer"):
+    with pytest.raises(alerts.AlertsUnavailable, match="did not answer"):
         alerts.read_alerts("http://127.0.0.1:9")
 
 
