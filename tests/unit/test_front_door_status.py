@@ -149,6 +149,14 @@ def test_a_viewer_sees_the_page_and_prometheus_never_sees_the_password(door):
     assert "user=viewer:carol" in log and CAROL not in log and DAVE not in log
 
 
+def test_a_page_view_is_no_users_request_in_the_usage_counts(door):
+    """The viewer passes the door's usage and fair-share rules untracked: /usage/metrics names users only."""
+    assert requests.get(f"{door}{m.FRONT_DOOR_STATUS_PATH}", auth=("carol", CAROL), timeout=5).status_code == 200
+    usage = requests.get(f"{door}{m.USAGE_METRICS_PATH}", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    assert usage.status_code == 200 and "sparkfleet_user_" in usage.text
+    assert "viewer" not in usage.text and "carol" not in usage.text
+
+
 @pytest.mark.parametrize("auth, headers", [
     (None, {}),
     (("carol", DAVE), {}),  # another viewer's password
