@@ -17,7 +17,7 @@ demo: venv
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
-	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py --limit front_door
+	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim_front_door.py --limit front_door -q -p no:cacheprovider
 	$(PY) -m tools.bench_front_door inventory/sim_front_door.py --chat
 

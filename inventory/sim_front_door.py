@@ -1,7 +1,7 @@
 """The simulated fleet (inventory/sim.py) with a front door (HAProxy) on door-1, a service host: a plain Debian
 box beside the Sparks (no GPU, no Docker), in the groups front_door and monitoring. `make demo` runs it.
 
-    pyinfra inventory/sim_front_door.py deploy.py --limit front_door
+    pyinfra inventory/sim_front_door.py deploy.py
     python -m tools.bench_front_door inventory/sim_front_door.py --chat
 
 The Sparks are its backends. The sim publishes door-1's port 8080 on a free 127.0.0.1 port; `docker port` says which.
