@@ -211,6 +211,9 @@ def test_every_unit_listens_on_loopback_only():
     wanted = monitoring.monitoring_plan("spark-1", plans(monitoring_port=9191, monitoring_retention="2w"), GROUPS)
     unit = wanted.unit()
     assert " --web.listen-address=127.0.0.1:9191" in unit and " --storage.tsdb.retention.time=2w " in unit
+    start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert start.endswith(f" --web.console.libraries={m.PROMETHEUS_CONSOLE_LIBRARIES}")  # the status page's flags last
+    assert "\nExecReload=" in unit
     assert "--web.listen-address=127.0.0.1:9100 " in monitoring.node_exporter_unit()
     manager = wanted.alertmanager_unit()
     assert "--web.listen-address=127.0.0.1:9093 --cluster.listen-address=\n" in manager
