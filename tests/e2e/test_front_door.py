@@ -95,6 +95,8 @@ def test_the_front_door_on_a_service_host_runs_no_gpu_stage_serves_the_fleet_and
     wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 30)
     hello = [{"role": "user", "content": "hello from a service host"}]
     assert [chat(url, USERS["alice"], hello, stream)[0] for stream in (False, True, False)] == [200] * 3
+    whole = converge(inventory=inventory)  # the Sparks gain their node exporters (door-1 monitors them)
+    assert whole.returncode == 0, whole.output[-3000:]
     again = converge(inventory=inventory)  # the whole inventory: nothing changes, the door's stages come last
     assert again.returncode == 0, again.output[-3000:]
     assert {h: again.changed[h] for h in (*HOSTS, DOOR)} == {h: [] for h in (*HOSTS, DOOR)}
