@@ -217,9 +217,9 @@ def _usage(args) -> int:
     from sparkfleet.fleet.usage import HEADERS, fleet_usage, usage_rows
 
     if args.since:
-        return _refuse("--since needs a monitoring host (Prometheus keeps the history, issue 23), which this "
-                       "sparkfleet cannot read yet: without --since, usage counts since each front door's last "
-                       "start or reload")
+        return _refuse("--since is not read by this sparkfleet yet: without it, usage counts since each front "
+                       "door's last start or reload; for a window, ask Prometheus on the monitoring host "
+                       "(sparkfleet_user_* series, docs/monitoring.md) or open the status page")
     try:
         found = fleet_usage(args.inventory)
     except KeyError as exc:
@@ -668,7 +668,7 @@ def parser() -> argparse.ArgumentParser:
                                        "tokens, refusals")
     use.add_argument("inventory")
     _json(use)
-    use.add_argument("--since", metavar="DURATION", help="a window of history (needs a monitoring host)")
+    use.add_argument("--since", metavar="DURATION", help="a window of history (not read yet: refused)")
     use.set_defaults(func=_usage)
 
     roll = sub.add_parser("rollout", help="converge the fleet batch by batch; halt on failures, undo failed releases")

@@ -250,7 +250,7 @@ def test_the_usage_command_says_what_failed(door, tmp_path, capsys):
     assert cli.main(["usage", inventory_of(tmp_path, door, key="not-the-engines-key")]) == 1
     assert "HTTP 401" in capsys.readouterr().out
     assert cli.main(["usage", inventory_of(tmp_path, door), "--since", "1h"]) == 2
-    assert "needs a monitoring host" in capsys.readouterr().err
+    assert "--since is not read by this sparkfleet yet" in capsys.readouterr().err
     (tmp_path / "none.py").write_text("sparks = [('spark-a', {'ssh_hostname': '127.0.0.1'})]\n")
     assert cli.main(["usage", str(tmp_path / "none.py")]) == 2
     assert "no `front_door` group" in capsys.readouterr().err
