@@ -2,8 +2,9 @@
 HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/fleet/guard.py).
 
 Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
-off. With `node_metrics` (the inventory has a monitoring host) it also answers the node exporter's metrics on
-the API port, behind the backend key. A change of rules or key is a reload (connections in flight finish); a
+off. With `node_metrics` (every Spark's converge asks for it, so that adding or removing a monitoring host changes
+no guard) it also answers the node exporter's metrics on the API port, behind the backend key (503 until the
+node_metrics stage runs one). A change of rules or key is a reload (connections in flight finish); a
 changed unit is a restart. A host that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
