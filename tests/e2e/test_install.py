@@ -17,7 +17,7 @@ import pytest
 
 from sparkfleet import __version__
 
-from .conftest import HOSTS, ROOT, ssh
+from .conftest import HOSTS, ROOT, container, ssh
 
 pytestmark = pytest.mark.e2e
 
@@ -181,12 +181,18 @@ def changed_operations(output: str) -> list[str]:
     raise AssertionError("no Grand total line")
 
 
+def spark_door_port() -> int:
+    """The 127.0.0.1 port where spark-1's 8080 is published: the office's front door is on its first Spark, as
+    `sparkfleet init` writes it (the sim's own front-door inventory uses door-1 instead)."""
+    out = subprocess.run(["docker", "port", container("spark-1"), "8080/tcp"], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0].rsplit(":", 1)[1])
+
+
 def office_inventory(project, secrets) -> str:
     """An office's inventory in its own directory: the simulated Sparks (the sim's state file gives addresses,
     ports and keys), a front door on spark-1, its users read from a 0600 secrets file outside the project."""
-    from .test_front_door import door_port
-
-    door = {"controller_front_door_url": f"http://127.0.0.1:{door_port()}", "drain_timeout_s": 30,
+    door = {"controller_front_door_url": f"http://127.0.0.1:{spark_door_port()}", "drain_timeout_s": 30,
             "front_door_allow_http": True}
     (project / "office.py").write_text(
         "import runpy\nfrom sparkfleet.fleet.users import read_secrets\n"
@@ -202,7 +208,7 @@ def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_
     """The office path with the installed commands only: plan; users add, a converge, a chat with the new key
     through the front door; users list; drain and undrain; a rollout and a rollback; an engine's journal; users
     remove and rotate, a converge: 401 for the removed and the rotated-away keys, the rotated one works."""
-    from .test_front_door import chat, door_port
+    from .test_front_door import chat
 
     _, project = installed
     secrets = tmp_path / "keys" / "office.json"  # outside the project
@@ -210,7 +216,7 @@ def test_an_office_from_pip_adds_a_user_drains_rolls_out_rolls_back_and_removes_
     secrets.write_text(json.dumps({"api_key": "sim-key", "users": {"bob": "bob-0123456789abcdef"}}))
     secrets.chmod(0o600)
     inventory = office_inventory(project, secrets)
-    url = f"http://127.0.0.1:{door_port()}"
+    url = f"http://127.0.0.1:{spark_door_port()}"
     hello = [{"role": "user", "content": "hello"}]
 
     planned = run(installed, "sparkfleet", "plan", inventory, "--json")
