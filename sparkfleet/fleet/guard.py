@@ -31,7 +31,7 @@ class Listener:
     bind: str
     engine: str
     paths: tuple[str, ...]
-    node_metrics: bool = False  # also answers NODE_METRICS_PATH (the node exporter on loopback)
+    node_metrics: bool = False  # also answers NODE_METRICS_PATH (the node exporter on loopback): the first one
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,11 @@ class Guard:
         return haproxy.unit(f"guard of {self.host}'s engines", paths.GUARD_CONFIG, paths.GUARD_RUNTIME_NAME, LIMITS)
 
 
-def guard_plan(plan: HostPlan, node_metrics: bool = False) -> Guard | None:
+def guard_plan(plan: HostPlan) -> Guard | None:
     """The guard of one host: the chat engine (a single host or a group's head; a worker runs no engine API)
-    and each RAG service. None when the host runs no engine at all. With `node_metrics` (the inventory has a
-    monitoring host) its first listener, the API port, also answers the node exporter's metrics.
+    and each RAG service. None when the host runs no engine at all. Its first listener, the API port, also
+    answers the node exporter's metrics (503 until the node_metrics stage runs one): the same guard with or
+    without a monitoring host, so adding one changes no guard.
 
     Raises SettingsError when api_host is not an address HAProxy can bind (the settings grammar already
     refuses one; this is where it lands)."""
@@ -69,7 +70,7 @@ def guard_plan(plan: HostPlan, node_metrics: bool = False) -> Guard | None:
         listeners = tuple(
             Listener(name, kind, haproxy.address(s.api_host, port),
                      haproxy.address(paths.ENGINE_HOST, paths.engine_port(port)),
-                     (*haproxy.API_PATHS[kind], haproxy.METRICS), node_metrics and n == 0)
+                     (*haproxy.API_PATHS[kind], haproxy.METRICS), n == 0)
             for n, (name, kind, port) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None

@@ -58,7 +58,7 @@ def spark(plan: HostPlan) -> None:
     model_result = model(plan, facts, prepared)
     service_result = service(plan, facts, model_result=model_result)
     monitored = inventory_groups(state)
-    guard(plan, node_metrics=True)  # the same guard with or without a monitoring host: adding one changes no guard
+    guard(plan)
     health(plan, model_result=model_result, service_result=service_result)
     watchdog(plan, model_result=model_result, service_result=service_result)
     if monitored:

@@ -2,9 +2,8 @@
 HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/fleet/guard.py).
 
 Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
-off. With `node_metrics` (every Spark's converge asks for it, so that adding or removing a monitoring host changes
-no guard) it also answers the node exporter's metrics on the API port, behind the backend key (503 until the
-node_metrics stage runs one). A change of rules or key is a reload (connections in flight finish); a
+off. It also answers the node exporter's metrics on the API port, behind the backend key (503 until the
+node_metrics stage runs one), with or without a monitoring host: adding one changes no guard. A change of rules or key is a reload (connections in flight finish); a
 changed unit is a restart. A host that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
@@ -20,9 +19,9 @@ from sparkfleet.contract.settings import SettingsError
 
 
 @deploy("Guard")
-def guard(plan: HostPlan, node_metrics: bool = False):
+def guard(plan: HostPlan):
     try:
-        wanted = guard_plan(plan, node_metrics)
+        wanted = guard_plan(plan)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
     managed_packages(name="HAProxy installed", packages=["haproxy"])

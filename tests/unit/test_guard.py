@@ -38,7 +38,9 @@ def plan(**over):
 
 
 def listen_blocks(config: str) -> dict[str, str]:
-    return {block.split("\n", 1)[0].strip(): block for block in config.split("\nlisten ")[1:]}
+    """Each `listen` block by name (the node exporter's backend after them left out)."""
+    return {block.split("\n", 1)[0].strip(): block.split("\nbackend ")[0]
+            for block in config.split("\nlisten ")[1:]}
 
 
 # --- rendered -------------------------------------------------------------------------------------
@@ -61,7 +63,7 @@ def test_a_non_host_network_publishes_the_engine_on_loopback_only():
 
 
 @pytest.mark.parametrize("kind, block, allowed", [
-    ("chat", "chat", "/health /v1/models /v1/chat/completions /v1/completions /metrics"),
+    ("chat", "chat", "/health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics"),
     ("embedding", "service_embed", "/health /v1/models /v1/embeddings /metrics"),
     ("reranker", "service_rerank", "/health /v1/models /v1/rerank /v1/score /metrics"),
 ])
@@ -87,7 +89,8 @@ def test_without_a_key_the_allow_list_still_applies():
     guard = gd.guard_plan(plan(api_host="127.0.0.1", api_key=None))
     config = guard.config()
     assert "return status 401" not in config and guard.key_map() == ""
-    assert "unless { path -m str /health /v1/models /v1/chat/completions /v1/completions /metrics }" in config
+    assert "unless { path -m str /health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics }" \
+        in config
 
 
 def test_a_worker_has_no_chat_guard_and_its_head_has_one():
@@ -293,10 +296,9 @@ def test_the_front_doors_401_comes_before_any_body_is_read(door_over_guard):
     assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
 
 
-def test_node_metrics_only_where_monitored_and_only_with_the_backend_key(tmp_path):
-    """With a monitoring host the guard's API port answers the node exporter's metrics (on loopback behind it),
-    with the backend key alone; without one that path stays a 404, as before."""
-    assert "/node/metrics" not in gd.guard_plan(plan()).config()
+def test_node_metrics_on_the_api_port_only_with_the_backend_key(tmp_path):
+    """The guard's API port answers the node exporter's metrics (on loopback behind it) with the backend key alone,
+    on every host, monitored or not (the same config either way)."""
     if not shutil.which("haproxy"):
         pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     import http.server
@@ -317,7 +319,7 @@ def test_node_metrics_only_where_monitored_and_only_with_the_backend_key(tmp_pat
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
     api_port = _api_port()
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
-    guard = gd.guard_plan(p, node_metrics=True)
+    guard = gd.guard_plan(p)
     (tmp_path / "key.map").write_text(guard.key_map())
     proc = start_haproxy(guard.config(), tmp_path, {paths.GUARD_DIR: str(tmp_path),
                                                     "127.0.0.1:9100": f"127.0.0.1:{exporter.server_port}"})

@@ -165,7 +165,7 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
     assert calls["preflight"] == {"plan": plan}
     assert calls["platform"] == {"plan": plan}
     assert calls["container_toolkit"] == {"plan": plan, "arch": "aarch64"}
-    assert calls["guard"] == {"plan": plan, "node_metrics": True}  # one guard, monitored or not
+    assert calls["guard"] == {"plan": plan}  # one guard, monitored or not
     assert calls["model"] == {"plan": plan, "facts": results["preflight"], "prepared": "prepared"}
     assert calls["service"]["model_result"] is results["model"]
     for stage in ("health", "watchdog"):
