@@ -37,16 +37,15 @@ class Target:
 
 def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Target]:
     """What a monitoring host scrapes: per host with a guard, each engine's /metrics and the node exporter; per
-    front door host, HAProxy's exporter and the per-user usage. `groups`: each host's inventory groups. A tensor-parallel worker runs
-    no guard (no engine API), so neither of its exporters is in reach; service hosts (only in front_door and
-    monitoring) run no engine."""
+    front door host, HAProxy's exporter and the per-user usage. `groups`: each host's inventory groups. A
+    tensor-parallel worker runs no guard (no engine API), so neither of its exporters is in reach; service hosts
+    (only in front_door and monitoring) run no engine."""
     found, problems = [], []
     for name, p in sorted(plans.items()):
         s, address = p.settings, p.lan_address
-        spark = p.role != m.SERVICE_ROLE
         engines = ([("", s.api_port)] if p.runs_engine else []) + [(svc.name, svc.service.api_port)
                                                                    for svc in p.services]
-        if spark and engines:
+        if engines:  # a service host's plan has none
             if s.api_is_loopback:
                 problems.append(f"{name}: api_host {s.api_host} is loopback, out of Prometheus's reach: set "
                                 "api_host to a LAN address (or 0.0.0.0) with an api_key")

@@ -57,7 +57,7 @@ def spark(plan: HostPlan) -> None:
     container_toolkit(plan, arch=facts.arch)
     model_result = model(plan, facts, prepared)
     service_result = service(plan, facts, model_result=model_result)
-    monitored = inventory_groups(state)
+    monitored = monitored_groups(state)
     guard(plan)
     health(plan, model_result=model_result, service_result=service_result)
     watchdog(plan, model_result=model_result, service_result=service_result)
@@ -69,7 +69,7 @@ def spark(plan: HostPlan) -> None:
         monitoring(plan, plans(state), monitored)
 
 
-def inventory_groups(state) -> dict[str, set[str]]:
+def monitored_groups(state) -> dict[str, set[str]]:
     """Each host's groups when the inventory has a monitoring host (Prometheus reads them), else none."""
     groups = {h.name: set(h.groups) for h in state.inventory}
     return groups if any(MONITORING in g for g in groups.values()) else {}
@@ -84,7 +84,7 @@ def service_host(plan: HostPlan) -> None:
     if FRONT_DOOR in host.groups:
         front_door(plan, plans(state))
     if MONITORING in host.groups:
-        monitoring(plan, plans(state), inventory_groups(state))
+        monitoring(plan, plans(state), monitored_groups(state))
 
 
 def stage(plan: HostPlan | None = None) -> None:

@@ -139,7 +139,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(tasks, "plan_for", lambda state, host: plan)
     monkeypatch.setattr(tasks, "plans", lambda state: {"spark-1": plan})
     monkeypatch.setattr(tasks, "prepare", lambda plan, facts: "prepared")
-    monkeypatch.setattr(tasks, "inventory_groups", lambda state: dict(monitored))
+    monkeypatch.setattr(tasks, "monitored_groups", lambda state: dict(monitored))
     monkeypatch.setattr(tasks, "fleet_point", lambda **kwargs: None)  # an operation: it needs a pyinfra state
     monkeypatch.setattr(files, "directory", lambda **kwargs: calls.setdefault("own operation", kwargs))
     return calls, plan, results, monitored
