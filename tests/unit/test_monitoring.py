@@ -71,7 +71,13 @@ def test_hostile_values_never_bend_the_yaml():
                                         ("monitoring_retention", "0d"), ("monitoring_retention", "15days"),
                                         ("monitoring_kv_cache_max", 1.5), ("monitoring_scrape_interval_s", 1),
                                         ("alertmanager_webhook_url", "http://h/x\nroute: {}"),
-                                        ("monitoring_port", 0)])
+                                        ("monitoring_port", 0), ("monitoring_down_for_s", -1),
+                                        ("monitoring_alert_for_s", "5m; rm -rf /"),
+                                        ("monitoring_waiting_requests_max", -1), ("monitoring_drained_max_s", 10),
+                                        ("monitoring_min_sm_clock_mhz", 100000), ("alertmanager_port", 70000),
+                                        ("service_min_memory_gib", -1), ("service_min_disk_gib", "2G"),
+                                        ("front_door_max_concurrent", 0),
+                                        ("front_door_requests_per_minute", "4/m")])
 def test_settings_that_would_break_a_file_or_a_flag_are_refused(key, value):
     with pytest.raises(SettingsError, match=key):
         parse_settings("spark-1", host_data(**{key: value}))
