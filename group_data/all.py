@@ -60,9 +60,14 @@ controller_model_dir = None  # the controller's verified copy (controller mode);
 engine_image_archive = None  # a `docker save` of engine_image on the controller, loaded where it is missing
 controller_registry_url = None  # where the controller asks engine_image's registry for its digest, if not there
 
-# --- Engine: vLLM in Docker ------------------------------------------------
+# --- Engine: vLLM, SGLang or llama.cpp in Docker -----------------------------
+engine = "vllm"  # "vllm", "sglang" or "llamacpp": which server runs the model (a recipe names its engine)
 engine_image = "vllm/vllm-openai:v0.33.0"  # pinned by digest at plan time (a tag is resolved, @sha256: kept)
-vllm_version = "0.33.0"  # the flag table the engine arguments are checked against
+vllm_version = "0.33.0"  # with engine "vllm": the flag table the engine arguments are checked against
+sglang_version = "0.5.23"  # with engine "sglang": its flag table (sparkfleet/release/engines/)
+llamacpp_version = "7000"  # with engine "llamacpp": llama-server's build number, its flag table
+model_files = None  # globs of the repository's files to fetch and serve (a GGUF repo holds many quants); None: all
+expected_concurrency = None  # users at once the fleet should serve well: `plan` advises a pair's topology from it
 served_model_name = "Qwen3.5-35B-A3B"  # the model name clients ask for
 api_host = "127.0.0.1"  # where the host's API (its guard) answers; a LAN address needs api_key (or
 #                        allow_unauthenticated_api). The engine itself listens on 127.0.0.1 only

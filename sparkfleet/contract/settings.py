@@ -215,6 +215,9 @@ VersionGlob = Annotated[Text, _grammar(r"[0-9A-Za-z.+~:*?-]+", "a version or a g
                                                                "such as 7.0.0-1019*, 580.95.* or 5:27.*")]
 Fingerprint = Annotated[str, BeforeValidator(_fingerprint), _grammar(
     r"[0-9A-F]{40}", "a 40-hex-digit OpenPGP fingerprint (gpg --show-keys prints it)")]
+# A glob of a model repository's file paths (fnmatch), e.g. "*Q4_K_M*.gguf": never a path that climbs out.
+FileGlob = Annotated[Text, _grammar(r"(?!.*\.\.)(?!/)[A-Za-z0-9_.*?/-]+", "a glob of repository file paths "
+                                                                   "(letters, digits, _ . - / * ?, no '..')")]
 EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable name: [A-Z_][A-Z0-9_]*")]
 EngineEnvName = Annotated[EnvName, AfterValidator(_engine_env_name)]
 Token = Annotated[Text, _grammar(r"[!-~]+", "printable ASCII without spaces")]
@@ -319,8 +322,13 @@ class Settings(BaseModel):
     engine_image_archive: AbsPath | None
     controller_registry_url: Url | None
 
+    engine: Literal["vllm", "sglang", "llamacpp"]
     engine_image: ImageRef
     vllm_version: Version
+    sglang_version: Version
+    llamacpp_version: Version
+    model_files: list[FileGlob] | None
+    expected_concurrency: int | None = Field(ge=1, le=100_000)
     served_model_name: ServedName
     api_host: Host
     api_port: int = Field(ge=1, le=65535)

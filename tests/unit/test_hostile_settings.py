@@ -276,12 +276,23 @@ def test_engine_env_accepted():
     ("model_revision", "../../../etc"),
     ("model_revision", "main; id"),
     ("vllm_version", "../../../etc/passwd"),
+    ("sglang_version", "0.5; id"),
+    ("llamacpp_version", "b7000 --api-key x"),
     ("min_driver_version", "580 || true"),
     ("toolkit_version", "1.18.1-1 nvidia-ctk"),
     ("toolkit_key_fingerprint", "C95B321B61E88C1809C4F759DDCAE044F796ECB"),
 ])
 def test_name_refused(plan_settings, key, value):
     refused(plan_settings, key, f"`{key}` = {value!r} is invalid: must be", **{key: value})
+
+
+@pytest.mark.parametrize("value", ["../x.gguf", "/etc/passwd", "a b.gguf", "*.gguf;id", "x\n.gguf"])
+def test_model_files_glob_refused(plan_settings, value):
+    refused(plan_settings, "model_files", "`model_files[0]` is invalid", model_files=[value])
+
+
+def test_engine_refused(plan_settings):
+    refused(plan_settings, "engine", "`engine` = 'tgi' is invalid", engine="tgi")
 
 
 def test_limit_mm_per_prompt_key_refused(plan_settings):
@@ -302,7 +313,7 @@ STRING_SETTINGS = {
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
     "alertmanager_webhook_url": "http://alerts.lan:9000/hook",
 }
-ITEM_SETTINGS = {"extra_engine_args", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
+ITEM_SETTINGS = {"extra_engine_args", "model_files", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
                  "services",
                  "tensor_parallel_hosts", "ray_start_args", "refused_kernels", "refused_pair_kernels",
                  "refused_drivers", "platform_pins"}
