@@ -14,6 +14,8 @@ import json
 from sparkfleet.contract.shared import host_module
 
 API_KEY_VAR = host_module.API_KEY_VAR  # engine.env's API key: vLLM reads it, the helpers send it
+LLAMA_API_KEY_VAR = host_module.LLAMA_API_KEY_VAR  # llama.cpp's instead (release/engines/llamacpp.py)
+API_KEY_VARS = host_module.API_KEY_VARS
 HUB_TOKEN_VARS = ("HF_TOKEN", "MODELSCOPE_API_TOKEN")  # hub.env: what the official clients read
 ENGINE_ENV_HEADER = "Managed by sparkfleet. Root-only: read by `docker run --env-file`."
 HUB_ENV_HEADER = "Managed by sparkfleet. Root-only: read by sparkfleet-fetch."
@@ -21,11 +23,15 @@ parse_env = host_module.parse_env
 within_budget = host_module.within_budget
 
 
-def engine_env(api_key: str | None, env: dict[str, str]) -> str:
-    """engine.env: the API key when one is set, then every other variable by name (case-insensitively)."""
-    if API_KEY_VAR in env:
-        raise ValueError(f"{API_KEY_VAR} is written from the `api_key` setting, not from the environment")
-    head = {API_KEY_VAR: api_key} if api_key else {}
+def engine_env(api_key: str | None, env: dict[str, str], key_var: str = API_KEY_VAR) -> str:
+    """engine.env: the API key when one is set (under `key_var`, the name the engine reads), then every other
+    variable by name (case-insensitively)."""
+    if key_var not in API_KEY_VARS:
+        raise ValueError(f"{key_var} is not an engine's API key variable ({', '.join(API_KEY_VARS)})")
+    for var in API_KEY_VARS:
+        if var in env:
+            raise ValueError(f"{var} is written from the `api_key` setting, not from the environment")
+    head = {key_var: api_key} if api_key else {}
     by_name = dict(sorted(env.items(), key=lambda item: item[0].lower()))  # the order the old template wrote
     return host_module.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
 

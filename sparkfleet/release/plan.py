@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkfleet.contract import paths
-from sparkfleet.contract.formats import API_KEY_VAR, host_memory_bytes
+from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
@@ -24,7 +24,7 @@ from sparkfleet.model.fit import (
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import catalogue, known_model
 from sparkfleet.release import render
-from sparkfleet.release.engine import engine_args, flag_table, surface_problems
+from sparkfleet.release.engines import Engine, engine_for, gguf_entry, is_gguf_model
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
@@ -163,12 +163,18 @@ class HostPlan:
         return hashlib.sha256(json.dumps(self._release_body(False), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
+    def engine(self) -> Engine:
+        """The engine the settings choose (release/engines/): its arguments, options, key and refusals."""
+        return engine_for(self.settings)
+
+    @property
     def docker_options(self) -> list[str]:
         """The engine container's options; a group's (the head's, also recorded on a worker) reach Ray: its session
         directory, and the host's process table, where Ray's driver looks for the local raylet (without it the
         engine waits 60 s and fails to connect), and the group's Ray token, read-only."""
         ray = ["--volume", f"{paths.RAY_DIR}:/tmp/ray", "--pid", "host", *_ray_token_volume()] if self.group else []
-        return docker_options(self.settings, self.model_dir, self.settings.api_port) + ray
+        return docker_options(self.settings, self.model_dir, self.settings.api_port) + ray + \
+            self.engine.docker_options(self.settings)
 
     @property
     def ray_env(self) -> dict[str, str]:
@@ -210,7 +216,7 @@ class HostPlan:
         return render.share_unit(self.settings, self.lan_address)
 
     def render_engine_env(self) -> str:
-        return render.engine_env(self.settings, self.group.env(self.name) if self.group else {})
+        return render.engine_env(self.settings, self.group.env(self.name) if self.group else {}, self.engine.key_var)
 
     def render_hub_env(self) -> str:
         return render.hub_env(self.settings)
@@ -225,6 +231,7 @@ class HostPlan:
         s = self.settings
         current = {
             "release_id": self.release_id,
+            "engine": s.engine,
             "model_dir": self.model_dir,
             "manifest": self.manifest.summary() if self.manifest else None,
             "image": self.engine_ref,
@@ -266,6 +273,7 @@ class HostPlan:
             "image_digest": self.image_pin and self.image_pin.digest,
             "image_source": self.image_pin and self.image_pin.source,
             "image_unknown": self.image_error,
+            "engine": self.settings.engine,
             "vllm_version": self.settings.vllm_version,
             "engine_args": self.engine_args,
             "docker_options": self.docker_options,
@@ -315,8 +323,10 @@ def docker_options(s: Settings, model_dir: str, port: int) -> list[str]:
     return options
 
 
-def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str]) -> list[str]:
-    """Known-bad combinations, each refused with the fix (model checks need the model's shape)."""
+def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str],
+                     gguf: bool = False) -> list[str]:
+    """Known-bad combinations, each refused with the fix (model checks need the model's shape), then the
+    engine's own (release/engines/: image, model format, flags); `gguf`: the model is a GGUF one."""
     problems = []
     if shape and s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
         problems.append(
@@ -347,18 +357,8 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
                         f"(mtp_num_hidden_layers in its config.json): remove speculative_method")
     if s.enable_auto_tool_choice and not s.tool_call_parser:
         problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
-    if API_KEY_VAR in s.engine_env:
-        problems.append(f"{name}: engine_env sets {API_KEY_VAR}, which sparkfleet writes from `api_key`: "
-                        f"set api_key instead")
     remote_code = (getattr(catalogue().get(s.recipe), "trust_remote_code", False), s.allow_trust_remote_code)
-    problems += [f"{name}: setting `extra_engine_args`: {p}"
-                 for p in surface_problems(s.extra_engine_args, remote_code)]
-    try:
-        table = flag_table(s.vllm_version)
-        problems += [f"{name}: {p}" for p in table.problems(args) + table.extra_problems(s.extra_engine_args)]
-    except ValueError as exc:
-        problems.append(f"{name}: vllm_version: {exc}")
-    return problems
+    return problems + engine_for(s).problems(name, s, args, gguf, remote_code)
 
 
 # Given a host's settings: (manifest, the model's config.json, None), or (None, None, why not).
@@ -379,8 +379,15 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     config = None if unreadable else config
     shape = model_shape(config) if config else None
     plan = HostPlan(name, s, manifest, hub_error, shape, config=config, known_weight_bytes=known_weight_bytes)
-    plan.engine_args = engine_args(s, plan.model_dir)
-    problems = release_problems(name, s, shape, plan.engine_args) + ([f"{name}: {unreadable}"] if unreadable else [])
+    paths_ = [f.path for f in manifest.files] if manifest else None
+    try:
+        entry = gguf_entry(s, paths_)
+        found_entry = []
+    except ValueError as exc:  # the files hold several GGUF models
+        entry, found_entry = None, [f"{name}: {exc}"]
+    plan.engine_args = engine_for(s).args(s, plan.model_dir, entry)
+    problems = (release_problems(name, s, shape, plan.engine_args, is_gguf_model(s, paths_)) + found_entry
+                + ([f"{name}: {unreadable}"] if unreadable else []))
     try:
         refusal = plan.fit and check_fit(plan.fit)
     except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)

@@ -54,9 +54,10 @@ def _lines(args: list[str]) -> list[str]:
 
 
 def _engine_unit(plan, served_name: str, share: float, container: str, docker_options: list[str],
-                 args: list[str]) -> str:
+                 args: list[str], description: str = "vLLM OpenAI-compatible server") -> str:
     return _templates.get_template("sparkfleet-vllm.service.j2").render(
         s=plan.settings,
+        description=description,
         served_name=served_name,
         share=share,
         container=container,
@@ -76,11 +77,12 @@ def unit(plan) -> str:
     leaves it (and the running model) alone."""
     s = plan.settings
     return _engine_unit(plan, s.served_model_name, s.gpu_memory_utilization, s.container_name, plan.docker_options,
-                        plan.engine_args)
+                        plan.engine_args, plan.engine.description)
 
 
 def service_unit(plan, svc) -> str:
-    """A service's unit (sparkfleet-vllm-<name>.service): the same engine image, env file and memory check."""
+    """A service's unit (sparkfleet-vllm-<name>.service): always vLLM (pooling models), its env file and memory
+    check."""
     return _engine_unit(plan, svc.service.served_model_name, svc.service.gpu_memory_utilization, svc.container,
                         svc.docker_options, svc.engine_args)
 
@@ -109,10 +111,10 @@ def ray_unit(plan) -> str:
     )
 
 
-def engine_env(s, fabric: dict[str, str]) -> str:
-    """The engine containers' environment file (contract/formats.py): the API key, a member's fabric variables,
-    then engine_env (settings refuse an engine_env key that sparkfleet derives)."""
-    return formats.engine_env(s.api_key, {**fabric, **s.engine_env})
+def engine_env(s, fabric: dict[str, str], key_var: str = formats.API_KEY_VAR) -> str:
+    """The engine containers' environment file (contract/formats.py): the API key under the engine's name for it,
+    a member's fabric variables, then engine_env (settings refuse an engine_env key that sparkfleet derives)."""
+    return formats.engine_env(s.api_key, {**fabric, **s.engine_env}, key_var)
 
 
 def hub_env(s) -> str:
