@@ -324,9 +324,9 @@ def docker_options(s: Settings, model_dir: str, port: int) -> list[str]:
 
 
 def release_problems(name: str, s: Settings, shape: ModelShape | None, args: list[str],
-                     gguf: bool = False) -> list[str]:
+                     gguf: bool | None = False) -> list[str]:
     """Known-bad combinations, each refused with the fix (model checks need the model's shape), then the
-    engine's own (release/engines/: image, model format, flags); `gguf`: the model is a GGUF one."""
+    engine's own (release/engines/: image, model format, flags); `gguf`: the model is a GGUF one (None: unknown yet)."""
     problems = []
     if shape and s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
         problems.append(

@@ -57,11 +57,14 @@ def gguf_entry(s: Settings, manifest_paths: list[str] | None) -> str | None:
     return literal[0] if literal else None
 
 
-def is_gguf_model(s: Settings, manifest_paths: list[str] | None) -> bool:
-    """Whether the model is GGUF: the manifest holds a .gguf model, or (offline) model_files names .gguf files."""
+def is_gguf_model(s: Settings, manifest_paths: list[str] | None) -> bool | None:
+    """Whether the model is GGUF: the manifest holds a .gguf file, or (offline) model_files names .gguf files;
+    None offline with no model_files (unknown until the hub lists the files)."""
     if manifest_paths is not None:
         return any(is_gguf(p) for p in manifest_paths)
-    return any(is_gguf(glob) for glob in s.model_files or ())
+    if s.model_files is None:
+        return None
+    return any(is_gguf(glob) for glob in s.model_files)
 
 
 def _repository(image: str) -> str:
@@ -132,7 +135,7 @@ class Engine:
                              f"set `{owner}` instead")
         return found
 
-    def problems(self, name: str, s: Settings, args: list[str], gguf: bool, remote_code: tuple[bool, bool]) -> list[str]:
+    def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None, remote_code: tuple[bool, bool]) -> list[str]:
         """Every refusal of this engine for a host: the image, the model's format, tensor parallelism, the key,
         extra_engine_args' flags, and each argument against the pinned flag table."""
         problems = []
@@ -144,7 +147,7 @@ class Engine:
         if gguf and self.model_format != "gguf":
             problems.append(f"{name}: {s.model_repo} is a GGUF model, which {self.label} does not serve here: "
                             f"set engine = \"llamacpp\"")
-        elif not gguf and self.model_format == "gguf":
+        elif gguf is False and self.model_format == "gguf":
             problems.append(f"{name}: {s.model_repo} has no GGUF model file, and llama.cpp serves only GGUF: set "
                             f"model_files to its .gguf files (e.g. [\"*Q4_K_M*.gguf\"]), or engine = \"vllm\"")
         if self.name != "vllm" and (s.tensor_parallel_hosts or s.tensor_parallel_size > 1):
