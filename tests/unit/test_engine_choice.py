@@ -13,8 +13,8 @@ from .helpers import host_data
 KEY = "sk-engine-test-key-0123456789"
 SGLANG = dict(engine="sglang", engine_image="lmsysorg/sglang:spark", limit_mm_per_prompt=None,
               attention_backend=None, tool_call_parser="qwen3_coder", reasoning_parser="qwen3")
-LLAMA = dict(engine="llamacpp", engine_image="ghcr.io/ggml-org/llama.cpp:server-cuda", model_repo="ggml-org/tiny-GGUF",
-             model_files=["tiny-Q4_K_M.gguf"], served_model_name="tiny", max_model_len=4096, limit_mm_per_prompt=None,
+LLAMA = dict(engine="llamacpp", engine_image="ghcr.io/ggml-org/llama.cpp:server-cuda-b11669",
+             model_repo="ggml-org/tiny-GGUF", model_files=["tiny-Q4_K_M.gguf"], served_model_name="tiny", max_model_len=4096, limit_mm_per_prompt=None,
              attention_backend=None, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=False)
 
 
@@ -71,7 +71,8 @@ def test_sglang_arguments_from_settings():
 
 
 def test_sglang_refusals():
-    assert 'set engine_image = "lmsysorg/sglang:spark"' in refusal(**{**SGLANG, "engine_image": "vllm/vllm-openai:v0.33.0"})
+    vllm_image = {**SGLANG, "engine_image": "vllm/vllm-openai:v0.33.0"}
+    assert 'set engine_image = "lmsysorg/sglang:spark"' in refusal(**vllm_image)
     parser = refusal(**{**SGLANG, "tool_call_parser": "no_such_parser"})
     assert "tool_call_parser='no_such_parser' is not one of SGLang 0.5.23's --tool-call-parser names" in parser
     assert "qwen3_coder" in parser
@@ -106,9 +107,8 @@ def test_llamacpp_refusals():
     assert "MTP" in refusal(**LLAMA, speculative_method="mtp", num_speculative_tokens=2)
     for flag in ("--api-key", "--api-key-file", "--hf-token", "-hft"):
         assert "would put a secret" in refusal(**LLAMA, extra_engine_args=[flag, "x"]), flag
-    for flag in ("--props", "--slot-save-path", "--tools", "-ag", "--webui-mcp-proxy"):
-        assert "remove it" in refusal(**LLAMA, extra_engine_args=[flag] + (["x"] if flag in ("--slot-save-path",
-                                                                                               "--tools") else [])), flag
+    for flag in ("--props", "--slot-save-path=/x", "--tools=all", "-ag", "--webui-mcp-proxy", "--gpt-oss-20b-default"):
+        assert "remove it" in refusal(**LLAMA, extra_engine_args=[flag]), flag
     assert "LLAMA_ARG_ENDPOINT_PROPS" in refusal(**LLAMA, engine_env={"LLAMA_ARG_ENDPOINT_PROPS": "1"})
     assert "engine_env sets LLAMA_API_KEY" in refusal(**LLAMA, engine_env={"LLAMA_API_KEY": "x"})
     assert "`-zz` is not a flag of llama.cpp 11669" in refusal(**LLAMA, extra_engine_args=["-zz"])
@@ -120,7 +120,7 @@ def test_llamacpp_refusals():
     with pytest.raises(SettingsError) as err:
         resolved(["model.gguf"], engine="vllm")
     assert 'set engine = "llamacpp"' in "\n".join(err.value.problems)
-    assert 'set engine_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"' in refusal(
+    assert 'set engine_image = "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"' in refusal(
         **{**LLAMA, "engine_image": "lmsysorg/sglang:spark"})
     assert 'engine = "vllm"' in refusal(**LLAMA, tensor_parallel_hosts=["spark-a", "spark-b"])
 

@@ -135,7 +135,8 @@ class Engine:
                              f"set `{owner}` instead")
         return found
 
-    def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None, remote_code: tuple[bool, bool]) -> list[str]:
+    def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None,
+                 remote_code: tuple[bool, bool]) -> list[str]:
         """Every refusal of this engine for a host: the image, the model's format, tensor parallelism, the key,
         extra_engine_args' flags, and each argument against the pinned flag table."""
         problems = []
@@ -164,7 +165,8 @@ class Engine:
             table = self.flag_table(self.version(s))
         except ValueError as exc:
             return problems + [f"{name}: {self.version_setting}: {exc}"]
-        problems += [f"{name}: {p}" for p in table.problems(args[len(self.command):]) + self.extra_problems(table, s.extra_engine_args)]
+        found = table.problems(args[len(self.command):]) + self.extra_problems(table, s.extra_engine_args)
+        problems += [f"{name}: {p}" for p in found]
         return problems + self.engine_problems(name, s, table)
 
 

@@ -3,6 +3,8 @@ in engine.env (llama-server reads it: `--api-key`'s env), never the command line
 
 from __future__ import annotations
 
+import re
+
 from sparkfleet.contract import paths
 from sparkfleet.contract.formats import LLAMA_API_KEY_VAR
 from sparkfleet.contract.settings import Settings
@@ -39,6 +41,8 @@ ADMIN_FLAGS = {
     "--model-url": "downloads a model from a URL, past sparkfleet's pinned and verified files",
     "--docker-repo": "downloads a model from a registry, past sparkfleet's pinned and verified files",
 }
+# llama-server's preset flags (--gpt-oss-120b-default, --fim-qwen-7b-spec, ...) download their model from the hub.
+PRESET = re.compile(r"--[a-z0-9.-]+-(default|spec)")
 OWNED_DESTS = {
     "model": "model_repo", "alias": "served_model_name", "host": "api_host", "port": "api_port",
     "ctx_size": "max_model_len", "gpu_layers": "(every layer on the GPU)", "parallel": "max_num_seqs",
@@ -49,7 +53,7 @@ OWNED_DESTS = {
 class LlamaCpp(Engine):
     name, label, version_setting = "llamacpp", "llama.cpp", "llamacpp_version"
     description = "llama.cpp llama-server"
-    image = "ghcr.io/ggml-org/llama.cpp:server-cuda"  # its entrypoint is llama-server
+    image = "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"  # ggml-org's CUDA server of that build (llama-server)
     model_format = "gguf"
     key_var = LLAMA_API_KEY_VAR
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
@@ -69,6 +73,9 @@ class LlamaCpp(Engine):
         found = super().extra_problems(table, extra)
         for arg in extra:
             spec = table.flags.get(arg.split("=", 1)[0], {}) if arg.startswith("-") else {}
+            if PRESET.fullmatch(arg) and arg in table.flags:
+                found.append(f"setting `extra_engine_args`: `{arg}` serves a preset model that llama-server "
+                             "downloads, past sparkfleet's pinned and verified files: remove it")
             if spec.get("alias_of") in self.admin_flags:
                 found.append(f"setting `extra_engine_args`: `{arg.split('=', 1)[0]}` is "
                              f"{spec['alias_of']}, which {self.admin_flags[spec['alias_of']]}: remove it")
