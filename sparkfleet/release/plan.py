@@ -274,6 +274,7 @@ class HostPlan:
             "image_source": self.image_pin and self.image_pin.source,
             "image_unknown": self.image_error,
             "engine": self.settings.engine,
+            "engine_version": self.engine.version(self.settings),
             "vllm_version": self.settings.vllm_version,
             "engine_args": self.engine_args,
             "docker_options": self.docker_options,

@@ -83,6 +83,8 @@ def test_sglang_refusals():
     assert "set `max_num_seqs` instead" in refusal(**SGLANG, extra_engine_args=["--max-running-requests", "3"])
     assert "set engine = \"llamacpp\"" in refusal(**SGLANG, model_files=["*Q4_K_M*.gguf"])
     assert "sparkfleet drives MTP" in refusal(**SGLANG, speculative_method="mtp", num_speculative_tokens=2)
+    rag = {"vectors": {"recipe": "qwen3-embedding-0.6b", "api_port": 9100, "max_model_len": 4096}}
+    assert "pooling models that run on vLLM" in refusal(**SGLANG, services=rag)
 
 
 def test_llamacpp_arguments_from_settings():

@@ -155,6 +155,10 @@ class Engine:
             problems.append(f"{name}: tensor parallelism over Sparks runs on vLLM's Ray path, and engine is "
                             f"{self.name!r}: set engine = \"vllm\", or remove tensor_parallel_hosts and set "
                             f"tensor_parallel_size = 1")
+        if self.name != "vllm" and s.services:
+            problems.append(f"{name}: services ({', '.join(s.services)}) are pooling models that run on vLLM, from "
+                            f"the chat engine's image, and engine is {self.name!r}: set engine = \"vllm\", or "
+                            f"remove services")
         for var in API_KEY_VARS:
             if var in s.engine_env:
                 problems.append(f"{name}: engine_env sets {var}, which sparkfleet writes from `api_key`: "
