@@ -4,7 +4,7 @@ that the pooling services (release/services.py, always vLLM) and older callers i
 from __future__ import annotations
 
 from sparkfleet.release.engines import ENGINES_DIR, Engine, FlagTable, engine_for, gguf_entry, is_gguf_model
-from sparkfleet.release.engines import surface_problems as _surface_problems
+from sparkfleet.release.engines.base import surface_problems as _surface_problems
 from sparkfleet.release.engines.vllm import ADMIN_FLAGS, OWNED_DESTS, SECRET_FLAGS, Vllm, engine_args, flag_name
 
 __all__ = ["ENGINES_DIR", "Engine", "FlagTable", "engine_for", "gguf_entry", "is_gguf_model", "ADMIN_FLAGS",

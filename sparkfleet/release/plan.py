@@ -24,7 +24,7 @@ from sparkfleet.model.fit import (
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import catalogue, known_model
 from sparkfleet.release import render
-from sparkfleet.release.engines import Engine, engine_for, gguf_entry, is_gguf_model
+from sparkfleet.release.engines import Engine, engine_for, engine_problems, gguf_entry, is_gguf_model
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
@@ -359,7 +359,7 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
     if s.enable_auto_tool_choice and not s.tool_call_parser:
         problems.append(f"{name}: enable_auto_tool_choice needs tool_call_parser (e.g. \"qwen3_coder\")")
     remote_code = (getattr(catalogue().get(s.recipe), "trust_remote_code", False), s.allow_trust_remote_code)
-    return problems + engine_for(s).problems(name, s, args, gguf, remote_code)
+    return problems + engine_problems(name, s, args, gguf, remote_code)
 
 
 # Given a host's settings: (manifest, the model's config.json, None), or (None, None, why not).

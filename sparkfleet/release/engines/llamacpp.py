@@ -8,7 +8,8 @@ import re
 from sparkfleet.contract import paths
 from sparkfleet.contract.formats import LLAMA_API_KEY_VAR
 from sparkfleet.contract.settings import Settings
-from sparkfleet.release.engines import Engine, FlagTable
+from sparkfleet.release.engines.base import Engine
+from sparkfleet.release.engines.table import FlagTable
 
 # Offline (no manifest) and no literal .gguf name in model_files: the file the hub's listing will name.
 UNRESOLVED_ENTRY = "UNRESOLVED-see-model_files.gguf"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings
-from sparkfleet.release.engines import Engine, FlagTable
+from sparkfleet.release.engines.base import Engine
+from sparkfleet.release.engines.table import FlagTable
 
 SECRET_FLAGS = {
     "--api-key": "set the `api_key` setting instead: the host's guard demands it in front of SGLang, which is "

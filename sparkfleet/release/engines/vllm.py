@@ -7,7 +7,7 @@ import json
 from sparkfleet.contract import paths
 from sparkfleet.contract.formats import API_KEY_VAR
 from sparkfleet.contract.settings import Settings
-from sparkfleet.release.engines import Engine
+from sparkfleet.release.engines.base import Engine
 
 # vLLM flags that carry a secret: on the command line it would sit in the world-readable unit and in `ps`.
 SECRET_FLAGS = {

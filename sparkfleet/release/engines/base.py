@@ -1,0 +1,160 @@
+"""The interface every engine module implements (engines/__init__.py picks one), and what they share."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from sparkfleet.contract.formats import API_KEY_VAR, API_KEY_VARS
+from sparkfleet.contract.settings import Settings
+from sparkfleet.model.gguf import entry_file, is_gguf
+from sparkfleet.release.engines.table import FlagTable, load_table, table_versions
+
+TRUST_REMOTE_CODE = "--trust-remote-code"
+
+
+def dashed(arg: str) -> str:
+    """The flag an argument names as written (--flag=value is --flag)."""
+    return arg.split("=", 1)[0]
+
+
+def surface_problems(extra: list[str], remote_code: tuple[bool, bool], admin_flags: dict[str, str],
+                     flag_name: Callable[[str], str] = dashed) -> list[str]:
+    """Flags of extra_engine_args that open an admin surface or run the hub's code, each with why and the fix.
+
+    `remote_code`: (the recipe says `trust_remote_code = true`, the user set `allow_trust_remote_code`);
+    --trust-remote-code runs the model repository's Python as root in the container, so it needs both.
+    """
+    found = []
+    for arg in extra:
+        flag = flag_name(arg) if arg.startswith("-") else None
+        if flag in admin_flags:
+            found.append(f"`{flag}` {admin_flags[flag]}: remove it")
+        elif flag == TRUST_REMOTE_CODE and not all(remote_code):
+            missing = [what for what, ok in zip(("the recipe does not say `trust_remote_code = true`",
+                                                 "`allow_trust_remote_code` is not True"), remote_code) if not ok]
+            found.append(f"`{flag}` runs the model repository's Python as root in the engine container, and "
+                         f"{' and '.join(missing)}: remove it, or serve a recipe that needs it and set "
+                         f"allow_trust_remote_code = True to accept that risk")
+    return found
+
+
+def gguf_entry(s: Settings, manifest_paths: list[str] | None) -> str | None:
+    """The .gguf file llama.cpp loads: from the manifest's files (model/gguf.py entry_file; ValueError when they
+    hold several models), or offline the first literal .gguf name of model_files; None when there is none."""
+    if manifest_paths is not None:
+        return entry_file(manifest_paths)
+    literal = [glob for glob in s.model_files or () if is_gguf(glob) and not re.search(r"[*?\[]", glob)]
+    return literal[0] if literal else None
+
+
+def is_gguf_model(s: Settings, manifest_paths: list[str] | None) -> bool | None:
+    """Whether the model is GGUF: the manifest holds a .gguf file, or (offline) model_files names .gguf files;
+    None offline with no model_files (unknown until the hub lists the files)."""
+    if manifest_paths is not None:
+        return any(is_gguf(p) for p in manifest_paths)
+    if s.model_files is None:
+        return None
+    return any(is_gguf(glob) for glob in s.model_files)
+
+
+def repository(image: str) -> str:
+    """An image reference's repository without registry, tag or digest: vllm/vllm-openai, ggml-org/llama.cpp."""
+    name = image.split("@", 1)[0]
+    name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    first, _, rest = name.partition("/")
+    return rest if rest and ("." in first or ":" in first or first == "localhost") else name
+
+
+class Engine:
+    """One engine: subclasses set the class attributes and write `args`."""
+
+    name: str  # settings `engine`
+    label: str  # as messages and the unit's Description name it
+    description: str  # the unit's Description, before the served name
+    version_setting: str  # the setting that pins its flag table
+    image: str  # the image a Spark runs it from: what a refusal tells to set
+    model_format: str  # "safetensors" or "gguf"
+    key_var: str = API_KEY_VAR  # engine.env's API key variable (the helpers read it there too)
+    secret_flags: dict[str, str] = {}  # flags that carry a secret: {flag: the fix}
+    admin_flags: dict[str, str] = {}  # flags that open an admin surface, run code or log users' text: {flag: why}
+    owned_dests: dict[str, str] = {}  # {flag destination: the setting that sparkfleet sets it from}
+    command: tuple[str, ...] = ()  # arguments before the flags (SGLang's `-m sglang.launch_server`)
+
+    def flag_name(self, arg: str) -> str:
+        """The flag an argument names, as this engine reads it."""
+        return dashed(arg)
+
+    def version(self, s: Settings) -> str:
+        return getattr(s, self.version_setting)
+
+    def flag_table(self, version: str) -> FlagTable:
+        return load_table(self.name, version, self.label, self.version_setting)
+
+    def supported_versions(self) -> list[str]:
+        return table_versions(self.name)
+
+    def args(self, s: Settings, model_dir: str, entry: str | None) -> list[str]:
+        """The argument list after the image."""
+        raise NotImplementedError
+
+    def docker_options(self, s: Settings) -> list[str]:
+        """`docker run` options this engine adds to the common ones (e.g. an --entrypoint)."""
+        return []
+
+    def engine_problems(self, name: str, s: Settings, table: FlagTable) -> list[str]:
+        """This engine's own refusals beyond the common ones (parsers it lacks, settings it cannot honour)."""
+        return []
+
+    def extra_problems(self, table: FlagTable, extra: list[str]) -> list[str]:
+        """Flags of extra_engine_args that carry a secret or that a setting owns, each with the fix (flag names
+        only, never the values after them)."""
+        found = []
+        for arg in extra:
+            if not arg.startswith("-"):
+                continue
+            flag = dashed(arg)
+            spec = table.flags.get(flag, {})
+            named = self.flag_name(arg)
+            named = spec.get("alias_of", named) if named not in self.secret_flags else named
+            owner = self.owned_dests.get(spec.get("dest"))
+            if named in self.secret_flags:
+                found.append(f"setting `extra_engine_args`: `{flag}` would put a secret in the world-readable unit: "
+                             f"{self.secret_flags[named]}")
+            elif owner:
+                found.append(f"setting `extra_engine_args`: `{flag}` is set by sparkfleet from `{owner}`: "
+                             f"set `{owner}` instead")
+        return found
+
+    def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None,
+                 remote_code: tuple[bool, bool]) -> list[str]:
+        """Every refusal of this engine for a host: the model's format, tensor parallelism, the key,
+        extra_engine_args' flags, and each argument against the pinned flag table."""
+        problems = []
+        if gguf and self.model_format != "gguf":
+            problems.append(f"{name}: {s.model_repo} is a GGUF model, which {self.label} does not serve here: "
+                            f"set engine = \"llamacpp\"")
+        elif gguf is False and self.model_format == "gguf":
+            problems.append(f"{name}: {s.model_repo} has no GGUF model file, and llama.cpp serves only GGUF: set "
+                            f"model_files to its .gguf files (e.g. [\"*Q4_K_M*.gguf\"]), or engine = \"vllm\"")
+        if self.name != "vllm" and (s.tensor_parallel_hosts or s.tensor_parallel_size > 1):
+            problems.append(f"{name}: tensor parallelism over Sparks runs on vLLM's Ray path, and engine is "
+                            f"{self.name!r}: set engine = \"vllm\", or remove tensor_parallel_hosts and set "
+                            f"tensor_parallel_size = 1")
+        if self.name != "vllm" and s.services:
+            problems.append(f"{name}: services ({', '.join(s.services)}) are pooling models that run on vLLM, from "
+                            f"the chat engine's image, and engine is {self.name!r}: set engine = \"vllm\", or "
+                            f"remove services")
+        for var in API_KEY_VARS:
+            if var in s.engine_env:
+                problems.append(f"{name}: engine_env sets {var}, which sparkfleet writes from `api_key`: "
+                                f"set api_key instead")
+        problems += [f"{name}: setting `extra_engine_args`: {p}"
+                     for p in surface_problems(s.extra_engine_args, remote_code, self.admin_flags, self.flag_name)]
+        try:
+            table = self.flag_table(self.version(s))
+        except ValueError as exc:
+            return problems + [f"{name}: {self.version_setting}: {exc}"]
+        found = table.problems(args[len(self.command):]) + self.extra_problems(table, s.extra_engine_args)
+        problems += [f"{name}: {p}" for p in found]
+        return problems + self.engine_problems(name, s, table)
