@@ -89,7 +89,7 @@ def model_shape(config: dict) -> ModelShape:
     return ModelShape(
         max_position_embeddings=int(text["max_position_embeddings"]),
         num_layers=layers,
-        full_attention_layers=sum(1 for t in layer_types if t == "full_attention"),
+        full_attention_layers=sum(1 for t in layer_types if t in ("full_attention", "sliding_attention")),
         num_kv_heads=int(text.get("num_key_value_heads", heads)),
         head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
         mtp_layers=mtp_layers(config),

@@ -101,6 +101,7 @@ MAX_SPARKS = 8
 # The short context the report counts concurrent sequences at.
 SHORT_CONTEXT_TOKENS = 8192
 
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 _SSM_STATE_BYTES = 4  # vLLM keeps the Gated DeltaNet recurrent state in fp32
 
@@ -136,14 +137,28 @@ def _quantized_bytes(config: dict) -> float | None:
         return 1
     if method in ("awq", "gptq", "compressed-tensors") and quant.get("bits"):
         return int(quant["bits"]) / 8
+    if method == "mxfp4":  # 4-bit values and one 8-bit scale per block of 32
+        return 4.25 / 8
     return None
 
 
+def _weight_bytes_per_param(config: dict, weights_bytes: int, params: ParamCounts) -> tuple[float, float]:
+    """(narrow, wide) bytes per parameter. A GGUF file (config from its header: a `gguf` key) mixes quant types
+    tensor by tensor, so both are the files' bytes over the parameter count: the roofline reads that share of
+    the active parameters."""
+    if config.get("gguf") is not None and params.total:
+        ratio = weights_bytes / params.total
+        return ratio, ratio
+    wide = _model_dtype_bytes(config)
+    return _quantized_bytes(config) or wide, wide
+
+
 def _layer_counts(text: dict) -> tuple[int, int]:
-    """(full-attention layers, linear-attention layers)."""
+    """(full-attention layers, linear-attention layers). A sliding-window layer (gpt-oss) counts as full
+    attention: it keeps at most its window of KV, so the fit is on the safe side."""
     layers = int(_require(text, "num_hidden_layers"))
     types = text.get("layer_types") or ["full_attention"] * layers
-    full = sum(1 for t in types if t == "full_attention")
+    full = sum(1 for t in types if t in ATTENTION_LAYER_TYPES)
     linear = sum(1 for t in types if t == "linear_attention")
     return full, linear
 
@@ -369,7 +384,8 @@ def param_counts(config: dict) -> ParamCounts:
     full, linear = _layer_counts(text)
     other = layers - full - linear
     if other:
-        raise ValueError(f"config.json has {other} layers neither full_attention nor linear_attention")
+        raise ValueError(f"config.json has {other} layers neither full_attention, sliding_attention nor "
+                         f"linear_attention")
 
     attn_narrow, attn_wide = _attention_params(config)
 
@@ -430,7 +446,7 @@ class FitReport:
     active_params: int
     # Memory.
     budget_bytes: int  # memory x utilization
-    weights_bytes: int  # the manifest's safetensors total
+    weights_bytes: int  # the manifest's weight files' total (Manifest.weight_bytes: .gguf, else .safetensors)
     estimated_weights_bytes: int  # from the parameter count: a cross-check of weights_bytes
     reserve_bytes: int  # activations + CUDA graphs (RESERVE_BYTES)
     kv_memory_bytes: int  # budget - weights - reserve; negative when the weights do not fit
@@ -563,8 +579,7 @@ def fit_report(
     state_one = linear_state_bytes(config) // tensor_parallel_size
     kv_all = kv_per_token + draft_kv
     params = param_counts(config)
-    wide_bytes = _model_dtype_bytes(config)
-    narrow_bytes = _quantized_bytes(config) or wide_bytes
+    narrow_bytes, wide_bytes = _weight_bytes_per_param(config, weights_bytes, params)
     largest = _largest_uncapped(kv_memory, kv_all, state)
 
     active_weight_bytes = int(params.active_narrow * narrow_bytes + params.active_wide * wide_bytes)
