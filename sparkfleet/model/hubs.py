@@ -214,7 +214,7 @@ def read_gguf_header(read, path: str, size: int) -> gguf.Header:
         if want > len(data):
             more = read(path, len(data), want)
             if len(data) + len(more) < want:
-                raise gguf.GGUFError(f"the hub sent {len(data) + len(more):,} of bytes 0-{want - 1:,}")
+                raise gguf.GGUFError(f"the hub sent {len(data) + len(more):,} of bytes 0-{want - 1}")
             data += more
         try:
             return gguf.read_header(data)

@@ -14,7 +14,8 @@ GB = 10**9
 
 
 def write_gguf(path, arch="llama", *, layers=2, heads=4, kv_heads=2, hidden=64, ctx=4096, ff=128, vocab=300,
-               experts=0, used=0, expert_ff=None, head_dim=None, name="tiny test model"):
+               experts=0, used=0, expert_ff=None, head_dim=None, name="tiny test model",
+               tensor_shape=(4, 8)):
     """A real GGUF file written by the `gguf` package (skips the test when it is not importable)."""
     gguf_pkg = pytest.importorskip("gguf")
     np = pytest.importorskip("numpy")
@@ -37,7 +38,7 @@ def write_gguf(path, arch="llama", *, layers=2, heads=4, kv_heads=2, hidden=64, 
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(vocab)])
     w.add_chat_template("{{ messages }}")
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float16))  # the planner reads no tensor
+    w.add_tensor("token_embd.weight", np.zeros(tensor_shape, dtype=np.float16))  # the planner reads none
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
