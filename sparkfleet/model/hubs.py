@@ -192,6 +192,11 @@ def _modelscope_ranges(manifest: Manifest, endpoint: str | None, token: str | No
     from modelscope_hub import HubApi
 
     api = HubApi(endpoint=endpoint, token=token)
+    if endpoint is None:  # as the client's own download picks its read endpoint (and the hosts' fetch does)
+        try:
+            api = HubApi(endpoint=api.resolve_endpoint_for_read(manifest.repo, repo_type="model"), token=token)
+        except Exception:
+            pass
     auth = {"Authorization": f"Bearer {token}"} if token else {}
 
     def read(path: str, start: int, stop: int) -> bytes:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from sparkfleet.release.lock import Lock, Locking
 from sparkfleet.release.plan import plan_hosts
 from tests.conftest import ROOT, free_port, wait_http
 
-from .helpers import host_data
+from .helpers import host_data, run_fetch
 from .test_gguf import write_gguf
 
 REPO = "test-org/Tiny-GGUF"
@@ -132,3 +133,19 @@ def test_a_hostile_or_short_header_is_refused_within_the_manifest_size(gguf_hub)
     assert max(stop for _, stop in asked) <= 5000
     with pytest.raises(gguf.GGUFError, match="the hub sent 10 of bytes 0-4095"):
         hubs.read_gguf_header(lambda path, start, stop: data[:10], "x.gguf", len(data))
+
+
+@pytest.mark.parametrize("hub", ["huggingface", "modelscope"])
+def test_the_fetch_job_downloads_and_verifies_only_the_selected_files(gguf_hub, hub, tmp_path):
+    url, repo = gguf_hub
+    [plan] = plan_hosts([("a", settings_of(url, hub, ["split/*.gguf"]) | {"model_root": str(tmp_path / "m")})],
+                        resolve=hub_resolver)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
+                               "staging_dir": str(tmp_path / "m/.staging/x"), "endpoint": url}))
+    rc, report = run_fetch(job)
+    assert rc == 0, report
+    assert sorted(report["fetched"]) == ["split/tiny-00001-of-00002.gguf", "split/tiny-00002-of-00002.gguf"]
+    fetched = sorted(str(p.relative_to(plan.model_dir)) for p in Path(plan.model_dir).rglob("*.gguf"))
+    assert fetched == sorted(report["fetched"])
+    assert (Path(plan.model_dir) / fetched[0]).read_bytes() == (repo / fetched[0]).read_bytes()
