@@ -114,6 +114,18 @@ class _Cursor:
         except UnicodeDecodeError:
             raise GGUFError(f"{what} is not UTF-8") from None
 
+    def skip_strings(self, n: int, key: str) -> None:
+        """Step over n strings (the vocabulary: ~250k of them) without slicing or decoding one."""
+        data, pos, end = self.data, self.pos, min(len(self.data), MAX_HEADER_BYTES)
+        for _ in range(n):
+            if pos + 8 > end:  # past the bytes read (or the cap): take raises, naming where the header goes on
+                self.take((pos if pos > end else pos + 8) - self.pos)
+            length = struct.unpack_from("<Q", data, pos)[0]
+            if length > MAX_STRING_BYTES:
+                raise GGUFError(f"an item of {key!r}'s length claims {length:,} (at most {MAX_STRING_BYTES:,})")
+            pos += 8 + length
+        self.take(pos - self.pos)  # the last string's end, bounds-checked
+
     def value(self, kind: int, key: str):
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
@@ -131,8 +143,10 @@ class _Cursor:
             raise GGUFError(f"{key!r} is an array of value type {kind}, which GGUF does not define")
         n = self.count(f"the array {key!r}", MAX_ARRAY_ITEMS)
         keep = n <= KEPT_ARRAY_ITEMS
-        if kind == _STRING:
-            items = [self.string(f"an item of {key!r}", keep=keep) for _ in range(n)]
+        if kind == _STRING and not keep:
+            self.skip_strings(n, key)
+        elif kind == _STRING:
+            items = [self.string(f"an item of {key!r}") for _ in range(n)]
         elif keep:
             items = [self.scalar(_SCALARS[kind]) for _ in range(n)]
         else:

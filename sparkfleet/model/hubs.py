@@ -152,7 +152,7 @@ def read_model_config(manifest: Manifest, endpoint: str | None, token: str | Non
 
 
 # The first read of a GGUF header (most models' key-value sections, their vocabulary included, are a few MiB);
-# a longer one is read on, at least doubling, up to gguf.MAX_HEADER_BYTES.
+# a longer one is read on, four times as far each time, up to gguf.MAX_HEADER_BYTES.
 GGUF_FIRST_READ = 2**20
 RANGE_TIMEOUT_S = 60
 
@@ -226,7 +226,7 @@ def read_gguf_header(read, path: str, size: int) -> gguf.Header:
         except gguf.Truncated as exc:
             if exc.needed > size:
                 raise gguf.GGUFError(f"the file ({size:,} bytes) ends inside its header") from None
-            want = min(size, max(exc.needed, 2 * len(data)), gguf.MAX_HEADER_BYTES)
+            want = min(size, max(exc.needed, 4 * len(data)), gguf.MAX_HEADER_BYTES)
 
 
 @lru_cache(maxsize=32)

@@ -67,10 +67,11 @@ def test_a_written_file_reads_back_and_becomes_the_planners_config(tmp_path):
     assert model_shape(config).num_kv_heads == 2
 
 
-def test_every_prefix_of_a_header_asks_for_more_and_never_reads_past_its_end(tmp_path):
-    data = write_gguf(tmp_path / "m.gguf").read_bytes()
+@pytest.mark.parametrize("vocab", [300, 5000])  # the vocabulary kept, or stepped over
+def test_every_prefix_of_a_header_asks_for_more_and_never_reads_past_its_end(tmp_path, vocab):
+    data = write_gguf(tmp_path / "m.gguf", vocab=vocab).read_bytes()
     end = gguf.read_header(data).kv_end
-    for cut in (0, 3, 4, 10, 24, end // 2, end - 1):
+    for cut in (0, 3, 4, 10, 24, end // 3, end // 2, end - 1):
         with pytest.raises(gguf.Truncated) as caught:
             gguf.read_header(data[:cut])
         assert cut < caught.value.needed <= end

@@ -149,3 +149,23 @@ def test_the_fetch_job_downloads_and_verifies_only_the_selected_files(gguf_hub, 
     fetched = sorted(str(p.relative_to(plan.model_dir)) for p in Path(plan.model_dir).rglob("*.gguf"))
     assert fetched == sorted(report["fetched"])
     assert (Path(plan.model_dir) / fetched[0]).read_bytes() == (repo / fetched[0]).read_bytes()
+
+
+def test_sparkfleet_plan_prints_the_gguf_fit_and_refuses_a_glob_that_matches_nothing(gguf_hub, tmp_path, capsys):
+    from sparkfleet.cli import main
+
+    url, repo = gguf_hub
+    data = {k: v for k, v in settings_of(url, "huggingface", ["*Q4_K_M*.gguf"]).items()
+            if k in ("model_hub", "hub_endpoint", "model_repo", "engine", "max_model_len", "model_revision",
+                     "model_files")}
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text(f"sparks = [('spark-1', {data!r})]\n")
+    assert main(["plan", str(inventory), "--json"]) == 0
+    [host] = json.loads(capsys.readouterr().out)["hosts"]
+    assert host["manifest"]["files"] == 1 and host["manifest"]["bytes"] == (repo / "tiny-Q4_K_M.gguf").stat().st_size
+    assert host["fit"]["weights_bytes"] == host["manifest"]["bytes"] and host["fit"]["decode_tokens_per_s_at_0"] > 0
+    wrong = tmp_path / "wrong.py"  # another file: the first one's bytecode would be reused within a second
+    wrong.write_text(f"sparks = [('spark-1', {data | {'model_files': ['*Q5_K_M*.gguf']}!r})]\n")
+    assert main(["plan", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert "'*Q5_K_M*.gguf' matches no file" in err and "tiny-Q4_K_M.gguf" in err and "Traceback" not in err
