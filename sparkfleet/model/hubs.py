@@ -2,7 +2,10 @@
 
 Both official clients are used: huggingface_hub and modelscope. Resolved
 manifests are cached by commit (immutable), so a re-plan of a pinned commit
-works with the hub unreachable.
+works with the hub unreachable. A model is config.json and its weights, or a
+GGUF model (gguf.entry_file), whose facts come from its first file's header,
+read with Range requests (never the whole file). `model_files` narrows the
+manifest here, in hub_resolver, the one place every later stage reads.
 """
 
 from __future__ import annotations
