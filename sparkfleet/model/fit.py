@@ -288,8 +288,17 @@ def _attn_output_gate(config: dict, text: dict) -> bool:
     return model_type.startswith(("qwen3_next", "qwen3_5"))
 
 
+def _attention_quantized(config: dict) -> bool:
+    """Whether a quantized checkpoint stores attention quantized too: not when its quantization_config leaves
+    `self_attn` out (gpt-oss's MXFP4 quantizes the experts only and keeps attention in bf16)."""
+    quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
+    skipped = quant.get("modules_to_not_convert") or []
+    return not (isinstance(skipped, list) and any("self_attn" in str(m) for m in skipped))
+
+
 def _attention_params(config: dict) -> tuple[int, int]:
-    """(narrow, wide) parameters of one full-attention layer."""
+    """(narrow, wide) parameters of one full-attention layer (all wide when the quantization leaves
+    attention out)."""
     text = _text(config)
     hidden = int(_require(text, "hidden_size"))
     heads = int(_require(text, "num_attention_heads"))
@@ -302,21 +311,23 @@ def _attention_params(config: dict) -> tuple[int, int]:
     wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
     if text.get("attention_bias"):
         wide += q_out + 2 * kv_out
+    if not _attention_quantized(config):
+        return 0, narrow + wide
     return narrow, wide
 
 
 def _mlp_params(text: dict) -> tuple[int, int, int]:
     """(total narrow, active narrow, wide) parameters of one MLP: MoE or dense."""
     hidden = int(_require(text, "hidden_size"))
-    experts = int(text.get("num_experts") or 0)
+    experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)  # Mixtral, gpt-oss: local
     if not experts:
         dense = 3 * hidden * int(_require(text, "intermediate_size"))
         return dense, dense, 0
-    expert = 3 * hidden * int(_require(text, "moe_intermediate_size"))
+    expert = 3 * hidden * int(text.get("moe_intermediate_size") or _require(text, "intermediate_size"))
     shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
     shared = 3 * hidden * shared_inter
     router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
-    top_k = int(_require(text, "num_experts_per_tok"))
+    top_k = int(text.get("num_experts_per_tok") or _require(text, "experts_per_token"))  # gpt-oss: the latter
     return experts * expert + shared, top_k * expert + shared, router
 
 
