@@ -215,7 +215,9 @@ def planner_config(metadata: dict) -> dict:
     and value_length when they differ, so 2 x head_dim is still the K plus V width); KV is f16 (llama.cpp's
     default cache type); every layer counts as full attention (a sliding-window layer keeps fewer tokens, so
     the fit is on the safe side). `gguf` marks the config: the fit then reads the bytes per weight from the
-    files' size, as a quantized GGUF mixes types tensor by tensor.
+    files' size, as a quantized GGUF mixes types tensor by tensor. A recipe of a GGUF model (planned offline)
+    writes these keys in its [model.config], with a `[model.config.gguf]` table, so that its roofline reads the
+    same bytes per weight.
     """
     arch = metadata.get("general.architecture")
     if not (isinstance(arch, str) and ARCH_RE.fullmatch(arch)):

@@ -3,6 +3,7 @@ config comes from the first file's header by Range reads (no config.json, never 
 counts the .gguf bytes, and the lock keys the selection."""
 
 import json
+import struct
 import subprocess
 import sys
 import urllib.request
@@ -169,3 +170,17 @@ def test_sparkfleet_plan_prints_the_gguf_fit_and_refuses_a_glob_that_matches_not
     assert main(["plan", str(wrong)]) == 2
     err = capsys.readouterr().err
     assert "'*Q5_K_M*.gguf' matches no file" in err and "tiny-Q4_K_M.gguf" in err and "Traceback" not in err
+
+
+def test_a_hub_serving_a_hostile_header_gets_no_plan_of_it_and_nothing_is_cached(gguf_hub, monkeypatch):
+    from sparkfleet.contract.settings import parse_settings
+
+    url, _ = gguf_hub
+    hostile = b"GGUF" + struct.pack("<IQQ", 3, 1, 2**62) + bytes(8192)
+    monkeypatch.setattr(hubs, "_RANGES", {"huggingface": lambda m, e, t: lambda p, a, b: hostile[a:b]})
+    s = parse_settings("a", settings_of(url, "huggingface", ["*Q4_K_M*.gguf"]))
+    manifest, config, error = hub_resolver(s)
+    assert manifest is None and config is None
+    assert "refusing the GGUF header of huggingface:test-org/Tiny-GGUF tiny-Q4_K_M.gguf" in error
+    assert "key-value count claims" in error
+    assert not list((hubs.cache_dir() / "configs").rglob("*.config.json"))
