@@ -14,8 +14,8 @@ from dataclasses import dataclass
 POSITIVE = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
             "max_position_embeddings", "vocab_size", "intermediate_size", "moe_intermediate_size",
             "num_experts_per_tok", "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
-            "linear_value_head_dim", "linear_conv_kernel_dim")
-NONE_OR_MORE = ("num_experts", "shared_expert_intermediate_size", "mtp_num_hidden_layers", "num_nextn_predict_layers")
+            "linear_value_head_dim", "linear_conv_kernel_dim", "experts_per_token")
+NONE_OR_MORE = ("num_experts", "num_local_experts", "shared_expert_intermediate_size", "mtp_num_hidden_layers", "num_nextn_predict_layers")
 SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings")
 INT32 = 2**31 - 1
 MAX_LAYERS = 100_000
@@ -89,7 +89,7 @@ def model_shape(config: dict) -> ModelShape:
     return ModelShape(
         max_position_embeddings=int(text["max_position_embeddings"]),
         num_layers=layers,
-        full_attention_layers=sum(1 for t in layer_types if t == "full_attention"),
+        full_attention_layers=sum(1 for t in layer_types if t in ("full_attention", "sliding_attention")),
         num_kv_heads=int(text.get("num_key_value_heads", heads)),
         head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
         mtp_layers=mtp_layers(config),

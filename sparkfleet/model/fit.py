@@ -101,6 +101,7 @@ MAX_SPARKS = 8
 # The short context the report counts concurrent sequences at.
 SHORT_CONTEXT_TOKENS = 8192
 
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 _SSM_STATE_BYTES = 4  # vLLM keeps the Gated DeltaNet recurrent state in fp32
 
@@ -136,14 +137,28 @@ def _quantized_bytes(config: dict) -> float | None:
         return 1
     if method in ("awq", "gptq", "compressed-tensors") and quant.get("bits"):
         return int(quant["bits"]) / 8
+    if method == "mxfp4":  # 4-bit values and one 8-bit scale per block of 32
+        return 4.25 / 8
     return None
 
 
+def _weight_bytes_per_param(config: dict, weights_bytes: int, params: ParamCounts) -> tuple[float, float]:
+    """(narrow, wide) bytes per parameter. A GGUF file (config from its header: a `gguf` key) mixes quant types
+    tensor by tensor, so both are the files' bytes over the parameter count: the roofline reads that share of
+    the active parameters."""
+    if config.get("gguf") is not None and params.total:
+        ratio = weights_bytes / params.total
+        return ratio, ratio
+    wide = _model_dtype_bytes(config)
+    return _quantized_bytes(config) or wide, wide
+
+
 def _layer_counts(text: dict) -> tuple[int, int]:
-    """(full-attention layers, linear-attention layers)."""
+    """(full-attention layers, linear-attention layers). A sliding-window layer (gpt-oss) counts as full
+    attention: it keeps at most its window of KV, so the fit is on the safe side."""
     layers = int(_require(text, "num_hidden_layers"))
     types = text.get("layer_types") or ["full_attention"] * layers
-    full = sum(1 for t in types if t == "full_attention")
+    full = sum(1 for t in types if t in ATTENTION_LAYER_TYPES)
     linear = sum(1 for t in types if t == "linear_attention")
     return full, linear
 
@@ -273,8 +288,17 @@ def _attn_output_gate(config: dict, text: dict) -> bool:
     return model_type.startswith(("qwen3_next", "qwen3_5"))
 
 
+def _attention_quantized(config: dict) -> bool:
+    """Whether a quantized checkpoint stores attention quantized too: not when its quantization_config leaves
+    `self_attn` out (gpt-oss's MXFP4 quantizes the experts only and keeps attention in bf16)."""
+    quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
+    skipped = quant.get("modules_to_not_convert") or []
+    return not (isinstance(skipped, list) and any("self_attn" in str(m) for m in skipped))
+
+
 def _attention_params(config: dict) -> tuple[int, int]:
-    """(narrow, wide) parameters of one full-attention layer."""
+    """(narrow, wide) parameters of one full-attention layer (all wide when the quantization leaves
+    attention out)."""
     text = _text(config)
     hidden = int(_require(text, "hidden_size"))
     heads = int(_require(text, "num_attention_heads"))
@@ -287,21 +311,23 @@ def _attention_params(config: dict) -> tuple[int, int]:
     wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
     if text.get("attention_bias"):
         wide += q_out + 2 * kv_out
+    if not _attention_quantized(config):
+        return 0, narrow + wide
     return narrow, wide
 
 
 def _mlp_params(text: dict) -> tuple[int, int, int]:
     """(total narrow, active narrow, wide) parameters of one MLP: MoE or dense."""
     hidden = int(_require(text, "hidden_size"))
-    experts = int(text.get("num_experts") or 0)
+    experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)  # Mixtral, gpt-oss: local
     if not experts:
         dense = 3 * hidden * int(_require(text, "intermediate_size"))
         return dense, dense, 0
-    expert = 3 * hidden * int(_require(text, "moe_intermediate_size"))
+    expert = 3 * hidden * int(text.get("moe_intermediate_size") or _require(text, "intermediate_size"))
     shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
     shared = 3 * hidden * shared_inter
     router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
-    top_k = int(_require(text, "num_experts_per_tok"))
+    top_k = int(text.get("num_experts_per_tok") or _require(text, "experts_per_token"))  # gpt-oss: the latter
     return experts * expert + shared, top_k * expert + shared, router
 
 
@@ -369,7 +395,8 @@ def param_counts(config: dict) -> ParamCounts:
     full, linear = _layer_counts(text)
     other = layers - full - linear
     if other:
-        raise ValueError(f"config.json has {other} layers neither full_attention nor linear_attention")
+        raise ValueError(f"config.json has {other} layers neither full_attention, sliding_attention nor "
+                         f"linear_attention")
 
     attn_narrow, attn_wide = _attention_params(config)
 
@@ -430,7 +457,7 @@ class FitReport:
     active_params: int
     # Memory.
     budget_bytes: int  # memory x utilization
-    weights_bytes: int  # the manifest's safetensors total
+    weights_bytes: int  # the manifest's weight files' total (Manifest.weight_bytes: .gguf, else .safetensors)
     estimated_weights_bytes: int  # from the parameter count: a cross-check of weights_bytes
     reserve_bytes: int  # activations + CUDA graphs (RESERVE_BYTES)
     kv_memory_bytes: int  # budget - weights - reserve; negative when the weights do not fit
@@ -563,8 +590,7 @@ def fit_report(
     state_one = linear_state_bytes(config) // tensor_parallel_size
     kv_all = kv_per_token + draft_kv
     params = param_counts(config)
-    wide_bytes = _model_dtype_bytes(config)
-    narrow_bytes = _quantized_bytes(config) or wide_bytes
+    narrow_bytes, wide_bytes = _weight_bytes_per_param(config, weights_bytes, params)
     largest = _largest_uncapped(kv_memory, kv_all, state)
 
     active_weight_bytes = int(params.active_narrow * narrow_bytes + params.active_wide * wide_bytes)

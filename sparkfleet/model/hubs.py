@@ -2,7 +2,10 @@
 
 Both official clients are used: huggingface_hub and modelscope. Resolved
 manifests are cached by commit (immutable), so a re-plan of a pinned commit
-works with the hub unreachable.
+works with the hub unreachable. A model is config.json and its weights, or a
+GGUF model (gguf.entry_file), whose facts come from its first file's header,
+read with Range requests (never the whole file). `model_files` narrows the
+manifest here, in hub_resolver, the one place every later stage reads.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from pathlib import Path
 
 from sparkfleet import FILES_DIR, PROJECT_ROOT
 from sparkfleet.contract.shared import host_module
-from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer
+from sparkfleet.contract.settings import SettingsError
+from sparkfleet.model import gguf
+from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer, selected
 
 
 class HubError(RuntimeError):
@@ -149,14 +154,130 @@ def read_model_config(manifest: Manifest, endpoint: str | None, token: str | Non
     return json.loads((dest / "config.json").read_text())
 
 
-def hub_resolver(s) -> tuple[Manifest | None, dict | None, str | None]:
-    """The planner's resolver (`plan_hosts(..., resolve=hub_resolver)`): the settings' model asked of its hub.
+# The first read of a GGUF header (most models' key-value sections, their vocabulary included, are a few MiB);
+# a longer one is read on, four times as far each time, up to gguf.MAX_HEADER_BYTES.
+GGUF_FIRST_READ = 2**20
+RANGE_TIMEOUT_S = 60
 
-    A hub that cannot answer is reported, not raised: a plan still prints.
+
+def _capped_body(status: int, chunks, start: int, stop: int) -> bytes:
+    """The reply to a Range request for [start, stop): at most stop - start bytes (a hub that ignores Range and
+    sends the whole file from byte 0 is read only that far)."""
+    if not (status == 206 or (status == 200 and start == 0)):
+        raise HubError(f"HTTP {status} to a Range request")
+    want, body = stop - start, bytearray()
+    for chunk in chunks:
+        body += chunk[:want - len(body)]
+        if len(body) >= want:
+            break
+    return bytes(body)
+
+
+def _hf_ranges(manifest: Manifest, endpoint: str | None, token: str | None):
+    """Range reads of a Hugging Face file: the client's resolve URL, headers and HTTP session."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    session, headers = get_session(), build_hf_headers(token=token)
+
+    def read(path: str, start: int, stop: int) -> bytes:
+        url = hf_hub_url(manifest.repo, path, revision=manifest.commit or manifest.revision, endpoint=endpoint)
+        with session.stream("GET", url, headers={**headers, "Range": f"bytes={start}-{stop - 1}"},
+                            follow_redirects=True, timeout=RANGE_TIMEOUT_S) as reply:
+            return _capped_body(reply.status_code, reply.iter_bytes(), start, stop)
+    return read
+
+
+def _modelscope_ranges(manifest: Manifest, endpoint: str | None, token: str | None):
+    """Range reads of a ModelScope file: the client's download URL (its endpoint, its URL rules), the key as
+    a bearer header (dropped by requests on a redirect to another host)."""
+    import requests
+    from modelscope_hub import HubApi
+
+    api = HubApi(endpoint=endpoint, token=token)
+    if endpoint is None:  # as the client's own download picks its read endpoint (and the hosts' fetch does)
+        try:
+            api = HubApi(endpoint=api.resolve_endpoint_for_read(manifest.repo, repo_type="model"), token=token)
+        except Exception:
+            pass
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def read(path: str, start: int, stop: int) -> bytes:
+        url = api.legacy.get_download_url(manifest.repo, "model", path, manifest.commit or manifest.revision)
+        with requests.get(url, headers={**auth, "Range": f"bytes={start}-{stop - 1}"}, stream=True,
+                          timeout=RANGE_TIMEOUT_S) as reply:
+            return _capped_body(reply.status_code, reply.iter_content(1 << 16), start, stop)
+    return read
+
+
+_RANGES = {"huggingface": _hf_ranges, "modelscope": _modelscope_ranges}
+
+
+def read_gguf_header(read, path: str, size: int) -> gguf.Header:
+    """The header of `path` (`size` bytes, the manifest's), read from its start with `read(path, start, stop)`,
+    on past the first GGUF_FIRST_READ bytes while the key-value section goes on; never past `size` or
+    gguf.MAX_HEADER_BYTES. GGUFError when the bytes are not a header within those bounds."""
+    data, want = b"", min(size, GGUF_FIRST_READ)
+    while True:
+        if want > len(data):
+            more = read(path, len(data), want)
+            if len(data) + len(more) < want:
+                raise gguf.GGUFError(f"the hub sent {len(data) + len(more):,} of bytes 0-{want - 1}")
+            data += more
+        try:
+            return gguf.read_header(data)
+        except gguf.Truncated as exc:
+            if exc.needed > size:
+                raise gguf.GGUFError(f"the file ({size:,} bytes) ends inside its header") from None
+            want = min(size, max(exc.needed, 4 * len(data)), gguf.MAX_HEADER_BYTES)
+
+
+@lru_cache(maxsize=32)
+def read_gguf_config(manifest: Manifest, entry: str, endpoint: str | None, token: str | None) -> dict:
+    """The planner's config of a GGUF model, from its first file's header (gguf.planner_config), read through
+    the hub's client with Range requests and never the whole file; cached on disk by pin. The header is data:
+    the file's hash is checked when a host fetches it."""
+    name = host_module.check_dir_name(f"{entry.replace('/', '--')}.config.json")
+    dest = host_module.inside(cache_dir() / "configs", cache_dir() / "configs" / manifest.hub / manifest.dir_name
+                              / name)
+    if not dest.exists():
+        try:
+            header = read_gguf_header(_RANGES[manifest.hub](manifest, endpoint, token), entry,
+                                      manifest.entries[entry]["size"])
+            config = gguf.planner_config(header.metadata)
+        except gguf.GGUFError as exc:
+            raise HubError(f"refusing the GGUF header of {manifest.hub}:{manifest.repo} {entry}: {exc}; check "
+                           f"model_repo and model_files, or the hub it came from (hub_endpoint)") from None
+        except Exception as exc:  # each client raises its own error types
+            raise HubError(f"cannot read the GGUF header of {manifest.hub}:{manifest.repo} {entry}: "
+                           f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(json.dumps(config, indent=1))
+    return json.loads(dest.read_text())
+
+
+def model_config(manifest: Manifest, endpoint: str | None, token: str | None) -> dict:
+    """What the planner reads of a model: a GGUF model's header (no config.json needed), else config.json.
+    ValueError when the files hold more than one GGUF model (set model_files)."""
+    entry = gguf.entry_file([f.path for f in manifest.files])
+    if entry:
+        return read_gguf_config(manifest, entry, endpoint, token)
+    return read_model_config(manifest, endpoint, token)
+
+
+def hub_resolver(s) -> tuple[Manifest | None, dict | None, str | None]:
+    """The planner's resolver (`plan_hosts(..., resolve=hub_resolver)`): the settings' model asked of its hub,
+    narrowed to `model_files` (the one place a selection is applied).
+
+    A hub that cannot answer is reported, not raised: a plan still prints. Files that cannot be served (a glob
+    matching nothing, more than one GGUF model) are refused: SettingsError.
     """
     endpoint, token = s.controller_endpoint, s.hub_token
     try:
-        manifest = resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token)
-        return manifest, read_model_config(manifest, endpoint, token), None
+        manifest = selected(resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token),
+                            s.model_files)
+        return manifest, model_config(manifest, endpoint, token), None
     except HubError as exc:
         return None, None, str(exc)
+    except ValueError as exc:
+        raise SettingsError([f"{s.model_repo}: {exc}"]) from None

@@ -9,6 +9,8 @@ module's rules (the hosts re-check with the same code).
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import hashlib
 import json
 import re
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 from sparkfleet.contract.shared import host_module
+from sparkfleet.model import gguf
 
 COMMIT_RE = host_module.COMMIT_RE
 UntrustedAnswer = host_module.UntrustedAnswer
@@ -49,6 +52,7 @@ class Manifest:
     revision: str  # what the settings asked for (branch, tag or commit)
     commit: str | None  # what it resolved to, when the hub says
     files: tuple[ManifestFile, ...] = field(default_factory=tuple)
+    selection: tuple[str, ...] | None = None  # the `model_files` globs these files are (None: the repo's all)
 
     def __post_init__(self):
         host_module.check_commit(self.commit)
@@ -65,6 +69,15 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     @property
+    def weight_bytes(self) -> int:
+        """What a server loads: the .gguf files when there are any, else the .safetensors, else every file."""
+        for suffix in (".gguf", ".safetensors"):
+            found = sum(f.size for f in self.files if f.path.endswith(suffix))
+            if found:
+                return found
+        return self.total_bytes
+
+    @property
     def digest(self) -> str:
         """Content address of the file list: same files and hashes, same digest."""
         body = json.dumps([asdict(f) for f in sorted(self.files, key=lambda f: f.path)], sort_keys=True)
@@ -77,7 +90,10 @@ class Manifest:
 
     @property
     def dir_name(self) -> str:
-        return f"{self.repo.replace('/', '--')}@{self.pin[:16]}"
+        """repo@pin; a selection of the files (`model_files`) has its own directory, so that releases choosing
+        other files of one commit never remove each other's."""
+        name = f"{self.repo.replace('/', '--')}@{self.pin[:16]}"
+        return f"{name}-{self.digest[:8]}" if self.selection is not None else name
 
     def to_dict(self) -> dict:
         return {
@@ -87,7 +103,7 @@ class Manifest:
             "commit": self.commit,
             "digest": self.digest,
             "files": [asdict(f) for f in self.files],
-        }
+        } | ({"selection": list(self.selection)} if self.selection is not None else {})
 
     @classmethod
     def from_dict(cls, data: dict) -> Manifest:
@@ -97,11 +113,43 @@ class Manifest:
             revision=data["revision"],
             commit=data.get("commit"),
             files=tuple(ManifestFile(**f) for f in data["files"]),
+            selection=tuple(data["selection"]) if data.get("selection") is not None else None,
         )
 
     def summary(self) -> dict:
         """to_dict without the file list: what plans and release records show."""
         return {**self.to_dict(), "files": len(self.files), "bytes": self.total_bytes}
+
+
+def selected(manifest: Manifest, globs: list[str] | None) -> Manifest:
+    """The manifest of the files matching `globs` (fnmatch on the repository path; None: every file, the manifest
+    itself): what the plan, the lock, the fetch job and the verify all read. ValueError, one line naming the fix,
+    when a glob matches no file or the files keep only some parts of a split GGUF set."""
+    if globs is None:
+        return manifest
+    where = f"{manifest.hub}:{manifest.repo}@{manifest.revision}"
+    paths = [f.path for f in manifest.files]
+    for glob in globs:
+        if not any(fnmatch.fnmatchcase(p, glob) for p in paths):
+            ggufs = [p for p in paths if gguf.is_gguf(p)]
+            examples = ggufs or paths
+            raise ValueError(
+                f"model_files {glob!r} matches no file of {where} (its {'.gguf ' if ggufs else ''}files: "
+                f"{', '.join(examples[:5])}{', ...' if len(examples) > 5 else ''}): fix the glob (fnmatch, "
+                f"case-sensitive)")
+    files = tuple(f for f in manifest.files if any(fnmatch.fnmatchcase(f.path, g) for g in globs))
+    chosen = {f.path for f in files}
+    for path in sorted(chosen):
+        split = gguf.SPLIT.fullmatch(path.rsplit("/", 1)[-1])
+        if split:
+            parts = int(split["parts"])
+            base = path[:len(path) - len(path.rsplit("/", 1)[-1])] + split["stem"]
+            lacking = [f"{base}-{n:05d}-of-{parts:05d}.gguf" for n in range(1, parts + 1)]
+            lacking = [p for p in lacking if p not in chosen]
+            if lacking:
+                raise ValueError(f"model_files {list(globs)} keep {path} of a split GGUF set but not "
+                                 f"{', '.join(lacking[:3])}: match every part, e.g. \"{split['stem']}-*.gguf\"")
+    return dataclasses.replace(manifest, files=files, selection=tuple(globs))
 
 
 def model_dir(model_root: str, repo: str, manifest: Manifest | None) -> str:

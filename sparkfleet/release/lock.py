@@ -49,6 +49,7 @@ class LockedModel(_Strict):
     commit: str | None = None  # what the revision resolved to (None: the hub named none; the files' digest pins it)
     files: list[LockedFile] = Field(min_length=1)
     config: dict[str, Any] | None = None  # config.json as the hub served it (None: the resolver read none)
+    selection: list[str] | None = None  # the `model_files` globs the files are (None: every file of the repo)
 
     @model_validator(mode="after")
     def _a_manifest(self) -> LockedModel:
@@ -60,17 +61,20 @@ class LockedModel(_Strict):
 
     def manifest(self) -> Manifest:
         files = tuple(ManifestFile(**f.model_dump()) for f in self.files)
-        return Manifest(self.hub, self.repo, self.revision, self.commit, files)
+        return Manifest(self.hub, self.repo, self.revision, self.commit, files,
+                        tuple(self.selection) if self.selection is not None else None)
 
     @classmethod
     def of(cls, manifest: Manifest, config: dict | None) -> LockedModel:
         files = [LockedFile(**{k: v for k, v in asdict(f).items() if v is not None}) for f in manifest.files]
         return cls(hub=manifest.hub, repo=manifest.repo, revision=manifest.revision, commit=manifest.commit,
-                   files=files, config=config)
+                   files=files, config=config,
+                   selection=list(manifest.selection) if manifest.selection is not None else None)
 
     def to_dict(self) -> dict:
         return {"hub": self.hub, "repo": self.repo, "revision": self.revision, "commit": self.commit,
-                "files": [f.model_dump(exclude_none=True) for f in self.files], "config": self.config}
+                "files": [f.model_dump(exclude_none=True) for f in self.files], "config": self.config} | (
+            {"selection": self.selection} if self.selection is not None else {})
 
 
 class LockedImage(_Strict):
@@ -86,8 +90,8 @@ class Lock(_Strict):
     def _keys_name_their_entries(self) -> Lock:
         for key, entry in self.models.items():
             # a coordinate names its revision, or the commit it is (a commit's manifest may be a branch's, cached)
-            named = {coordinate(entry.hub, entry.repo, entry.revision)} | (
-                {coordinate(entry.hub, entry.repo, entry.commit)} if entry.commit else set())
+            named = {coordinate(entry.hub, entry.repo, entry.revision, entry.selection)} | (
+                {coordinate(entry.hub, entry.repo, entry.commit, entry.selection)} if entry.commit else set())
             if key not in named:
                 raise ValueError(f"models[{key!r}] holds {coordinate(entry.hub, entry.repo, entry.revision)}")
         return self
@@ -114,9 +118,10 @@ def parse_lock(text: str, path: object) -> Lock:
         raise LockError(path, f"{where + ': ' if where else ''}{message}"[:300]) from None
 
 
-def coordinate(hub: str, repo: str, revision: str) -> str:
-    """A model's key: what the settings name, not where it is asked from (endpoint and token are left out)."""
-    return f"{hub}:{repo}@{revision}"
+def coordinate(hub: str, repo: str, revision: str, selection: list[str] | None = None) -> str:
+    """A model's key: what the settings name, not where it is asked from (endpoint and token are left out); a
+    `model_files` selection is part of it (other globs, other files)."""
+    return f"{hub}:{repo}@{revision}" + (f"?files={','.join(selection)}" if selection is not None else "")
 
 
 def image_lockable(s: Settings) -> bool:
@@ -133,7 +138,7 @@ class Locking:
         self.added = Lock()
 
     def model(self, s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
-        key = coordinate(s.model_hub, s.model_repo, s.model_revision)
+        key = coordinate(s.model_hub, s.model_repo, s.model_revision, s.model_files)
         entry = self.lock.models.get(key) or self.added.models.get(key)
         if entry:
             return entry.manifest(), entry.config, None

@@ -116,8 +116,7 @@ class HostPlan:
             return None
         s = self.settings
         if self.manifest:
-            weights = sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors"))
-            weights = weights or self.manifest.total_bytes
+            weights = self.manifest.weight_bytes
         else:
             weights = self.known_weight_bytes
         return fit_report(self.config, weights,

@@ -77,10 +77,9 @@ class ServicePlan:
 
     @property
     def weight_bytes(self) -> int:
-        """The manifest's exact safetensors bytes when the hub answered, else the recipe's figure."""
+        """The manifest's exact weight bytes (Manifest.weight_bytes) when the hub answered, else the recipe's."""
         if self.manifest:
-            return sum(f.size for f in self.manifest.files if f.path.endswith(".safetensors")) or \
-                self.manifest.total_bytes
+            return self.manifest.weight_bytes
         return self.recipe.model.weight_bytes
 
     def fit(self, memory_bytes: int) -> FitReport:
@@ -220,7 +219,8 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
         plan = ServicePlan(name, chosen, service, s.model_root)
         if resolve:
             plan.manifest, plan.config, plan.hub_error = resolve(
-                s.model_copy(update={"model_repo": service.model_repo, "model_revision": service.model_revision}))
+                s.model_copy(update={"model_repo": service.model_repo, "model_revision": service.model_revision,
+                                  "model_files": None}))
         plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
         plan.docker_options = docker_options(plan.model_dir, service.api_port)
         where = f"{host}: service {name!r}"

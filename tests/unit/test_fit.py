@@ -275,3 +275,31 @@ def test_the_simulated_hub_config_plans_the_same():
     from sim.hub.model import qwen35_moe_config
 
     assert fit_report(qwen35_moe_config(), WEIGHTS) == fit_report(qwen35_config(), WEIGHTS)
+
+
+def gpt_oss_120b_config() -> dict:
+    """openai/gpt-oss-120b's config.json keys the planner reads (its names: num_local_experts, sliding and full
+    attention layers, MXFP4 experts with attention, router, embeddings and lm_head left in bf16)."""
+    return {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+            "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088,
+            "max_position_embeddings": 131072, "sliding_window": 128, "attention_bias": True,
+            "layer_types": ["sliding_attention", "full_attention"] * 18, "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+
+
+def test_gpt_oss_120b_counts_its_local_experts_and_its_bf16_attention():
+    """117 B parameters, 5.1 B active (OpenAI's model card); the experts in MXFP4 (4.25 bits), the rest bf16: ~63
+    GB of weights, ~5 GB read per token (a roofline of ~55 tokens/s), and every layer's KV counted (a sliding
+    layer keeps at most its window: the fit's safe side)."""
+    from sparkfleet.model.config import config_problem, model_shape
+
+    config = gpt_oss_120b_config()
+    assert config_problem(config, "openai/gpt-oss-120b") is None and not model_shape(config).hybrid
+    params = param_counts(config)
+    assert 116e9 < params.total < 118e9 and 5.0e9 < params.active < 5.3e9
+    report = fit_report(config, 65 * 10**9, max_model_len=131072)
+    assert 60e9 < report.estimated_weights_bytes < 66e9
+    assert 4.5e9 < report.active_weight_bytes_per_token < 5.5e9 and 45 < report.decode_tokens_per_s_at_0 < 62
+    assert report.kv_bytes_per_token == 2 * 36 * 8 * 64 * 2 and report.fits
