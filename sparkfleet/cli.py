@@ -99,8 +99,9 @@ def _plan(args) -> int:
         rows = [("advice", f"{advice['choice']} for {advice['expected_concurrency']} users (expected_concurrency)")]
         rows += [("why", literal(line)) for line in advice["reasons"]]
         rows += [("source", literal(source)) for source in advice["sources"]]
-        print_table(f"{', '.join(advice['hosts'])}: topology of {advice['model_repo']}", ("key", "value"), rows,
-                    header=False, out=out)
+        which = " (any two of them)" if len(advice["hosts"]) > 2 else ""
+        print_table(f"{', '.join(advice['hosts'])}: topology of {advice['model_repo']}{which}", ("key", "value"),
+                    rows, header=False, out=out)
     return 0
 
 
