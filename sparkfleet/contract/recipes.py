@@ -26,6 +26,10 @@ KINDS = ("chat", "embedding", "reranker")
 _NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 # The setting that names each engine's version (its flag table); a recipe for that engine sets it.
 VERSION_SETTING = {"vllm": "vllm_version", "sglang": "sglang_version", "llamacpp": "llamacpp_version"}
+# The image repositories each engine's own project (or NVIDIA, for vLLM) publishes: a recipe whose image is
+# another engine's is refused.
+IMAGES = {"vllm": ("vllm/vllm-openai", "nvcr.io/nvidia/vllm"), "sglang": ("lmsysorg/sglang",),
+          "llamacpp": ("ghcr.io/ggml-org/llama.cpp",)}
 
 # The settings that belong to one model, not to the fleet, at their neutral values: what a host serving a model
 # no recipe describes gets (parse_settings), instead of the default recipe's Qwen3.5 parsers, attention backend,
@@ -166,6 +170,15 @@ def _check_engine(where: str, settings: dict) -> None:
         raise ValueError(f"{where}: `engine` = {engine!r} is not one of {', '.join(ENGINES)}")
     if engine != DEFAULT_ENGINE and not all(settings.get(k) for k in ("engine_image", VERSION_SETTING[engine])):
         raise ValueError(f"{where}: an {engine} recipe sets `engine_image` and `{VERSION_SETTING[engine]}`")
+    image = str(settings.get("engine_image", "")).split("@")[0]
+    repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    owner = next((e for e, names in IMAGES.items() if repository in names), engine)
+    if owner != engine:
+        raise ValueError(f"{where}: `engine_image` = {image!r} is {owner}'s image, and this recipe's engine is "
+                         f"{engine}: set an image of {IMAGES[engine][0]}")
+    version = settings.get(VERSION_SETTING[engine])
+    if repository == "vllm/vllm-openai" and tag.startswith("v") and version and tag != f"v{version}":
+        raise ValueError(f"{where}: `engine_image` tag {tag} is not `vllm_version` {version}: make them agree")
 
 
 def missing_notes(r: Recipe) -> list[str]:

@@ -82,7 +82,11 @@ def test_a_recipe_for_an_unknown_engine_or_without_its_version_is_refused(tmp_pa
     base = 'name = "x"\nkind = "chat"\n[model]\nrepo = "a/b"\nweight_bytes = 1\n[settings]\n'
     for body, needle in [('engine = "tgi"\n', "`engine` = 'tgi' is not one of vllm, sglang, llamacpp"),
                          ('engine = "sglang"\nengine_image = "lmsysorg/sglang:spark"\n',
-                          "an sglang recipe sets `engine_image` and `sglang_version`")]:
+                          "an sglang recipe sets `engine_image` and `sglang_version`"),
+                         ('engine = "sglang"\nengine_image = "vllm/vllm-openai:v0.33.0"\nsglang_version = "0.5.23"\n',
+                          "is vllm's image, and this recipe's engine is sglang: set an image of lmsysorg/sglang"),
+                         ('engine_image = "vllm/vllm-openai:v0.33.0"\nvllm_version = "0.34.0"\n',
+                          "tag v0.33.0 is not `vllm_version` 0.34.0")]:
         (tmp_path / "x.toml").write_text(base + body)
         with pytest.raises(ValueError, match="recipe file x.toml: ") as caught:
             catalogue(tmp_path)
