@@ -64,9 +64,10 @@ def _plan(args) -> int:
         doors = [door_summary(door) for door in _front_doors(args, plans)]
     except INVALID as exc:
         return _invalid(exc)
+    topology = _topology(plans)
     if args.json:
-        print(json.dumps({"hosts": [p.to_dict() for p in plans], **({"front_doors": doors} if doors else {})},
-                         indent=2))
+        print(json.dumps({"hosts": [p.to_dict() for p in plans], **({"front_doors": doors} if doors else {}),
+                          **({"topology": topology} if topology else {})}, indent=2))
         return 0
     out = console()
     for plan in plans:
@@ -94,7 +95,113 @@ def _plan(args) -> int:
     for door in doors:
         print_table(f"{door['host']}: front door", ("key", "value"), door_rows(door), header=False, out=out)
         out.print(Syntax(door["config"], "text", word_wrap=True))
+    for advice in topology:
+        rows = [("advice", f"{advice['choice']} for {advice['expected_concurrency']} users (expected_concurrency)")]
+        rows += [("why", literal(line)) for line in advice["reasons"]]
+        rows += [("source", literal(source)) for source in advice["sources"]]
+        which = " (any two of them)" if len(advice["hosts"]) > 2 else ""
+        print_table(f"{', '.join(advice['hosts'])}: topology of {advice['model_repo']}{which}", ("key", "value"),
+                    rows, header=False, out=out)
     return 0
+
+
+def _recipe_summary(r) -> dict:
+    """One catalogue entry as `sparkfleet recipes` shows it: the planner's fit on one Spark at the recipe's
+    settings over group_data's defaults, and the measured speed with its source."""
+    from sparkfleet.contract.formats import host_memory_bytes
+    from sparkfleet.contract.settings import defaults
+    from sparkfleet.model.fit import fit_report
+
+    s = {**defaults(), **r.settings}
+    entry = {"name": r.name, "kind": r.kind, "engine": r.engine, "model_repo": r.model.repo,
+             "weights_gb": round(r.model.weight_bytes / 1e9, 2), "summary": r.summary}
+    if r.kind != "chat":
+        entry.update(sparks_needed=None, fit_problem="a service beside the chat model: `plan` sizes its share")
+        return _with_measured(entry, r)
+    try:
+        max_pos = int((r.model.config.get("text_config") or r.model.config)["max_position_embeddings"])
+        report = fit_report(r.model.config, r.model.weight_bytes, memory_bytes=host_memory_bytes(s["host_memory_gb"]),
+                            gpu_memory_utilization=s["gpu_memory_utilization"],
+                            max_model_len=min(s["max_model_len"], max_pos), kv_cache_dtype=s["kv_cache_dtype"],
+                            bandwidth=s["memory_bandwidth_gbs"] * 1e9)
+        entry["sparks_needed"] = 1 if report.fits else report.sparks_needed
+        # The roofline reads the active weights' bytes from the parameter count: where that count's estimate
+        # of all the weights is far from the recipe's bytes, fit.py does not read this checkpoint's format.
+        if 0.8 <= report.estimated_weights_bytes / r.model.weight_bytes <= 1.25:
+            entry["roofline_tokens_per_s"] = round(report.decode_tokens_per_s_at_0, 1)
+        else:
+            entry["roofline_problem"] = (f"the planner estimates {report.estimated_weights_bytes / 1e9:.1f} GB of "
+                                         f"weights from the config, not {entry['weights_gb']:g}: it does not read "
+                                         f"this format's layers or quantization yet")
+    except (KeyError, TypeError, ValueError) as exc:
+        entry.update(sparks_needed=None, fit_problem=str(exc))
+    return _with_measured(entry, r)
+
+
+def _with_measured(entry: dict, r) -> dict:
+    if "decode_tokens_per_s" in r.measured:
+        entry["measured"] = {"decode_tokens_per_s": r.measured["decode_tokens_per_s"],
+                             "concurrency": r.measured.get("concurrency", 1),
+                             "source": r.measured.get("source", "no source given")}
+    return entry
+
+
+def _recipes(args) -> int:
+    try:
+        entries = [_recipe_summary(r) for r in catalogue().values()]
+    except ValueError as exc:  # a recipe file that cannot be read: its one line
+        return _refuse(exc)
+    if args.json:
+        print(json.dumps({"recipes": entries}, indent=2))
+        return 0
+
+    def fits(e: dict) -> str:
+        n = e["sparks_needed"]
+        if e["kind"] != "chat":
+            return "beside a chat model"
+        return "one Spark" if n == 1 else f"needs {n} Sparks" if n else f"[yellow]unknown: {literal(e['fit_problem'])}[/]"
+
+    def speed(e: dict) -> str:
+        m = e.get("measured")
+        bound = (f"roofline <= {e['roofline_tokens_per_s']:g}" if "roofline_tokens_per_s" in e
+                 else "roofline n/a (--json says why)" if "roofline_problem" in e else "")
+        if not m:
+            return bound or "-"
+        return f"{m['decode_tokens_per_s']:g} tokens/s ({literal(m['source'])}); {bound}".rstrip("; ")
+
+    print_table("recipes (sparkfleet plan ... --data recipe=NAME)",
+                ("recipe", "kind", "engine", "model", "weights", "fits", "decode, 1 stream"),
+                [(e["name"], e["kind"], e["engine"], literal(e["model_repo"]), f"{e['weights_gb']:.1f} GB", fits(e),
+                  speed(e)) for e in entries], out=console())
+    return 0
+
+
+def _topology(plans) -> list[dict]:
+    """Advice for each model that fits one Spark where the inventory offers a pair: a tensor-parallel group of
+    two, or two hosts (outside groups) serving the same model; only where `expected_concurrency` is set."""
+    import dataclasses
+
+    from sparkfleet.model.topology import advise
+
+    def at(plan, n: int):
+        return dataclasses.replace(plan, settings=plan.settings.model_copy(update={"tensor_parallel_size": n})).fit
+
+    found, by_model = [], {}
+    for plan in plans:
+        if plan.is_service or not plan.runs_engine or plan.settings.expected_concurrency is None:
+            continue
+        if plan.group and plan.group.size == 2:
+            found.append((list(plan.group.members), plan, at(plan, 1), plan.fit))
+        elif not plan.group:
+            by_model.setdefault((plan.settings.model_repo, plan.settings.engine), []).append(plan)
+    found += [([p.name for p in same], same[0], same[0].fit, at(same[0], 2)) for same in by_model.values()
+              if len(same) >= 2]
+    out = []
+    for hosts, plan, one, pair in found:
+        advice = one and pair and advise(one, pair, plan.settings.expected_concurrency, plan.settings.engine)
+        if advice:
+            out.append({"hosts": hosts, "model_repo": plan.settings.model_repo, **advice.to_dict()})
+    return out
 
 
 def _service_roles(args, name: str) -> str:
@@ -647,6 +754,10 @@ def parser() -> argparse.ArgumentParser:
     _limit(keys)
     _json(keys)
     keys.set_defaults(func=_hostkeys)
+
+    recipes = sub.add_parser("recipes", help="list the recipe catalogue: model, engine, weights, fit, measured speed")
+    _json(recipes)
+    recipes.set_defaults(func=_recipes)
 
     plan = sub.add_parser("plan", help="print each host's release without connecting to anything")
     plan.add_argument("inventory")

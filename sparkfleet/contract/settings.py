@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from sparkfleet import DEFAULTS_FILE
-from sparkfleet.contract.recipes import catalogue
+from sparkfleet.contract.recipes import catalogue, neutral_settings
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")
@@ -478,8 +478,14 @@ def user_set(data: dict[str, Any]) -> dict[str, Any]:
             and (k in named or k not in base or v != base[k])}
 
 
-def _recipe_settings(host_name: str, name: Any) -> dict[str, Any]:
-    """The chat recipe's settings; a name that is not a string is left to the `recipe` type to refuse."""
+def _recipe_settings(host_name: str, name: Any, model_repo: Any = None) -> dict[str, Any]:
+    """The chat recipe's settings; a name that is not a string is left to the `recipe` type to refuse.
+
+    The model-specific settings (parsers, attention backend, multimodal limits, speculative decoding, served
+    name: contract/recipes.py MODEL_SPECIFIC) of one model never reach another: a recipe of another model than
+    the defaults' starts from the neutral values, and a user's `model_repo` that is not the recipe's model
+    gets them instead of the recipe's.
+    """
     if not isinstance(name, str):
         return {}
     known = catalogue()
@@ -490,7 +496,13 @@ def _recipe_settings(host_name: str, name: Any) -> dict[str, Any]:
     if known[name].kind != "chat":
         raise SettingsError([f"{host_name}: setting `recipe` = {name!r} is invalid: its kind is {known[name].kind!r}, "
                              f"and a host's recipe is a chat recipe (services take the others); {fix}"])
-    return known[name].settings
+    chosen = known[name].settings
+    recipe_repo = chosen.get("model_repo", defaults().get("model_repo"))
+    if recipe_repo != defaults().get("model_repo"):  # the defaults are another model's: the recipe's own over neutral
+        chosen = {**neutral_settings(recipe_repo), **chosen}
+    if isinstance(model_repo, str) and model_repo != recipe_repo:
+        return {**chosen, **neutral_settings(model_repo)}
+    return chosen
 
 
 def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
@@ -509,12 +521,13 @@ def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
 def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
     """Build one host's Settings, or raise SettingsError.
 
-    Precedence, lowest first: group_data/all.py's defaults < the chosen recipe's settings < what the user
-    set (see `user_set`) in the inventory, a group's data or `--data`.
+    Precedence, lowest first: group_data/all.py's defaults < the chosen recipe's settings (made neutral where
+    the user's model_repo is another model: `_recipe_settings`) < what the user set (see `user_set`) in the
+    inventory, a group's data or `--data`.
     """
     _check_ssh_hostname(host_name, data)
     own = user_set(data)
-    chosen = _recipe_settings(host_name, own.get("recipe", defaults().get("recipe")))
+    chosen = _recipe_settings(host_name, own.get("recipe", defaults().get("recipe")), own.get("model_repo"))
     try:
         return Settings(**{**defaults(), **chosen, **own})
     except ValidationError as exc:

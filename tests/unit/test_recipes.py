@@ -62,7 +62,7 @@ def test_an_unknown_recipe_is_refused_listing_the_catalogue():
         parse_settings("spark-a", host_data(recipe="qwen9"))
     [problem] = caught.value.problems
     assert problem.startswith("spark-a: setting `recipe` = 'qwen9' is invalid: no such recipe")
-    assert f"choose one of: qwen3-235b-a22b-gptq-int4, {DEFAULT}, {MTP}" in problem
+    assert f"qwen3-235b-a22b-gptq-int4, qwen3-8b-gguf, qwen3-coder-30b-a3b-fp8, {DEFAULT}, {MTP}," in problem
     with pytest.raises(ValueError, match=f"no recipe named 'qwen9'; the catalogue has: .*{DEFAULT}"):
         recipe("qwen9")
 
