@@ -215,6 +215,13 @@ def read_record(model_dir) -> dict:
 # --- The env files sparkfleet writes (engine.env, hub.env): the one owner of their format -------------------
 
 API_KEY_VAR = "VLLM_API_KEY"  # engine.env's API key: vLLM reads it, the helpers send it
+LLAMA_API_KEY_VAR = "LLAMA_API_KEY"  # llama-server's: its engine.env holds this name instead
+API_KEY_VARS = (API_KEY_VAR, LLAMA_API_KEY_VAR)
+
+
+def engine_key(env: dict):
+    """The API key of an engine env (parse_env), under whichever engine's name it holds it; None without one."""
+    return next((env[name] for name in API_KEY_VARS if env.get(name)), None)
 KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -260,7 +267,7 @@ def env_kept(live: str, fabric) -> str:
         entry = _env_entry(line)
         if entry and entry[0] in fabric:
             kept.append(line)
-        elif entry and entry[0] != API_KEY_VAR:
+        elif entry and entry[0] not in API_KEY_VARS:
             kept.append(KEPT_NAME + entry[0])
     return "".join(f"{line}\n" for line in kept)
 
@@ -281,7 +288,7 @@ def env_restored(kept: str, live: str, fabric) -> str:
     restored = []
     for line in live.splitlines():
         entry = _env_entry(line)
-        if entry is None or (entry[0] not in fabric and (entry[0] == API_KEY_VAR or entry[0] in names)):
+        if entry is None or (entry[0] not in fabric and (entry[0] in API_KEY_VARS or entry[0] in names)):
             restored.append(line)
     return "".join(f"{line}\n" for line in restored + fabric_lines)
 
