@@ -288,8 +288,8 @@ def services_cell(services: dict) -> str:
         for name, svc in services.items()) or "-"
 
 
-WIDE_COLUMNS = ("host", "engine", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog", "served",
-                "services", "run", "wait", "KV", "detail")
+WIDE_COLUMNS = ("host", "engine", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog",
+                "served", "services", "run", "wait", "KV", "detail")
 NARROW_COLUMNS = ("host", "engine", "release", "health", "served", "detail")
 
 
