@@ -52,7 +52,8 @@ class _Engine(BaseHTTPRequestHandler):
             if self.engine == "sglang":
                 return self._send(503 if self.loading else 200)  # SGLang: a bare status, no body
             if self.loading:
-                return self._json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+                return self._json(503, {"error": {"code": 503, "message": "Loading model",
+                                                  "type": "unavailable_error"}})
             return self._json(200, {"status": "ok"})
         if not self._open():
             return self._json(401, {"error": {"code": 401, "message": "Invalid API Key"}})
