@@ -664,7 +664,9 @@ def door_states(answer: str) -> dict[str, dict]:
 
 
 def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:
-    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}.
+    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}, of BACKEND's
+    servers only: drain and its record address `BACKEND/host`, so another chat model's route (chat_N) is not
+    listed, and `sparkfleet drain` refuses its hosts rather than claim a drain it cannot make.
 
     in: taking requests; draining: set aside, requests still running; out: set
     aside and idle (or in maintenance); drained: out, and held there by

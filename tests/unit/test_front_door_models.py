@@ -52,6 +52,14 @@ def test_the_door_lists_every_served_name_and_counts_each():
     assert ("route tiny-llama", "chat: spark-3") in fd.door_rows(summary)
 
 
+def test_drain_addresses_the_door_models_engines_only():
+    """Drain sets `engines/HOST` aside: another model's hosts (chat_N) are not in the states drain checks, so it
+    refuses them (naming another served model) instead of claiming a drain it did not make."""
+    stat = ("# pxname,svname,qcur,qmax,scur,smax,status,weight\nengines,spark-1,0,0,0,1,UP,1\n"
+            "chat_0,spark-2,0,0,1,1,UP,1\nchat_1,spark-3,0,0,0,1,DOWN,1\n")
+    assert set(fd.backend_states(stat)) == {"spark-1"}
+
+
 def test_one_chat_model_keeps_its_engines_answering_v1_models():
     door = fd.front_door_plan("spark-1", plans(**{"spark-1": {}, "spark-2": {}}))
     assert door.chat_routes == () and door.models_answer() is None
