@@ -217,13 +217,13 @@ def read_record(model_dir) -> dict:
 API_KEY_VAR = "VLLM_API_KEY"  # engine.env's API key: vLLM reads it, the helpers send it
 LLAMA_API_KEY_VAR = "LLAMA_API_KEY"  # llama-server's: its engine.env holds this name instead
 API_KEY_VARS = (API_KEY_VAR, LLAMA_API_KEY_VAR)
+KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def engine_key(env: dict):
     """The API key of an engine env (parse_env), under whichever engine's name it holds it; None without one."""
     return next((env[name] for name in API_KEY_VARS if env.get(name)), None)
-KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def render_env(header: str, values: dict) -> str:

@@ -43,7 +43,7 @@ METRICS = {
 }
 
 
-# vLLM's KV gauge before 0.10 (vllm:gpu_cache_usage_perc): the alerts read it beside the current name
+# vLLM's older name of its KV gauge: the alerts read it beside the current one
 LEGACY_KV_USAGE = ("vllm:gpu_cache_usage_perc",)
 
 

@@ -80,7 +80,7 @@ _KEY_HEADER = shlex.quote(r's/^(' + "|".join(host_module.API_KEY_VARS) + r')=//;
 
 class EngineMetrics(FactBase[str]):
     """The engine's /metrics lines of the series `names`, read on the host: `status` of an engine on loopback.
-    vLLM's and SGLang's keys guard /v1 only; llama-server's guards /metrics too (`keyed`: the key goes from
+    vLLM's and SGLang's keys leave /metrics open; llama-server's guards it too (`keyed`: the key goes from
     engine.env to curl on its stdin). Empty when nothing answered."""
 
     @staticmethod
