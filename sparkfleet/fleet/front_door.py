@@ -1,4 +1,10 @@
-"""The front door: one HAProxy in front of the engines that serve one model, built from the inventory.
+"""The front door: one HAProxy in front of the fleet's engines, built from the inventory.
+
+Its own served_model_name's hosts are the default backend (BACKEND); each other chat model the inventory's
+engine hosts serve, whatever their engine (vLLM, SGLang, llama.cpp), gets a backend of its own (chat_N) that
+a request reaches by naming it in its body's "model", as a RAG service's does. With more than one chat model
+the door answers GET /v1/models itself, listing every served name (no one engine knows the others'); with
+one, that model's engines answer it as before. Drain and its record address BACKEND's hosts only.
 
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
 map file, health routing is its checks (a one-token chat completion, since a
