@@ -227,6 +227,11 @@ KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose val
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def engine_key(env: dict):
+    """The API key of an engine env (parse_env), under whichever engine's name it holds it; None without one."""
+    return next((env[name] for name in API_KEY_VARS if env.get(name)), None)
+
+
 def render_env(header: str, values: dict) -> str:
     """An env file as `docker run --env-file` reads it: a comment, then one NAME=value a line, values verbatim.
     A name outside [A-Za-z0-9_] or a value with a control character would split or hide a line: refused (the

@@ -33,12 +33,24 @@ METRICS = {
     "sglang": EngineMetrics(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
                             kv_usage="sglang:token_usage", prompt_tokens="sglang:prompt_tokens_total",
                             generation_tokens="sglang:generation_tokens_total"),
-    # llama.cpp tools/server/server.cpp, /metrics with --metrics
+    # llama.cpp tools/server (server-context.cpp), /metrics with --metrics (which the key guards too). Its
+    # llamacpp:kv_cache_usage_ratio (and kv_cache_tokens) went with the KV cache API rework of 2025: builds
+    # of that age and later (b10488 reported without it) export no KV gauge, so sparkfleet reads none.
     "llamacpp": EngineMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
-                              kv_usage="llamacpp:kv_cache_usage_ratio",
+                              kv_usage=None,
                               prompt_tokens="llamacpp:prompt_tokens_total",
                               generation_tokens="llamacpp:tokens_predicted_total"),
 }
+
+
+# vLLM's older name of its KV gauge: the alerts read it beside the current one
+LEGACY_KV_USAGE = ("vllm:gpu_cache_usage_perc",)
+
+
+def every(field: str) -> tuple[str, ...]:
+    """One meaning's series of every engine that exports it (EngineMetrics field name), in ENGINES order: what
+    an alert or a panel reads to cover a fleet of mixed engines."""
+    return tuple(name for name in (getattr(METRICS[e], field) for e in ENGINES) if name)
 
 
 def metrics(engine: str) -> EngineMetrics:

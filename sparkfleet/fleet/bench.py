@@ -7,6 +7,15 @@
 The key is the inventory host's api_key (or, with --front-door, its first user's), or $SPARKFLEET_API_KEY
 (which wins when set): never an argument, since a command line is seen by every user of the machine.
 
+Any engine: the timings are the client's (llama-server and SGLang stream the
+same OpenAI chunks, take ``ignore_eos`` and ``chat_template_kwargs``); the
+engine (the inventory's ``engine``, else told by its /metrics names) picks
+the counters read beside them (contract/engines.py): its generated-tokens
+counter over the run, a cross-check of the client's count. The prefix-cache
+counters and the speculative-decoding ones below are vLLM's; SGLang offers
+only its own running ``sglang:cache_hit_rate`` gauge, llama.cpp neither: the
+report says "not exported by <engine>".
+
 A thin client over the official ``openai`` package (``stream=True`` with
 ``stream_options={"include_usage": True}``); each chunk is stamped with
 ``time.perf_counter``. Per concurrency level (``c`` requests in flight at
@@ -62,6 +71,7 @@ from pathlib import Path
 
 import requests
 
+from sparkfleet.contract import engines
 from sparkfleet.fleet.metrics import read_by_label, read_metrics
 from sparkfleet.fleet.status import api_headers
 from sparkfleet.tables import console as _console
@@ -92,6 +102,7 @@ SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts
 SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens")
 SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens")
 SPEC_PER_POS = ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos")
+PREFIX_GAUGE = {"sglang": "sglang:cache_hit_rate"}  # an engine's own prefix-cache hit rate, where it has no counters
 
 
 class BenchError(RuntimeError):
@@ -153,6 +164,29 @@ def parse_spec_decode(text: str) -> dict | None:
     per_pos = next((found for found in (read_by_label(text, n, "position") for n in SPEC_PER_POS) if found), {})
     return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
             "accepted_per_position": [per_pos[k] for k in sorted(per_pos, key=int)]}
+
+
+def engine_of(text: str | None) -> str | None:
+    """Which engine exported this /metrics text (the one whose running-requests series it holds); None: unknown."""
+    found = read_metrics(text or "")
+    return next((e for e in engines.ENGINES if engines.metrics(e).running in found), None)
+
+
+def engine_tokens(engine: str | None, before: str | None, after: str | None) -> float | None:
+    """Tokens the engine counted as generated between two scrapes (its counter, contract/engines.py); None
+    where the engine, a scrape or the counter is missing."""
+    name = engines.metrics(engine).generation_tokens if engine else None
+    counts = [read_metrics(text).get(name) if text and name else None for text in (before, after)]
+    return None if None in counts else counts[1] - counts[0]
+
+
+def _other_engine_cache(engine: str, after: str | None) -> dict:
+    """What stands in _prefix_cache_report's place for an engine without vLLM's counters: its own gauge (SGLang's
+    running hit rate) at the end of the run, else None; `not_exported_by` names the engine."""
+    gauge = PREFIX_GAUGE.get(engine)
+    value = read_metrics(after or "").get(gauge) if gauge else None
+    return {"before": None, "after": None, "during": None, "not_exported_by": engine,
+            "engine_gauge": {"name": gauge, "value": value} if value is not None else None}
 
 
 def _scrape(root: str, api_key: str | None) -> str | None:
@@ -287,12 +321,13 @@ def _level(client, model: str, concurrency: int, count: int, max_tokens: int, ex
 
 def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int], max_tokens: int,
               think: bool, requests_per_level: int | None = None, roofline: float | None = None,
-              timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+              timeout_s: float = DEFAULT_TIMEOUT_S, engine: str | None = None) -> dict:
     """Benchmark the OpenAI-compatible server at `url` (root or .../v1); return a JSON-able dict.
 
     `requests_per_level`: requests per concurrency level (default max(4, 2 x level)).
     `roofline`: the decode upper bound in tokens/s (the plan's fit), for the ratio.
     `timeout_s`: per request. Raises BenchError when a first (warm-up) request fails.
+    `engine`: the server's (contract/engines.py ENGINES); None: told by its /metrics, where readable.
     """
     from openai import OpenAI
 
@@ -312,6 +347,7 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         raise BenchError(f"{root}: the warm-up request failed: {warm['error']}")
 
     before = _scrape(root, api_key)
+    engine = engine or engine_of(before)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results, n = [], 1
     for c in levels:
@@ -319,6 +355,7 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         results.append(_level(client, model, c, count, max_tokens, extra_body, n))
         n += count
     after = _scrape(root, api_key)
+    vllm_counters = engine in (None, "vllm")
 
     single = [rate for level in results if level["concurrency"] == 1 for rate in level["_decode_rates"]]
     for level in results:
@@ -329,6 +366,7 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         "started_at": started_at,
         "url": root,
         "model": model,
+        "engine": engine,
         "think": think,
         "max_tokens": max_tokens,
         "concurrency": levels,
@@ -338,8 +376,11 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         "single_stream_decode_tokens_per_s": single_stream,
         "roofline_tokens_per_s": roofline,
         "decode_vs_roofline": single_stream / roofline if single_stream and roofline else None,
-        "prefix_cache": _prefix_cache_report(*(parse_prefix_cache(t) if t else None for t in (before, after))),
-        "speculative_decoding": spec_decode_report(*(parse_spec_decode(t) if t else None for t in (before, after))),
+        "engine_generation_tokens": engine_tokens(engine, before, after),
+        "prefix_cache": (_prefix_cache_report(*(parse_prefix_cache(t) if t else None for t in (before, after)))
+                         if vllm_counters else _other_engine_cache(engine, after)),
+        "speculative_decoding": (spec_decode_report(*(parse_spec_decode(t) if t else None for t in (before, after)))
+                                 if vllm_counters else None),
     }
 
 
@@ -429,8 +470,19 @@ def print_table(result: dict, console=None) -> None:
             f"{_f(spec['mean_acceptance_length'], '.2f')} tokens per step, per position "
             f"{' / '.join(f'{p * 100:.0f} %' for p in spec['acceptance_per_position']) or '-'} "
             f"({_f(spec['drafts'], '.0f')} drafts during the run, from /metrics)")
+    engine = result.get("engine")
+    counted = result.get("engine_generation_tokens")
+    if counted is not None:
+        client = sum(level["completion_tokens"] for level in result["levels"])
+        console.print(f"{engine} counted {counted:.0f} tokens generated during the run "
+                      f"({engines.metrics(engine).generation_tokens}; the client counted {client})")
     cache = result["prefix_cache"]
-    if cache["before"] is None or cache["after"] is None:
+    if cache.get("not_exported_by"):
+        gauge = cache.get("engine_gauge")
+        console.print(f"prefix cache: hit counters not exported by {cache['not_exported_by']}" + (
+            f"; its own {gauge['name']} reads {gauge['value'] * 100:.1f} % after the run" if gauge else ""))
+        console.print(f"speculative decoding: counters not exported by {cache['not_exported_by']}")
+    elif cache["before"] is None or cache["after"] is None:
         console.print("prefix cache: no vllm:prefix_cache_* counters in /metrics")
     else:
         rate = lambda d: _f(d["hit_rate"] * 100 if d and d["hit_rate"] is not None else None, ".1f")  # noqa: E731
@@ -498,18 +550,19 @@ def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
     return fit.decode_tokens_per_s(max_tokens + PROMPT_TOKENS) if fit else None
 
 
-def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
-    """(url, model, api key, roofline) from --url or the inventory's host."""
+def _resolve_target(args) -> tuple[str, str, str | None, float | None, str | None]:
+    """(url, model, api key, roofline, engine) from --url or the inventory's host (the engine None where only its
+    /metrics can tell)."""
     if bool(args.url) == bool(args.target):
         raise BenchError("give an inventory or --url (one of them)")
     api_key = os.environ.get(API_KEY_VARIABLE) or None
     if args.url:
-        return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline
+        return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline, None
     if args.front_door:
         from sparkfleet.fleet.front_door import bench_target
 
         url, model, key = bench_target(args.target)
-        return url, args.model or model, api_key or key, args.roofline
+        return url, args.model or model, api_key or key, args.roofline, None
     from sparkfleet.fleet.inventory import load_hosts, spark_hosts
     from sparkfleet.fleet.status import api_url
     from sparkfleet.contract.settings import parse_settings
@@ -525,7 +578,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None]:
         raise BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
                          f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
     roofline = args.roofline if args.roofline is not None else _roofline(name, data, args.max_tokens)
-    return url, args.model or s.served_model_name, api_key or s.api_key, roofline
+    return url, args.model or s.served_model_name, api_key or s.api_key, roofline, s.engine
 
 
 def main(args) -> int:
@@ -538,13 +591,13 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        url, model, api_key, roofline = _resolve_target(args)
+        url, model, api_key, roofline, engine = _resolve_target(args)
     except (BenchError, SettingsError, FileNotFoundError, KeyError) as exc:
         print(f"sparkfleet bench: {exc}", file=sys.stderr)
         return 2
     try:
         result = run_bench(url, model, api_key, args.concurrency, args.max_tokens, args.think,
-                           args.requests, roofline=roofline, timeout_s=args.timeout)
+                           args.requests, roofline=roofline, timeout_s=args.timeout, engine=engine)
     except (BenchError, ValueError) as exc:
         print(f"sparkfleet bench: {exc}", file=sys.stderr)
         return 1

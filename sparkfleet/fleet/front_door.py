@@ -1,4 +1,10 @@
-"""The front door: one HAProxy in front of the engines that serve one model, built from the inventory.
+"""The front door: one HAProxy in front of the fleet's engines, built from the inventory.
+
+Its own served_model_name's hosts are the default backend (BACKEND); each other chat model the inventory's
+engine hosts serve, whatever their engine (vLLM, SGLang, llama.cpp), gets a backend of its own (chat_N) that
+a request reaches by naming it in its body's "model", as a RAG service's does. With more than one chat model
+the door answers GET /v1/models itself, listing every served name (no one engine knows the others'); with
+one, that model's engines answer it as before. Drain and its record address BACKEND's hosts only.
 
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a
 map file, health routing is its checks (a one-token chat completion, since a
@@ -35,6 +41,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import re
 import shlex
@@ -98,7 +105,9 @@ class Route:
 
 @dataclass(frozen=True)
 class FrontDoor:
-    """What one front door host serves: its settings, the engines behind it and the RAG services' routes."""
+    """What one front door host serves: its settings, the engines behind it (those of its own served name, the
+    default for a request naming no other), the RAG services' routes and the other chat models' routes (each
+    the hosts serving that served name, whatever their engine), and the engine hosts it leaves out (why)."""
 
     host: str
     settings: Settings
@@ -106,6 +115,23 @@ class FrontDoor:
     api_key: str
     routes: tuple[Route, ...] = ()
     status_port: int | None = None  # Prometheus's loopback port where this door offers the status page, else None
+    chat_routes: tuple[Route, ...] = ()
+    left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every model a request through this door can name: its own, the other chat models', the RAG services'."""
+        return tuple(sorted({self.settings.served_model_name, *(r.served_name for r in self.chat_routes),
+                             *(r.served_name for r in self.routes)}))
+
+    def models_answer(self) -> str | None:
+        """What the door itself answers to GET /v1/models where it routes more than one chat model (the OpenAI
+        list of every served name: no one engine knows the others'), as HAProxy's quoted string; None where one
+        chat model's engines answer it, as before."""
+        if not self.chat_routes:
+            return None
+        data = [{"id": name, "object": "model", "owned_by": "sparkfleet"} for name in self.served_names]
+        return "'" + json.dumps({"object": "list", "data": data}, separators=(",", ":")) + "'"  # tokens: no quote
 
     @property
     def tls(self) -> bool:
@@ -121,7 +147,8 @@ class FrontDoor:
             "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
             tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE,
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
-            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed,
+            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed, chat_routes=self.chat_routes,
+            models_answer=self.models_answer(),
             chat_check=serving.http_check("chat", self.settings.served_model_name),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
             metrics_path=monitoring.FRONT_DOOR_METRICS_PATH)
@@ -129,7 +156,7 @@ class FrontDoor:
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
         the refusals and the served names a request's model is counted under (any other is _other)."""
-        models = sorted({self.settings.served_model_name, *(r.served_name for r in self.routes)})
+        models = self.served_names
         return {"lua": paths.FRONT_DOOR_USAGE_LUA, "table": monitoring.USAGE_TABLE,
                 "path": monitoring.USAGE_METRICS_PATH, "rate_429": haproxy.RATE_429,
                 "at_once_429": haproxy.AT_ONCE_429, "models": [haproxy.token(m, "served model name") for m in models]}
@@ -253,7 +280,8 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
                         "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
                         "on a trusted LAN")
     routes, kinds = _routes(backends)
-    for served in (s.served_model_name, *(r.served_name for r in routes)):
+    chat_routes, left_out = _chat_routes(s.served_model_name, plans, keys)
+    for served in (s.served_model_name, *(r.served_name for r in routes), *(r.served_name for r in chat_routes)):
         try:
             haproxy.token(served, "served model name")
         except ValueError as exc:
@@ -261,10 +289,14 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
     problems += [f"{host}: services named {served!r} behind this front door are of different kinds "
                  f"({' and '.join(sorted(k))}): give each kind its own served_model_name"
                  for served, k in kinds.items() if len(k) > 1]
+    problems += [f"{host}: {r.served_name!r} is served by a chat engine ({', '.join(b.name for b in r.backends)}) "
+                 "and a RAG service behind this front door: give each its own served_model_name"
+                 for r in chat_routes if r.served_name in kinds]
     if problems:
         raise SettingsError(problems)
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
-                     keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None)
+                     keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None,
+                     chat_routes, left_out)
 
 
 def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
@@ -297,7 +329,8 @@ def door_summary(door: FrontDoor) -> dict:
             "status_page": door.status_page is not None, "viewers": sorted(s.front_door_viewers),
             "backends": [{"host": b.name, "target": b.target} for b in door.backends],
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
-                       for r in door.routes],
+                       for r in (*door.chat_routes, *door.routes)],
+            "models": list(door.served_names), "left_out": [{"host": h, "why": why} for h, why in door.left_out],
             "config": door.config()}
 
 
@@ -310,6 +343,7 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
             ("engines", literal(", ".join(f"{b['host']} ({b['target']})" for b in summary["backends"])))]
     rows += [(f"route {literal(r['served_name'])}", literal(f"{r['kind']}: {', '.join(r['backends'])}"))
              for r in summary["routes"]]
+    rows += [(f"not behind it: {literal(o['host'])}", literal(o["why"])) for o in summary.get("left_out", ())]
     if summary["users"]:
         rows.append(("users", literal(", ".join(summary["users"]))))
     else:
@@ -356,6 +390,41 @@ def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[
     routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found))
                    for n, (served, found) in enumerate(sorted(hosts.items())))
     return routes, kinds
+
+
+def _address_ok(address: str, port: int) -> bool:
+    try:
+        haproxy.address(address, port)
+    except ValueError:
+        return False
+    return True
+
+
+def _chat_routes(own: str, plans: dict[str, HostPlan],
+                 keys: set) -> tuple[tuple[Route, ...], tuple[tuple[str, str], ...]]:
+    """One route per other chat model the inventory's engine hosts serve (a served_model_name not the door's own),
+    by the body's "model" as the RAG routes are, with every host serving it that the door reaches with its one
+    key; and the engine hosts it cannot take, with why (plan shows them: none is dropped unsaid). A host serving
+    another model is not refused here: it may well be meant for another door, or for no door."""
+    hosts: dict[str, list[Backend]] = {}
+    left = []
+    for p in sorted(plans.values(), key=lambda p: p.name):
+        served = p.settings.served_model_name
+        if not p.runs_engine or served == own:
+            continue
+        why = ("its api_host is loopback" if p.settings.api_is_loopback
+               else "it has no api_key" if p.settings.api_key is None
+               else "its api_key is not the one this door sends" if p.settings.api_key not in keys
+               else "its name is not one HAProxy takes" if not _SERVER_NAME.fullmatch(p.name)
+               else None if _address_ok(p.lan_address, p.settings.api_port)
+               else "its lan_address is not one HAProxy takes")
+        if why:
+            left.append((p.name, f"{served}: {why}"))
+        else:
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, p.settings.api_port))
+    routes = tuple(Route(f"chat_{n}", served, "chat", tuple(found))
+                   for n, (served, found) in enumerate(sorted(hosts.items())))
+    return routes, tuple(left)
 
 
 def front_door_url(s: Settings, data: dict) -> str:
@@ -601,7 +670,9 @@ def door_states(answer: str) -> dict[str, dict]:
 
 
 def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:
-    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}.
+    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}, of BACKEND's
+    servers only: drain and its record address `BACKEND/host`, so another chat model's route (chat_N) is not
+    listed, and `sparkfleet drain` refuses its hosts rather than claim a drain it cannot make.
 
     in: taking requests; draining: set aside, requests still running; out: set
     aside and idle (or in maintenance); drained: out, and held there by

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
@@ -24,7 +25,11 @@ from sparkfleet.release.plan import HostPlan
 
 JOBS = (m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE)  # the scrape jobs, by what they reach
 DOOR_JOBS = (m.JOB_FRONT_DOOR, m.JOB_USAGE)  # asked on a front door's port (https where the door speaks it)
-KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM's gauge, new name then the old one
+# Every engine's KV cache gauge (0..1; vLLM's new name, its old one, SGLang's token_usage; llama.cpp exports
+# none) and its queue: one alert covers a fleet of mixed engines, each series keeping its `host`.
+KV_CACHE = (engines.metrics("vllm").kv_usage, *engines.LEGACY_KV_USAGE,
+            *(name for name in engines.every("kv_usage") if name != engines.metrics("vllm").kv_usage))
+WAITING = engines.every("waiting")
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ def rules(s: Settings) -> list[dict]:
                "the watchdog gave up restarting {{ $labels.unit }}"),
         _alert("KvCacheFull", kv, s.monitoring_alert_for_s,
                f"KV cache usage above {s.monitoring_kv_cache_max:.0%}"),
-        _alert("RequestsPilingUp", f"vllm:num_requests_waiting > {s.monitoring_waiting_requests_max}",
+        _alert("RequestsPilingUp", " or ".join(f"{name} > {s.monitoring_waiting_requests_max}" for name in WAITING),
                s.monitoring_alert_for_s, f"more than {s.monitoring_waiting_requests_max} requests waiting"),
         _alert("MemoryRunningOut", 'predict_linear(node_memory_MemAvailable_bytes{job="node"}[30m], 3600) <= 0',
                s.monitoring_alert_for_s, "memory available trends to zero within the hour"),

@@ -5,12 +5,20 @@ from __future__ import annotations
 import requests
 
 from sparkfleet.fleet.metrics import read_metrics
-from sparkfleet.contract import paths, serving
+from sparkfleet.contract import engines, paths, serving
 from sparkfleet.contract.shared import host_module
 from sparkfleet.contract.settings import Settings
 from sparkfleet.tables import literal
 
-METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+def load_series(engine: str) -> tuple[str, ...]:
+    """The load series `status` reads of `engine` (contract/engines.py): running, waiting and, where the engine
+    exports one, its KV cache gauge."""
+    m = engines.metrics(engine)
+    return tuple(name for name in (m.running, m.waiting, m.kv_usage) if name)
+
+
+METRICS = load_series(engines.DEFAULT_ENGINE)  # vLLM's, the default engine's
 
 
 def api_url(s: Settings, data: dict) -> str | None:
@@ -51,8 +59,8 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
     """A host's engine asked as its watchdog asks it: health, the models listing, the chat probe. Over its API
     where the controller reaches it; else on the host (`on_host`: ssh_facts' "engine", None when the host did
     not answer over SSH)."""
-    row = {"host": name, "url": api_url(s, data), "via": "http", "healthy": False, "served": None, "metrics": {},
-           "error": None}
+    row = {"host": name, "engine": s.engine, "url": api_url(s, data), "via": "http", "healthy": False,
+           "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
         return {**row, **on_host_status(on_host, chat)}
     headers = api_headers(s.api_key)
@@ -62,7 +70,7 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
         if isinstance(models, dict) and isinstance(models.get("data"), list):
             row["served"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
         metrics = read_metrics(requests.get(f"{row['url']}/metrics", headers=headers, timeout=5).text)
-        row["metrics"] = {name: value for name, value in metrics.items() if name in METRICS}
+        row["metrics"] = {name: value for name, value in metrics.items() if name in load_series(s.engine)}
         request = serving.REQUESTS["chat"]
         answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers)[0]
         problems = [f"{probe['what']}: {why}" for probe, why in
@@ -108,9 +116,14 @@ def engine_on_host(host, s: Settings) -> dict:
 
     probe = host.get_fact(ServiceProbe, port=s.api_port, served_name=s.served_model_name, kind="chat",
                           container=s.container_name)
-    text = host.get_fact(EngineMetrics, port=paths.engine_port(s.api_port), names=METRICS)
+    names = load_series(s.engine)
+    text = host.get_fact(EngineMetrics, port=paths.engine_port(s.api_port), names=names,
+                         **({"keyed": True} if s.engine in METRICS_NEED_KEY else {}))
     metrics = read_metrics(text or "")
-    return {**probe, "metrics": {name: value for name, value in metrics.items() if name in METRICS}}
+    return {**probe, "metrics": {name: value for name, value in metrics.items() if name in names}}
+
+
+METRICS_NEED_KEY = ("llamacpp",)  # llama-server's key guards /metrics too (vLLM's and SGLang's leave it open)
 
 
 def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False) -> dict:
@@ -275,9 +288,9 @@ def services_cell(services: dict) -> str:
         for name, svc in services.items()) or "-"
 
 
-WIDE_COLUMNS = ("host", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog", "served",
-                "services", "run", "wait", "KV", "detail")
-NARROW_COLUMNS = ("host", "release", "health", "served", "detail")
+WIDE_COLUMNS = ("host", "engine", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog",
+                "served", "services", "run", "wait", "KV", "detail")
+NARROW_COLUMNS = ("host", "engine", "release", "health", "served", "detail")
 
 
 def health_cell(row: dict) -> str:
@@ -313,18 +326,21 @@ def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tu
     cells = []
     for row in rows:
         f, m = row["ssh"] or {}, row["metrics"] or {}
+        engine = row.get("engine") or engines.DEFAULT_ENGINE
+        series = engines.metrics(engine)
         release = literal(f.get("release_id") or "-")
         served = literal(", ".join(map(str, row["served"] or [])) or "-")
         if not wide:
             detail = "; ".join(([row["error"]] if row["error"] else []) + hidden_problems(row))
-            cells.append((literal(host_cell(row)), release, health_cell(row), served, literal(detail)))
+            cells.append((literal(host_cell(row)), engine, release, health_cell(row), served, literal(detail)))
             continue
         unit = "-" if row["ssh"] is None else "active" if f.get("unit_active") else "[red]inactive[/]"
         cells.append((
-            literal(host_cell(row)), *(literal(f.get(key) or "-") for key in ("driver", "cuda", "toolkit")), release,
+            literal(host_cell(row)), engine, *(literal(f.get(key) or "-") for key in ("driver", "cuda", "toolkit")),
+            release,
             {True: "verified", False: "[red]NOT verified[/]"}.get(f.get("model_verified"), "-"), unit,
             health_cell(row), watchdog_cell(f.get("watchdog")), served, services_cell(f.get("services") or {}),
-            metric_cell(m, "vllm:num_requests_running", "g"), metric_cell(m, "vllm:num_requests_waiting", "g"),
-            metric_cell(m, "vllm:kv_cache_usage_perc", ".0%"), literal(row["error"] or ""),
+            metric_cell(m, series.running, "g"), metric_cell(m, series.waiting, "g"),
+            metric_cell(m, series.kv_usage, ".0%") if series.kv_usage else "n/a", literal(row["error"] or ""),
         ))
     return (WIDE_COLUMNS if wide else NARROW_COLUMNS), cells

@@ -10,6 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.shared import host_module
 from sparkfleet.host.operations import health_gate
 from sparkfleet.host.state import unit_state
 
@@ -71,18 +72,28 @@ class ServingProbe(FactBase[dict]):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
 
 
+# curl's config on stdin carries the key from engine.env (never a command line): its header line, quoted as a
+# curl config string (\ and " escaped); no key line, no header.
+_KEY_HEADER = shlex.quote(r's/^(' + "|".join(host_module.API_KEY_VARS) + r')=//; T; s/[\\"]/\\&/g; '
+                          r's/.*/header = "Authorization: Bearer &"/p')
+
+
 class EngineMetrics(FactBase[str]):
-    """The engine's /metrics lines of the series `names`, read on the host: `status` of an engine on loopback
-    (no key: vLLM's key guards /v1 only). Empty when nothing answered."""
+    """The engine's /metrics lines of the series `names`, read on the host: `status` of an engine on loopback.
+    vLLM's and SGLang's keys leave /metrics open; llama-server's guards it too (`keyed`: the key goes from
+    engine.env to curl on its stdin). Empty when nothing answered."""
 
     @staticmethod
     def default() -> str:
         return ""
 
-    def command(self, port: int, names: tuple[str, ...]):
+    def command(self, port: int, names: tuple[str, ...], keyed: bool = False):
         wanted = shlex.quote("^(" + "|".join(names) + ")[{ ]")
-        return (f"curl -fsS --max-time 5 http://{paths.ENGINE_HOST}:{int(port)}/metrics 2>/dev/null"
-                f" | grep -E {wanted} || true")
+        url = f"http://{paths.ENGINE_HOST}:{int(port)}/metrics"
+        if keyed:
+            return (f"sed -nE {_KEY_HEADER} {paths.ENGINE_ENV} 2>/dev/null | curl -fsS --max-time 5 -K - {url}"
+                    f" 2>/dev/null | grep -E {wanted} || true")
+        return f"curl -fsS --max-time 5 {url} 2>/dev/null | grep -E {wanted} || true"
 
     def process(self, output):
         return "\n".join(output)

@@ -15,13 +15,16 @@ from pathlib import Path
 import requests
 import yaml
 
+from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from tests.conftest import free_port
 from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLES = ROOT / "templates" / "consoles"
-HOSTS = ("spark-1", "spark-2", "spark-3")
+HOSTS = ("spark-1", "spark-2", "spark-3", "spark-4")
+LLAMA = "spark-4"
+ENGINES = {"spark-1": "sglang", LLAMA: "llamacpp"}  # the others run vLLM
 DRAINED = "spark-2"
 FAILED = "spark-3"  # its engine answers its scrape but not the watchdog's chat probe, nvidia-smi does not answer,
 # and the watchdog gave up on it
@@ -32,12 +35,16 @@ USERS = {"alice": 40, "bob": 12}  # requests per minute each makes in the sample
 
 
 def _engine(host: str, t: float) -> str:
+    """Each engine's own series (contract/engines.py): spark-1 runs SGLang, LLAMA llama.cpp (no KV gauge, no
+    model label), the others vLLM."""
     kv = {DRAINED: 0.05, FAILED: 0.97}.get(host, 0.42)
-    lbl = f'engine="0",model_name="{MODEL}"'
-    return (f"vllm:num_requests_running{{{lbl}}} {3 if host != DRAINED else 0}\n"
-            f"vllm:num_requests_waiting{{{lbl}}} 0\n"
-            f"vllm:kv_cache_usage_perc{{{lbl}}} {kv}\n"
-            f"vllm:generation_tokens_total{{{lbl}}} {1000 + 55 * t:.0f}\n")
+    engine = ENGINES.get(host, "vllm")
+    names = engines.metrics(engine)
+    lbl = "" if engine == "llamacpp" else f'{{engine="0",model_name="{MODEL}"}}'
+    return (f"{names.running}{lbl} {3 if host != DRAINED else 0}\n"
+            f"{names.waiting}{lbl} {2 if engine == 'llamacpp' else 0}\n"
+            + (f"{names.kv_usage}{lbl} {kv}\n" if names.kv_usage else "")
+            + f"{names.generation_tokens}{lbl} {1000 + 55 * t:.0f}\n")
 
 
 def _node(host: str, hostile: bool) -> str:

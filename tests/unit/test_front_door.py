@@ -37,7 +37,9 @@ def test_backends_are_the_hosts_serving_the_same_model():
     assert door.backends == (fd.Backend("spark-a", "10.0.0.1", 8000), fd.Backend("spark-b", "10.0.0.2", 8001))
     config = door.config()
     assert "    server spark-a 10.0.0.1:8000\n    server spark-b 10.0.0.2:8001\n" in config
-    assert "spark-c" not in config
+    # spark-c serves another model: not an engine of this one, but its own route (test_front_door_models.py)
+    assert "spark-c" not in config.split("backend engines\n")[1].split("\nbackend ")[0]
+    assert [r.served_name for r in door.chat_routes] == ["other"]
     assert "bind :8080\n" in config
     assert '"model":"Qwen3.5-35B-A3B"' in config  # the health check asks the served model for one token
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from tests.conftest import free_port
 from tests.unit.helpers import wait_for
@@ -83,7 +84,8 @@ def test_the_name_finder_sees_metrics_not_functions_labels_or_keywords():
 
 
 def test_it_names_only_metrics_the_fleet_exports():
-    known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, "up", "ALERTS"} | standin_vllm_names()
+    others = {name for e in engines.ENGINES if e != "vllm" for name in vars(engines.metrics(e)).values() if name}
+    known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, "up", "ALERTS"} | standin_vllm_names() | others
     ours = {n for n in all_names() if not n.startswith(("node_", "haproxy_"))}
     assert ours and ours - known == set()
     assert {"vllm:kv_cache_usage_perc", "sparkfleet_gpu_sm_clock_mhz", "sparkfleet_user_requests_total"} <= ours

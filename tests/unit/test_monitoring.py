@@ -148,6 +148,20 @@ CASES = [
         'vllm:num_requests_waiting{job="engine",host="spark-2"}': "20x12",
         'vllm:num_requests_waiting{job="engine",host="spark-1"}': "2x12"},
         _alert("RequestsPilingUp", "spark-2: more than 8 requests waiting", job="engine", host="spark-2")),
+    # the other engines' series: SGLang's KV gauge and queue, llama.cpp's deferred requests (it has no KV gauge)
+    _case("KvCacheFull", "1m", "10m", {
+        'sglang:token_usage{job="engine",host="spark-2",model_name="m"}': "0.95x12",
+        'sglang:token_usage{job="engine",host="spark-1",model_name="m"}': "0.5x12",
+        'vllm:kv_cache_usage_perc{job="engine",host="spark-3"}': "0.5x12"},
+        _alert("KvCacheFull", "spark-2: KV cache usage above 90%", job="engine", host="spark-2", model_name="m")),
+    _case("RequestsPilingUp", "1m", "10m", {
+        'sglang:num_queue_reqs{job="engine",host="spark-2",model_name="m"}': "20x12",
+        'llamacpp:requests_deferred{job="engine",host="spark-3"}': "30x12",
+        'llamacpp:requests_deferred{job="engine",host="spark-4"}': "1x12",
+        'vllm:num_requests_waiting{job="engine",host="spark-1"}': "2x12"},
+        _alert("RequestsPilingUp", "spark-2: more than 8 requests waiting", job="engine", host="spark-2",
+               model_name="m"),
+        _alert("RequestsPilingUp", "spark-3: more than 8 requests waiting", job="engine", host="spark-3")),
     _case("MemoryRunningOut", "1m", "40m", {
         'node_memory_MemAvailable_bytes{job="node",host="spark-2"}': "100000000000-2000000000x45",
         'node_memory_MemAvailable_bytes{job="node",host="spark-1"}': "100000000000+0x60"},

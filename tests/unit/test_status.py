@@ -213,12 +213,27 @@ def unreachable_row() -> dict:
 
 def test_an_unreachable_host_shows_dashes_and_why_in_both_tables():
     _, [wide] = status.status_table([unreachable_row()], wide=True)
-    host, *cells, detail = wide
-    health = cells[status.WIDE_COLUMNS.index("health") - 1]
-    assert (host, health, detail) == ("spark-2", "[red]unreachable[/]", "unreachable over SSH")
-    assert [c for c in cells if c != health] == ["-"] * (len(status.WIDE_COLUMNS) - 3), wide
+    host, engine, *cells, detail = wide
+    health = cells[status.WIDE_COLUMNS.index("health") - 2]
+    assert (host, engine, health, detail) == ("spark-2", "vllm", "[red]unreachable[/]", "unreachable over SSH")
+    assert [c for c in cells if c != health] == ["-"] * (len(status.WIDE_COLUMNS) - 4), wide
     _, [narrow] = status.status_table([unreachable_row()], wide=False)
-    assert narrow == ("spark-2", "-", "[red]unreachable[/]", "-", "unreachable over SSH")
+    assert narrow == ("spark-2", "vllm", "-", "[red]unreachable[/]", "-", "unreachable over SSH")
+
+
+@pytest.mark.parametrize("engine, series, kv", [
+    ("sglang", {"sglang:num_running_reqs": 3.0, "sglang:num_queue_reqs": 1.0, "sglang:token_usage": 0.5}, "50%"),
+    ("llamacpp", {"llamacpp:requests_processing": 3.0, "llamacpp:requests_deferred": 1.0}, "n/a"),
+])
+def test_each_engine_shows_its_name_and_its_own_load_series(engine, series, kv):
+    s = parse_settings("spark-1", host_data(engine=engine))
+    assert status.load_series(engine) == tuple(series)
+    row = status.host_row("spark-1", s, host_data(), facts({**SERVING, "metrics": series}))
+    assert row["engine"] == engine
+    _, [cells] = status.status_table([row], wide=True)
+    assert cells[1] == engine and cells[-4:-1] == ("3", "1", kv)
+    _, [narrow] = status.status_table([row], wide=False)
+    assert narrow[1] == engine
 
 
 def test_a_reached_host_shows_its_load():

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 import pytest
 import requests
 
+from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from tests.unit import status_page_fleet as fleet
 
@@ -65,6 +66,13 @@ def test_each_host_has_its_row_and_the_drained_one_says_so(page):
     assert "2418 / 2418 MHz" in serving and "96 W" in serving and "67 °C" in serving
     assert "none (gpu_idle)" in serving  # an idle GPU's lower clock is no throttle
     assert "850 / 2418 MHz" in drained and "sw_power_cap" in drained and "none" not in drained
+    assert "SGLang" in serving and "vLLM" in drained  # spark-1's series are SGLang's
+
+
+def test_a_llamacpp_host_shows_its_load_without_a_kv_gauge(page):
+    llama = rows(page.text)[fleet.LLAMA]
+    assert "llama.cpp" in llama and "3 running" in llama and "2 waiting" in llama and "tokens/s" in llama
+    assert "%" not in llama.split("running")[1].split("tokens/s")[0]  # no KV cache figure: it exports none
 
 
 def test_a_failed_host_says_what_failed(page):
@@ -102,10 +110,11 @@ def test_the_page_asks_only_for_names_the_fleet_exports():
     """Every metric the page queries is the contract's, vLLM's (as the stand-in exports them) or promex's; every
     job is a contract job."""
     text = (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()
-    names = set(re.findall(r"\b((?:sparkfleet_|vllm:|haproxy_)[a-z_:]+)", text))
+    names = set(re.findall(r"\b((?:sparkfleet_|vllm:|sglang:|llamacpp:|haproxy_)[a-z_:]+)", text))
     known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, m.SERVER_STATUS_METRIC,
-             "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-             "vllm:generation_tokens_total"}
+             *(name for e in engines.ENGINES for name in (engines.metrics(e).running, engines.metrics(e).waiting,
+                                                          engines.metrics(e).kv_usage,
+                                                          engines.metrics(e).generation_tokens) if name)}
     assert names and names <= known, names - known
     jobs = set(re.findall(r'job=~?"([^"]+)"', text))
     assert {j for alt in jobs for j in alt.split("|")} <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR,
