@@ -16,6 +16,8 @@ from pathlib import Path
 
 GGUF_REPO_ID = "sparkfleet-sim/Tiny-Llama-GGUF"
 GGUF_STEM = "tiny-llama-F32"  # the files: tiny-llama-F32-0000N-of-00002.gguf
+_SPLITS = 2
+GGUF_FILES = [f"{GGUF_STEM}-{i:05d}-of-{_SPLITS:05d}.gguf" for i in range(1, _SPLITS + 1)]  # llama.cpp loads [0]
 CONTEXT = 4096
 _EMBD, _HEADS, _FF, _LAYERS = 64, 4, 128, 2
 _CHAT_TEMPLATE = (
@@ -81,7 +83,7 @@ def generate_gguf_repo(dest: Path, *, seed: int = 0) -> Path:
     tensors |= {"output_norm.weight": np.ones(_EMBD, np.float32), "output.weight": output}
 
     with tempfile.TemporaryDirectory(dir=dest) as work:
-        w = GGUFWriter(Path(work) / f"{GGUF_STEM}.gguf", "llama", split_max_tensors=(len(tensors) + 1) // 2)
+        w = GGUFWriter(Path(work) / f"{GGUF_STEM}.gguf", "llama", split_max_tensors=-(-len(tensors) // _SPLITS))
         w.add_name("Tiny Llama (sparkfleet sim)")
         w.add_context_length(CONTEXT)
         w.add_embedding_length(_EMBD)

@@ -129,7 +129,7 @@ def _commit_id(repo_id: str, files: dict[str, RepoFile]) -> str:
 
 def _repo_file(rel: str, abspath: Path) -> RepoFile:
     size, sha256, sha1 = _hash_file(abspath)
-    return RepoFile(rel, abspath, size, sha256, sha1, rel.endswith(".safetensors") or size >= LFS_THRESHOLD)
+    return RepoFile(rel, abspath, size, sha256, sha1, rel.endswith((".safetensors", ".gguf")) or size >= LFS_THRESHOLD)
 
 
 PUBLISHED_FILE = "README.md"  # what a published commit changes: no weight, nothing a release's memory plan reads
