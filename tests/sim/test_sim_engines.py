@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import runpy
 import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -174,3 +176,40 @@ def test_sglang_hang_knob_wedges_health_generate(sglang):
         knobs.write_text("{}")
     time.sleep(0.6)
     assert requests.get(base + "/health_generate", timeout=5).status_code == 200
+
+
+# ----------------------------------------------------------------------------- inventory/sim_engines.py
+
+
+def test_the_engines_inventory_serves_three_engines_under_three_names_behind_door_1(tmp_path, monkeypatch):
+    from sparkfleet.contract.settings import parse_settings
+    from tests.unit.helpers import DEFAULTS, ROOT
+
+    state = {"hosts": [{"name": f"spark-{n}", "ssh_port": 2200 + n, "api_port": 8000 + n,
+                        "container": f"sparkfleet-spark-{n}", "fabric_address": None} for n in (1, 2, 3)],
+             "service_hosts": [{"name": "door-1", "ssh_port": 2299, "container": "sparkfleet-door-1"}],
+             "ssh_user": "root", "ssh_key": "/k", "image": images.ENGINE_IMAGE,
+             "engine_images": {"vllm": images.ENGINE_IMAGE, "sglang": images.SGLANG_IMAGE,
+                               "llamacpp": images.LLAMACPP_IMAGE},
+             "registry": {"controller": "127.0.0.1:5000"},
+             "hub": {"host_url": "http://hub", "controller_url": "http://127.0.0.1:1", "repo": "Qwen/Q",
+                     "gguf_repo": GGUF_REPO_ID, "gguf_files": GGUF_FILES},
+             "apt": {"repo_url": "http://apt/deb", "key_url": "http://apt/key", "key_fingerprint": "F" * 40}}
+    (tmp_path / ".sim" / "fleets" / "t").mkdir(parents=True)
+    (tmp_path / ".sim" / "fleets" / "t" / "state.json").write_text(json.dumps(state))
+    (tmp_path / "inventory").mkdir()
+    for name in ("sim.py", "sim_front_door.py", "sim_engines.py"):
+        (tmp_path / "inventory" / name).write_text((ROOT / "inventory" / name).read_text())
+    monkeypatch.setenv("SPARKFLEET_SIM_FLEET", "t")
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: SimpleNamespace(stdout="127.0.0.1:40080\n")
+                        if cmd[:2] == ["docker", "port"] else real_run(cmd, **kw))
+    groups = runpy.run_path(str(tmp_path / "inventory" / "sim_engines.py"))
+    assert [n for n, _ in groups["front_door"]] == ["door-1"] and groups["monitoring"] == ["door-1"]
+    parsed = {name: parse_settings(name, {**DEFAULTS, **data}) for name, data in groups["sparks"]}
+    assert {n: (s.engine, s.engine_image) for n, s in parsed.items()} == {
+        "spark-1": ("vllm", images.ENGINE_IMAGE), "spark-2": ("sglang", images.SGLANG_IMAGE),
+        "spark-3": ("llamacpp", images.LLAMACPP_IMAGE)}
+    assert len({s.served_model_name for s in parsed.values()}) == 3
+    assert parsed["spark-3"].model_repo == GGUF_REPO_ID and parsed["spark-3"].model_files == GGUF_FILES
+    assert parsed["spark-3"].llamacpp_version == images.LLAMACPP_BUILD
