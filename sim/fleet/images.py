@@ -207,9 +207,9 @@ def ensure_services(root_hash: str) -> str:
 def _gguf_version() -> str:
     """The gguf package's version (its writer makes the hub's GGUF bytes); one line naming the fix if missing."""
     try:
-        from importlib.metadata import version
-        import gguf  # noqa: F401  (import errors of its own dependencies show here, not at build time)
-        return version("gguf")
+        import importlib
+        importlib.import_module("gguf")  # its own dependencies' import errors show here, not mid-build
+        return importlib.metadata.version("gguf")
     except ImportError as e:
         raise SimError(f"the sim hub's GGUF model needs the gguf package ({e}): "
                        f".venv/bin/pip install -r requirements.txt") from None
@@ -282,11 +282,12 @@ def ensure_sglang(engine_hash: str) -> str:
 
 def ensure_llamacpp() -> str:
     """The real llama-server from Debian sid, its build checked against LLAMACPP_BUILD (the tag says it)."""
-    key = rootfs.rootfs_key(rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE)
+    key = rootfs.rootfs_key(rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE, drop=rootfs.LLAMACPP_DROP)
     h = sha256_bytes("llamacpp-v1", key, json.dumps(LLAMACPP_ENTRYPOINT))
     if image_hash(LLAMACPP_IMAGE) != h:
         t0 = time.monotonic()
-        tar = rootfs.rootfs_tarball("llamacpp", rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE)
+        tar = rootfs.rootfs_tarball("llamacpp", rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE,
+                                    drop=rootfs.LLAMACPP_DROP)
         _import(LLAMACPP_IMAGE, [tar], h, changes=[f"ENTRYPOINT {json.dumps(LLAMACPP_ENTRYPOINT)}", "CMD []",
                                                    "EXPOSE 8080"])
         out = docker("run", "--rm", LLAMACPP_IMAGE, "--version", check=False)
