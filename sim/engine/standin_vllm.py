@@ -1367,7 +1367,7 @@ def sglang_config_args(argv: list[str]) -> list[str]:
 
 def sglang_values(argv: list[str], table: dict) -> tuple[str, dict]:
     """Parse like `python3 -m sglang.launch_server` and say it in the vLLM stand-in's dests (one engine)."""
-    model, v = parse_serve_args(sglang_config_args(argv), table)
+    model, v = parse_serve_args(sglang_config_args(argv) if "--config" in table["flags"] else argv, table)
     if model is not None:
         raise UsageError(f"unrecognized arguments: {model}", prog="launch_server.py")
     if not v.get("model_path"):
