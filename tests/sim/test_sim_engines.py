@@ -23,8 +23,6 @@ from sim.hub.server import make_server, server_url
 from tests.conftest import free_port
 from tests.unit.helpers import KEY, make_model, wait_for
 
-gguf = pytest.importorskip("gguf")
-
 STANDIN = Path(__file__).resolve().parents[2] / "sim" / "engine" / "standin_vllm.py"
 # The flags sparkfleet gives SGLang, as its table spells them (the real table: sparkfleet/release/engines/).
 SGLANG_TABLE = {"version": "0.5.23", "flags": {
@@ -39,7 +37,12 @@ SGLANG_TABLE = {"version": "0.5.23", "flags": {
 
 
 @pytest.fixture(scope="module")
-def gguf_hub(tmp_path_factory):
+def gguf():
+    return pytest.importorskip("gguf")  # requirements.txt pins it; only the GGUF tests need it
+
+
+@pytest.fixture(scope="module")
+def gguf_hub(gguf, tmp_path_factory):
     data = tmp_path_factory.mktemp("hubdata")
     generate_gguf_repo(data / GGUF_REPO_ID)
     server = make_server(data, "127.0.0.1", 0, log=False)
@@ -50,14 +53,14 @@ def gguf_hub(tmp_path_factory):
     server.server_close()
 
 
-def test_the_gguf_repo_is_a_deterministic_split_set(tmp_path):
+def test_the_gguf_repo_is_a_deterministic_split_set(gguf, tmp_path):
     a, b = generate_gguf_repo(tmp_path / "a"), generate_gguf_repo(tmp_path / "b")
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted([*GGUF_FILES, "README.md"]) and len(GGUF_FILES) == 2
     assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
-def test_the_hub_serves_a_gguf_the_reader_parses_with_its_listed_sha256(gguf_hub, tmp_path):
+def test_the_hub_serves_a_gguf_the_reader_parses_with_its_listed_sha256(gguf, gguf_hub, tmp_path):
     info = requests.get(f"{gguf_hub}/api/models/{GGUF_REPO_ID}", params={"blobs": "true"}, timeout=10).json()
     assert info["library_name"] == "gguf"
     listed = {s["rfilename"]: s for s in info["siblings"]}
@@ -79,7 +82,7 @@ def test_the_hub_serves_a_gguf_the_reader_parses_with_its_listed_sha256(gguf_hub
 
 @pytest.mark.skipif(not shutil.which("docker") or images.image_hash(images.LLAMACPP_IMAGE) is None,
                     reason="the llama.cpp image is not built (python -m sim build)")
-def test_the_real_llama_server_loads_the_split_gguf_and_generates(tmp_path):
+def test_the_real_llama_server_loads_the_split_gguf_and_generates(gguf, tmp_path):
     repo = generate_gguf_repo(tmp_path / "repo")
     port = free_port()
     name = f"sparkfleet-test-llama-{port}"
