@@ -1375,11 +1375,15 @@ def sglang_values(argv: list[str], table: dict) -> tuple[str, dict]:
     tp = v.get("tp_size") or 1
     if tp != 1:
         raise StartupError("ValueError", f"tp_size {tp}: the stand-in SGLang serves on one GPU (--tp 1)")
-    name = v.get("served_model_name")
+    name, ctx = v.get("served_model_name"), v.get("context_length")
+    try:  # SGLang's table gives --context-length no type (a str until ServerArgs reads it)
+        ctx = None if ctx is None else int(ctx)
+    except ValueError:
+        raise UsageError(f"argument --context-length: invalid int value: {ctx!r}", prog="launch_server.py")
     return v["model_path"], {
         "served_model_name": [name] if name else None, "api_key": v.get("api_key"),
         "host": v.get("host") or "127.0.0.1", "port": v.get("port", 30000),
-        "max_model_len": v.get("context_length"), "max_num_seqs": v.get("max_running_requests"),
+        "max_model_len": ctx, "max_num_seqs": v.get("max_running_requests"),
         "gpu_memory_utilization": v.get("mem_fraction_static") or 0.88,
         "tool_call_parser": v.get("tool_call_parser"), "enable_auto_tool_choice": bool(v.get("tool_call_parser")),
         "reasoning_parser": v.get("reasoning_parser"), "enable_prefix_caching": not v.get("disable_radix_cache"),

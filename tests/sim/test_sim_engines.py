@@ -216,3 +216,21 @@ def test_the_engines_inventory_serves_three_engines_under_three_names_behind_doo
     assert len({s.served_model_name for s in parsed.values()}) == 3
     assert parsed["spark-3"].model_repo == GGUF_REPO_ID and parsed["spark-3"].model_files == GGUF_FILES
     assert parsed["spark-3"].llamacpp_version == images.LLAMACPP_BUILD
+
+
+@pytest.mark.skipif(not images.SGLANG_FLAGS.exists(), reason="SGLang's flag table is not in this checkout")
+def test_sglang_takes_the_command_sparkfleet_gives_it_with_the_real_table(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(STANDIN), "--mode", "sglang", "--flags-file", str(images.SGLANG_FLAGS),
+                             "--model-path", str(make_model(tmp_path / "model")), "--served-model-name", "q",
+                             "--host", "127.0.0.1", "--port", str(port), "--context-length", "8192",
+                             "--mem-fraction-static", "0.3", "--enable-metrics", "--tool-call-parser", "qwen3_coder",
+                             "--reasoning-parser", "qwen3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={"SIM_LOAD_DELAY_S": "0", "SIM_KNOB_FILE": str(tmp_path / "knobs.json")})
+    try:
+        wait_for(lambda: requests.get(f"http://127.0.0.1:{port}/health_generate", timeout=1).status_code == 200)
+        assert "sglang:token_usage" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        proc.terminate()
+        proc.wait(10)
