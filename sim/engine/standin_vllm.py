@@ -9,6 +9,14 @@ the OpenAI-compatible endpoints vLLM serves, generating deterministic tokens
 at a set rate.
 
     python3 standin_vllm.py [--flags-file PATH] MODEL_DIR [vllm serve flags...]
+    python3 standin_vllm.py --mode sglang [--flags-file PATH] --model-path DIR [sglang.launch_server flags...]
+
+With `--mode sglang` it stands in for SGLang 0.5.23's `python3 -m sglang.launch_server` (the image's
+sglang/launch_server.py runs it so): SGLang's flags (its table), `--config FILE` (SGLang's YAML of
+`key: value` lines, merged under the command line's flags: how the API key reaches it off the command line),
+port 30000 by default, /health, /health_generate (one token), /get_model_info, the OpenAI routes, /metrics
+with sglang: names only with --enable-metrics; the key guards every route but /health* and /metrics, as
+SGLang's middleware does. Same engine, same faults.
 
 Environment:
     SIM_LOAD_DELAY_S          seconds "loading" before the port is bound (2)
@@ -154,7 +162,7 @@ def die_startup(exc: StartupError) -> None:
 class UsageError(Exception):
     """An argparse-style error: printed with usage, exit 2."""
 
-    def __init__(self, message: str, prog: str = "vllm serve"):
+    def __init__(self, message: str, prog: str = "vllm serve"):  # "launch_server.py": SGLang's
         super().__init__(message)
         self.prog = prog
 
@@ -342,6 +350,8 @@ def usage_exit(err: UsageError) -> None:
     if err.prog == "vllm":
         print("usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...",
               file=sys.stderr)
+    elif err.prog == "launch_server.py":
+        print("usage: launch_server.py [-h] --model-path MODEL_PATH [options]", file=sys.stderr)
     else:
         print("usage: vllm serve [model_tag] [options]", file=sys.stderr)
     print(f"{err.prog}: error: {err}", file=sys.stderr, flush=True)
@@ -447,6 +457,26 @@ class Histogram:
                 self.counts[n] += 1
 
 
+class Exposition:
+    """Prometheus text lines, every series with the same labels."""
+
+    def __init__(self, lbl: str):
+        self.lbl = lbl
+        self.out: list[str] = []
+
+    def metric(self, mname, mtype, help_, value, extra=""):
+        self.out += [f"# HELP {mname} {help_}", f"# TYPE {mname} {mtype}", f"{mname}{{{self.lbl}{extra}}} {value}"]
+
+    def hist(self, mname, help_, h: Histogram):
+        lbl = self.lbl
+        self.out += [f"# HELP {mname} {help_}", f"# TYPE {mname} histogram"]
+        for b, c in zip(h.buckets, h.counts):
+            self.out.append(f'{mname}_bucket{{{lbl},le="{float(b)}"}} {float(c)}')
+        self.out.append(f'{mname}_bucket{{{lbl},le="+Inf"}} {float(h.count)}')
+        self.out.append(f"{mname}_count{{{lbl}}} {float(h.count)}")
+        self.out.append(f"{mname}_sum{{{lbl}}} {h.sum}")
+
+
 class Engine:
     def __init__(self, cfg: dict):
         self.cfg = cfg
@@ -522,23 +552,12 @@ class Engine:
         return accepted
 
     def metrics_text(self) -> str:
+        if self.cfg.get("mode") == "sglang":
+            return self.sglang_metrics_text()
         name = self.cfg["served_model_names"][0].replace("\\", "\\\\").replace('"', '\\"')
         lbl = f'engine="0",model_name="{name}"'
-        out: list[str] = []
-
-        def metric(mname, mtype, help_, value, extra=""):
-            out.append(f"# HELP {mname} {help_}")
-            out.append(f"# TYPE {mname} {mtype}")
-            out.append(f"{mname}{{{lbl}{extra}}} {value}")
-
-        def hist(mname, help_, h: Histogram):
-            out.append(f"# HELP {mname} {help_}")
-            out.append(f"# TYPE {mname} histogram")
-            for b, c in zip(h.buckets, h.counts):
-                out.append(f'{mname}_bucket{{{lbl},le="{float(b)}"}} {float(c)}')
-            out.append(f'{mname}_bucket{{{lbl},le="+Inf"}} {float(h.count)}')
-            out.append(f"{mname}_count{{{lbl}}} {float(h.count)}")
-            out.append(f"{mname}_sum{{{lbl}}} {h.sum}")
+        text = Exposition(lbl)
+        out, metric, hist = text.out, text.metric, text.hist
 
         usage = self.kv_usage()
         with self.lock:
@@ -582,6 +601,34 @@ class Engine:
             hist("vllm:e2e_request_latency_seconds",
                  "Histogram of e2e request latency in seconds.", self.e2e)
         return "\n".join(out) + "\n"
+
+    def sglang_metrics_text(self) -> str:
+        """SGLang's names (sglang/srt/metrics/collector.py: scheduler gauges, tokenizer counters and histograms)."""
+        name = self.cfg["served_model_names"][0].replace("\\", "\\\\").replace('"', '\\"')
+        text = Exposition(f'model_name="{name}"')
+        usage = self.kv_usage()
+        with self.lock:
+            text.metric("sglang:num_running_reqs", "gauge", "The number of running requests.", float(self.running))
+            text.metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+                        float(self.waiting))
+            text.metric("sglang:num_used_tokens", "gauge", "The number of used tokens.",
+                        float(sum(self.live_tokens.values())))
+            text.metric("sglang:token_usage", "gauge", "The token usage.", usage)
+            text.metric("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+                        self.running * self.cfg["tokens_per_s"])
+            text.metric("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
+                        self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0)
+            text.metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                        float(self.prompt_tokens))
+            text.metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                        float(self.generation_tokens))
+            text.metric("sglang:num_requests_total", "counter", "Number of requests processed.",
+                        float(sum(self.success.values())))
+            text.hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft)
+            text.hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl)
+            text.hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                      self.e2e)
+        return "\n".join(text.out) + "\n"
 
 
 # --------------------------------------------------------------------------
@@ -949,7 +996,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorised(self) -> bool:
         keys = self.engine.cfg["api_keys"]
-        if not keys or not self.path.startswith("/v1"):
+        if self.engine.cfg.get("mode") == "sglang":  # SGLang's middleware: every route but /health* and /metrics
+            open_ = self.path.startswith("/health") or self.path.startswith("/metrics")
+        else:
+            open_ = not self.path.startswith("/v1")
+        if not keys or open_:
             return True
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and token in keys
@@ -972,13 +1023,25 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             status = 503 if os.environ.get("SIM_FAIL_HEALTH") == "1" or self.engine.dead else 200
             return self._send(status, b"", "application/json")
-        if path == "/metrics":
+        sglang = cfg.get("mode") == "sglang"
+        if sglang and path == "/health_generate":  # SGLang generates one token: a wedged decode hangs here
+            wait_while_faulty(FAULTS)
+            if os.environ.get("SIM_FAIL_HEALTH") == "1" or self.engine.dead:
+                return self._send(503, b"", "application/json")
+            with self.engine.lock:
+                self.engine.prompt_tokens += 1
+                self.engine.generation_tokens += 1
+            return self._send(200, b"", "application/json")
+        if sglang and path == "/get_model_info":
+            return self._send(200, {"model_path": cfg["model"], "tokenizer_path": cfg["model"],
+                                    "is_generation": True})
+        if path == "/metrics" and (cfg.get("enable_metrics") or not sglang):
             return self._send(200, self.engine.metrics_text(),
                               "text/plain; version=0.0.4; charset=utf-8")
         if path == "/version":
             return self._send(200, {"version": VERSION})
         if path == "/v1/models":
-            data = [{"id": n, "object": "model", "created": cfg["started"], "owned_by": "vllm",
+            data = [{"id": n, "object": "model", "created": cfg["started"], "owned_by": cfg.get("mode", "vllm"),
                      "root": cfg["model"], "parent": None,
                      "max_model_len": cfg["max_model_len"],
                      "permission": [{"id": "modelperm-" + uuid.uuid4().hex, "object":
@@ -1269,6 +1332,65 @@ def join_ray(size: int, start: dict):
     return cluster
 
 
+def sglang_config_args(argv: list[str]) -> list[str]:
+    """SGLang's --config FILE (YAML of `key: value` lines) as flags placed before the command line's, which win;
+    lists and nested YAML are beyond the stand-in (refused)."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
+            i += 1 if "=" in arg else 2
+            if path is None:
+                raise UsageError("argument --config: expected one argument", prog="launch_server.py")
+            try:
+                lines = Path(path).read_text().splitlines()
+            except OSError as e:
+                raise StartupError("FileNotFoundError", f"Config file not found: {path} ({e.strerror})")
+            config = []
+            for line in lines:
+                line = line.split(" #", 1)[0].rstrip()
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                key, sep, value = line.partition(":")
+                if not sep or line[:1].isspace() or value.strip() in ("", "|", ">"):
+                    raise StartupError("ValueError", f"{path}: the stand-in reads flat `key: value` YAML only")
+                value = value.strip().strip("'\"")
+                flag = "--" + key.strip().replace("_", "-")
+                config += [flag] if value.lower() == "true" else [] if value.lower() == "false" else [flag, value]
+            out = config + out
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def sglang_values(argv: list[str], table: dict) -> tuple[str, dict]:
+    """Parse like `python3 -m sglang.launch_server` and say it in the vLLM stand-in's dests (one engine)."""
+    model, v = parse_serve_args(sglang_config_args(argv) if "--config" in table["flags"] else argv, table)
+    if model is not None:
+        raise UsageError(f"unrecognized arguments: {model}", prog="launch_server.py")
+    if not v.get("model_path"):
+        raise UsageError("the following arguments are required: --model-path/--model", prog="launch_server.py")
+    tp = v.get("tp_size") or 1
+    if tp != 1:
+        raise StartupError("ValueError", f"tp_size {tp}: the stand-in SGLang serves on one GPU (--tp 1)")
+    name, ctx = v.get("served_model_name"), v.get("context_length")
+    try:  # SGLang's table gives --context-length no type (a str until ServerArgs reads it)
+        ctx = None if ctx is None else int(ctx)
+    except ValueError:
+        raise UsageError(f"argument --context-length: invalid int value: {ctx!r}", prog="launch_server.py")
+    return v["model_path"], {
+        "served_model_name": [name] if name else None, "api_key": v.get("api_key"),
+        "host": v.get("host") or "127.0.0.1", "port": v.get("port", 30000),
+        "max_model_len": ctx, "max_num_seqs": v.get("max_running_requests"),
+        "gpu_memory_utilization": v.get("mem_fraction_static") or 0.88,
+        "tool_call_parser": v.get("tool_call_parser"), "enable_auto_tool_choice": bool(v.get("tool_call_parser")),
+        "reasoning_parser": v.get("reasoning_parser"), "enable_prefix_caching": not v.get("disable_radix_cache"),
+        "enable_log_requests": bool(v.get("log_requests")), "enable_metrics": bool(v.get("enable_metrics")),
+    }
+
+
 def _on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
@@ -1276,6 +1398,9 @@ def _on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flags_file = None
+    mode = "vllm"
+    if argv[:2] == ["--mode", "sglang"]:
+        mode, argv = "sglang", argv[2:]
     while argv and (argv[0] == "--flags-file" or argv[0].startswith("--flags-file=")):
         if "=" in argv[0]:
             flags_file = argv.pop(0).split("=", 1)[1]
@@ -1299,14 +1424,20 @@ def main(argv: list[str] | None = None) -> int:
             print(table.get("version", VERSION))
             return 0
         try:
-            model, values = parse_serve_args(argv, table)
+            if mode == "sglang":
+                model, values = sglang_values(argv, table)
+            else:
+                model, values = parse_serve_args(argv, table)
             if values.get("model") and model is None:
                 model = values["model"]
             if model is None:
                 raise StartupError("ValueError", "model must be given as the first "
                                                  "positional argument")
             cfg = build_config(model, values, table)
+            cfg["mode"], cfg["enable_metrics"] = mode, bool(values.get("enable_metrics"))
         except UsageError as e:
+            if mode == "sglang":
+                e.prog = "launch_server.py"
             usage_exit(e)
         except StartupError as e:
             die_startup(e)
@@ -1393,6 +1524,8 @@ def main(argv: list[str] | None = None) -> int:
         print("INFO:     Started server process [%d]" % os.getpid(), flush=True)
         print("INFO:     Waiting for application startup.", flush=True)
         print("INFO:     Application startup complete.", flush=True)
+        if mode == "sglang":
+            print("The server is fired up and ready to roll!", flush=True)
         try:
             server.serve_forever(poll_interval=0.2)
         finally:

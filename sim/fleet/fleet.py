@@ -19,6 +19,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sim.hub.gguf_model import GGUF_FILES, GGUF_REPO_ID
+
 from . import apt_repo, driver, images
 from ._util import (CONFIG_LABEL, FLEET, FLEET_DIR, IMAGES_DIR, LABEL, LOCK_FILE, PREFIX, REPO_ROOT, SIM_DIR,
                     STATE_FILE, SimError, docker, free_port, log, port_is_free, read_json, run, sha256_bytes,
@@ -280,10 +282,16 @@ def _wait_services(ports: dict) -> None:
         wait_for(lambda: _http_ok(f"http://127.0.0.1:{ports['hub']}/_sim/counters"), 120, what="the sim hub")
 
 
-def _push_engine(registry_port: int) -> None:
-    """Put the stand-in vLLM image into the sim registry (skipped when already there)."""
-    image_id = docker("image", "inspect", images.ENGINE_IMAGE, "--format", "{{.Id}}").stdout.strip()
-    url = f"http://127.0.0.1:{registry_port}/v2/{images.ENGINE_REPO}/manifests/{images.ENGINE_TAG}"
+def _push_engines(registry_port: int) -> None:
+    """Put the engine images (stand-in vLLM and SGLang, real llama.cpp) into the sim registry."""
+    for repo, tag, name in images.REGISTRY_IMAGES:
+        _push_image(registry_port, repo, tag, name)
+
+
+def _push_image(registry_port: int, repo: str, tag: str, name: str) -> None:
+    """Push one image as REPO:TAG (skipped when the registry already holds it)."""
+    image_id = docker("image", "inspect", name, "--format", "{{.Id}}").stdout.strip()
+    url = f"http://127.0.0.1:{registry_port}/v2/{repo}/manifests/{tag}"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
@@ -292,14 +300,14 @@ def _push_engine(registry_port: int) -> None:
     except (OSError, ValueError):
         pass
     t0 = time.monotonic()
-    local = f"127.0.0.1:{registry_port}/{images.ENGINE_REPO}:{images.ENGINE_TAG}"
-    docker("tag", images.ENGINE_IMAGE, local)
+    local = f"127.0.0.1:{registry_port}/{repo}:{tag}"
+    docker("tag", name, local)
     try:
         docker("push", local, timeout=600)
     finally:
         docker("rmi", local, check=False)
     LOCK_FILE.unlink(missing_ok=True)  # it pinned the image this push replaced
-    log(f"pushed the stand-in vLLM image in {time.monotonic() - t0:.1f}s")
+    log(f"pushed {repo}:{tag} in {time.monotonic() - t0:.1f}s")
 
 
 # --------------------------------------------------------------------------- hosts
@@ -454,7 +462,7 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None, service_hosts: int
     _ensure_network()
     _ensure_fabric()
     ports = _ensure_services(prev.get("services", {}), hashes["services"], apt)
-    _push_engine(ports["registry"])
+    _push_engines(ports["registry"])
 
     names = [f"spark-{i}" for i in range(1, hosts + 1)]
     for extra in _host_containers():
@@ -491,13 +499,16 @@ def _make_state(host_rows: list[dict], ports: dict, apt: dict, key: Path) -> dic
         "ssh_key": str(key),
         "ssh_user": "root",
         "hub": {"controller_url": f"http://127.0.0.1:{ports['hub']}",
-                "host_url": f"http://{HUB_ALIAS}:{HUB_PORT}", "repo": HUB_REPO},
+                "host_url": f"http://{HUB_ALIAS}:{HUB_PORT}", "repo": HUB_REPO, "gguf_repo": GGUF_REPO_ID,
+                "gguf_files": GGUF_FILES},
         "apt": {"repo_url": f"http://{APT_ALIAS}:{APT_PORT}/stable/deb/{{arch}}",
                 "key_url": f"http://{APT_ALIAS}:{APT_PORT}/gpgkey",
                 "key_fingerprint": apt["fingerprint"],
                 "controller_url": f"http://127.0.0.1:{ports['apt']}"},
         "registry": {"host": f"{REGISTRY_ALIAS}:{REGISTRY_PORT}", "controller": f"127.0.0.1:{ports['registry']}"},
         "image": images.ENGINE_IMAGE,
+        "engine_images": {"vllm": images.ENGINE_IMAGE, "sglang": images.SGLANG_IMAGE,
+                          "llamacpp": images.LLAMACPP_IMAGE},
         "services": {"container": SERVICES, "network": NETWORK, **ports},
         "fabric": {"network": FABRIC_NETWORK, "subnet": str(FABRIC_SUBNET), "interface": FABRIC["interface"],
                    "mtu": FABRIC["mtu"]},

@@ -11,12 +11,18 @@ skipped when an image with that name and hash exists.
   sparkfleet-sim/services-root   docker import of a rootfs with python3 + docker-registry
   sparkfleet-sim/services        FROM services-root: hub + apt server + registry (sim/images/services)
   ENGINE_IMAGE                   one-layer import: rootfs with python3 + Ray (pip) + the stand-in vLLM
+  SGLANG_IMAGE                   FROM ENGINE_IMAGE (its layer shared: no extra pull): the stand-in in SGLang's mode,
+                                 `python3 -m sglang.launch_server` (no entrypoint, as SGLang's images)
+  LLAMACPP_IMAGE                 one-layer import of a Debian sid rootfs: the real llama-server (CPU backends)
+
+The services image carries the hub's GGUF repository, generated here on the controller (gguf + numpy).
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -39,12 +45,26 @@ ENGINE_REPO = "vllm/vllm-openai"
 ENGINE_TAG = "v0.33.0"
 REGISTRY_HOST = "sparkfleet-registry:5000"
 ENGINE_IMAGE = f"{REGISTRY_HOST}/{ENGINE_REPO}:{ENGINE_TAG}"
+# NVIDIA's Spark playbook runs lmsysorg/sglang:spark (a moving tag; a plan pins it by digest).
+SGLANG_REPO, SGLANG_TAG, SGLANG_VERSION = "lmsysorg/sglang", "spark", "0.5.23"
+SGLANG_IMAGE = f"{REGISTRY_HOST}/{SGLANG_REPO}:{SGLANG_TAG}"
+# llama.cpp's own server image for CUDA, by build number; the sim's is Debian sid's llama.cpp-tools of that build
+# (CPU only). sid moves: a new build fails the image build naming the number to put here.
+LLAMACPP_BUILD = "11669"
+LLAMACPP_REPO, LLAMACPP_TAG = "ggml-org/llama.cpp", f"server-cuda-b{LLAMACPP_BUILD}"
+LLAMACPP_IMAGE = f"{REGISTRY_HOST}/{LLAMACPP_REPO}:{LLAMACPP_TAG}"
+LLAMACPP_ENTRYPOINT = ["/usr/bin/llama-server"]
+# What `up` pushes into the sim registry: (repository, tag, local image name).
+REGISTRY_IMAGES = [(ENGINE_REPO, ENGINE_TAG, ENGINE_IMAGE), (SGLANG_REPO, SGLANG_TAG, SGLANG_IMAGE),
+                   (LLAMACPP_REPO, LLAMACPP_TAG, LLAMACPP_IMAGE)]
 
 HUB_DIR = REPO_ROOT / "sim" / "hub"
 ENGINE_SCRIPT = REPO_ROOT / "sim" / "engine" / "standin_vllm.py"
 ENGINE_FLAGS = REPO_ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
 PLACEHOLDER_ENGINE = IMAGES_DIR / "engine" / "placeholder_vllm.py"
 ENGINE_ENTRYPOINT = ["python3", "/opt/standin/standin_vllm.py", "--flags-file", "/opt/standin/vllm-flags.json"]
+SGLANG_FLAGS = REPO_ROOT / "sparkfleet" / "release" / "engines" / f"sglang-{SGLANG_VERSION}.json"
+SGLANG_MODULE = IMAGES_DIR / "engine" / "sglang"  # sglang/launch_server.py: runs the stand-in in SGLang's mode
 
 _BUILD_ENV = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder: no buildx plugin needed
 
@@ -166,8 +186,8 @@ def ensure_spark(base_hash: str) -> str:
 def ensure_services(root_hash: str) -> str:
     ctx_src = IMAGES_DIR / "services"
     hub_files = [HUB_DIR] if HUB_DIR.exists() else []
-    h = sha256_bytes("services-v1", root_hash, hash_paths([ctx_src], IMAGES_DIR),
-                     hash_paths(hub_files, REPO_ROOT))
+    h = sha256_bytes("services-v2", root_hash, hash_paths([ctx_src], IMAGES_DIR),
+                     hash_paths(hub_files, REPO_ROOT), _gguf_version())
     if image_hash(SERVICES_IMAGE) != h:
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(dir=SIM_DIR) as d:
@@ -177,9 +197,22 @@ def ensure_services(root_hash: str) -> str:
             if HUB_DIR.exists():
                 shutil.copytree(HUB_DIR, ctx / "hub", dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            from sim.hub.gguf_model import GGUF_REPO_ID, generate_gguf_repo
+            generate_gguf_repo(ctx / "hub-data" / GGUF_REPO_ID)  # the hub serves every repo under its data dir
             _build(SERVICES_IMAGE, ctx, h, SERVICES_ROOT_IMAGE)
         log(f"built {SERVICES_IMAGE} in {time.monotonic() - t0:.0f}s")
     return h
+
+
+def _gguf_version() -> str:
+    """The gguf package's version (its writer makes the hub's GGUF bytes); one line naming the fix if missing."""
+    try:
+        import importlib
+        importlib.import_module("gguf")  # its own dependencies' import errors show here, not mid-build
+        return importlib.metadata.version("gguf")
+    except ImportError as e:
+        raise SimError(f"the sim hub's GGUF model needs the gguf package ({e}): "
+                       f".venv/bin/pip install -r requirements.txt") from None
 
 
 def engine_files() -> dict[str, tuple[bytes, int]]:
@@ -214,16 +247,78 @@ def ensure_engine() -> str:
     return h
 
 
+def sglang_files() -> dict[str, tuple[bytes, int]]:
+    """The SGLang stand-in's additions to the vLLM stand-in's image: its flag table and the sglang package."""
+    if not SGLANG_FLAGS.exists():
+        log(f"warning: {SGLANG_FLAGS.relative_to(REPO_ROOT)} is missing: the SGLang stand-in accepts no flag")
+    flags = SGLANG_FLAGS.read_bytes() if SGLANG_FLAGS.exists() else b'{"flags": {}}\n'
+    files = {"opt/standin/sglang-flags.json": (flags, 0o644)}
+    for f in sorted(SGLANG_MODULE.glob("*.py")):
+        files[f"{rootfs.SITE_DIR}/sglang/{f.name}"] = (f.read_bytes(), 0o644)
+    return files
+
+
+def ensure_sglang(engine_hash: str) -> str:
+    """The stand-in SGLang: a layer over the vLLM stand-in's image, so a host that pulled one has most of both."""
+    files = sglang_files()
+    h = sha256_bytes("sglang-v1", engine_hash, *[p + ":" + str(m) + ":" + sha256_bytes(d)
+                                                 for p, (d, m) in sorted(files.items())])
+    if image_hash(SGLANG_IMAGE) != h:
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=SIM_DIR) as d:
+            ctx = Path(d)
+            for rel, (data, mode) in files.items():
+                (ctx / "add" / rel).parent.mkdir(parents=True, exist_ok=True)
+                (ctx / "add" / rel).write_bytes(data)
+                (ctx / "add" / rel).chmod(mode)
+            # No entrypoint, as SGLang's images: sparkfleet runs `--entrypoint python3 IMAGE -m sglang.launch_server`
+            (ctx / "Dockerfile").write_text('ARG BASE\nFROM ${BASE}\nCOPY add/ /\nENTRYPOINT []\n'
+                                            'CMD ["python3", "-m", "sglang.launch_server", "--help"]\n'
+                                            'EXPOSE 30000\n')
+            _build(SGLANG_IMAGE, ctx, h, ENGINE_IMAGE)
+        log(f"built {SGLANG_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_llamacpp() -> str:
+    """The real llama-server from Debian sid, its build checked against LLAMACPP_BUILD (the tag says it)."""
+    key = rootfs.rootfs_key(rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE, drop=rootfs.LLAMACPP_DROP)
+    h = sha256_bytes("llamacpp-v1", key, json.dumps(LLAMACPP_ENTRYPOINT))
+    if image_hash(LLAMACPP_IMAGE) != h:
+        t0 = time.monotonic()
+        tar = rootfs.rootfs_tarball("llamacpp", rootfs.LLAMACPP_PACKAGES, suite=rootfs.LLAMACPP_SUITE,
+                                    drop=rootfs.LLAMACPP_DROP)
+        _import(LLAMACPP_IMAGE, [tar], h, changes=[f"ENTRYPOINT {json.dumps(LLAMACPP_ENTRYPOINT)}", "CMD []",
+                                                   "EXPOSE 8080"])
+        out = docker("run", "--rm", LLAMACPP_IMAGE, "--version", check=False)
+        build = llamacpp_build(out.stdout + out.stderr)
+        if build != LLAMACPP_BUILD:
+            docker("rmi", LLAMACPP_IMAGE, check=False)
+            raise SimError(f"Debian sid's llama-server is build {build}, the sim expects {LLAMACPP_BUILD}: set "
+                           f"LLAMACPP_BUILD in sim/fleet/images.py (and add that build's flag table)")
+        log(f"built {LLAMACPP_IMAGE} (llama.cpp build {build}) in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def llamacpp_build(version_output: str) -> str | None:
+    """The build number in `llama-server --version` output ("version: 0.7.0 (build 11669, commit Debian)")."""
+    m = re.search(r"\(build (\d+)|version: (\d+) \(", version_output)
+    return (m.group(1) or m.group(2)) if m else None
+
+
 def ensure_all() -> dict[str, str]:
     """Build what is missing or stale; rootfs debootstraps run in parallel."""
     t0 = time.monotonic()
-    with ThreadPoolExecutor(4) as ex:
+    with ThreadPoolExecutor(5) as ex:
         f_base = ex.submit(ensure_base)
         f_sroot = ex.submit(ensure_services_root)
         f_engine = ex.submit(ensure_engine)
         f_hroot = ex.submit(ensure_service_host_root)
+        f_llama = ex.submit(ensure_llamacpp)
         base_h, sroot_h, engine_h, hroot_h = f_base.result(), f_sroot.result(), f_engine.result(), f_hroot.result()
+        llama_h = f_llama.result()
     hashes = {"base": base_h, "services-root": sroot_h, "engine": engine_h, "service-host-root": hroot_h,
+              "sglang": ensure_sglang(engine_h), "llamacpp": llama_h,
               "spark": ensure_spark(base_h), "services": ensure_services(sroot_h),
               "service-host": ensure_service_host(hroot_h)}
     log(f"images ready in {time.monotonic() - t0:.1f}s")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ._util import SIM_DIR, log, run, sha256_bytes
 
-SUITE = "bookworm"
+SUITE = "bookworm"  # every image's suite unless it names another
 
 # The simulated Spark's OS: systemd, sshd, python for pyinfra, a Docker engine.
 BASE_PACKAGES = [
@@ -53,8 +53,15 @@ PIP_SCRIPTS = {"ray": "ray.scripts.scripts"}
 SITE_DIR = f"usr/local/lib/python{PYTHON_VERSION}/dist-packages"  # on Debian python3's sys.path
 
 
-def rootfs_key(packages: list[str], variant: str = "minbase") -> str:
-    return sha256_bytes(SUITE, variant, ",".join(sorted(packages)))[:16]
+# The real llama.cpp engine: only Debian sid packages it (llama.cpp-tools, libggml0 with its CPU backends), and
+# they need sid's glibc, so that image is a sid rootfs. curl: a container health check can ask /health.
+LLAMACPP_SUITE = "sid"
+LLAMACPP_PACKAGES = ["llama.cpp-tools", "libggml0", "ca-certificates", "curl"]
+LLAMACPP_DROP = ["usr/share/locale"]  # a fifth of that rootfs, and llama-server prints English only
+
+
+def rootfs_key(packages: list[str], variant: str = "minbase", suite: str = SUITE, drop: list[str] = ()) -> str:
+    return sha256_bytes(suite, variant, ",".join(sorted(packages)), *(["drop", *drop] if drop else []))[:16]
 
 
 def pip_key(requirements: list[str]) -> str:
@@ -89,24 +96,27 @@ def pip_tarball(name: str, requirements: list[str]) -> Path:
                            f"pip {' '.join(requirements)} for python {PYTHON_VERSION} ({name}; ~10-30 s)")
 
 
-def rootfs_tarball(name: str, packages: list[str], variant: str = "minbase") -> Path:
-    """Return the path of a cached rootfs tarball, building it when missing."""
+def rootfs_tarball(name: str, packages: list[str], variant: str = "minbase", suite: str = SUITE,
+                   drop: list[str] = ()) -> Path:
+    """Return the path of a cached rootfs tarball, building it when missing (without the `drop` directories)."""
     def build(work: Path) -> tuple[Path, str]:
         root = work / "root"
         cache = SIM_DIR / "rootfs" / f"debs-{name}"  # .debs kept for later rebuilds (one dir per name: parallel runs)
         cache.mkdir(exist_ok=True)
         cmd = ["debootstrap", f"--variant={variant}", f"--include={','.join(packages)}",
-               f"--cache-dir={cache}", SUITE, str(root)]
+               f"--cache-dir={cache}", suite, str(root)]
         cp = run(cmd, check=False)
         if cp.returncode != 0:
             logf = root / "debootstrap" / "debootstrap.log"
             tail = logf.read_text()[-3000:] if logf.exists() else cp.stderr[-3000:]
             raise RuntimeError(f"debootstrap {name} failed:\n{tail}")
         _trim(root)
+        for rel in drop:
+            shutil.rmtree(root / rel, ignore_errors=True)
         return root, "."
 
-    return _cached_tarball(name, rootfs_key(packages, variant), build,
-                           f"debootstrap {name} ({len(packages)} packages; slow, ~1-2 min)")
+    return _cached_tarball(name, rootfs_key(packages, variant, suite, drop), build,
+                           f"debootstrap {name} ({suite}, {len(packages)} packages; slow, ~1-2 min)")
 
 
 def _cached_tarball(name: str, key: str, build, what: str) -> Path:

@@ -129,8 +129,14 @@ def _commit_id(repo_id: str, files: dict[str, RepoFile]) -> str:
 
 def _repo_file(rel: str, abspath: Path) -> RepoFile:
     size, sha256, sha1 = _hash_file(abspath)
-    return RepoFile(rel, abspath, size, sha256, sha1, rel.endswith(".safetensors") or size >= LFS_THRESHOLD)
+    lfs = rel.endswith((".safetensors", ".gguf")) or size >= LFS_THRESHOLD  # weights are LFS files on a hub
+    return RepoFile(rel, abspath, size, sha256, sha1, lfs)
 
+
+# What the model info says a repository is: a GGUF one (llama.cpp) or the chat model's checkpoint.
+_GGUF_CARD = {"library_name": "gguf", "pipeline_tag": "text-generation", "tags": ["gguf", "llama"]}
+_SAFETENSORS_CARD = {"library_name": "transformers", "pipeline_tag": "image-text-to-text",
+                     "tags": ["transformers", "safetensors", "qwen3_5_moe", "fp8"]}
 
 PUBLISHED_FILE = "README.md"  # what a published commit changes: no weight, nothing a release's memory plan reads
 PUBLISHED_DIR = ".published"  # DATA/.published/<org>--<name>/<n>/README.md: the bytes of published commit n
@@ -576,9 +582,7 @@ class HubHandler(BaseHTTPRequestHandler):
             "disabled": False,
             "downloads": 0,
             "likes": 0,
-            "library_name": "transformers",
-            "pipeline_tag": "image-text-to-text",
-            "tags": ["transformers", "safetensors", "qwen3_5_moe", "fp8"],
+            **(_GGUF_CARD if any(p.endswith(".gguf") for p in repo.files_at(commit)) else _SAFETENSORS_CARD),
             "siblings": siblings,
             "spaces": [],
             "usedStorage": repo.total_size,
