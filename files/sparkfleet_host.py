@@ -223,13 +223,9 @@ def engine_api_key(env: dict):
     """The API key of an engine.env, under whichever engine's name it was written; None when there is none."""
     return next((env[var] for var in API_KEY_VARS if env.get(var)), None)
 
+
 KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def engine_key(env: dict):
-    """The API key of an engine env (parse_env), under whichever engine's name it holds it; None without one."""
-    return next((env[name] for name in API_KEY_VARS if env.get(name)), None)
 
 
 def render_env(header: str, values: dict) -> str:
