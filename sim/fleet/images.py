@@ -207,7 +207,7 @@ def ensure_services(root_hash: str) -> str:
 def _gguf_version() -> str:
     """The gguf package's version (its writer makes the hub's GGUF bytes); one line naming the fix if missing."""
     try:
-        import importlib
+        import importlib.metadata
         importlib.import_module("gguf")  # its own dependencies' import errors show here, not mid-build
         return importlib.metadata.version("gguf")
     except ImportError as e:
