@@ -24,6 +24,7 @@ _ENGINES = {
         "engine_image": _images["sglang"],
         "sglang_version": "0.5.23",
         "served_model_name": "Qwen3.5-35B-A3B-sglang",
+        "attention_backend": None,  # vLLM's FLASH_ATTN is no SGLang name: SGLang picks its own
     },
     "spark-3": {  # the real llama-server; a GGUF model and none of vLLM's parsers or multimodal limits
         "engine": "llamacpp",
@@ -36,6 +37,7 @@ _ENGINES = {
         "enable_auto_tool_choice": False,
         "tool_call_parser": None,
         "reasoning_parser": None,
+        "attention_backend": None,
         "limit_mm_per_prompt": None,
         "engine_env": {},  # the SIM_* pace knobs are the stand-ins'; llama.cpp runs at its own speed
     },
