@@ -54,9 +54,10 @@ SITE_DIR = f"usr/local/lib/python{PYTHON_VERSION}/dist-packages"  # on Debian py
 
 
 # The real llama.cpp engine: only Debian sid packages it (llama.cpp-tools, libggml0 with its CPU backends), and
-# they need sid's glibc, so that image is a sid rootfs. curl: a container health check can ask /health.
+# they need sid's glibc, so that image is a sid rootfs. curl: a container health check can ask /health. python3:
+# the sim's stand-in nvidia-smi (a Python script the stand-in runtime hook puts in every GPU container) runs in it.
 LLAMACPP_SUITE = "sid"
-LLAMACPP_PACKAGES = ["llama.cpp-tools", "libggml0", "ca-certificates", "curl"]
+LLAMACPP_PACKAGES = ["llama.cpp-tools", "libggml0", "ca-certificates", "curl", "python3"]
 LLAMACPP_DROP = ["usr/share/locale"]  # a fifth of that rootfs, and llama-server prints English only
 
 

@@ -103,8 +103,9 @@ def test_llamacpp_entry_file_from_the_manifest_or_a_placeholder():
 
 
 def test_llamacpp_refusals():
-    for setting, value in [("tool_call_parser", "hermes"), ("reasoning_parser", "qwen3"),
-                           ("limit_mm_per_prompt", {"image": 0}), ("attention_backend", "FLASH_ATTN")]:
+    # values other than the defaults: a default equal to the user's is not the user's (another model neutralises it)
+    for setting, value in [("tool_call_parser", "hermes"), ("reasoning_parser", "deepseek_r1"),
+                           ("limit_mm_per_prompt", {"image": 1}), ("attention_backend", "TRITON_ATTN")]:
         assert f"{setting}={value!r} with engine \"llamacpp\"" in refusal(**{**LLAMA, setting: value}), setting
     assert "MTP" in refusal(**LLAMA, speculative_method="mtp", num_speculative_tokens=2)
     for flag in ("--api-key", "--api-key-file", "--hf-token", "-hft"):

@@ -20,8 +20,8 @@ from .helpers import KEY, Server, door_files, make_model, start_haproxy, wait_fo
 from .test_front_door import ALICE, NAME, plans
 
 SGLANG, LLAMA = "Qwen3.5-35B-A3B-sglang", "tiny-llama"
-FLEET = {"spark-1": {}, "spark-2": {"served_model_name": SGLANG, "engine": "sglang"},
-         "spark-3": {"served_model_name": LLAMA, "engine": "llamacpp"}}
+FLEET = {"spark-1": {}, "spark-2": {"served_model_name": SGLANG, "recipe": "qwen3.5-35b-a3b-fp8-sglang"},
+         "spark-3": {"served_model_name": LLAMA, "recipe": "qwen3-8b-gguf"}}
 
 
 def test_each_other_chat_model_gets_a_route_of_its_hosts():

@@ -14,6 +14,7 @@ import pytest
 from sparkfleet.contract.settings import SettingsError
 from sparkfleet.model import gguf, hubs
 from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.release.engines import ENGINE_CLASSES
 from sparkfleet.release.lock import Lock, Locking
 from sparkfleet.release.plan import plan_hosts
 from tests.conftest import ROOT, free_port, wait_http
@@ -55,8 +56,12 @@ def admin(url, what, body=None):
     return json.loads(urllib.request.urlopen(request).read())
 
 
+LLAMACPP_IMAGE = ENGINE_CLASSES["llamacpp"].image
+
+
 def settings_of(url, hub, model_files):
     return host_data(model_hub=hub, hub_endpoint=url, model_repo=REPO, engine="llamacpp", max_model_len=4096,
+                     engine_image=LLAMACPP_IMAGE,
                      model_revision="main" if hub == "huggingface" else "master", model_files=model_files)
 
 
@@ -92,8 +97,8 @@ def test_a_split_set_plans_from_its_first_part(gguf_hub):
 
 def test_a_glob_matching_nothing_and_two_models_are_refused_naming_the_fix(gguf_hub):
     url, _ = gguf_hub
-    with pytest.raises(SettingsError, match=r"'\*Q5\*' matches no file .*tiny-Q4_K_M.gguf"):
-        plan_hosts([("a", settings_of(url, "huggingface", ["*Q5*"]))], resolve=hub_resolver)
+    with pytest.raises(SettingsError, match=r"'\*Q5\*\.gguf' matches no file .*tiny-Q4_K_M.gguf"):
+        plan_hosts([("a", settings_of(url, "huggingface", ["*Q5*.gguf"]))], resolve=hub_resolver)
     with pytest.raises(SettingsError, match="set `model_files`"):
         plan_hosts([("a", settings_of(url, "huggingface", None))], resolve=hub_resolver)
 
@@ -157,7 +162,7 @@ def test_sparkfleet_plan_prints_the_gguf_fit_and_refuses_a_glob_that_matches_not
 
     url, repo = gguf_hub
     data = {k: v for k, v in settings_of(url, "huggingface", ["*Q4_K_M*.gguf"]).items()
-            if k in ("model_hub", "hub_endpoint", "model_repo", "engine", "max_model_len", "model_revision",
+            if k in ("model_hub", "hub_endpoint", "model_repo", "engine", "engine_image", "max_model_len", "model_revision",
                      "model_files")}
     inventory = tmp_path / "fleet.py"
     inventory.write_text(f"sparks = [('spark-1', {data!r})]\n")
