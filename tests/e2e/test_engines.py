@@ -19,6 +19,8 @@ from openai import OpenAI
 
 from sparkfleet.contract import engines, paths
 from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.model.hubs import hub_resolver
+from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
 
 from .conftest import ROOT, api_port, converge, ssh
@@ -50,7 +52,10 @@ def engines_inventory(tmp_path) -> str:
 
 
 def plans(inventory: str) -> dict:
-    return {p.name: p for p in plan_hosts(load_hosts(str(ROOT / inventory)))}
+    """The inventory's plans as a converge makes them (the hub and the registry asked: the sim's small share of
+    memory fits the models' real bytes, not the recipes' offline figures)."""
+    return {p.name: p for p in plan_hosts(load_hosts(str(ROOT / inventory)), resolve=hub_resolver,
+                                          resolve_image=image_resolver)}
 
 
 def sparkfleet(*args, timeout=900) -> subprocess.CompletedProcess:
