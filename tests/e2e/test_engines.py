@@ -18,10 +18,6 @@ import requests
 from openai import OpenAI
 
 from sparkfleet.contract import engines, paths
-from sparkfleet.fleet.inventory import load_hosts
-from sparkfleet.model.hubs import hub_resolver
-from sparkfleet.release.image import image_resolver
-from sparkfleet.release.plan import plan_hosts
 
 from .conftest import ROOT, api_port, converge, ssh
 from .test_front_door import door_port
@@ -53,7 +49,14 @@ def engines_inventory(tmp_path) -> str:
 
 def plans(inventory: str) -> dict:
     """The inventory's plans as a converge makes them (the hub and the registry asked: the sim's small share of
-    memory fits the models' real bytes, not the recipes' offline figures)."""
+    memory fits the models' real bytes, not the recipes' offline figures). Imported here, as conftest does: pyinfra's
+    CLI, which the inventory loader imports, monkey-patches threading with gevent, which deadlocks an xdist worker
+    that imports it at collection."""
+    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.model.hubs import hub_resolver
+    from sparkfleet.release.image import image_resolver
+    from sparkfleet.release.plan import plan_hosts
+
     return {p.name: p for p in plan_hosts(load_hosts(str(ROOT / inventory)), resolve=hub_resolver,
                                           resolve_image=image_resolver)}
 
