@@ -1,6 +1,6 @@
 """How long does a converge of the simulated fleet take, and how many SSH commands does a no-op one send a host?
 
-    flock /tmp/sparkfleet-e2e.lock python tools/bench_converge.py [--hosts 3,6,10] [--runs 5]
+    flock /tmp/sparkfleet-e2e.lock python tools/bench_converge.py [--hosts 3,6,10] [--runs 5] [--idle-s 30]
                                                                   [--throttle-bps N] [--skip-first] [--json]
                                                                   [--against CHECKOUT]
 
@@ -8,7 +8,9 @@ For each fleet size N: `python -m sim up --hosts N`, a first converge from bare 
 throttled to --throttle-bps), then --runs no-op converges (the median is reported), then one no-op converge of
 the first host with `-vv`, whose ">>>" lines are the SSH commands it sent (uploads are not echoed: a no-op
 converge has none). Printed as a table
-with t(N)/t(3). With --against (another checkout of sparkfleet, e.g. `git worktree add /tmp/old <commit>`, its
+with t(N)/t(3), then the two costs that transfer to real Sparks: a host's CPU per no-op converge (its
+container's CPU over the converges less its idle CPU over the same time) and the controller's CPU per host
+added. With --against (another checkout of sparkfleet, e.g. `git worktree add /tmp/old <commit>`, its
 .sim linked to this one's), the 3-host fleet is also converged by that checkout's deploy.py and its no-op
 converges timed the same way in the same run, then converged back. The fleet changes under everyone's feet:
 hold the e2e lock the whole time; at the end it is brought back to 3 hosts and converged.
@@ -103,21 +105,32 @@ def throttle(bps: int | None) -> None:
     urllib.request.urlopen(request, timeout=10).read()
 
 
-def noop(runs: int, root: Path = ROOT) -> tuple[list[float], int]:
+def idle_cpu_rate(idle_s: float) -> float | None:
+    """The simulated Sparks' CPU seconds per second while nobody converges (their engines, watchdog ticks,
+    journald, dockerd): subtracted from the converges' window, so what is left is what a converge costs."""
+    before, start = hosts_cpu_s(), time.monotonic()
+    time.sleep(idle_s)
+    after = hosts_cpu_s()
+    return (after - before) / (time.monotonic() - start) if before is not None and after is not None else None
+
+
+def noop(runs: int, idle_s: float, root: Path = ROOT) -> tuple[list[float], int, dict]:
     """`runs` no-op converges by the checkout at root (after one that makes the fleet its own), and the SSH
     commands of one more on the first host."""
     converge(root=root)
-    hosts, controller = hosts_cpu_s(), controller_cpu_s()
+    idle = idle_cpu_rate(idle_s)
+    hosts, controller, start = hosts_cpu_s(), controller_cpu_s(), time.monotonic()
     times = [converge(root=root)[0] for _ in range(runs)]
-    hosts_after, controller_after = hosts_cpu_s(), controller_cpu_s()
+    hosts_after, controller_after, elapsed = hosts_cpu_s(), controller_cpu_s(), time.monotonic() - start
     _, verbose = converge("--limit", "spark-1", "-vv", root=root)
+    measured = None not in (hosts, hosts_after, idle)
     cpu = {"controller_cpu_s": (controller_after - controller) / runs,
-           "hosts_cpu_s": (hosts_after - hosts) / runs if hosts is not None and hosts_after is not None else None,
-           "hosts_rss_mib": hosts_rss_mib()}
+           "hosts_cpu_s": (hosts_after - hosts - idle * elapsed) / runs if measured else None,
+           "hosts_idle_cpu_s_per_s": idle, "hosts_rss_mib": hosts_rss_mib()}
     return times, round_trips(verbose.stdout + verbose.stderr), cpu
 
 
-def measure(n: int, runs: int, throttle_bps: int | None, first: bool, against: Path | None) -> dict:
+def measure(n: int, runs: int, throttle_bps: int | None, first: bool, against: Path | None, idle_s: float) -> dict:
     if first:
         sim("down")
     sim("up", "--hosts", str(n))
@@ -130,11 +143,26 @@ def measure(n: int, runs: int, throttle_bps: int | None, first: bool, against: P
             throttle(None)
     row = {"hosts": n, "first_s": first_s}
     if against is not None and n == 3:
-        times, commands, cpu = noop(runs, against)
+        times, commands, cpu = noop(runs, idle_s, against)
         row.update(against_noop_s=statistics.median(times), against_runs=times, against_commands=commands,
                    against_cpu=cpu)
-    times, commands, cpu = noop(runs)
+    times, commands, cpu = noop(runs, idle_s)
     return {**row, "noop_s": statistics.median(times), "noop_runs": times, "commands_per_host": commands, **cpu}
+
+
+HOST_CPU_TARGET_MS = 400
+CONTROLLER_CPU_TARGET_MS = 150
+
+
+def per_host(rows: list[dict]) -> dict:
+    """The two costs that transfer to real Sparks: a host's CPU per no-op converge (the mean over every size
+    measured), and the controller's CPU per host added (between the smallest and the largest fleet)."""
+    hosts = [r["hosts_cpu_s"] / r["hosts"] for r in rows if r["hosts_cpu_s"] is not None]
+    small, large = min(rows, key=lambda r: r["hosts"]), max(rows, key=lambda r: r["hosts"])
+    added = large["hosts"] - small["hosts"]
+    return {"host_cpu_ms_per_noop": 1000 * statistics.mean(hosts) if hosts else None,
+            "controller_cpu_ms_per_added_host":
+                1000 * (large["controller_cpu_s"] - small["controller_cpu_s"]) / added if added else None}
 
 
 def main(argv: list[str]) -> int:
@@ -144,13 +172,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--throttle-bps", type=int, default=50_000_000, help="the hub's rate for first converges")
     ap.add_argument("--skip-first", action="store_true", help="no first converge from bare hosts")
     ap.add_argument("--against", type=Path, help="another checkout whose 3-host no-op converge is timed beside")
+    ap.add_argument("--idle-s", type=float, default=30,
+                    help="seconds the idle hosts' CPU is read before the no-op converges (default 30: a watchdog tick)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     sizes = [int(v) for v in args.hosts.split(",")]
     rows = []
     try:
         for n in sizes:
-            rows.append(measure(n, args.runs, args.throttle_bps, not args.skip_first, args.against))
+            rows.append(measure(n, args.runs, args.throttle_bps, not args.skip_first, args.against, args.idle_s))
     finally:
         sim("up", "--hosts", "3")
         converge()
@@ -161,8 +191,9 @@ def main(argv: list[str]) -> int:
         if row["hosts_cpu_s"] is not None:
             row["host_cpu_ms_per_host"] = 1000 * row["hosts_cpu_s"] / row["hosts"]
             row["cpu_floor_s"] = (row["controller_cpu_s"] + row["hosts_cpu_s"]) / cores
+    summary = per_host(rows)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"sizes": rows, **summary}, indent=2))
         return 0
     print(f"{'hosts':>5} {'no-op s (median)':>17} {'t(N)/t(3)':>9} {'SSH cmds/host':>13} {'first s':>8} "
           f"{'controller CPU s':>16} {'hosts CPU s':>11} {'ms/host':>7} {'CPU floor s':>11} {'hosts RSS MiB':>13}")
@@ -176,6 +207,12 @@ def main(argv: list[str]) -> int:
               f"{r['controller_cpu_s']:>16.2f} {hosts:>11} {per_host:>7} {floor:>11} {rss:>13}")
     print(f"CPU floor: the controller's and the simulated hosts' CPU seconds over this machine's {cores} cores, "
           "which they share: no converge here is faster. ms/host: a simulated host's CPU per no-op converge.")
+    if summary["host_cpu_ms_per_noop"] is not None:
+        print(f"host CPU per no-op converge: {summary['host_cpu_ms_per_noop']:.0f} ms "
+              f"(target <= {HOST_CPU_TARGET_MS} ms; the hosts' idle CPU over the same time subtracted)")
+    if summary["controller_cpu_ms_per_added_host"] is not None:
+        print(f"controller CPU per added host: {summary['controller_cpu_ms_per_added_host']:.0f} ms "
+              f"(target <= {CONTROLLER_CPU_TARGET_MS} ms; from {rows[0]['hosts']} to {rows[-1]['hosts']} hosts)")
     for r in rows:
         if "against_noop_s" in r:
             print(f"3 hosts, {args.against}: no-op {r['against_noop_s']:.2f} s (runs "

@@ -16,12 +16,12 @@ import statistics
 import sys
 import time
 
-import requests
-
-from sparkfleet.fleet.front_door import bench_target
+from sparkfleet.fleet.front_door import bench_target  # sparkfleet.fleet first: it patches ssl before requests
 from sparkfleet.fleet.inventory import load_hosts, spark_hosts
 from sparkfleet.fleet.status import api_url
 from sparkfleet.contract.settings import parse_settings
+
+import requests  # noqa: E402,I001  (after sparkfleet.fleet: see sparkfleet/fleet/__init__.py)
 
 
 def ttft_ms(url: str, key: str, model: str, prompt: str) -> float:

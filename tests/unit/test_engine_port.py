@@ -10,9 +10,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
+import socketserver
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -179,16 +182,42 @@ def squatter():
     s.close()
 
 
+class FakeDockerd(BaseHTTPRequestHandler):
+    """Docker's API on a unix socket, answering GET /containers/NAME/json from `containers` (the real engine is
+    not here); what the helpers ask is recorded in `asked`."""
+
+    containers: dict = {}
+    asked: list = []
+
+    def do_GET(self):
+        self.asked.append(self.path)
+        name = self.path.removeprefix("/containers/").removesuffix("/json")
+        body, status = (json.dumps(self.containers[name]), 200) if name in self.containers else \
+            (json.dumps({"message": f"No such container: {name}"}), 404)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
-def fake_docker(tmp_path):
-    """`docker inspect` answering for a running host-network container (the real engine is not here)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    answer = json.dumps([{"Id": ENGINE_ID, "State": {"Running": True}, "HostConfig": {"NetworkMode": "host"},
-                          "NetworkSettings": {"Networks": {"host": {"IPAddress": ""}}}}])
-    (bin_dir / "docker").write_text(f"#!/bin/sh\ncat <<'EOF'\n{answer}\nEOF\n")
-    (bin_dir / "docker").chmod(0o755)
-    return bin_dir
+def fake_docker(monkeypatch):
+    """DOCKER_HOST names a loopback dockerd that knows one running host-network container, `vllm`."""
+    folder = tempfile.mkdtemp(prefix="dockerd-", dir="/tmp")  # a unix socket's path is at most 107 bytes
+    handler = type("Dockerd", (FakeDockerd,), {"asked": [], "containers": {"vllm": {
+        "Id": ENGINE_ID, "State": {"Running": True}, "HostConfig": {"NetworkMode": "host"},
+        "NetworkSettings": {"Networks": {"host": {"IPAddress": ""}}}}}})
+    server = socketserver.ThreadingUnixStreamServer(f"{folder}/docker.sock", handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{folder}/docker.sock")
+    yield handler
+    server.shutdown()
+    server.server_close()
+    shutil.rmtree(folder)
 
 
 def test_the_real_proc_names_a_squatter_outside_the_container(squatter):
@@ -206,8 +235,7 @@ def test_the_health_gate_never_sends_the_key_to_a_squatter(squatter, fake_docker
         [sys.executable, str(ROOT / "files" / "sparkfleet-health"), "--serving", str(tmp_path / "serving.json"),
          "--port", str(squatter.port),
          "--served-name", "sim-qwen", "--timeout", "5", "--env-file", str(env_file), "--container", "vllm"],
-        capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PATH": f"{fake_docker}:{os.environ['PATH']}"})
+        capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert f"health: the API key is not sent to 127.0.0.1:{squatter.port}: port {squatter.port} is held by " \
            "process" in proc.stderr and "outside engine container vllm" in proc.stderr, proc.stderr
@@ -218,7 +246,6 @@ def test_the_health_gate_never_sends_the_key_to_a_squatter(squatter, fake_docker
 def test_the_watchdog_counts_a_squatter_as_a_failed_probe(squatter, fake_docker, tmp_path, monkeypatch):
     env_file = tmp_path / "engine.env"
     env_file.write_text(f"VLLM_API_KEY={KEY}\n")
-    monkeypatch.setenv("PATH", f"{fake_docker}:{os.environ['PATH']}")
     monkeypatch.setattr(wd, "gpu_check", lambda container: (True, "GPU 0: stand-in"))
     result = wd.probe({**quick(CFG, 2), "port": squatter.port, "served_name": "sim-qwen", "env_file": str(env_file),
                        "container": "vllm"})
@@ -227,18 +254,26 @@ def test_the_watchdog_counts_a_squatter_as_a_failed_probe(squatter, fake_docker,
     assert squatter.keys_seen() == [] and KEY not in json.dumps(result)
 
 
-def test_a_container_that_is_not_running_gets_no_key(squatter, tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text("#!/bin/sh\necho '[]'\necho 'Error: No such container: vllm' >&2\nexit 1\n")
-    (bin_dir / "docker").chmod(0o755)
-    old = os.environ["PATH"]
-    os.environ["PATH"] = f"{bin_dir}:{old}"
-    try:
-        assert hm.engine_holds_port("vllm", squatter.port) == (False, "container vllm is not running")
-        assert hm.engine_holds_port("", squatter.port) == (False, "no engine container named")
-    finally:
-        os.environ["PATH"] = old
+def test_a_container_that_is_not_running_gets_no_key(squatter, fake_docker):
+    fake_docker.containers = {"stopped": {"Id": ENGINE_ID, "State": {"Running": False}}}
+    assert hm.engine_holds_port("vllm", squatter.port) == (False, "container vllm is not running")  # 404
+    assert hm.engine_holds_port("stopped", squatter.port) == (False, "container stopped is not running")
+    assert hm.engine_holds_port("", squatter.port) == (False, "no engine container named")
+    assert fake_docker.asked == ["/containers/vllm/json", "/containers/stopped/json"]
+
+
+def test_docker_is_asked_over_its_socket_with_the_name_quoted(fake_docker):
+    """The name is one path segment however it is spelled; a dockerd that is not there is a container not running."""
+    assert hm.container_identity("vllm") == (ENGINE_ID, ())
+    assert hm.container_identity("../../info?x=1") == ("", ())
+    assert fake_docker.asked == ["/containers/vllm/json", "/containers/..%2F..%2Finfo%3Fx%3D1/json"]
+    fake_docker.containers = {"bridged": {"Id": OTHER_ID, "State": {"Running": True}, "HostConfig": {},
+                                          "NetworkSettings": {"Networks": {"bridge": {"IPAddress": "172.17.0.5"}}}},
+                              "odd": ["not", "an", "object"]}
+    assert hm.container_identity("bridged") == (OTHER_ID, ("172.17.0.5",))
+    assert hm.container_identity("odd") == ("", ())
+    os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+    assert hm.container_identity("vllm") == ("", ())
 
 
 def test_an_impostor_on_the_port_does_not_end_the_engines_start():

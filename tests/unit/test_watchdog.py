@@ -194,6 +194,32 @@ def test_gpu_check_names_a_lost_gpu(monkeypatch):
     assert wd.gpu_check("paused")[0] is None
 
 
+def test_a_converges_probe_reuses_the_last_ticks_gpu_check_of_the_same_start_only():
+    """A tick records its GPU check; `--probe` takes it only from this start, seen, within two ticks."""
+    _, state = wd.decide(CFG, {}, UP, {**OK, "gpu_detail": "GPU 0: GB10"}, 1000.0)
+    assert state["gpu_check"] == {"start": STARTED, "at": 1000.0, "visible": True, "detail": "GPU 0: GB10"}
+    assert wd.recent_gpu_check(state, UP, 1000.0 + 2 * CFG["interval_s"], CFG["interval_s"]) == state["gpu_check"]
+    assert wd.recent_gpu_check(state, UP, 1001.0 + 2 * CFG["interval_s"], CFG["interval_s"]) is None  # stale
+    assert wd.recent_gpu_check(state, {**UP, "started": STARTED + 1}, 1001.0, CFG["interval_s"]) is None  # restarted
+    assert wd.recent_gpu_check(state, UP, 999.0, CFG["interval_s"]) is None  # from the future
+    _, lost = wd.decide(CFG, {}, UP, {**OK, "serving": False, "failed": "gpu", "gpu_visible": False}, 1000.0)
+    assert wd.recent_gpu_check(lost, UP, 1001.0, CFG["interval_s"]) is None  # a lost GPU is asked again
+    _, again = wd.decide(CFG, state, UP, {**OK, "gpu_reused": True}, 1010.0)
+    assert again["gpu_check"]["at"] == 1000.0  # a reused answer never refreshes its own age
+
+
+def test_the_probe_asks_the_container_unless_handed_a_recent_check(monkeypatch):
+    asked = []
+    monkeypatch.setattr(wd, "ask", lambda *args: (None, None))
+    monkeypatch.setattr(wd, "engine_holds_port", lambda *args: (True, ""))
+    monkeypatch.setattr(wd, "gpu_check", lambda container: asked.append(container) or (True, "GPU 0: GB10"))
+    cfg = {**CFG, "env_file": "/nonexistent", "container": "vllm"}
+    assert wd.probe(cfg)["gpu_detail"] == "GPU 0: GB10" and asked == ["vllm"]
+    reused = wd.probe(cfg, {"start": STARTED, "at": 1000.0, "visible": True, "detail": "GPU 0: GB10"})
+    assert asked == ["vllm"] and reused["serving"] and reused["gpu_reused"]
+    assert reused["gpu_detail"] == "GPU 0: GB10 (the watchdog's check at 1000)"
+
+
 def test_verdicts_and_descriptions():
     assert probe_verdict({"serving": True}) == "serving"
     assert probe_verdict({"serving": False, "starting": True}) == "starting"
