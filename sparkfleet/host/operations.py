@@ -332,7 +332,8 @@ def units_problem(previous: dict, source: str) -> Unreadable | None:
     for svc_name, svc in services.items():
         unit = paths.service_unit(svc_name)
         if not (isinstance(svc, dict) and svc.get("unit") == unit and unit in units
-                and svc.get("container") == paths.service_container(svc_name) and isinstance(svc.get("served_model_name"), str)
+                and svc.get("container") == paths.service_container(svc_name)
+                and isinstance(svc.get("served_model_name"), str)
                 and isinstance(svc.get("kind"), str) and type(svc.get("api_port")) is int):
             return Unreadable(source, f"service {str(svc_name)[:40]!r} is not one of its `units` with a container, "
                                       "served_model_name, kind and api_port")

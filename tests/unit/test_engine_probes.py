@@ -172,6 +172,7 @@ def test_status_asks_llamacpp_metrics_with_the_key(monkeypatch):
 
     s = parse_settings("spark-3", host_data(engine="llamacpp"))
     found = status.engine_on_host(Host(), s)
-    assert asked["EngineMetrics"]["key_var"] == "LLAMA_API_KEY" and found["metrics"] == {"llamacpp:requests_processing": 2.0}
+    assert asked["EngineMetrics"]["key_var"] == "LLAMA_API_KEY"
+    assert found["metrics"] == {"llamacpp:requests_processing": 2.0}
     status.engine_on_host(Host(), parse_settings("spark-1", host_data()))
     assert "key_var" not in asked["EngineMetrics"]
