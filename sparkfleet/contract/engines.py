@@ -203,7 +203,7 @@ def able(capability: str) -> tuple[EngineDescriptor, ...]:
     return tuple(d for d in DESCRIPTORS.values() if getattr(d, capability))
 
 
-def serving(model_format: str) -> tuple[EngineDescriptor, ...]:
+def serving_format(model_format: str) -> tuple[EngineDescriptor, ...]:
     """The engines that serve a model format ("safetensors", "gguf"), in ENGINES order."""
     return tuple(d for d in DESCRIPTORS.values() if d.model_format == model_format)
 

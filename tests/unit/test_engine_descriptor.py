@@ -203,6 +203,6 @@ def test_progress_shows_each_engines_start_phases_under_their_own_label(name):
 def test_capabilities_choose_the_refusals_and_the_advice():
     tp = [d.name for d in engines.able("tensor_parallel")]
     assert tp and all(ENGINE_CLASSES[n].descriptor.tensor_parallel for n in tp)
-    assert engines.names(engines.serving("gguf")) == " or ".join(
+    assert engines.names(engines.serving_format("gguf")) == " or ".join(
         f'engine = "{d.name}"' for d in engines.DESCRIPTORS.values() if d.model_format == "gguf")
     assert engines.kv_usage_series()[:2] == (engines.VLLM.metrics.kv_usage, *engines.VLLM.legacy_kv_usage)

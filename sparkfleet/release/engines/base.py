@@ -157,7 +157,7 @@ class Engine:
         tensor_parallel, pooling = engines.able("tensor_parallel"), engines.able("pooling")
         if gguf and self.model_format != "gguf":
             problems.append(f"{name}: {s.model_repo} is a GGUF model, which {self.label} does not serve here: "
-                            f"set {engines.names(engines.serving('gguf'))}")
+                            f"set {engines.names(engines.serving_format('gguf'))}")
         elif gguf is False and self.model_format == "gguf":
             problems.append(f"{name}: {s.model_repo} has no GGUF model file, and {self.label} serves only GGUF: set "
                             f"model_files to its .gguf files (e.g. [\"*Q4_K_M*.gguf\"]), or "
