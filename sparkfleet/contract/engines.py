@@ -155,12 +155,12 @@ LLAMACPP = EngineDescriptor(
                           generation_tokens="llamacpp:tokens_predicted_total"),
     metrics_need_key=True,
     bench=BenchCounters(),
-    # tools/server/server.cpp: main's log lines
+    # tools/server/server.cpp's log lines, prefixed "main:" or "srv  llama_server:" by the build
     start_phases=(
-        StartPhase("main: loading model", "loading model"),
-        StartPhase("main: model loaded", "weights loaded"),
-        StartPhase("main: server is listening on", "ready", ready=True),
-        StartPhase("main: exiting due to model loading error", "failed to start", failed=True),
+        StartPhase("loading model", "loading model"),
+        StartPhase("model loaded", "weights loaded"),
+        StartPhase("server is listening on", "ready", ready=True),
+        StartPhase("exiting due to model loading error", "failed to start", failed=True),
     ),
     tensor_parallel=False, pooling=False, model_format="gguf",
 )

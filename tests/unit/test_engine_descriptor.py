@@ -206,3 +206,16 @@ def test_capabilities_choose_the_refusals_and_the_advice():
     assert engines.names(engines.serving_format("gguf")) == " or ".join(
         f'engine = "{d.name}"' for d in engines.DESCRIPTORS.values() if d.model_format == "gguf")
     assert engines.kv_usage_series()[:2] == (engines.VLLM.metrics.kv_usage, *engines.VLLM.legacy_kv_usage)
+
+
+@pytest.mark.parametrize(("line", "shown"), [
+    ("[2026-09-22 19:51:23] Load weight begin. avail mem=113.93 GB", "loading model"),  # SGLang
+    ("[2026-09-22 19:53:22] Load weight end. elapsed=118.38 s, type=Qwen3_5ForConditionalGeneration", "weights loaded"),
+    ("The server is fired up and ready to roll!", "ready"),
+    ("srv    load_model: loading model '/models/m/m-Q4_K_M.gguf'", "loading model"),  # llama-server
+    ("main: model loaded", "weights loaded"),
+    ("main: server is listening on http://127.0.0.1:18000 - starting the main loop", "ready"),
+    ("E srv  llama_server: exiting due to model loading error", "failed to start"),
+])
+def test_progress_reads_sglang_and_llama_server_start_lines(line, shown):
+    assert progress.phase_of(line).text() == shown
