@@ -218,8 +218,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # engine.env holds the API key under the variable its engine reads (the controller's engine descriptors,
 # sparkfleet/contract/engines.py), or none where the engine reads none. The helpers learn that variable from the
-# serving file (`api_key_var`, null: none) and the rollback's edit from its arguments; a serving file written
-# before that field (an older converge) had the key under one of these, which is all this module names.
+# serving file (`api_key_var`, null: none), the rollback's edit too (the serving file's path is its argument);
+# a serving file written before that field (an older converge) had the key under one of these, which is all this
+# module names.
 LEGACY_KEY_VARS = ("VLLM_API_KEY", "LLAMA_API_KEY")
 
 
@@ -286,7 +287,7 @@ def read_env_file(path) -> dict:
 def env_kept(live: str, fabric, key_vars=LEGACY_KEY_VARS) -> str:
     """What a rollback keeps of the running release's engine env: its fabric lines (a group member's, derived from
     the release) and, as KEPT_NAME lines, the names of its other variables, never their values nor the API key
-    (any of `key_vars`, every engine's key variable)."""
+    (`key_vars`: serving_file_key_vars)."""
     kept = []
     for line in live.splitlines():
         entry = _env_entry(line)

@@ -171,8 +171,8 @@ DEFAULT_ENGINE = VLLM.name  # group_data/all.py's `engine`, and a recipe's that 
 
 # Every engine's older KV gauge names: the alerts read them beside the current ones.
 LEGACY_KV_USAGE = tuple(name for d in DESCRIPTORS.values() for name in d.legacy_kv_usage)
-# Every engine.env variable an engine reads its key from: what the settings refuse in engine_env, and what a
-# rollback never keeps (the host module's env-keep and env-restore take them as an argument).
+# Every engine.env variable an engine reads its key from: what the planner refuses in engine_env (sparkfleet
+# writes it from `api_key`).
 KEY_VARS = tuple(dict.fromkeys(d.key_var for d in DESCRIPTORS.values() if d.key_var))
 VERSION_SETTINGS = tuple(d.version_setting for d in DESCRIPTORS.values())
 

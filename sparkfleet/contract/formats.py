@@ -14,8 +14,8 @@ import json
 from sparkfleet.contract import engines
 from sparkfleet.contract.shared import host_module
 
-# engine.env's API key variables: each engine's own (contract/engines.py `key_var`), which the helpers learn from
-# the serving file (contract/serving.py) and the rollback's edit from its arguments (host/operations.py)
+# engine.env's API key variables: each engine's own (contract/engines.py `key_var`), which the helpers and the
+# rollback's edit (host/operations.py env_command) learn from the serving file (contract/serving.py `api_key_var`)
 API_KEY_VARS = engines.KEY_VARS
 DEFAULT_KEY_VAR = engines.descriptor(engines.DEFAULT_ENGINE).key_var
 HUB_TOKEN_VARS = ("HF_TOKEN", "MODELSCOPE_API_TOKEN")  # hub.env: what the official clients read
