@@ -217,18 +217,41 @@ def read_record(model_dir) -> dict:
 
 # --- The env files sparkfleet writes (engine.env, hub.env): the one owner of their format -------------------
 
-API_KEY_VAR = "VLLM_API_KEY"  # engine.env's API key: vLLM reads it (SGLang none), the helpers send it
-LLAMA_API_KEY_VAR = "LLAMA_API_KEY"  # engine.env's API key for llama.cpp (llama-server reads it), instead
-API_KEY_VARS = (API_KEY_VAR, LLAMA_API_KEY_VAR)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# engine.env holds the API key under the variable its engine reads (the controller's engine descriptors,
+# sparkfleet/contract/engines.py), or none where the engine reads none. The helpers learn that variable from the
+# serving file (`api_key_var`, null: none), the rollback's edit too (the serving file's path is its argument);
+# a serving file written before that field (an older converge) had the key under one of these, which is all this
+# module names.
+LEGACY_KEY_VARS = ("VLLM_API_KEY", "LLAMA_API_KEY")
 
 
-def engine_api_key(env: dict):
-    """The API key of an engine.env, under whichever engine's name it was written; None when there is none."""
-    return next((env[var] for var in API_KEY_VARS if env.get(var)), None)
+def serving_key_vars(serving: dict) -> tuple:
+    """The engine.env variables that hold the engine's API key, as the serving file names them: its `api_key_var`
+    (null or not a variable name: none), or LEGACY_KEY_VARS for a serving file written before that field."""
+    if "api_key_var" not in serving:
+        return LEGACY_KEY_VARS
+    var = serving["api_key_var"]
+    return (var,) if isinstance(var, str) and _ENV_NAME.fullmatch(var) else ()
+
+
+def serving_file_key_vars(path) -> tuple:
+    """serving_key_vars of the serving file at `path`; LEGACY_KEY_VARS when it is absent or unreadable (names only:
+    what a rollback's edit treats as the key, never a value)."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return LEGACY_KEY_VARS
+    return serving_key_vars(value) if isinstance(value, dict) else LEGACY_KEY_VARS
+
+
+def engine_api_key(env: dict, key_vars=LEGACY_KEY_VARS):
+    """The API key of an engine.env under the first of `key_vars` (serving_key_vars) set; None when there is none."""
+    return next((env[var] for var in key_vars if env.get(var)), None)
 
 
 KEPT_NAME = "#key "  # a kept env's line naming an engine_env variable whose value a rollback takes from today's file
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def render_env(header: str, values: dict) -> str:
@@ -264,20 +287,21 @@ def read_env_file(path) -> dict:
         return {}
 
 
-def env_kept(live: str, fabric) -> str:
+def env_kept(live: str, fabric, key_vars=LEGACY_KEY_VARS) -> str:
     """What a rollback keeps of the running release's engine env: its fabric lines (a group member's, derived from
-    the release) and, as KEPT_NAME lines, the names of its other variables, never their values nor the API key."""
+    the release) and, as KEPT_NAME lines, the names of its other variables, never their values nor the API key
+    (`key_vars`: serving_file_key_vars)."""
     kept = []
     for line in live.splitlines():
         entry = _env_entry(line)
         if entry and entry[0] in fabric:
             kept.append(line)
-        elif entry and entry[0] not in API_KEY_VARS:
+        elif entry and entry[0] not in key_vars:
             kept.append(KEPT_NAME + entry[0])
     return "".join(f"{line}\n" for line in kept)
 
 
-def env_restored(kept: str, live: str, fabric) -> str:
+def env_restored(kept: str, live: str, fabric, key_vars=LEGACY_KEY_VARS) -> str:
     """The engine env of a rolled-back release: today's comments, API key and today's values of the kept names
     (a name the kept release lacked is left out, so is one today's file dropped), then the kept fabric lines.
     A kept file of an older rule holds NAME=value lines: only their names are read."""
@@ -293,7 +317,7 @@ def env_restored(kept: str, live: str, fabric) -> str:
     restored = []
     for line in live.splitlines():
         entry = _env_entry(line)
-        if entry is None or (entry[0] not in fabric and (entry[0] in API_KEY_VARS or entry[0] in names)):
+        if entry is None or (entry[0] not in fabric and (entry[0] in key_vars or entry[0] in names)):
             restored.append(line)
     return "".join(f"{line}\n" for line in restored + fabric_lines)
 
@@ -308,17 +332,17 @@ def write_private(path, text: str) -> None:
     os.replace(staged, path)
 
 
-def keep_env(live, kept, fabric) -> None:
+def keep_env(live, kept, fabric, key_vars=LEGACY_KEY_VARS) -> None:
     """Before a new release replaces the running one: its engine env set aside (env_kept)."""
-    write_private(kept, env_kept(Path(live).read_text(), fabric))
+    write_private(kept, env_kept(Path(live).read_text(), fabric, key_vars))
 
 
-def restore_env(live, kept, fabric) -> None:
+def restore_env(live, kept, fabric, key_vars=LEGACY_KEY_VARS) -> None:
     """A rollback's env swap: the kept release's env written from today's (env_restored), and the running one's
     kept in turn, so a second rollback returns."""
     live_text, kept_text = Path(live).read_text(), Path(kept).read_text()
-    write_private(live, env_restored(kept_text, live_text, fabric))
-    write_private(kept, env_kept(live_text, fabric))
+    write_private(live, env_restored(kept_text, live_text, fabric, key_vars))
+    write_private(kept, env_kept(live_text, fabric, key_vars))
 
 
 # --- The memory plan (its path: contract/paths.py MEMORY_PLAN): written by the planner, read by sparkfleet-memcheck
@@ -643,11 +667,13 @@ def ask(base: str, probe: dict, served_name: str = "", key=None, gate: bool = Fa
 
 def _main(argv) -> None:
     """`sparkfleet_host.py DIR`: what testinfra compares with the manifest. `sparkfleet_host.py env-keep|env-restore
-    LIVE KEPT FABRIC,NAMES`: a rollback's edit of the engine env, with no secret on the command line."""
-    if argv[:1] in (["env-keep"], ["env-restore"]) and len(argv) == 4:
+    LIVE KEPT FABRIC,NAMES [SERVING]`: a rollback's edit of the engine env, with no secret on the command line
+    (the API key's variable from the serving file SERVING: serving_file_key_vars)."""
+    if argv[:1] in (["env-keep"], ["env-restore"]) and len(argv) in (4, 5):
         edit, fabric = keep_env if argv[0] == "env-keep" else restore_env, set(filter(None, argv[3].split(",")))
+        key_vars = serving_file_key_vars(argv[4]) if len(argv) == 5 else LEGACY_KEY_VARS
         try:
-            edit(argv[1], argv[2], fabric)
+            edit(argv[1], argv[2], fabric, key_vars)
         except OSError as exc:
             raise SystemExit(f"sparkfleet_host {argv[0]}: {exc.filename}: {exc.strerror}")
         return

@@ -72,7 +72,8 @@ served_model_name = "Qwen3.5-35B-A3B"  # the model name clients ask for
 api_host = "127.0.0.1"  # where the host's API (its guard) answers; a LAN address needs api_key (or
 #                        allow_unauthenticated_api). The engine itself listens on 127.0.0.1 only
 api_port = 8000  # the guard's port; the engine listens on 127.0.0.1:api_port + 10000 (so <= 55535)
-api_key = None  # secret: passed as VLLM_API_KEY through a root-only env file
+api_key = None  # secret: the guard's key, and the engine's through a root-only env file (under the variable it
+#                reads: VLLM_API_KEY, LLAMA_API_KEY; SGLang reads none and runs behind the guard)
 allow_unauthenticated_api = False  # True: accept a LAN api_host without api_key
 controller_api_url = None  # where the controller reaches the API (status, bench); None = ssh_hostname:api_port
 max_model_len = 262144  # --max-model-len; refused above the model's maximum and where it cannot fit

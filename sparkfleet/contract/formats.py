@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 
+from sparkfleet.contract import engines
 from sparkfleet.contract.shared import host_module
 
-API_KEY_VAR = host_module.API_KEY_VAR  # engine.env's API key: vLLM reads it, the helpers send it
-LLAMA_API_KEY_VAR = host_module.LLAMA_API_KEY_VAR  # llama.cpp's instead (release/engines/llamacpp.py)
-API_KEY_VARS = host_module.API_KEY_VARS
+# engine.env's API key variables: each engine's own (contract/engines.py `key_var`), which the helpers and the
+# rollback's edit (host/operations.py env_command) learn from the serving file (contract/serving.py `api_key_var`)
+API_KEY_VARS = engines.KEY_VARS
+DEFAULT_KEY_VAR = engines.descriptor(engines.DEFAULT_ENGINE).key_var
 HUB_TOKEN_VARS = ("HF_TOKEN", "MODELSCOPE_API_TOKEN")  # hub.env: what the official clients read
 ENGINE_ENV_HEADER = "Managed by sparkfleet. Root-only: read by `docker run --env-file`."
 HUB_ENV_HEADER = "Managed by sparkfleet. Root-only: read by sparkfleet-fetch."
@@ -23,15 +25,15 @@ parse_env = host_module.parse_env
 within_budget = host_module.within_budget
 
 
-def engine_env(api_key: str | None, env: dict[str, str], key_var: str = API_KEY_VAR) -> str:
-    """engine.env: the API key when one is set (under `key_var`, the name the engine reads), then every other
-    variable by name (case-insensitively)."""
-    if key_var not in API_KEY_VARS:
+def engine_env(api_key: str | None, env: dict[str, str], key_var: str | None = DEFAULT_KEY_VAR) -> str:
+    """engine.env: the API key when one is set and the engine reads one (under `key_var`, the name it reads; None:
+    no key line), then every other variable by name (case-insensitively)."""
+    if key_var is not None and key_var not in API_KEY_VARS:
         raise ValueError(f"{key_var} is not an engine's API key variable ({', '.join(API_KEY_VARS)})")
     for var in API_KEY_VARS:
         if var in env:
             raise ValueError(f"{var} is written from the `api_key` setting, not from the environment")
-    head = {key_var: api_key} if api_key else {}
+    head = {key_var: api_key} if api_key and key_var else {}
     by_name = dict(sorted(env.items(), key=lambda item: item[0].lower()))  # the order the old template wrote
     return host_module.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
 

@@ -39,6 +39,11 @@ def service_unit(name: str) -> str:
     return f"sparkfleet-vllm-{name}.service"
 
 
+def service_container(name: str) -> str:
+    """The container of the RAG service `name` (its unit runs it)."""
+    return f"vllm-{name}"
+
+
 def release_unit(unit: str) -> bool:
     """Whether `unit` is one a release runs (the chat engine's, a member's Ray node's, a service's): what a release
     record's `units` may name and what a rollback sets aside when the release it restores does not run it."""

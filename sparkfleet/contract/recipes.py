@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sparkfleet import RECIPES_DIR
-from sparkfleet.contract.engines import DEFAULT_ENGINE, ENGINES
+from sparkfleet.contract.engines import DEFAULT_ENGINE, DESCRIPTORS, ENGINES
 
 __all__ = ["KINDS", "MODEL_SPECIFIC", "ModelFacts", "Recipe", "catalogue", "known_model", "missing_notes",
            "neutral_settings", "recipe"]
@@ -25,11 +25,9 @@ __all__ = ["KINDS", "MODEL_SPECIFIC", "ModelFacts", "Recipe", "catalogue", "know
 KINDS = ("chat", "embedding", "reranker")
 _NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 # The setting that names each engine's version (its flag table); a recipe for that engine sets it.
-VERSION_SETTING = {"vllm": "vllm_version", "sglang": "sglang_version", "llamacpp": "llamacpp_version"}
-# The image repositories each engine's own project (or NVIDIA, for vLLM) publishes: a recipe whose image is
-# another engine's is refused.
-IMAGES = {"vllm": ("vllm/vllm-openai", "nvcr.io/nvidia/vllm"), "sglang": ("lmsysorg/sglang",),
-          "llamacpp": ("ghcr.io/ggml-org/llama.cpp",)}
+VERSION_SETTING = {d.name: d.version_setting for d in DESCRIPTORS.values()}
+# The image repositories each engine's own project publishes: a recipe whose image is another engine's is refused.
+IMAGES = {d.name: d.images for d in DESCRIPTORS.values()}
 
 # The settings that belong to one model, not to the fleet, at their neutral values: what a host serving a model
 # no recipe describes gets (parse_settings), instead of the default recipe's Qwen3.5 parsers, attention backend,
@@ -176,9 +174,11 @@ def _check_engine(where: str, settings: dict) -> None:
     if owner != engine:
         raise ValueError(f"{where}: `engine_image` = {image!r} is {owner}'s image, and this recipe's engine is "
                          f"{engine}: set an image of {IMAGES[engine][0]}")
-    version = settings.get(VERSION_SETTING[engine])
-    if repository == "vllm/vllm-openai" and tag.startswith("v") and version and tag != f"v{version}":
-        raise ValueError(f"{where}: `engine_image` tag {tag} is not `vllm_version` {version}: make them agree")
+    version, rule = settings.get(VERSION_SETTING[engine]), DESCRIPTORS[engine].version_tag
+    if (rule and version and repository == IMAGES[engine][0] and tag.startswith(rule.split("{", 1)[0])
+            and tag != rule.format(version=version)):
+        raise ValueError(f"{where}: `engine_image` tag {tag} is not `{VERSION_SETTING[engine]}` {version}: "
+                         f"make them agree")
 
 
 def missing_notes(r: Recipe) -> list[str]:

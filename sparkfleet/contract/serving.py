@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 from sparkfleet.contract.shared import host_module
 
@@ -62,8 +62,9 @@ def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
 
 def watchdog_config(s: Settings) -> dict:
     """The engine the host's watchdog keeps serving and its rules, from the settings: no secret (the key stays
-    in engine.env)."""
+    in engine.env, under `api_key_var`, the engine's own variable: None where it reads none)."""
     return {
+        "api_key_var": engines.descriptor(s.engine).key_var,
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
         "host": paths.ENGINE_HOST, "kind": "chat",
         "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "state_file": paths.WATCHDOG_STATE,

@@ -30,9 +30,11 @@ from pydantic import (
     Field,
     JsonValue,
     ValidationError,
+    create_model,
 )
 
 from sparkfleet import DEFAULTS_FILE
+from sparkfleet.contract.engines import ENGINES, VERSION_SETTINGS
 from sparkfleet.contract.recipes import catalogue, neutral_settings
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
@@ -282,7 +284,12 @@ class Service(BaseModel):
     extra_engine_args: list[Text] = []
 
 
-class Settings(BaseModel):
+# Each engine's version setting (contract/engines.py `version_setting`: vllm_version, sglang_version, ...), the
+# version whose flag table its arguments are checked against; their defaults are in group_data/all.py.
+_EngineVersions = create_model("_EngineVersions", **{name: (Version, ...) for name in VERSION_SETTINGS})
+
+
+class Settings(_EngineVersions):
     """Every setting sparkfleet reads; the defaults live in group_data/all.py (see `defaults`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, hide_input_in_errors=True)
@@ -322,11 +329,8 @@ class Settings(BaseModel):
     engine_image_archive: AbsPath | None
     controller_registry_url: Url | None
 
-    engine: Literal["vllm", "sglang", "llamacpp"]
+    engine: Literal[ENGINES]  # contract/engines.py: each engine's version setting is a field of _EngineVersions
     engine_image: ImageRef
-    vllm_version: Version
-    sglang_version: Version
-    llamacpp_version: Version
     model_files: list[FileGlob] | None
     expected_concurrency: int | None = Field(ge=1, le=100_000)
     served_model_name: ServedName

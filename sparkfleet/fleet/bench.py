@@ -96,13 +96,16 @@ SYSTEM_PROMPT = (
 PROMPT_TOKENS = 128  # about what SYSTEM_PROMPT and QUESTION take: the roofline's context is this + max_tokens
 QUESTION = "Story {n}: tell the story of a lighthouse keeper on a small northern island, chapter by chapter."
 
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts")
-SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens")
-SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens")
-SPEC_PER_POS = ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos")
-PREFIX_GAUGE = {"sglang": "sglang:cache_hit_rate"}  # an engine's own prefix-cache hit rate, where it has no counters
+# The counters read before and after a run: each engine's own (contract/engines.py `bench`); a server whose engine
+# is not known is read with the default engine's.
+DEFAULT_COUNTERS = engines.descriptor(engines.DEFAULT_ENGINE).bench
+
+
+def counters_of(engine: str | None) -> engines.BenchCounters:
+    """The counters of `engine`: the default engine's when it is not known, none for a name sparkfleet lacks."""
+    if not engine:
+        return DEFAULT_COUNTERS
+    return engines.DESCRIPTORS[engine].bench if engine in engines.DESCRIPTORS else engines.BenchCounters()
 
 
 class BenchError(RuntimeError):
@@ -143,25 +146,26 @@ def _root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def parse_prefix_cache(text: str) -> dict | None:
+def parse_prefix_cache(text: str, counters: engines.BenchCounters = DEFAULT_COUNTERS) -> dict | None:
     """{"hits", "queries", "hit_rate"} from Prometheus text (summed over labels); None if absent."""
     sums = read_metrics(text)
-    hits = next((sums[n] for n in PREFIX_HITS if n in sums), None)
-    queries = next((sums[n] for n in PREFIX_QUERIES if n in sums), None)
+    hits = next((sums[n] for n in counters.prefix_hits if n in sums), None)
+    queries = next((sums[n] for n in counters.prefix_queries if n in sums), None)
     if hits is None or queries is None:
         return None
     return {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries else None}
 
 
-def parse_spec_decode(text: str) -> dict | None:
+def parse_spec_decode(text: str, counters: engines.BenchCounters = DEFAULT_COUNTERS) -> dict | None:
     """{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position"} from Prometheus text (summed
     over labels); None when the server does no speculative decoding (vLLM registers the counters only then)."""
     sums = read_metrics(text)
-    drafts, draft_tokens, accepted = (next((sums[n] for n in names if n in sums), None)
-                                      for names in (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED))
+    drafts, draft_tokens, accepted = (next((sums[n] for n in names if n in sums), None) for names in (
+        counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted))
     if drafts is None or draft_tokens is None or accepted is None:
         return None
-    per_pos = next((found for found in (read_by_label(text, n, "position") for n in SPEC_PER_POS) if found), {})
+    per_pos = next((found for found in (read_by_label(text, n, "position") for n in counters.spec_per_pos)
+                    if found), {})
     return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
             "accepted_per_position": [per_pos[k] for k in sorted(per_pos, key=int)]}
 
@@ -181,9 +185,9 @@ def engine_tokens(engine: str | None, before: str | None, after: str | None) -> 
 
 
 def _other_engine_cache(engine: str, after: str | None) -> dict:
-    """What stands in _prefix_cache_report's place for an engine without vLLM's counters: its own gauge (SGLang's
-    running hit rate) at the end of the run, else None; `not_exported_by` names the engine."""
-    gauge = PREFIX_GAUGE.get(engine)
+    """What stands in _prefix_cache_report's place for an engine without prefix-cache counters: its own gauge
+    (SGLang's running hit rate) at the end of the run, else None; `not_exported_by` names the engine."""
+    gauge = counters_of(engine).prefix_gauge
     value = read_metrics(after or "").get(gauge) if gauge else None
     return {"before": None, "after": None, "during": None, "not_exported_by": engine,
             "engine_gauge": {"name": gauge, "value": value} if value is not None else None}
@@ -355,7 +359,7 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         results.append(_level(client, model, c, count, max_tokens, extra_body, n))
         n += count
     after = _scrape(root, api_key)
-    vllm_counters = engine in (None, "vllm")
+    counters = counters_of(engine)
 
     single = [rate for level in results if level["concurrency"] == 1 for rate in level["_decode_rates"]]
     for level in results:
@@ -377,10 +381,12 @@ def run_bench(url: str, model: str, api_key: str | None, concurrency: list[int],
         "roofline_tokens_per_s": roofline,
         "decode_vs_roofline": single_stream / roofline if single_stream and roofline else None,
         "engine_generation_tokens": engine_tokens(engine, before, after),
-        "prefix_cache": (_prefix_cache_report(*(parse_prefix_cache(t) if t else None for t in (before, after)))
-                         if vllm_counters else _other_engine_cache(engine, after)),
-        "speculative_decoding": (spec_decode_report(*(parse_spec_decode(t) if t else None for t in (before, after)))
-                                 if vllm_counters else None),
+        "prefix_cache": (_prefix_cache_report(*(parse_prefix_cache(t, counters) if t else None
+                                                for t in (before, after)))
+                         if counters.prefix_hits else _other_engine_cache(engine, after)),
+        "speculative_decoding": (spec_decode_report(*(parse_spec_decode(t, counters) if t else None
+                                                      for t in (before, after)))
+                                 if counters.spec_drafts else None),
     }
 
 
@@ -483,7 +489,9 @@ def print_table(result: dict, console=None) -> None:
             f"; its own {gauge['name']} reads {gauge['value'] * 100:.1f} % after the run" if gauge else ""))
         console.print(f"speculative decoding: counters not exported by {cache['not_exported_by']}")
     elif cache["before"] is None or cache["after"] is None:
-        console.print("prefix cache: no vllm:prefix_cache_* counters in /metrics")
+        counters = counters_of(engine)
+        console.print(f"prefix cache: no {counters.prefix_hits[-1]} or {counters.prefix_queries[-1]} counters in "
+                      f"/metrics")
     else:
         rate = lambda d: _f(d["hit_rate"] * 100 if d and d["hit_rate"] is not None else None, ".1f")  # noqa: E731
         console.print(f"prefix cache hit rate: before {rate(cache['before'])} %, after {rate(cache['after'])} %, "

@@ -27,8 +27,7 @@ JOBS = (m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_USAGE)  # the scrape j
 DOOR_JOBS = (m.JOB_FRONT_DOOR, m.JOB_USAGE)  # asked on a front door's port (https where the door speaks it)
 # Every engine's KV cache gauge (0..1; vLLM's new name, its old one, SGLang's token_usage; llama.cpp exports
 # none) and its queue: one alert covers a fleet of mixed engines, each series keeping its `host`.
-KV_CACHE = (engines.metrics("vllm").kv_usage, *engines.LEGACY_KV_USAGE,
-            *(name for name in engines.every("kv_usage") if name != engines.metrics("vllm").kv_usage))
+KV_CACHE = engines.kv_usage_series()
 WAITING = engines.every("waiting")
 
 

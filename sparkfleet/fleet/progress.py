@@ -1,14 +1,14 @@
 """Progress on long work while a deploy runs: each host's model fetch (files, bytes, rate, ETA) and its engine's
-start (vLLM's own phase lines), shown per host on stderr.
+start (the engine's own phase lines), shown per host on stderr.
 
 The stages decide, from what they already know, which hosts this run will fetch a model on or (re)start the
 engine of (`watch`); only those are polled, so a no-op converge sends nothing more. The watcher is a pyinfra
 state callback (pyinfra's own way to follow a run: the CLI's output is one too), so `pyinfra INVENTORY deploy.py`
 and `sparkfleet rollout` show the same. Every ~2 s, while the host's operations run, it sends one small command
 over that host's own SSH connection (paramiko gives each command a channel of its own): the fetch helper's
-progress file (`paths.FETCH_PROGRESS`) and the engine unit's journal since the watch began, filtered to vLLM's
-phase lines. On a terminal the hosts are rich progress bars; otherwise plain lines, one per host when its phase
-changes or every PLAIN_EVERY_S, so CI logs stay short. What a host sends is data: its numbers are checked, its
+progress file (`paths.FETCH_PROGRESS`) and the engine unit's journal since the watch began, filtered to the
+engines' phase lines (contract/engines.py `start_phases`). On a terminal the hosts are rich progress bars;
+otherwise plain lines, one per host when its phase changes or every PLAIN_EVERY_S, so CI logs stay short. What a host sends is data: its numbers are checked, its
 journal lines (printable ASCII, cut on the host) only pick one of our phase labels and give two counts, and every
 line is printed literally (`tables.literal`); nothing secret is read (paths and counts only).
 """
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import engines, paths
 from sparkfleet.tables import console, literal
 
 POLL_S = 2.0  # between two reads of a host
@@ -36,32 +36,14 @@ LINE_MAX = 300  # a journal line is cut here on the host (and again here before 
 FETCH_STATES = ("checking", "fetching", "done", "failed")
 
 
-# --- the engine's start, from vLLM's own lines (vllm/model_executor/model_loader/weight_utils.py,
-# vllm/v1/worker/gpu_model_runner.py, vllm/entrypoints/openai/api_server.py, uvicorn) and systemd's
+# --- the engine's start, from its own lines (each engine's `start_phases`, contract/engines.py) and systemd's
 
 
-@dataclass(frozen=True)
-class PhaseLine:
-    key: str  # a fixed string the line holds: what the host's grep -F keeps
-    label: str
-    pattern: str = ""  # a regex the line must match too (its groups n, N: "loading shards 7/14")
-    ready: bool = False
-    failed: bool = False
+PhaseLine = engines.StartPhase  # key (what the host's grep -F keeps), label, pattern (groups n, N), ready, failed
 
-
-_COUNT = r"\|\s*(\d+)/(\d+)\s*\["  # tqdm's "| 7/14 [": vLLM's bar format and tqdm's default alike
+# The unit's journal holds one engine's lines: every engine's are looked for, the first that matches counts.
 PHASE_LINES = (
-    PhaseLine("vLLM API server version", "starting"),
-    PhaseLine("Starting to load model", "loading model"),
-    PhaseLine("Loading safetensors checkpoint shards", "loading shards", _COUNT),
-    PhaseLine("Loading weights took", "weights loaded"),
-    PhaseLine("Model loading took", "weights loaded"),
-    PhaseLine("Capturing CUDA graphs", "CUDA graphs", _COUNT),
-    PhaseLine("Graph capturing finished", "CUDA graphs captured"),
-    PhaseLine("Starting vLLM API server", "API server starting", r"Starting vLLM API server \d+ on "),
-    PhaseLine("Application startup complete", "ready", ready=True),
-    PhaseLine("EngineCore failed to start", "failed to start", failed=True),
-    PhaseLine("Engine core initialization failed", "failed to start", failed=True),
+    *engines.start_phases(),
     PhaseLine("Failed with result", "unit failed", failed=True),  # systemd: the unit's process exited
 )
 
@@ -225,7 +207,7 @@ def poll_command(unit: str | None, since: int | None) -> str:
     watch began) is known, the unit's phase lines since then. Every value quoted."""
     parts = ["date +%s", f"echo {_MARK}", f"cat {shlex.quote(paths.FETCH_PROGRESS)} 2>/dev/null"]
     if unit and since is not None:
-        keys = " ".join(f"-e {shlex.quote(p.key)}" for p in PHASE_LINES)
+        keys = " ".join(f"-e {shlex.quote(key)}" for key in dict.fromkeys(p.key for p in PHASE_LINES))
         parts += [f"echo {_MARK}",
                   # --all: a line holding tqdm's carriage return is "unprintable" to journalctl, a blob without it
                   f"journalctl --no-pager --all -o cat -u {shlex.quote(unit)} --since @{int(since)} 2>/dev/null"

@@ -116,14 +116,11 @@ def engine_on_host(host, s: Settings) -> dict:
 
     probe = host.get_fact(ServiceProbe, port=s.api_port, served_name=s.served_model_name, kind="chat",
                           container=s.container_name)
-    names = load_series(s.engine)
+    names, engine = load_series(s.engine), engines.descriptor(s.engine)
     text = host.get_fact(EngineMetrics, port=paths.engine_port(s.api_port), names=names,
-                         **({"keyed": True} if s.engine in METRICS_NEED_KEY else {}))
+                         **({"key_var": engine.key_var} if engine.metrics_need_key and engine.key_var else {}))
     metrics = read_metrics(text or "")
     return {**probe, "metrics": {name: value for name, value in metrics.items() if name in names}}
-
-
-METRICS_NEED_KEY = ("llamacpp",)  # llama-server's key guards /metrics too (vLLM's and SGLang's leave it open)
 
 
 def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False) -> dict:

@@ -207,8 +207,10 @@ def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PRE
     env-keep sets the running release's aside: its fabric lines and the names of its engine_env (a secret
     setting), never their values nor its API key. env-restore writes the kept release's from today's file: today's
     API key and today's values of the kept names, then the kept fabric lines; the running one is kept in turn, so a
-    second rollback returns. An older (leaked, rotated) key or value never comes back."""
-    return " ".join(shlex.quote(arg) for arg in ("python3", module, action, live, kept, ",".join(FABRIC_ENV)))
+    second rollback returns. An older (leaked, rotated) key or value never comes back. The API key's variable is
+    the serving file's (`api_key_var`, the engine's own), which the module reads there."""
+    return " ".join(shlex.quote(arg) for arg in ("python3", module, action, live, kept, ",".join(FABRIC_ENV),
+                                                 paths.SERVING_FILE))
 
 
 @operation()
@@ -330,7 +332,8 @@ def units_problem(previous: dict, source: str) -> Unreadable | None:
     for svc_name, svc in services.items():
         unit = paths.service_unit(svc_name)
         if not (isinstance(svc, dict) and svc.get("unit") == unit and unit in units
-                and svc.get("container") == f"vllm-{svc_name}" and isinstance(svc.get("served_model_name"), str)
+                and svc.get("container") == paths.service_container(svc_name)
+                and isinstance(svc.get("served_model_name"), str)
                 and isinstance(svc.get("kind"), str) and type(svc.get("api_port")) is int):
             return Unreadable(source, f"service {str(svc_name)[:40]!r} is not one of its `units` with a container, "
                                       "served_model_name, kind and api_port")

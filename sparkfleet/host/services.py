@@ -30,7 +30,7 @@ def services_pruned(keep: list[str]):
         host.noop("no dropped service")
         return
     for unit in stale:
-        container = "vllm-" + _SERVICE_UNIT.fullmatch(unit).group(1)
+        container = paths.service_container(_SERVICE_UNIT.fullmatch(unit).group(1))
         yield f"systemctl disable --now {unit} || true"
         yield f"docker rm -f {container} >/dev/null 2>&1 || true"
         yield f"rm -f {paths.unit_path(unit)}"

@@ -4,13 +4,13 @@ that does not answer (restart, then the full health gate). A healthy host costs 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
-from sparkfleet.contract.shared import host_module
 from sparkfleet.host.operations import health_gate
 from sparkfleet.host.state import unit_state
 
@@ -72,26 +72,28 @@ class ServingProbe(FactBase[dict]):
             return {"serving": False, "failed": "probe", "detail": " ".join(output)[-300:], "starting": False}
 
 
-# curl's config on stdin carries the key from engine.env (never a command line): its header line, quoted as a
-# curl config string (\ and " escaped); no key line, no header.
-_KEY_HEADER = shlex.quote(r's/^(' + "|".join(host_module.API_KEY_VARS) + r')=//; T; s/[\\"]/\\&/g; '
-                          r's/.*/header = "Authorization: Bearer &"/p')
+def _key_header(key_var: str) -> str:
+    """A sed script: curl's config on stdin carries the key from engine.env's `key_var` line (never a command
+    line): its header line, quoted as a curl config string (\\ and " escaped); no key line, no header."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_var):
+        raise ValueError(f"{key_var!r} is not an env variable name")
+    return shlex.quote(f"s/^{key_var}=//; T; " + r's/[\\"]/\\&/g; s/.*/header = "Authorization: Bearer &"/p')
 
 
 class EngineMetrics(FactBase[str]):
     """The engine's /metrics lines of the series `names`, read on the host: `status` of an engine on loopback.
-    vLLM's and SGLang's keys leave /metrics open; llama-server's guards it too (`keyed`: the key goes from
-    engine.env to curl on its stdin). Empty when nothing answered."""
+    Where the engine's key guards /metrics too (contract/engines.py `metrics_need_key`), `key_var` names its
+    engine.env line: the key goes from there to curl on its stdin. Empty when nothing answered."""
 
     @staticmethod
     def default() -> str:
         return ""
 
-    def command(self, port: int, names: tuple[str, ...], keyed: bool = False):
+    def command(self, port: int, names: tuple[str, ...], key_var: str | None = None):
         wanted = shlex.quote("^(" + "|".join(names) + ")[{ ]")
         url = f"http://{paths.ENGINE_HOST}:{int(port)}/metrics"
-        if keyed:
-            return (f"sed -nE {_KEY_HEADER} {paths.ENGINE_ENV} 2>/dev/null | curl -fsS --max-time 5 -K - {url}"
+        if key_var:
+            return (f"sed -nE {_key_header(key_var)} {paths.ENGINE_ENV} 2>/dev/null | curl -fsS --max-time 5 -K - {url}"
                     f" 2>/dev/null | grep -E {wanted} || true")
         return f"curl -fsS --max-time 5 {url} 2>/dev/null | grep -E {wanted} || true"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkfleet.contract import engines
 from sparkfleet.model.fit import FitReport
 
 __all__ = ["EVIDENCE", "PAIR", "REPLICAS", "Evidence", "TopologyAdvice", "advise", "is_sparse"]
@@ -84,7 +85,8 @@ def _measured_line(e: Evidence, users: int) -> str:
             f"({verdict}, {pair / other - 1:+.0%})")
 
 
-def advise(one: FitReport, pair: FitReport, expected_concurrency: int, engine: str = "vllm") -> TopologyAdvice | None:
+def advise(one: FitReport, pair: FitReport, expected_concurrency: int,
+           engine: str = engines.DEFAULT_ENGINE) -> TopologyAdvice | None:
     """Which of a pair or two replicas serves `expected_concurrency` users better; None when the model does not
     fit one Spark (the pair is then needed, not chosen).
 
@@ -106,9 +108,10 @@ def advise(one: FitReport, pair: FitReport, expected_concurrency: int, engine: s
                f"{roofline['one_spark_tokens_per_s']:g} tokens/s on one Spark, <= {roofline['pair_tokens_per_s']:g} "
                f"on the pair; KV room for {roofline['replicas_seqs_at_8192']} sequences of 8K on two replicas, "
                f"{roofline['pair_seqs_at_8192']} on the pair", _measured_line(evidence, users)]
-    if engine != "vllm":
+    if not engines.descriptor(engine).tensor_parallel:
         choice = REPLICAS
-        reasons.insert(0, f"engine {engine}: sparkfleet's tensor-parallel groups are vLLM over Ray, so two "
+        able = " or ".join(d.label for d in engines.able("tensor_parallel"))
+        reasons.insert(0, f"engine {engine}: sparkfleet's tensor-parallel groups are {able} over Ray, so two "
                           f"{engine} replicas are the choice")
     elif not sparse:
         choice = REPLICAS

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 
 # Environment sparkfleet writes on every member, derived from the fabric settings (engine_env may not set them).
@@ -29,7 +29,8 @@ UNPINNED_ENV = {"NCCL_IB_GID_INDEX": "the RoCE GID index drifts across reboots, 
 # container options) or the Ray cluster the members form.
 GROUP_KEYS = (
     "tensor_parallel_size", "model_hub", "model_repo", "model_revision", "model_root", "engine_image",
-    "vllm_version", "served_model_name", "api_host", "api_port", "max_model_len", "gpu_memory_utilization",
+    *(d.version_setting for d in engines.able("tensor_parallel")),  # the group's engine's version: vllm_version
+    "served_model_name", "api_host", "api_port", "max_model_len", "gpu_memory_utilization",
     "enable_prefix_caching", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "attention_backend",
     "limit_mm_per_prompt", "kv_cache_dtype", "max_num_seqs", "speculative_method", "num_speculative_tokens",
     "extra_engine_args", "gpu_device_mode", "privileged", "seccomp_unconfined", "fabric_interface", "fabric_mtu",

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
@@ -274,7 +274,8 @@ class HostPlan:
             "image_unknown": self.image_error,
             "engine": self.settings.engine,
             "engine_version": self.engine.version(self.settings),
-            "vllm_version": self.settings.vllm_version,
+            # the version the RAG services run at (the pooling engine's: vllm_version)
+            **{d.version_setting: getattr(self.settings, d.version_setting) for d in engines.able("pooling")},
             "engine_args": self.engine_args,
             "docker_options": self.docker_options,
             "model_dir": self.model_dir,

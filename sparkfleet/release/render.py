@@ -111,7 +111,7 @@ def ray_unit(plan) -> str:
     )
 
 
-def engine_env(s, fabric: dict[str, str], key_var: str = formats.API_KEY_VAR) -> str:
+def engine_env(s, fabric: dict[str, str], key_var: str | None = formats.DEFAULT_KEY_VAR) -> str:
     """The engine containers' environment file (contract/formats.py): the API key under the engine's name for it,
     a member's fabric variables, then engine_env (settings refuse an engine_env key that sparkfleet derives)."""
     return formats.engine_env(s.api_key, {**fabric, **s.engine_env}, key_var)

@@ -42,7 +42,7 @@ REQUIRED = ("model_repo", "model_revision", "served_model_name", "api_port", "gp
 
 
 def container_name(name: str) -> str:
-    return f"vllm-{name}"
+    return paths.service_container(name)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sparkfleet.contract import paths, serving
+from sparkfleet.contract import engines, paths, serving
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.contract.shared import host_module
 from sparkfleet.host.serving import EngineMetrics
@@ -33,6 +33,8 @@ class _Engine(BaseHTTPRequestHandler):
     served = "tiny-llama"
 
     def _open(self) -> bool:
+        if self.engine == "sglang":  # started without a key (release/engines/sglang.py): the guard demands it
+            return True
         public = ("/health", "/v1/health", "/models", "/v1/models") if self.engine == "llamacpp" else ("/health",
                                                                                                     "/metrics")
         return self.path.startswith(public) or self.headers.get("Authorization") == f"Bearer {KEY}"
@@ -86,11 +88,12 @@ def engine(request, tmp_path, monkeypatch):
     monkeypatch.setattr(wd, "engine_holds_port", lambda *args: (True, ""))  # no container here
     monkeypatch.setattr(wd, "gpu_check", lambda container: (True, "GPU 0: NVIDIA GB10"))
     env = tmp_path / "engine.env"
-    # llama-server reads LLAMA_API_KEY; the others' env names VLLM_API_KEY (formats.py writes one per engine)
-    env.write_text(f"# Managed by sparkfleet\n{'LLAMA_API_KEY' if request.param == 'llamacpp' else 'VLLM_API_KEY'}"
-                   f"={KEY}\n")
+    # the key under the engine's own variable (llama-server: LLAMA_API_KEY; SGLang reads none), which the serving
+    # file names (contract/engines.py key_var)
+    var = engines.descriptor(request.param).key_var
+    env.write_text("# Managed by sparkfleet\n" + (f"{var}={KEY}\n" if var else ""))
     cfg = {**quick(CFG, 2), "port": server.server_address[1], "served_name": "tiny-llama", "env_file": str(env),
-           "container": "c"}
+           "container": "c", "api_key_var": var}
     yield handler, cfg
     server.shutdown()
 
@@ -142,7 +145,7 @@ def test_status_reads_llamacpp_metrics_on_the_host_with_the_key_off_the_command_
     env.write_text(f'# Managed\nLLAMA_API_KEY={KEY}\n')
     names = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
     try:
-        command = EngineMetrics().command(port=server.server_address[1], names=names, keyed=True)
+        command = EngineMetrics().command(port=server.server_address[1], names=names, key_var="LLAMA_API_KEY")
         assert KEY not in command and paths.ENGINE_ENV in command
         run = subprocess.run(["bash", "-c", command.replace(paths.ENGINE_ENV, str(env))], capture_output=True,
                              text=True, timeout=20)
@@ -169,6 +172,7 @@ def test_status_asks_llamacpp_metrics_with_the_key(monkeypatch):
 
     s = parse_settings("spark-3", host_data(engine="llamacpp"))
     found = status.engine_on_host(Host(), s)
-    assert asked["EngineMetrics"]["keyed"] is True and found["metrics"] == {"llamacpp:requests_processing": 2.0}
+    assert asked["EngineMetrics"]["key_var"] == "LLAMA_API_KEY"
+    assert found["metrics"] == {"llamacpp:requests_processing": 2.0}
     status.engine_on_host(Host(), parse_settings("spark-1", host_data()))
-    assert "keyed" not in asked["EngineMetrics"]
+    assert "key_var" not in asked["EngineMetrics"]

@@ -45,7 +45,7 @@ def test_sglang_table_is_its_own_parser():
 
 
 def test_the_env_file_writes_the_key_under_the_engines_name():
-    assert "LLAMA_API_KEY=sk-k" in formats.engine_env("sk-k", {}, formats.LLAMA_API_KEY_VAR).splitlines()
+    assert "LLAMA_API_KEY=sk-k" in formats.engine_env("sk-k", {}, ENGINE_CLASSES["llamacpp"].key_var).splitlines()
     for var in formats.API_KEY_VARS:
         assert host_module.engine_api_key({var: "sk-k"}) == "sk-k"
     assert host_module.engine_api_key({}) is None

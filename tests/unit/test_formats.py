@@ -25,7 +25,8 @@ def holders(pattern: str) -> list[str]:
 
 
 def test_each_rule_of_a_host_file_is_written_in_its_owner_alone():
-    assert holders(r"VLLM_API_KEY") == ["files/sparkfleet_host.py"]  # the env file's owner; others: API_KEY_VAR
+    # the engine's descriptor, and the env file's owner for a serving file older than `api_key_var`
+    assert holders(r"VLLM_API_KEY") == ["files/sparkfleet_host.py", "sparkfleet/contract/engines.py"]
     assert holders(r"/etc/systemd/system") == ["sparkfleet/contract/paths.py"]  # paths.unit_path
     assert holders(r"memory\.json") == ["sparkfleet/contract/paths.py"]  # paths.MEMORY_PLAN, the helper's argument
     assert holders(r"host_memory_gb\s*\*") == ["sparkfleet/contract/formats.py"]  # formats.host_memory_bytes
@@ -36,7 +37,7 @@ def test_the_env_file_reads_back_what_it_was_written_with():
     env = {"b": "1", "SIM_X": " a=b c", "_Y": ""}
     text = formats.engine_env("sk-the-key", env)
     assert text.splitlines()[1:] == ["VLLM_API_KEY=sk-the-key", "_Y=", "b=1", "SIM_X= a=b c"]  # by name, any case
-    assert formats.parse_env(text) == {formats.API_KEY_VAR: "sk-the-key", **env}
+    assert formats.parse_env(text) == {formats.DEFAULT_KEY_VAR: "sk-the-key", **env}
     assert formats.parse_env(formats.hub_env("hf_tok")) == dict.fromkeys(formats.HUB_TOKEN_VARS, "hf_tok")
     assert formats.parse_env(formats.hub_env(None)) == {}
 
@@ -51,7 +52,7 @@ def test_a_line_that_would_split_or_hide_another_is_refused_naming_the_variable_
 
 def test_the_api_key_comes_from_api_key_only():
     with pytest.raises(ValueError, match="from the `api_key` setting"):
-        formats.engine_env(None, {formats.API_KEY_VAR: "sk-other"})
+        formats.engine_env(None, {formats.DEFAULT_KEY_VAR: "sk-other"})
 
 
 def test_a_rollback_edit_with_no_kept_file_fails_in_one_line_and_leaves_the_live_env(tmp_path):

@@ -12,7 +12,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
-from sparkfleet.contract.formats import API_KEY_VAR
+from sparkfleet.contract.formats import DEFAULT_KEY_VAR as API_KEY_VAR
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from sparkfleet.contract.formats import API_KEY_VAR, API_KEY_VARS
+from sparkfleet.contract import engines
+from sparkfleet.contract.engines import EngineDescriptor
+from sparkfleet.contract.formats import API_KEY_VARS
 from sparkfleet.contract.settings import Settings
 from sparkfleet.model.gguf import entry_file, is_gguf
 from sparkfleet.release.engines.table import FlagTable, load_table, table_versions
@@ -66,20 +68,41 @@ def repository(image: str) -> str:
     return rest if rest and ("." in first or ":" in first or first == "localhost") else name
 
 
-class Engine:
-    """One engine: subclasses set the class attributes and write `args`."""
+def _labels(found: tuple[EngineDescriptor, ...]) -> str:
+    return " or ".join(d.label for d in found)
 
-    name: str  # settings `engine`
-    label: str  # as messages and the unit's Description name it
+
+class Engine:
+    """One engine's behaviour: subclasses set the class attributes and write `args`; what the rest of sparkfleet
+    knows of the engine (name, label, version setting, key variable, capabilities) is its descriptor's."""
+
+    descriptor: EngineDescriptor  # contract/engines.py
     description: str  # the unit's Description, before the served name
-    version_setting: str  # the setting that pins its flag table
-    image: str  # the image a Spark runs it from: what a refusal tells to set
-    model_format: str  # "safetensors" or "gguf"
-    key_var: str = API_KEY_VAR  # engine.env's API key variable (the helpers read it there too)
+    image: str  # the image a Spark runs it from (of descriptor.images[0]): what a refusal tells to set
     secret_flags: dict[str, str] = {}  # flags that carry a secret: {flag: the fix}
     admin_flags: dict[str, str] = {}  # flags that open an admin surface, run code or log users' text: {flag: why}
     owned_dests: dict[str, str] = {}  # {flag destination: the setting that sparkfleet sets it from}
     command: tuple[str, ...] = ()  # arguments before the flags (SGLang's `-m sglang.launch_server`)
+
+    @property
+    def name(self) -> str:  # settings `engine`
+        return self.descriptor.name
+
+    @property
+    def label(self) -> str:  # as messages and the unit's Description name it
+        return self.descriptor.label
+
+    @property
+    def version_setting(self) -> str:  # the setting that pins its flag table
+        return self.descriptor.version_setting
+
+    @property
+    def model_format(self) -> str:  # "safetensors" or "gguf"
+        return self.descriptor.model_format
+
+    @property
+    def key_var(self) -> str | None:  # engine.env's API key variable (None: the engine reads no key)
+        return self.descriptor.key_var
 
     def flag_name(self, arg: str) -> str:
         """The flag an argument names, as this engine reads it."""
@@ -131,20 +154,22 @@ class Engine:
         """Every refusal of this engine for a host: the model's format, tensor parallelism, the key,
         extra_engine_args' flags, and each argument against the pinned flag table."""
         problems = []
+        tensor_parallel, pooling = engines.able("tensor_parallel"), engines.able("pooling")
         if gguf and self.model_format != "gguf":
             problems.append(f"{name}: {s.model_repo} is a GGUF model, which {self.label} does not serve here: "
-                            f"set engine = \"llamacpp\"")
+                            f"set {engines.names(engines.serving_format('gguf'))}")
         elif gguf is False and self.model_format == "gguf":
-            problems.append(f"{name}: {s.model_repo} has no GGUF model file, and llama.cpp serves only GGUF: set "
-                            f"model_files to its .gguf files (e.g. [\"*Q4_K_M*.gguf\"]), or engine = \"vllm\"")
-        if self.name != "vllm" and (s.tensor_parallel_hosts or s.tensor_parallel_size > 1):
-            problems.append(f"{name}: tensor parallelism over Sparks runs on vLLM's Ray path, and engine is "
-                            f"{self.name!r}: set engine = \"vllm\", or remove tensor_parallel_hosts and set "
-                            f"tensor_parallel_size = 1")
-        if self.name != "vllm" and s.services:
-            problems.append(f"{name}: services ({', '.join(s.services)}) are pooling models that run on vLLM, from "
-                            f"the chat engine's image, and engine is {self.name!r}: set engine = \"vllm\", or "
-                            f"remove services")
+            problems.append(f"{name}: {s.model_repo} has no GGUF model file, and {self.label} serves only GGUF: set "
+                            f"model_files to its .gguf files (e.g. [\"*Q4_K_M*.gguf\"]), or "
+                            f"engine = \"{engines.DEFAULT_ENGINE}\"")
+        if not self.descriptor.tensor_parallel and (s.tensor_parallel_hosts or s.tensor_parallel_size > 1):
+            problems.append(f"{name}: tensor parallelism over Sparks runs on {_labels(tensor_parallel)}'s Ray path, "
+                            f"and engine is {self.name!r}: set {engines.names(tensor_parallel)}, or remove "
+                            f"tensor_parallel_hosts and set tensor_parallel_size = 1")
+        if not self.descriptor.pooling and s.services:
+            problems.append(f"{name}: services ({', '.join(s.services)}) are pooling models that run on "
+                            f"{_labels(pooling)}, from the chat engine's image, and engine is {self.name!r}: set "
+                            f"{engines.names(pooling)}, or remove services")
         for var in API_KEY_VARS:
             if var in s.engine_env:
                 problems.append(f"{name}: engine_env sets {var}, which sparkfleet writes from `api_key`: "

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sparkfleet.contract import paths
-from sparkfleet.contract.formats import LLAMA_API_KEY_VAR
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 from sparkfleet.release.engines.base import Engine
 from sparkfleet.release.engines.table import FlagTable
@@ -16,7 +15,7 @@ UNRESOLVED_ENTRY = "UNRESOLVED-see-model_files.gguf"
 GPU_LAYERS = "999"  # every layer on the GPU: a Spark's memory is the GPU's
 
 SECRET_FLAGS = {
-    "--api-key": f"set the `api_key` setting instead (it reaches llama-server as {LLAMA_API_KEY_VAR} from a "
+    "--api-key": f"set the `api_key` setting instead (it reaches llama-server as {engines.LLAMACPP.key_var} from a "
                  "root-only env file)",
     "--api-key-file": "set the `api_key` setting instead: sparkfleet writes the key into a root-only env file",
     "--hf-token": "remove it: the engine serves a local file that sparkfleet fetched with `hub_token`",
@@ -52,11 +51,9 @@ OWNED_DESTS = {
 
 
 class LlamaCpp(Engine):
-    name, label, version_setting = "llamacpp", "llama.cpp", "llamacpp_version"
+    descriptor = engines.LLAMACPP
     description = "llama.cpp llama-server"
     image = "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"  # ggml-org's CUDA server of that build (llama-server)
-    model_format = "gguf"
-    key_var = LLAMA_API_KEY_VAR
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
 
     def args(self, s: Settings, model_dir: str, entry: str | None) -> list[str]:

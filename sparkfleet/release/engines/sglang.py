@@ -5,13 +5,13 @@ none), and a `--config` YAML file would keep it off the command line, but the se
 argument at start-up, the key included (sglang/srt/entrypoints/engine.py `server_args=` through
 resolved_dict; only watermark secrets are redacted), so the key would land in the journal. SGLang is
 therefore started with no key: it listens on 127.0.0.1 only, and the host's guard in front demands the
-backend key on every path but /health. engine.env still carries the key under API_KEY_VAR for the host's
-helpers (SGLang does not read it).
+backend key on every path but /health. engine.env carries no key (the descriptor's key_var is None): the host's
+helpers ask SGLang on loopback without one.
 """
 
 from __future__ import annotations
 
-from sparkfleet.contract import paths
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 from sparkfleet.release.engines.base import Engine
 from sparkfleet.release.engines.table import FlagTable
@@ -45,10 +45,9 @@ MODULE = ("-m", "sglang.launch_server")  # after `--entrypoint python3`
 
 
 class SGLang(Engine):
-    name, label, version_setting = "sglang", "SGLang", "sglang_version"
+    descriptor = engines.SGLANG
     description = "SGLang server"
     image = "lmsysorg/sglang:spark"  # NVIDIA's Spark playbook image: a moving tag, pinned by digest at plan time
-    model_format = "safetensors"
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
     command = MODULE
 

@@ -1,17 +1,18 @@
-"""vLLM: `vllm serve MODEL_DIR --flag ...` (the image's entrypoint), the key from API_KEY_VAR in engine.env."""
+"""vLLM: `vllm serve MODEL_DIR --flag ...` (the image's entrypoint), the key from its descriptor's key_var in
+engine.env."""
 
 from __future__ import annotations
 
 import json
 
-from sparkfleet.contract import paths
-from sparkfleet.contract.formats import API_KEY_VAR
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 from sparkfleet.release.engines.base import Engine
 
 # vLLM flags that carry a secret: on the command line it would sit in the world-readable unit and in `ps`.
 SECRET_FLAGS = {
-    "--api-key": f"set the `api_key` setting instead (it reaches vLLM as {API_KEY_VAR} from a root-only env file)",
+    "--api-key": f"set the `api_key` setting instead (it reaches vLLM as {engines.VLLM.key_var} from a root-only "
+                 "env file)",
     "--hf-token": "remove it: the engine serves a local directory that sparkfleet fetched with `hub_token`",
 }
 # vLLM 0.33 flags that open an admin surface, load code, or log what users send (vllm/entrypoints/openai/cli_args.py,
@@ -79,11 +80,9 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
 
 
 class Vllm(Engine):
-    name, label, version_setting = "vllm", "vLLM", "vllm_version"
+    descriptor = engines.VLLM
     description = "vLLM OpenAI-compatible server"
     image = "vllm/vllm-openai:v0.33.0"
-    model_format = "safetensors"
-    key_var = API_KEY_VAR  # vLLM reads it (vllm/entrypoints/openai/api_server.py)
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
 
     def flag_name(self, arg: str) -> str:
