@@ -18,7 +18,7 @@ import time
 
 import requests
 
-from sparkfleet.fleet.front_door import bench_target
+from sparkfleet.fleet.front_door.commands import bench_target
 from sparkfleet.fleet.inventory import load_hosts, spark_hosts
 from sparkfleet.fleet.status import api_url
 from sparkfleet.contract.settings import parse_settings

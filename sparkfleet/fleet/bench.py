@@ -559,7 +559,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None, str | Non
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline, None
     if args.front_door:
-        from sparkfleet.fleet.front_door import bench_target
+        from sparkfleet.fleet.front_door.commands import bench_target
 
         url, model, key = bench_target(args.target)
         return url, args.model or model, api_key or key, args.roofline, None

@@ -18,7 +18,7 @@ from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.fleet import haproxy
-from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.status_page import prometheus_flags
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
