@@ -111,7 +111,7 @@ def fleet_usage(inventory: str) -> dict:
     """Every front door's usage, merged: {"doors": [{"host", "url", "ok", "problem"}], "users": {...}}."""
     from sparkfleet.contract.settings import parse_settings
     from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
-    from sparkfleet.fleet.front_door.commands import front_door_url
+    from sparkfleet.contract.reach import front_door_url
     from sparkfleet.fleet.inventory import group_hosts
 
     hosts = group_hosts(inventory, FRONT_DOOR_GROUP)
@@ -121,7 +121,7 @@ def fleet_usage(inventory: str) -> dict:
     doors, found = [], []
     for name, data in hosts:
         s = parse_settings(name, data)
-        url = front_door_url(s, data)
+        url = front_door_url(name, s, data)
         try:
             found.append(door_usage(url, s.api_key, verify=s.controller_front_door_ca or True))
             doors.append({"host": name, "url": url, "ok": True, "problem": None})

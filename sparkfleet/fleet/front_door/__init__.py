@@ -10,7 +10,7 @@ each (import a name from the room that owns it; this package re-exports nothing)
   records beside it (`BACKEND`, `runtime_command`, `record_command`, `hold_command`, `backend_states`, ...;
   `FrontDoorRuntime`, which a rollout, an upgrade and a rollback drive).
 - `commands`: the front door's commands (`drain_host`, `undrain_host`, `front_door_status`, `status_rows`,
-  `bench_target`, `front_door_url`).
+  `bench_target`); where the controller reaches a door is contract/reach.py `front_door_url`.
 
 Rooms import downwards only: holds <- runtime <- plan <- commands. The inventory's front door hosts are
 `fleet/inventory.py` `group_hosts(inventory, contract.monitoring.FRONT_DOOR_GROUP)`.

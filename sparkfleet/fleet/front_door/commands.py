@@ -7,7 +7,8 @@ import time
 
 from sparkfleet.contract import serving
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
-from sparkfleet.contract.settings import Settings, parse_settings
+from sparkfleet.contract.reach import front_door_url
+from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet.front_door.holds import controller_name, out_of_rotation
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime, record_command, save_state_command, undrain_command
 
@@ -94,7 +95,7 @@ def front_door_status(inventory: str) -> dict | None:
     doors = []
     for name, data in runtime.doors:
         s = parse_settings(name, data)
-        url = front_door_url(s, data)
+        url = front_door_url(name, s, data)
         try:
             up = requests.get(url + serving.HEALTH["path"], timeout=serving.HEALTH["timeout_s"],
                               verify=s.controller_front_door_ca or True).status_code == 200
@@ -138,12 +139,5 @@ def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str
     user = user or min(s.front_door_users)
     if user not in s.front_door_users:
         raise KeyError(f"{name}: no user {user!r} in front_door_users")
-    return front_door_url(s, data), s.served_model_name, s.front_door_users[user].key
+    return front_door_url(name, s, data), s.served_model_name, s.front_door_users[user].key
 
-
-def front_door_url(s: Settings, data: dict) -> str:
-    """Where the controller reaches a front door."""
-    if s.controller_front_door_url:
-        return s.controller_front_door_url.rstrip("/")
-    scheme = "https" if s.front_door_tls_cert else "http"
-    return f"{scheme}://{data.get('ssh_hostname', '')}:{s.front_door_port}"
