@@ -74,7 +74,7 @@ api_host = "127.0.0.1"  # where the host's API (its guard) answers; a LAN addres
 api_port = 8000  # the guard's port; the engine listens on 127.0.0.1:api_port + 10000 (so <= 55535)
 api_key = None  # secret: passed as VLLM_API_KEY through a root-only env file
 allow_unauthenticated_api = False  # True: accept a LAN api_host without api_key
-controller_api_url = None  # where the controller reaches the API (status, bench); None = its address (contract/reach.py):api_port
+controller_api_url = None  # where the controller reaches the API (status, bench); None = (ssh_hostname or name):api_port
 max_model_len = 262144  # --max-model-len; refused above the model's maximum and where it cannot fit
 gpu_memory_utilization = 0.88  # --gpu-memory-utilization; also the unit's pre-start memory check
 enable_prefix_caching = True  # --enable-prefix-caching (False: --no-enable-prefix-caching)
@@ -132,7 +132,7 @@ front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 cha
 #                       a value may be {"key": ..., "requests_per_minute": N, "max_concurrent": M} (limits of their own)
 front_door_requests_per_minute = None  # fair share: a user's requests a minute before 429 (Retry-After: 60); None = no limit
 front_door_max_concurrent = None  # fair share: a user's requests at once before 429 (Retry-After: 1); None = no limit
-controller_front_door_url = None  # where the controller reaches it (status, bench); None = its address (contract/reach.py):port
+controller_front_door_url = None  # where the controller reaches it (status, bench); None = (ssh_hostname or name):port
 controller_front_door_ca = None  # a PEM file status trusts for the front door's https; None = the system's CAs
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
