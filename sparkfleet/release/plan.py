@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sparkfleet.contract import paths
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
-from sparkfleet.contract.reach import lan_address
+from sparkfleet.contract.reach import http_url, lan_address
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -130,7 +130,9 @@ class HostPlan:
 
     @property
     def share_url(self) -> str:
-        return f"http://{self.lan_address}:{self.settings.peer_port}/{self.manifest.dir_name if self.manifest else ''}"
+        """Where the other hosts fetch this host's model share (contract/reach.py: its LAN address)."""
+        root = http_url(self.lan_address, self.settings.peer_port)
+        return f"{root}/{self.manifest.dir_name if self.manifest else ''}"
 
     @property
     def model_dir(self) -> str:

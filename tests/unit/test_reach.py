@@ -105,3 +105,9 @@ def test_group_hosts_are_a_groups_hosts_in_order_and_none_without_the_group(tmp_
     assert group_hosts(str(inventory), "front_door")[0][1]["ssh_hostname"] == "10.0.0.9"
     assert group_hosts(str(inventory), "monitoring") == []
     assert group_hosts(str(tmp_path / "missing.py"), "front_door") == []
+
+
+def test_a_peers_share_url_brackets_an_ipv6_lan_address():
+    (plan,) = plan_hosts([("spark-1", host_data(lan_address="fd00::5"))], resolve=False)
+    assert plan.lan_address == "fd00::5"
+    assert plan.share_url.startswith(f"http://[fd00::5]:{plan.settings.peer_port}/")

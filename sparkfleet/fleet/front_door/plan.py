@@ -206,7 +206,8 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
         try:
             haproxy.address(p.lan_address, p.settings.api_port)
         except ValueError as exc:
-            problems.append(f"{p.name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
+            problems.append(f"{p.name}: lan_address (or ssh_hostname, or the host's name): {exc}: "
+                            "fix it in the inventory")
         if p.settings.api_is_loopback:
             problems.append(f"{p.name}: api_host {p.settings.api_host} is loopback, out of the front door's reach:"
                             " set api_host to a LAN address (or 0.0.0.0) with an api_key")
