@@ -1,9 +1,9 @@
 """`sparkfleet logs`: a unit's journal on one Spark, over OpenSSH with the inventory's SSH settings.
 
 OpenSSH rather than pyinfra's connection: `--follow` streams until Ctrl-C, and `ssh` already does that
-(and the terminal) well. The argv is built here, plainly, so that what runs is what the tests read: the
-inventory's user, port, key and host-key policy with its known_hosts, and one remote command quoted with
-shlex. No secret is on it (a key file is named, never read).
+(and the terminal) well. The argv is built plainly, so that what runs is what the tests read: the inventory's
+user, port, key and host-key policy with its known_hosts (contract/reach.py `ssh_command`, the speed gate's
+forward's too), and one remote command quoted with shlex. No secret is on it (a key file is named, never read).
 """
 
 from __future__ import annotations
