@@ -1,5 +1,6 @@
-"""The front door's commands: `drain` and `undrain` (a backend set aside until undrained, on every front door),
-the door in `status`, where `bench --front-door` and `usage` reach it."""
+"""The front door's commands: `drain` and `undrain` (a backend set aside until undrained, on every front door,
+through `runtime`), the door in `status` (its state and rows; the exit rule is `holds.door_ok`), and
+`bench --front-door`'s target."""
 
 from __future__ import annotations
 
