@@ -54,7 +54,7 @@ full_verify = False  # True (`--data full_verify=True`) re-hashes every file ins
 model_source = "peer"  # "hub": each host from the hub; "peer": one host from the hub, the others
 #                        from it over the LAN; "controller": pushed from the controller's verified copy
 peer_port = 8090  # where each host shares its verified model files with the others (read-only)
-lan_address = None  # how the other Sparks reach this host; None = its ssh_hostname (then an address or name)
+lan_address = None  # how the other Sparks reach this host; None = its ssh_hostname, else its inventory name
 keep_releases = 2  # model directories kept per host (never fewer than current + previous)
 controller_model_dir = None  # the controller's verified copy (controller mode); None = .cache/models/
 engine_image_archive = None  # a `docker save` of engine_image on the controller, loaded where it is missing
@@ -75,7 +75,7 @@ api_port = 8000  # the guard's port; the engine listens on 127.0.0.1:api_port + 
 api_key = None  # secret: the guard's key, and the engine's through a root-only env file (under the variable it
 #                reads: VLLM_API_KEY, LLAMA_API_KEY; SGLang reads none and runs behind the guard)
 allow_unauthenticated_api = False  # True: accept a LAN api_host without api_key
-controller_api_url = None  # where the controller reaches the API (status, bench); None = ssh_hostname:api_port
+controller_api_url = None  # where the controller reaches the API (status, bench); None = (ssh_hostname or name):api_port
 max_model_len = 262144  # --max-model-len; refused above the model's maximum and where it cannot fit
 gpu_memory_utilization = 0.88  # --gpu-memory-utilization; also the unit's pre-start memory check
 enable_prefix_caching = True  # --enable-prefix-caching (False: --no-enable-prefix-caching)
@@ -133,7 +133,7 @@ front_door_users = {}  # secret: {"name": "key"}; each user's own key (>= 16 cha
 #                       a value may be {"key": ..., "requests_per_minute": N, "max_concurrent": M} (limits of their own)
 front_door_requests_per_minute = None  # fair share: a user's requests a minute before 429 (Retry-After: 60); None = no limit
 front_door_max_concurrent = None  # fair share: a user's requests at once before 429 (Retry-After: 1); None = no limit
-controller_front_door_url = None  # where the controller reaches it (status, bench); None = ssh_hostname:port
+controller_front_door_url = None  # where the controller reaches it (status, bench); None = (ssh_hostname or name):port
 controller_front_door_ca = None  # a PEM file status trusts for the front door's https; None = the system's CAs
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)

@@ -56,7 +56,7 @@ def _locked_plans(hosts: list[tuple[str, dict]], images: bool = True) -> list:
 
 
 def _plan(args) -> int:
-    from sparkfleet.fleet.front_door import door_rows, door_summary
+    from sparkfleet.fleet.front_door.plan import door_rows, door_summary
 
     try:
         hosts = _with_data(load_hosts(args.inventory, args.limit), args.data)
@@ -213,14 +213,15 @@ def _service_roles(args, name: str) -> str:
 def _front_doors(args, plans) -> list:
     """The front doors among the planned hosts (group `front_door`), as the front door stage builds them: from
     the whole inventory's plans (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
-    from sparkfleet.fleet.front_door import front_door_hosts, planned_front_doors
+    from sparkfleet.fleet.front_door.plan import planned_front_doors
+    from sparkfleet.fleet.inventory import group_hosts
     from sparkfleet.contract import monitoring
 
     planned = {p.name: p for p in plans}
-    names = [name for name, _ in front_door_hosts(args.inventory) if name in planned]
+    names = [name for name, _ in group_hosts(args.inventory, monitoring.FRONT_DOOR_GROUP) if name in planned]
     if names and args.limit:
         planned = {p.name: p for p in plan_hosts(_with_data(load_hosts(args.inventory), args.data))}
-    monitoring_hosts = frozenset(name for name, _ in front_door_hosts(args.inventory, monitoring.GROUP))
+    monitoring_hosts = frozenset(name for name, _ in group_hosts(args.inventory, monitoring.GROUP))
     return planned_front_doors(names, planned, monitoring_hosts)
 
 
@@ -274,7 +275,8 @@ def _fit_rows(plan) -> list[tuple[str, str]]:
 def _status(args) -> int:
     from sparkfleet.fleet.alerts import alerts_ok, fleet_alerts
     from sparkfleet.fleet.converge import read_hosts
-    from sparkfleet.fleet.front_door import door_ok, front_door_status, status_rows
+    from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
+    from sparkfleet.fleet.front_door.holds import door_ok
     from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
@@ -496,7 +498,7 @@ def _upgrade(args) -> int:
 
 def _rollback(args) -> int:
     from sparkfleet.fleet.converge import run_deploy
-    from sparkfleet.fleet.front_door import FrontDoorRuntime
+    from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
     from sparkfleet.fleet.rollout import (
         HostReport,
         load_whole_groups,
@@ -680,8 +682,8 @@ def _logs(args) -> int:
 
 
 def _drain(args) -> int:
-    """drain / undrain: a thin wrapper over fleet/front_door.py's drain_host and undrain_host."""
-    from sparkfleet.fleet.front_door import DoorUnreachable, DrainRefused, drain_host, undrain_host
+    """drain / undrain: a thin wrapper over fleet/front_door/commands.py's drain_host and undrain_host."""
+    from sparkfleet.fleet.front_door.commands import DoorUnreachable, DrainRefused, drain_host, undrain_host
 
     act = drain_host if args.drained else undrain_host
     try:

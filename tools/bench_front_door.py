@@ -16,9 +16,9 @@ import statistics
 import sys
 import time
 
-from sparkfleet.fleet.front_door import bench_target  # sparkfleet.fleet first: it patches ssl before requests
+from sparkfleet.fleet.front_door.commands import bench_target  # sparkfleet.fleet first: it patches ssl
 from sparkfleet.fleet.inventory import load_hosts, spark_hosts
-from sparkfleet.fleet.status import api_url
+from sparkfleet.contract.reach import api_url
 from sparkfleet.contract.settings import parse_settings
 
 import requests  # noqa: E402,I001  (after sparkfleet.fleet: see sparkfleet/fleet/__init__.py)
@@ -43,8 +43,9 @@ def engines(inventory: str, model: str) -> list[tuple[str, str]]:
     out = []
     for name, data in spark_hosts(load_hosts(inventory)):  # a service host serves no engine
         s = parse_settings(name, data)
-        if s.served_model_name == model and api_url(s, data):
-            out.append((api_url(s, data), s.api_key or "none"))
+        url = api_url(name, s, data)
+        if s.served_model_name == model and url:
+            out.append((url, s.api_key or "none"))
     return out
 
 

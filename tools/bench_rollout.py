@@ -75,7 +75,7 @@ class DoorWatch:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from sparkfleet.fleet.front_door import backend_states
+        from sparkfleet.fleet.front_door.runtime import backend_states
 
         while not self.stop.wait(0.5):
             now = time.time()
@@ -101,7 +101,7 @@ class DoorWatch:
 
 
 def show_stat(container: str) -> Callable[[], str]:
-    from sparkfleet.fleet.front_door import runtime_command
+    from sparkfleet.fleet.front_door.runtime import runtime_command
 
     return lambda: host_shell(container, runtime_command("show stat"))
 

@@ -50,7 +50,7 @@ JOB_USAGE = "usage"  # the front door's USAGE_METRICS
 # (label server = the inventory host name) of proxy FRONT_DOOR_PROXY one series per state, 1 for the current one.
 # MAINT: out of rotation (`sparkfleet drain`, a rollout's batch); DRAIN: set aside, finishing its requests.
 SERVER_STATUS_METRIC = "haproxy_server_status"
-FRONT_DOOR_PROXY = "engines"  # fleet/front_door.py BACKEND
+FRONT_DOOR_PROXY = "engines"  # the front door's default backend (fleet/front_door/runtime.py BACKEND)
 DRAINED_STATES = ("MAINT", "DRAIN")
 
 # On every Spark: Debian's node exporter, its own unit on loopback (Debian's listens on every address), its

@@ -119,7 +119,7 @@ FRONT_DOOR_STATE_FILE = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/servers.state"
 # root-only: the backends `sparkfleet drain` set aside, one name a line, until `sparkfleet undrain`; runtime
 # state beside HAProxy's own, outside what a converge manages (MANAGED_GLOBS), so a converge leaves it be
 FRONT_DOOR_DRAINED = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/drained"
-# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: fleet/front_door.py `Hold`), removed
+# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: fleet/front_door/holds.py `Hold`), removed
 # when it puts them back; a hold whose operation is gone is put back by the next converge or rollout
 FRONT_DOOR_HOLDS = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/held"
 GUARD_UNIT_NAME = "sparkfleet-guard.service"

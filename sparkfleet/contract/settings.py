@@ -510,8 +510,9 @@ def _recipe_settings(host_name: str, name: Any, model_repo: Any = None) -> dict[
 
 
 def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
-    """pyinfra's `ssh_hostname` is also the host's LAN address (lan_address's default: peer URLs, the front
-    door's server lines, status and bench URLs), so it has the `Host` grammar too."""
+    """pyinfra's `ssh_hostname` is also where the controller's URLs point and the host's LAN address
+    (lan_address's default: peer URLs, the front door's server lines, status and bench URLs; contract/reach.py),
+    so it has the `Host` grammar too."""
     value = data.get("ssh_hostname")
     if value is None:
         return

@@ -54,22 +54,13 @@ def read_alerts(url: str) -> list[dict]:
     return firing(body)
 
 
-def monitoring_hosts(inventory: str) -> list[tuple[str, dict]]:
-    """The hosts of the inventory's `monitoring` group [(name, merged data)]; none without the group."""
-    from sparkfleet.fleet.inventory import load_hosts
-
-    try:
-        return load_hosts(inventory, limit=m.GROUP)
-    except (KeyError, FileNotFoundError):
-        return []
-
-
 def fleet_alerts(inventory: str) -> dict | None:
     """What `status` shows of the alerts: {"firing": [...], "problems": [one line per silent Prometheus]};
     None when the inventory has no monitoring host."""
+    from sparkfleet.fleet.inventory import group_hosts
     from sparkfleet.fleet.speed import ReachError, forwarded
 
-    hosts = monitoring_hosts(inventory)
+    hosts = group_hosts(inventory, m.GROUP)
     if not hosts:
         return None
     found, problems = [], []

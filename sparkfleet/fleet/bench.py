@@ -567,12 +567,12 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None, str | Non
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline, None
     if args.front_door:
-        from sparkfleet.fleet.front_door import bench_target
+        from sparkfleet.fleet.front_door.commands import bench_target
 
         url, model, key = bench_target(args.target)
         return url, args.model or model, api_key or key, args.roofline, None
     from sparkfleet.fleet.inventory import load_hosts, spark_hosts
-    from sparkfleet.fleet.status import api_url
+    from sparkfleet.contract.reach import api_url
     from sparkfleet.contract.settings import parse_settings
 
     hosts = spark_hosts(load_hosts(args.target, args.limit))
@@ -581,7 +581,7 @@ def _resolve_target(args) -> tuple[str, str, str | None, float | None, str | Non
                          "Spark, or its front door with --front-door")
     name, data = hosts[0]
     s = parse_settings(name, data)
-    url = api_url(s, data)
+    url = api_url(name, s, data)
     if url is None:
         raise BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
                          f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")

@@ -30,6 +30,9 @@ AT_ONCE_429 = ('\'{"error":{"message":"too many requests at once for this user: 
                '"type":"RateLimitError","code":429}}\'')
 NOT_FOUND_404 = '\'{"error":{"message":"not found","type":"NotFoundError","code":404}}\''
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]*")
+# A server's name in a backend (an inventory host name): what the front door's config, its runtime commands
+# (`set server BACKEND/NAME`) and its records (drained, held) all take.
+SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
 
 
 @dataclass(frozen=True)

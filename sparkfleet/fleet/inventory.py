@@ -85,6 +85,15 @@ def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str,
     return hosts
 
 
+def group_hosts(inventory_path: str, group: str) -> list[tuple[str, dict]]:
+    """The hosts of the inventory's `group` [(name, merged data)] in inventory order; none without that group (or
+    without the inventory: nothing to ask). The front doors and the monitoring hosts are found this way."""
+    try:
+        return load_hosts(inventory_path, limit=group)
+    except (KeyError, FileNotFoundError):
+        return []
+
+
 class DeployRefused(PyinfraError):
     """Raised inside deploy.py: pyinfra prints the message, not a traceback, and touches no host."""
 

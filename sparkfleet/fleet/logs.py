@@ -1,9 +1,9 @@
 """`sparkfleet logs`: a unit's journal on one Spark, over OpenSSH with the inventory's SSH settings.
 
 OpenSSH rather than pyinfra's connection: `--follow` streams until Ctrl-C, and `ssh` already does that
-(and the terminal) well. The argv is built here, plainly, so that what runs is what the tests read: the
-inventory's user, port, key and host-key policy with its known_hosts, and one remote command quoted with
-shlex. No secret is on it (a key file is named, never read).
+(and the terminal) well. The argv is built plainly, so that what runs is what the tests read: the inventory's
+user, port, key and host-key policy with its known_hosts (contract/reach.py `ssh_command`, the speed gate's
+forward's too), and one remote command quoted with shlex. No secret is on it (a key file is named, never read).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.reach import ssh_command
 
 UNITS = {
     "engine": paths.UNIT_NAME,
@@ -38,13 +39,6 @@ def unit_for(choice: str, services: list[str]) -> str:
                        " (this host runs no RAG service)"))
 
 
-def _option_value(value: str) -> str:
-    """A value for `ssh -o KEY=VALUE`, which ssh splits on blanks itself: quoted when it holds one."""
-    if any(c.isspace() or c in "\"\\'" for c in value):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return value
-
-
 def journal_command(unit: str, lines: int = DEFAULT_LINES, follow: bool = False, as_json: bool = False) -> list[str]:
     """The journalctl run on the host."""
     return ["journalctl", "--no-pager", "--unit", unit, "--lines", str(lines),
@@ -52,23 +46,11 @@ def journal_command(unit: str, lines: int = DEFAULT_LINES, follow: bool = False,
 
 
 def ssh_argv(host: str, data: dict, remote: list[str]) -> list[str]:
-    """`ssh` with pyinfra's connection settings of this host (its merged inventory data) running `remote`."""
-    argv = ["ssh"]
-    if data.get("ssh_port"):
-        argv += ["-p", str(int(data["ssh_port"]))]
-    if data.get("ssh_user"):
-        argv += ["-l", str(data["ssh_user"])]
-    if data.get("ssh_key"):
-        argv += ["-i", str(data["ssh_key"])]
-    if data.get("ssh_config_file"):
-        argv += ["-F", str(data["ssh_config_file"])]
-    if data.get("ssh_strict_host_key_checking"):
-        argv += ["-o", f"StrictHostKeyChecking={_option_value(str(data['ssh_strict_host_key_checking']))}"]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={_option_value(str(data['ssh_known_hosts_file']))}"]
+    """`ssh` with pyinfra's connection settings of this host (its merged inventory data: contract/reach.py
+    `ssh_command`) running `remote`."""
     if data.get("_sudo"):
         remote = ["sudo", "-n", *remote]
-    return [*argv, "--", str(data.get("ssh_hostname") or host), shlex.join(remote)]
+    return [*ssh_command(host, data), shlex.join(remote)]
 
 
 def pick_host(hosts: list[tuple[str, dict]], host: str) -> dict:

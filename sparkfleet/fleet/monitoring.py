@@ -18,7 +18,7 @@ from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.fleet import haproxy
-from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.status_page import prometheus_flags
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
@@ -59,13 +59,15 @@ def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Tar
                 found += [Target(m.JOB_ENGINE, name, haproxy.address(address, port), svc) for svc, port in engines]
                 found.append(Target(m.JOB_NODE, name, haproxy.address(address, engines[0][1])))  # the guard's first
             except ValueError as exc:
-                problems.append(f"{name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
+                problems.append(f"{name}: lan_address (or ssh_hostname, or the host's name): {exc}: "
+                                "fix it in the inventory")
         if FRONT_DOOR in groups.get(name, set()):
             try:
                 door = haproxy.address(address, s.front_door_port)
                 found += [Target(job, name, door) for job in DOOR_JOBS]
             except ValueError as exc:
-                problems.append(f"{name}: lan_address (or ssh_hostname): {exc}: fix it in the inventory")
+                problems.append(f"{name}: lan_address (or ssh_hostname, or the host's name): {exc}: "
+                                "fix it in the inventory")
     keys = {plans[t.host].settings.api_key for t in found if t.job == m.JOB_ENGINE}
     if len(keys) > 1:
         problems.append("the hosts Prometheus scrapes have different `api_key`s: it sends one; set one api_key "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from sparkfleet.contract.reach import ssh_address
 from sparkfleet.contract.settings import AbsPath, Host, Name
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 
@@ -321,7 +322,7 @@ def host_key_targets(hosts: list[tuple[str, dict]]) -> tuple[dict[Path, list[Spa
         if not path:
             unchecked.append(name)
             continue
-        spark = Spark(name, str(data.get("ssh_hostname") or name), int(data.get("ssh_port") or SSH_PORT))
+        spark = Spark(name, ssh_address(name, data), int(data.get("ssh_port") or SSH_PORT))
         targets.setdefault(Path(path).expanduser(), []).append(spark)
     return targets, unchecked
 

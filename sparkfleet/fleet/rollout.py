@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from sparkfleet.fleet.converge import HostResult, run_deploy
-from sparkfleet.fleet.front_door import FrontDoorRuntime
+from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 
 Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first

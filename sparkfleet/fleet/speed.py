@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.reach import api_url, ssh_command
 from sparkfleet.contract.settings import Settings
 from sparkfleet.contract.speed import Figures, parse_record, render_record
 from sparkfleet.fleet.converge import host_said
@@ -122,19 +123,9 @@ class SpeedCheck:
 
 def forward_command(name: str, data: dict, local_port: int, remote_port: int) -> list[str]:
     """OpenSSH's `ssh -N -L` from 127.0.0.1:local_port to the host's 127.0.0.1:remote_port, with the inventory's
-    SSH settings (user, port, key, known hosts, host-key checking): an argument list, no shell."""
-    command = ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-               "-L", f"127.0.0.1:{int(local_port)}:{paths.ENGINE_HOST}:{int(remote_port)}"]
-    if data.get("ssh_port"):
-        command += ["-p", str(int(data["ssh_port"]))]
-    if data.get("ssh_key"):
-        command += ["-i", str(data["ssh_key"])]
-    if data.get("ssh_known_hosts_file"):
-        command += ["-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}"]
-    if data.get("ssh_strict_host_key_checking"):
-        command += ["-o", f"StrictHostKeyChecking={data['ssh_strict_host_key_checking']}"]
-    host = str(data.get("ssh_hostname") or name)
-    return [*command, "--", f"{data['ssh_user']}@{host}" if data.get("ssh_user") else host]
+    SSH settings (contract/reach.py `ssh_command`): an argument list, no shell."""
+    return ssh_command(name, data, "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+                       "-L", f"127.0.0.1:{int(local_port)}:{paths.ENGINE_HOST}:{int(remote_port)}")
 
 
 def _free_port() -> int:
@@ -145,11 +136,9 @@ def _free_port() -> int:
 
 @contextmanager
 def reach(name: str, s: Settings, data: dict):
-    """The URL the controller measures a host's API at: status's (`api_url`), or, where the API listens on
-    loopback only, an SSH forward to it for the measurement's length."""
-    from sparkfleet.fleet.status import api_url
-
-    url = api_url(s, data)
+    """The URL the controller measures a host's API at: status's (contract/reach.py `api_url`), or, where the API
+    listens on loopback only, an SSH forward to it for the measurement's length."""
+    url = api_url(name, s, data)
     if url is not None:
         yield url
         return

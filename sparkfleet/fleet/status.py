@@ -6,6 +6,7 @@ import requests
 
 from sparkfleet.fleet.metrics import read_metrics
 from sparkfleet.contract import engines, paths, serving
+from sparkfleet.contract.reach import api_reachable, api_url
 from sparkfleet.contract.shared import host_module
 from sparkfleet.contract.settings import Settings
 from sparkfleet.tables import literal
@@ -21,19 +22,10 @@ def load_series(engine: str) -> tuple[str, ...]:
 METRICS = load_series(engines.DEFAULT_ENGINE)  # vLLM's, the default engine's
 
 
-def api_url(s: Settings, data: dict) -> str | None:
-    """Where the controller reaches a host's API, or None when it only listens on loopback."""
-    if s.controller_api_url:
-        return s.controller_api_url.rstrip("/")
-    if s.api_is_loopback:
-        return None
-    return f"http://{data.get('ssh_hostname', '')}:{s.api_port}"
-
-
 def asked_on_host(s: Settings, group=None, name: str | None = None) -> bool:
     """Whether `status` asks this host's engine on the host over SSH: its API is out of the controller's
     reach (loopback only, no controller_api_url) and it runs one (a group's worker does not)."""
-    return api_url(s, {}) is None and (group is None or group.head == name)
+    return not api_reachable(s) and (group is None or group.head == name)
 
 
 def api_headers(api_key: str | None) -> dict:
@@ -59,7 +51,7 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
     """A host's engine asked as its watchdog asks it: health, the models listing, the chat probe. Over its API
     where the controller reaches it; else on the host (`on_host`: ssh_facts' "engine", None when the host did
     not answer over SSH)."""
-    row = {"host": name, "engine": s.engine, "url": api_url(s, data), "via": "http", "healthy": False,
+    row = {"host": name, "engine": s.engine, "url": api_url(name, s, data), "via": "http", "healthy": False,
            "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
         return {**row, **on_host_status(on_host, chat)}

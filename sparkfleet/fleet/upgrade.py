@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
-from sparkfleet.fleet.front_door import FrontDoorRuntime
+from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.fleet.rollout import Unit, baseline_now, batches, speed_gate, speed_summary, unit_name, units
 from sparkfleet.fleet.speed import SpeedCheck
 from sparkfleet.host.facts import Unreadable

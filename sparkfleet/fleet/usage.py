@@ -110,16 +110,18 @@ def door_usage(url: str, api_key: str | None, verify=True, timeout_s: float = 10
 def fleet_usage(inventory: str) -> dict:
     """Every front door's usage, merged: {"doors": [{"host", "url", "ok", "problem"}], "users": {...}}."""
     from sparkfleet.contract.settings import parse_settings
-    from sparkfleet.fleet.front_door import GROUP, front_door_hosts, front_door_url
+    from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
+    from sparkfleet.contract.reach import front_door_url
+    from sparkfleet.fleet.inventory import group_hosts
 
-    hosts = front_door_hosts(inventory)
+    hosts = group_hosts(inventory, FRONT_DOOR_GROUP)
     if not hosts:
-        raise KeyError(f"no `{GROUP}` group in {inventory}: usage is counted at the front door; add one "
+        raise KeyError(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: usage is counted at the front door; add one "
                        "(see inventory/office_front_door.py)")
     doors, found = [], []
     for name, data in hosts:
         s = parse_settings(name, data)
-        url = front_door_url(s, data)
+        url = front_door_url(name, s, data)
         try:
             found.append(door_usage(url, s.api_key, verify=s.controller_front_door_ca or True))
             doors.append({"host": name, "url": url, "ok": True, "problem": None})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sparkfleet.contract import engines, paths
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
+from sparkfleet.contract.reach import http_url, lan_address
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -129,7 +130,9 @@ class HostPlan:
 
     @property
     def share_url(self) -> str:
-        return f"http://{self.lan_address}:{self.settings.peer_port}/{self.manifest.dir_name if self.manifest else ''}"
+        """Where the other hosts fetch this host's model share (contract/reach.py: its LAN address)."""
+        root = http_url(self.lan_address, self.settings.peer_port)
+        return f"{root}/{self.manifest.dir_name if self.manifest else ''}"
 
     @property
     def model_dir(self) -> str:
@@ -437,7 +440,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
         known = known_model(s.model_repo)
         plan, found = _plan(name, s, manifest, config or (known and known.config), hub_error, resolve,
                             known and known.weight_bytes)
-        plan.lan_address = s.lan_address or dict(hosts)[name].get("ssh_hostname") or name
+        plan.lan_address = lan_address(name, dict(hosts)[name], s)
         plan.group = groups.get(name)
         plan.image_pin, plan.image_error = (resolve_image or offline_image)(s)
         problems += found
@@ -452,7 +455,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
 def service_plan(name: str, s: Settings, data: dict) -> HostPlan:
     """A service host's plan: its settings and LAN address only; nothing of a release is asked or checked."""
     plan = HostPlan(name, s, None, None, None, is_service=True)
-    plan.lan_address = s.lan_address or data.get("ssh_hostname") or name
+    plan.lan_address = lan_address(name, data, s)
     return plan
 
 

@@ -17,7 +17,7 @@ from pyinfra import host, state
 
 from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
-from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan

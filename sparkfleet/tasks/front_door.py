@@ -15,7 +15,9 @@ from pyinfra.operations.util import any_changed
 
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import monitoring, paths, serving
-from sparkfleet.fleet.front_door import controller_name, front_door_plan, put_back_command, stale_holds
+from sparkfleet.fleet.front_door.holds import controller_name, stale_holds
+from sparkfleet.fleet.front_door.plan import front_door_plan
+from sparkfleet.fleet.front_door.runtime import put_back_command
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.facts import JsonFile
 from sparkfleet.host.state import fact

@@ -24,7 +24,7 @@ from sparkfleet.host.facts import (
     Unreadable,
     json_object,
 )
-from sparkfleet.fleet.front_door import GROUP as FRONT_DOOR
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.inventory import plans
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.host.state import read_facts

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
+from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.fleet.inventory import load_hosts
 
 
@@ -14,12 +15,12 @@ from sparkfleet.fleet.inventory import load_hosts
 def door(node, request):
     """This host's front door plan; hosts outside the group `front_door` have none to check."""
     try:
-        doors = [name for name, _ in load_hosts(request.config.getoption("--inventory"), fd.GROUP)]
+        doors = [name for name, _ in load_hosts(request.config.getoption("--inventory"), FRONT_DOOR_GROUP)]
     except KeyError:
         doors = []
     if node.plan.name not in doors:
-        pytest.skip(f"{node.plan.name} is not in the group {fd.GROUP}")
-    return fd.front_door_plan(node.plan.name, request.config._sparkfleet_all_plans)
+        pytest.skip(f"{node.plan.name} is not in the group {FRONT_DOOR_GROUP}")
+    return fd_plan.front_door_plan(node.plan.name, request.config._sparkfleet_all_plans)
 
 
 def test_config_and_unit_on_disk_are_the_plans(node, door):
@@ -36,7 +37,7 @@ def test_key_files_are_root_only(node, door):
 def test_front_door_active_and_every_backend_in(node, door):
     service = node.host.service(paths.FRONT_DOOR_UNIT_NAME)
     assert service.is_enabled and service.is_running
-    states = fd.backend_states(node.host.check_output(fd.runtime_command("show stat")))
+    states = fd_runtime.backend_states(node.host.check_output(fd_runtime.runtime_command("show stat")))
     assert {name: row["state"] for name, row in states.items()} == {b.name: "in" for b in door.backends}
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.contract import paths
-from sparkfleet.fleet import front_door as fd
-from sparkfleet.fleet import guard
+from sparkfleet.fleet.front_door import commands as fd_commands, plan as fd_plan, runtime as fd_runtime
+from sparkfleet.fleet import guard, haproxy
 
 from .helpers import wait_for
 from .test_front_door import plans
@@ -30,7 +30,7 @@ def door_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "FRONT_DOOR_HOLDS", str(tmp_path / "held"))
     monkeypatch.setattr(paths, "FRONT_DOOR_STATE_FILE", str(tmp_path / "servers.state"))
     monkeypatch.setattr(paths, "FRONT_DOOR_SOCKET", str(tmp_path / "admin.sock"))
-    monkeypatch.setattr(fd, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
+    monkeypatch.setattr(fd_runtime, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     socat = bin_dir / "socat"
@@ -52,20 +52,20 @@ def sent(tmp) -> list[str]:
 
 
 def test_drained_names_are_server_names_one_a_line():
-    assert fd.drained_names("spark-2\n\n# a note\nnot a name\n  spark-3 \n") == {"spark-2", "spark-3"}
-    assert fd.drained_names("") == set()
+    assert fd_runtime.drained_names("spark-2\n\n# a note\nnot a name\n  spark-3 \n") == {"spark-2", "spark-3"}
+    assert fd_runtime.drained_names("") == set()
 
 
 def test_the_record_is_edited_whole_and_root_only(door_dir):
     record = door_dir / "drained"
     for host, drained in (("spark-2", True), ("spark-22", True), ("spark-2", True), ("spark-3", True)):
-        sh(fd.record_command(host, drained))
+        sh(fd_runtime.record_command(host, drained))
     assert record.read_text() == "spark-22\nspark-2\nspark-3\n"  # a second drain does not repeat the name
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
-    sh(fd.record_command("spark-2", drained=False))
+    sh(fd_runtime.record_command("spark-2", drained=False))
     assert record.read_text() == "spark-22\nspark-3\n"  # a whole line: spark-22 stays
-    sh(fd.record_command("spark-9", drained=False))  # not drained: the record is unchanged
-    assert fd.drained_names(record.read_text()) == {"spark-22", "spark-3"}
+    sh(fd_runtime.record_command("spark-9", drained=False))  # not drained: the record is unchanged
+    assert fd_runtime.drained_names(record.read_text()) == {"spark-22", "spark-3"}
     assert not (door_dir / "drained.new").exists()
 
 
@@ -79,19 +79,19 @@ engines,spark-5,0,0,0,1,UP,1
 
 
 def test_a_recorded_backend_out_of_rotation_is_drained_and_a_rollouts_maint_is_out():
-    states = fd.door_states(f"spark-2\nspark-4\nspark-5\n{fd._STAT_MARK}\n{STAT}")
+    states = fd_runtime.door_states(f"spark-2\nspark-4\nspark-5\n{fd_runtime._STAT_MARK}\n{STAT}")
     assert {name: row["state"] for name, row in states.items()} == {
         "spark-1": "in", "spark-2": "drained", "spark-3": "out", "spark-4": "draining", "spark-5": "in"}
-    assert fd.door_states(f"{fd._STAT_MARK}\n{STAT}")["spark-2"]["state"] == "out"  # no record
+    assert fd_runtime.door_states(f"{fd_runtime._STAT_MARK}\n{STAT}")["spark-2"]["state"] == "out"  # no record
 
 
 def test_status_shows_drained_apart_from_out_and_down():
-    rows = fd.status_rows({"doors": [{"host": "spark-1", "url": "http://x:8080", "up": True}],
+    rows = fd_commands.status_rows({"doors": [{"host": "spark-1", "url": "http://x:8080", "up": True}],
                            "backends": [{"host": "spark-2", "state": "drained"}, {"host": "spark-3", "state": "out"}]})
     assert rows[1:] == [("  spark-2", "backend", "[cyan]drained[/]"), ("  spark-3", "backend", "[yellow]out[/]")]
 
 
-class Local(fd.FrontDoorRuntime):
+class Local(fd_runtime.FrontDoorRuntime):
     """Front doors whose commands run here (one local shell stands for each door)."""
 
     def __init__(self, doors=("spark-1",)):
@@ -123,17 +123,17 @@ def test_ready_sends_nothing_when_every_host_is_drained_and_everything_without_a
 
 
 def test_the_replay_puts_every_recorded_name_into_maintenance_in_one_line(door_dir):
-    sh(fd.replay_command())  # no record: nothing sent
+    sh(fd_runtime.replay_command())  # no record: nothing sent
     assert sent(door_dir) == []
     (door_dir / "drained").write_text("spark-2\nspark-3\n")
-    sh(fd.replay_command())
+    sh(fd_runtime.replay_command())
     assert sent(door_dir) == ["set server engines/spark-2 state maint;set server engines/spark-3 state maint"]
 
 
 def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_after_a_start(tmp_path):
-    unit = fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).unit()
-    assert f"ExecStartPost=-/bin/sh -c '{fd.replay_command()}'\n" in unit
-    assert f"ExecReload=-/bin/sh -c '{fd.save_state_command()}'\n" in unit
+    unit = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).unit()
+    assert f"ExecStartPost=-/bin/sh -c '{fd_runtime.replay_command()}'\n" in unit
+    assert f"ExecReload=-/bin/sh -c '{fd_runtime.save_state_command()}'\n" in unit
     assert unit.index("ExecReload=/usr/sbin/haproxy -c") < unit.index("ExecReload=-/bin/sh") < unit.index(
         "ExecReload=/bin/kill -USR2")  # checked, then saved, then reloaded
     if shutil.which("systemd-analyze"):  # systemd itself parses both lines, quotes and all
@@ -149,7 +149,7 @@ def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_
 def test_a_unit_command_systemd_would_rewrite_is_refused():
     for line in ("echo $HOME", "echo 100%", "echo 'x'", "echo a\\b"):
         with pytest.raises(ValueError, match="systemd"):
-            fd.haproxy.unit("x", "/c", "r", fd.LIMITS, replay=line)
+            haproxy.unit("x", "/c", "r", fd_plan.LIMITS, replay=line)
 
 
 # --- drain_host / undrain_host: what they send, and what they refuse before sending anything --------------
@@ -181,31 +181,31 @@ class Recorded:
         status = "MAINT" if maint and not ready else "UP"
         record = "spark-2\n" if maint and not ready else ""
         table = f"# pxname,svname,scur,status\nengines,spark-1,0,UP\nengines,spark-2,0,{status}\n"
-        return {door: f"{record}{fd._STAT_MARK}\n{table}" if "show stat" in command else ""
+        return {door: f"{record}{fd_runtime._STAT_MARK}\n{table}" if "show stat" in command else ""
                 for door, _ in runtime.doors}
 
 
 def test_drain_records_first_then_drains_then_saves_the_state(inventory, monkeypatch):
     shell = Recorded()
-    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
     log = []
-    report = fd.drain_host(inventory, "spark-2", log.append)
+    report = fd_commands.drain_host(inventory, "spark-2", log.append)
     kinds = ["states" if "show stat" in c else c for c in shell.commands]
-    assert kinds == ["states", fd.record_command("spark-2", drained=True),
-                     fd.runtime_command("set server engines/spark-2 state drain"), "states",
-                     fd.runtime_command("set server engines/spark-2 state maint"), fd.save_state_command(), "states"]
+    assert kinds == ["states", fd_runtime.record_command("spark-2", drained=True),
+                     fd_runtime.runtime_command("set server engines/spark-2 state drain"), "states",
+                     fd_runtime.runtime_command("set server engines/spark-2 state maint"), fd_runtime.save_state_command(), "states"]
     assert report == {"host": "spark-2", "drained": True, "front_doors": [{"host": "spark-1", "state": "drained"}]}
     assert log == ["front door: spark-2 out"]
 
 
 def test_undrain_clears_the_record_and_readies_in_one_command(inventory, monkeypatch):
     shell = Recorded()
-    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
-    report = fd.undrain_host(inventory, "spark-2", lambda m: None)
-    assert shell.commands[1] == fd.undrain_command("spark-2")
-    assert fd.undrain_command("spark-2") == (f"{fd.record_command('spark-2', drained=False)} && "
-                                             f"{fd.runtime_command('set server engines/spark-2 state ready')} && "
-                                             f"{fd.save_state_command()}")  # record, ready, then saved
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    report = fd_commands.undrain_host(inventory, "spark-2", lambda m: None)
+    assert shell.commands[1] == fd_runtime.undrain_command("spark-2")
+    assert fd_runtime.undrain_command("spark-2") == (f"{fd_runtime.record_command('spark-2', drained=False)} && "
+                                             f"{fd_runtime.runtime_command('set server engines/spark-2 state ready')} && "
+                                             f"{fd_runtime.save_state_command()}")  # record, ready, then saved
     assert report["drained"] is False and report["front_doors"] == [{"host": "spark-1", "state": "in"}]
 
 
@@ -218,7 +218,7 @@ def test_undrain_clears_the_record_and_readies_in_one_command(inventory, monkeyp
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_sent(inventory, monkeypatch, capsys, args, expected):
     shell = Recorded()
-    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
     inv = inventory.replace("inventory.py", "no_door.py") if args[1:] == ["no_door"] else inventory
     for command in ("drain", "undrain"):
         assert cli.main([command, inv, args[0]]) == 2
@@ -228,7 +228,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_sent(inventory, mon
 
 def test_a_silent_front_door_changes_nothing_and_exits_1(inventory, monkeypatch, capsys):
     shell = Recorded(answers=False)
-    monkeypatch.setattr(fd.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
     assert cli.main(["drain", inventory, "spark-2", "--json"]) == 1
     assert "spark-1 did not answer" in capsys.readouterr().err
     assert len(shell.commands) == 1
@@ -255,7 +255,7 @@ def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    door = fd.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {}}))
+    door = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {}}))
     door_files(door, door_dir)
     # the socket and the state file are door_dir's already (the fixture); the maps move there too
     moved = {paths.FRONT_DOOR_DIR: str(door_dir), f"bind :{door.settings.front_door_port}": f"bind 127.0.0.1:{port}"}
@@ -269,26 +269,26 @@ def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
             old.terminate()
             old.wait()
         proc = start_haproxy(config, door_dir, moved)
-        wait_for(lambda: "spark-a" in subprocess.run(["sh", "-c", fd.runtime_command("show stat")],
+        wait_for(lambda: "spark-a" in subprocess.run(["sh", "-c", fd_runtime.runtime_command("show stat")],
                                                       capture_output=True, text=True, check=False).stdout)
         return proc
 
     proc = started()
     try:
-        sh(fd.record_command("spark-a", drained=True))
-        sh(fd.runtime_command("set server engines/spark-a state maint"))
-        sh(fd.save_state_command())
+        sh(fd_runtime.record_command("spark-a", drained=True))
+        sh(fd_runtime.runtime_command("set server engines/spark-a state maint"))
+        sh(fd_runtime.save_state_command())
         assert states()["spark-a"] == "drained"
         proc = started(proc)  # the state file carries the maintenance
         assert states()["spark-a"] == "drained" and states()["spark-b"] != "drained"
         os.unlink(paths.FRONT_DOOR_STATE_FILE)
         proc = started(proc)  # no state file: the unit's replay puts it back
         assert states()["spark-a"] not in ("drained", "out")
-        sh(fd.replay_command())
+        sh(fd_runtime.replay_command())
         assert states()["spark-a"] == "drained"
-        assert sh(fd.ready_command(["spark-a", "spark-b"])).startswith("kept spark-a\n")  # a batch end
+        assert sh(fd_runtime.ready_command(["spark-a", "spark-b"])).startswith("kept spark-a\n")  # a batch end
         assert states()["spark-a"] == "drained"
-        sh(fd.undrain_command("spark-a"))
+        sh(fd_runtime.undrain_command("spark-a"))
         assert states()["spark-a"] not in ("drained", "out")
         proc = started(proc)  # undrained stays undrained: the state file was saved by undrain
         assert states()["spark-a"] not in ("drained", "out")

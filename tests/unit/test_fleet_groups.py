@@ -220,7 +220,7 @@ def test_status_rows_one_per_group_in_inventory_order():
 
 
 def test_the_front_door_has_one_backend_per_group_its_head():
-    from sparkfleet.fleet import front_door as fd
+    from sparkfleet.fleet.front_door import plan as fd_plan
     from sparkfleet.release.plan import plan_hosts
 
     from .helpers import KEY, host_data
@@ -232,8 +232,8 @@ def test_the_front_door_has_one_backend_per_group_its_head():
              ("spark-2", host_data(**pair, lan_address="10.0.0.2", fabric_address="192.168.100.2")),
              ("spark-3", host_data(**base, lan_address="10.0.0.3"))]
     plans = {p.name: p for p in plan_hosts(hosts, resolve=False)}
-    door = fd.front_door_plan("spark-3", plans)
-    assert door.backends == (fd.Backend("spark-1", "10.0.0.1", 8000), fd.Backend("spark-3", "10.0.0.3", 8000))
+    door = fd_plan.front_door_plan("spark-3", plans)
+    assert door.backends == (fd_plan.Backend("spark-1", "10.0.0.1", 8000), fd_plan.Backend("spark-3", "10.0.0.3", 8000))
     assert "server spark-2 " not in door.config() and "server spark-1 10.0.0.1:8000" in door.config()
 
 

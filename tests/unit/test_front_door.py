@@ -10,7 +10,8 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet import haproxy
+from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
@@ -32,9 +33,9 @@ def plans(**per_host):
 
 
 def test_backends_are_the_hosts_serving_the_same_model():
-    door = fd.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {"api_port": 8001},
+    door = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}, "spark-b": {"api_port": 8001},
                                                   "spark-c": {"served_model_name": "other"}}))
-    assert door.backends == (fd.Backend("spark-a", "10.0.0.1", 8000), fd.Backend("spark-b", "10.0.0.2", 8001))
+    assert door.backends == (fd_plan.Backend("spark-a", "10.0.0.1", 8000), fd_plan.Backend("spark-b", "10.0.0.2", 8001))
     config = door.config()
     assert "    server spark-a 10.0.0.1:8000\n    server spark-b 10.0.0.2:8001\n" in config
     # spark-c serves another model: not an engine of this one, but its own route (test_front_door_models.py)
@@ -45,7 +46,7 @@ def test_backends_are_the_hosts_serving_the_same_model():
 
 
 def test_keys_live_only_in_the_maps():
-    door = fd.front_door_plan("spark-a", plans(**{"spark-a": {}}))
+    door = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}}))
     assert door.users_map() == f"{ALICE} alice\n{BOB} bob\n"
     assert door.backend_map() == f"engines Bearer {KEY}\n"
     for secret in (ALICE, BOB, KEY):
@@ -55,7 +56,7 @@ def test_keys_live_only_in_the_maps():
 def test_tls_binds_with_the_pem(tmp_path):
     (tmp_path / "c.pem").write_text("CERT\n")
     (tmp_path / "k.pem").write_text("KEY\n")
-    door = fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_tls_cert": str(tmp_path / "c.pem"),
+    door = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_tls_cert": str(tmp_path / "c.pem"),
                                                               "front_door_tls_key": str(tmp_path / "k.pem")}}))
     assert f"bind :8080 ssl crt {paths.FRONT_DOOR_TLS_PEM}\n" in door.config()
     assert door.tls_pem() == "CERT\nKEY\n"
@@ -87,21 +88,21 @@ def test_tls_binds_with_the_pem(tmp_path):
 ])
 def test_refused_inventories_name_the_host_and_the_fix(hosts, expected):
     with pytest.raises(SettingsError) as exc:
-        fd.front_door_plan("spark-a", plans(**hosts))
+        fd_plan.front_door_plan("spark-a", plans(**hosts))
     assert exc.value.problems == [expected]
     assert ALICE not in str(exc.value)
 
 
 def test_a_door_without_users_may_speak_plain_http():
-    assert not fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": {},
+    assert not fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": {},
                                                                   "front_door_allow_http": False}})).tls
 
 
 def test_the_key_and_the_path_are_decided_before_any_body_is_read():
-    lines = [line.strip() for line in fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).config().splitlines()]
+    lines = [line.strip() for line in fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).config().splitlines()]
     order = [next(n for n, line in enumerate(lines) if line.startswith(start)) for start in (
         "http-request set-var(txn.user)", "http-request return status 401 content-type application/json string "
-        f"{fd.haproxy.AUTH_401} unless", "http-request return status 404", "http-request track-sc0",
+        f"{haproxy.AUTH_401} unless", "http-request return status 404", "http-request track-sc0",
         "http-request return status 429", "http-request wait-for-body", "http-request set-var(txn.role0) req.body")]
     assert order == sorted(order)
     assert lines[order[2]].endswith("unless { path -m str /v1/chat/completions /v1/completions /v1/models }")
@@ -113,7 +114,7 @@ def test_a_backend_without_a_key_is_refused():
     all_plans["spark-b"] = plan_hosts([("spark-b", host_data(api_host="0.0.0.0", allow_unauthenticated_api=True))],
                                       resolve=False)[0]
     with pytest.raises(SettingsError) as exc:
-        fd.front_door_plan("spark-a", all_plans)
+        fd_plan.front_door_plan("spark-a", all_plans)
     assert ("spark-b: setting `api_key` is missing: behind a front door every engine needs the key only the "
             "front door holds") in exc.value.problems
 
@@ -127,7 +128,7 @@ def test_a_short_user_key_is_refused_without_echoing_it():
 
 
 def test_runtime_command_is_one_quoted_line():
-    assert fd.runtime_command("set server engines/spark-a state drain", "show stat") == (
+    assert fd_runtime.runtime_command("set server engines/spark-a state drain", "show stat") == (
         "echo 'set server engines/spark-a state drain; show stat' | socat -t 5 stdio "
         "UNIX-CONNECT:/run/sparkfleet-front-door/admin.sock")
 
@@ -145,10 +146,10 @@ engines,BACKEND,0,0,2,3,UP,4
 
 
 def test_backend_states_from_show_stat():
-    assert {name: row["state"] for name, row in fd.backend_states(STAT).items()} == {
+    assert {name: row["state"] for name, row in fd_runtime.backend_states(STAT).items()} == {
         "spark-a": "in", "spark-b": "draining", "spark-c": "out", "spark-d": "out", "spark-e": "down",
         "spark-f": "in"}
-    assert fd.backend_states(STAT)["spark-b"]["sessions"] == 2
+    assert fd_runtime.backend_states(STAT)["spark-b"]["sessions"] == 2
 
 
 # --- HAProxy itself, on loopback -------------------------------------------------------------------
@@ -167,10 +168,10 @@ def haproxy_door(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    door = fd.front_door_plan("spark-a", {**all_plans, "spark-a": all_plans["spark-a"]})
+    door = fd_plan.front_door_plan("spark-a", {**all_plans, "spark-a": all_plans["spark-a"]})
     # the stand-ins stand for the hosts' guards: each backend is one of them
-    door = fd.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}),
-                        tuple(fd.Backend(b.name, "127.0.0.1", e.port) for b, e in zip(door.backends, engines)),
+    door = fd_plan.FrontDoor(door.host, door.settings.model_copy(update={"front_door_port": port}),
+                        tuple(fd_plan.Backend(b.name, "127.0.0.1", e.port) for b, e in zip(door.backends, engines)),
                         door.api_key)
     moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"), paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
              f"bind :{port}": f"bind 127.0.0.1:{port}"}
@@ -187,7 +188,7 @@ def haproxy_door(tmp_path_factory):
 
     try:
         wait_for(lambda: requests.get(f"{url}/health").status_code == 200 and
-                 {r["state"] for r in fd.backend_states(runtime("show stat")).values()} == {"in"})
+                 {r["state"] for r in fd_runtime.backend_states(runtime("show stat")).values()} == {"in"})
         yield url, dict(zip(names, engines)), runtime
     finally:
         proc.terminate()
@@ -254,7 +255,7 @@ def test_a_conversation_stays_on_one_engine(haproxy_door):
 def test_drain_sends_new_requests_elsewhere_and_ready_brings_it_back(haproxy_door):
     url, engines, runtime = haproxy_door
     runtime("set server engines/spark-a state drain")
-    assert fd.backend_states(runtime("show stat"))["spark-a"]["state"] == "out"
+    assert fd_runtime.backend_states(runtime("show stat"))["spark-a"]["state"] == "out"
     before = served(engines)
     for n in range(6):
         assert chat(url, ALICE, [{"role": "user", "content": f"question {n}"}]).status_code == 200
@@ -262,4 +263,4 @@ def test_drain_sends_new_requests_elsewhere_and_ready_brings_it_back(haproxy_doo
     assert after["spark-b"] - before["spark-b"] >= 6
     assert after["spark-a"] - before["spark-a"] <= 2  # health checks only
     runtime("set server engines/spark-a state ready")
-    assert fd.backend_states(runtime("show stat"))["spark-a"]["state"] == "in"
+    assert fd_runtime.backend_states(runtime("show stat"))["spark-a"]["state"] == "in"

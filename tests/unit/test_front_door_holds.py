@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from sparkfleet import cli
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import commands as fd_commands, holds as fd_holds, runtime as fd_runtime
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet.converge import HostResult
 
@@ -26,7 +26,7 @@ NOW = 1_800_000_000
 
 
 def hold(backend="spark-2", controller="ctl", pid=4242, started=777, since=NOW - 60, operation="rollout"):
-    return fd.Hold(backend, operation, controller, pid, started, since)
+    return fd_holds.Hold(backend, operation, controller, pid, started, since)
 
 
 def test_a_hold_reads_back_and_hostile_lines_are_data_never_holds(tmp_path):
@@ -42,7 +42,7 @@ def test_a_hold_reads_back_and_hostile_lines_are_data_never_holds(tmp_path):
         "", "# a note",
         hold("spark-8", since=NOW - 10).line(), hold("spark-8", since=NOW).line(),  # the later line counts
     ])
-    holds = fd.parse_holds(record)
+    holds = fd_holds.parse_holds(record)
     assert holds == {"spark-2": hold(), "spark-8": hold("spark-8", since=NOW)}
     assert not marker.exists()
     assert holds["spark-2"].holder() == {"operation": "rollout", "controller": "ctl", "pid": 4242,
@@ -53,30 +53,30 @@ def test_a_hold_reads_back_and_hostile_lines_are_data_never_holds(tmp_path):
 
 def test_a_hold_is_stale_when_its_process_is_gone_or_another_controllers_is_too_old():
     alive = {4242: 777}.get  # pid -> start time; a pid not in it runs no more
-    assert not fd.stale(hold(), "ctl", NOW, alive)
-    assert fd.stale(hold(pid=99), "ctl", NOW, alive)  # the rollout's process is gone
-    assert fd.stale(hold(started=5), "ctl", NOW, alive)  # its pid now runs another process
-    assert not fd.stale(hold(), "ctl", NOW, lambda pid: 0)  # a start time /proc cannot tell: running counts
-    assert not fd.stale(hold(started=0), "ctl", NOW, alive)
+    assert not fd_holds.stale(hold(), "ctl", NOW, alive)
+    assert fd_holds.stale(hold(pid=99), "ctl", NOW, alive)  # the rollout's process is gone
+    assert fd_holds.stale(hold(started=5), "ctl", NOW, alive)  # its pid now runs another process
+    assert not fd_holds.stale(hold(), "ctl", NOW, lambda pid: 0)  # a start time /proc cannot tell: running counts
+    assert not fd_holds.stale(hold(started=0), "ctl", NOW, alive)
     never = {}.get  # another controller's pid is never asked here
-    assert not fd.stale(hold(controller="other", pid=99), "ctl", NOW, never)
-    old = hold(controller="other", since=NOW - fd.HOLD_MAX_AGE_S - 1)
-    assert fd.stale(old, "ctl", NOW, never)
-    assert not fd.stale(hold(controller="other", since=NOW - fd.HOLD_MAX_AGE_S), "ctl", NOW, never)
+    assert not fd_holds.stale(hold(controller="other", pid=99), "ctl", NOW, never)
+    old = hold(controller="other", since=NOW - fd_holds.HOLD_MAX_AGE_S - 1)
+    assert fd_holds.stale(old, "ctl", NOW, never)
+    assert not fd_holds.stale(hold(controller="other", since=NOW - fd_holds.HOLD_MAX_AGE_S), "ctl", NOW, never)
     record = "\n".join([hold().line(), hold("spark-3", pid=99).line(), "spark-1 rollout ctl 99 0 0; reboot"])
-    assert fd.stale_holds(record, "ctl", NOW, alive) == [hold("spark-3", pid=99)]
-    assert fd.stale_holds(None, "ctl", NOW, alive) == []
+    assert fd_holds.stale_holds(record, "ctl", NOW, alive) == [hold("spark-3", pid=99)]
+    assert fd_holds.stale_holds(None, "ctl", NOW, alive) == []
 
 
 def test_this_process_holds_with_its_own_start_time_and_a_finished_one_runs_no_more():
-    mine = fd.this_hold("spark-2", "rollout")
-    assert fd.parse_holds(mine.line()) == {"spark-2": mine}
-    assert mine.pid == os.getpid() and mine.controller == fd.controller_name()
-    assert not fd.stale(mine, fd.controller_name(), NOW)
+    mine = fd_holds.this_hold("spark-2", "rollout")
+    assert fd_holds.parse_holds(mine.line()) == {"spark-2": mine}
+    assert mine.pid == os.getpid() and mine.controller == fd_holds.controller_name()
+    assert not fd_holds.stale(mine, fd_holds.controller_name(), NOW)
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
-    assert fd.process_start(int(done.stdout)) is None
-    assert fd.stale(fd.Hold("spark-2", "rollout", fd.controller_name(), int(done.stdout), 1, NOW), fd.controller_name(),
+    assert fd_holds.process_start(int(done.stdout)) is None
+    assert fd_holds.stale(fd_holds.Hold("spark-2", "rollout", fd_holds.controller_name(), int(done.stdout), 1, NOW), fd_holds.controller_name(),
                     NOW)
 
 
@@ -84,13 +84,13 @@ def test_a_rollouts_drain_holds_first_and_its_batch_end_drops_only_its_hosts(doo
     Local().drain(["spark-2", "spark-22"], lambda m: None, operation="rollout")
     record = door_dir / "held"
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
-    assert set(fd.parse_holds(record.read_text())) == {"spark-2", "spark-22"}
+    assert set(fd_holds.parse_holds(record.read_text())) == {"spark-2", "spark-22"}
     assert sent(door_dir)[0] == "set server engines/spark-2 state drain; set server engines/spark-22 state drain"
     Local().drain(["spark-2"], lambda m: None, operation="rollout")  # held again: one line, not two
     assert [line.split()[0] for line in record.read_text().splitlines()] == ["spark-22", "spark-2"]
     log = []
     Local().ready(["spark-2"], log.append)
-    assert fd.parse_holds(record.read_text()).keys() == {"spark-22"}  # a whole name: spark-22 stays held
+    assert fd_holds.parse_holds(record.read_text()).keys() == {"spark-22"}  # a whole name: spark-22 stays held
     assert sent(door_dir)[-1] == "set server engines/spark-2 state ready" and log == ["front door: spark-2 back in"]
     assert not (door_dir / "held.new").exists()
 
@@ -104,24 +104,24 @@ def test_put_back_readies_only_what_the_door_still_holds_so_and_keeps_a_maintena
     gone, newer, kept = hold("spark-2", pid=99), hold("spark-3", pid=4242), hold("spark-4", pid=99)
     (door_dir / "held").write_text("\n".join([gone.line(), newer.line(), kept.line()]) + "\n")
     (door_dir / "drained").write_text("spark-4\n")
-    out = sh(fd.put_back_command([gone, hold("spark-3", pid=99), kept]))  # spark-3: a newer hold since read
+    out = sh(fd_runtime.put_back_command([gone, hold("spark-3", pid=99), kept]))  # spark-3: a newer hold since read
     assert out == "kept spark-4\n"
     assert sent(door_dir) == ["set server engines/spark-2 state ready"]
-    assert fd.parse_holds((door_dir / "held").read_text()) == {"spark-3": newer}  # spark-4: the record holds it
+    assert fd_holds.parse_holds((door_dir / "held").read_text()) == {"spark-3": newer}  # spark-4: the record holds it
     before = (door_dir / "held").read_text()
-    sh(fd.put_back_command([hold("spark-9", pid=99)]))  # held nowhere: nothing sent, nothing rewritten
+    sh(fd_runtime.put_back_command([hold("spark-9", pid=99)]))  # held nowhere: nothing sent, nothing rewritten
     assert sent(door_dir) == ["set server engines/spark-2 state ready"] and (door_dir / "held").read_text() == before
 
 
 def test_put_back_stale_sends_nothing_when_every_hold_is_live(door_dir, monkeypatch):
-    monkeypatch.setattr(fd, "controller_name", lambda: "ctl")
-    monkeypatch.setattr(fd, "process_start", {4242: 777}.get)
+    monkeypatch.setattr(fd_runtime, "controller_name", lambda: "ctl")
+    monkeypatch.setattr(fd_holds, "process_start", {4242: 777}.get)
     table = "# pxname,svname,scur,status\nengines,spark-2,0,MAINT\nengines,spark-3,0,MAINT\n"
 
     class Door(Local):
         def _shell(self, command):
             if "show stat" in command:
-                return {"spark-1": f"{fd._HOLDS_MARK}\n{(door_dir / 'held').read_text()}{fd._STAT_MARK}\n{table}"}
+                return {"spark-1": f"{fd_runtime._HOLDS_MARK}\n{(door_dir / 'held').read_text()}{fd_runtime._STAT_MARK}\n{table}"}
             return super()._shell(command)
 
     (door_dir / "held").write_text(hold("spark-2").line() + "\n")
@@ -175,15 +175,15 @@ STATES = {
 
 def test_the_states_answer_carries_each_backends_record_and_hold():
     table = "# pxname,svname,scur,status\nengines,spark-2,2,DRAIN\nengines,spark-3,0,MAINT\nengines,spark-4,0,UP\n"
-    answer = f"spark-2\n{fd._HOLDS_MARK}\n{hold('spark-3').line()}\nspark-4 rollout $(reboot)\n{fd._STAT_MARK}\n{table}"
-    states = fd.door_states(answer)
+    answer = f"spark-2\n{fd_runtime._HOLDS_MARK}\n{hold('spark-3').line()}\nspark-4 rollout $(reboot)\n{fd_runtime._STAT_MARK}\n{table}"
+    states = fd_runtime.door_states(answer)
     assert {n: (r["state"], r["recorded"], r["hold"]) for n, r in states.items()} == {
         "spark-2": ("draining", True, None), "spark-3": ("out", False, hold("spark-3")),
         "spark-4": ("in", False, None)}
 
 
 def test_status_names_each_backend_out_of_rotation_with_what_holds_it():
-    found = fd.out_of_rotation(STATES, "ctl", NOW, {4242: 777}.get)
+    found = fd_holds.out_of_rotation(STATES, "ctl", NOW, {4242: 777}.get)
     assert [(b["host"], b["held"], b["reason"]) for b in found] == [
         ("spark-2", True, "maintenance drain: until `sparkfleet undrain`"),
         ("spark-3", True, "held by rollout pid 4242 on controller ctl since 2027-01-15T07:59:00Z"),
@@ -195,11 +195,11 @@ def test_status_names_each_backend_out_of_rotation_with_what_holds_it():
 
 
 def test_status_fails_for_a_backend_out_that_nothing_live_holds():
-    held = fd.out_of_rotation({k: STATES[k] for k in ("spark-1", "spark-2", "spark-3")}, "ctl", NOW, {4242: 777}.get)
-    assert fd.door_ok({"up": True, "out_of_rotation": held})
-    assert not fd.door_ok({"up": False, "out_of_rotation": held})
+    held = fd_holds.out_of_rotation({k: STATES[k] for k in ("spark-1", "spark-2", "spark-3")}, "ctl", NOW, {4242: 777}.get)
+    assert fd_holds.door_ok({"up": True, "out_of_rotation": held})
+    assert not fd_holds.door_ok({"up": False, "out_of_rotation": held})
     for name in ("spark-4", "spark-5"):
-        assert not fd.door_ok({"up": True, "out_of_rotation": fd.out_of_rotation(
+        assert not fd_holds.door_ok({"up": True, "out_of_rotation": fd_holds.out_of_rotation(
             {name: STATES[name]}, "ctl", NOW, {4242: 777}.get)})
 
 
@@ -209,13 +209,13 @@ def test_the_status_command_exits_1_and_says_why_for_a_gone_rollouts_hold(monkey
     inventory = tmp_path / "office.py"
     inventory.write_text("sparks = [('spark-1', {'ssh_hostname': '10.0.0.1'})]\n")
     fake_fleet(monkeypatch, {"spark-1": facts(SERVING)})
-    out = fd.out_of_rotation({"spark-1": STATES["spark-4"]}, "ctl", NOW, {}.get)
+    out = fd_holds.out_of_rotation({"spark-1": STATES["spark-4"]}, "ctl", NOW, {}.get)
     door = {"url": "http://x:8080", "up": True, "doors": [{"host": "spark-1", "url": "http://x:8080", "up": True}],
             "backends": [{"host": "spark-1", "state": "out"}], "out_of_rotation": out}
-    monkeypatch.setattr(fd, "front_door_status", lambda inv: door)
+    monkeypatch.setattr(fd_commands, "front_door_status", lambda inv: door)
     assert cli.main(["status", str(inventory), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["front_door"]["out_of_rotation"][0]["reason"].startswith(
         "held by a rollout that is gone")
-    rows = fd.status_rows(door)
+    rows = fd_commands.status_rows(door)
     assert rows[1] == ("  spark-1", "backend", "[yellow]out[/]: [red]held by a rollout that is gone (rollout pid 99 "
                                                 "on controller ctl since 2027-01-15T07:59:00Z)[/]")

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from sparkfleet.contract import monitoring, paths
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.contract.settings import SettingsError
 
 from .helpers import KEY, Server, door_files, make_model, start_haproxy, wait_for
@@ -25,8 +25,8 @@ FLEET = {"spark-1": {}, "spark-2": {"served_model_name": SGLANG, "recipe": "qwen
 
 
 def test_each_other_chat_model_gets_a_route_of_its_hosts():
-    door = fd.front_door_plan("spark-1", plans(**FLEET, **{"spark-4": {"served_model_name": LLAMA}}))
-    assert door.backends == (fd.Backend("spark-1", "10.0.0.1", 8000),)
+    door = fd_plan.front_door_plan("spark-1", plans(**FLEET, **{"spark-4": {"served_model_name": LLAMA}}))
+    assert door.backends == (fd_plan.Backend("spark-1", "10.0.0.1", 8000),)
     assert [(r.backend, r.served_name, r.kind, [b.name for b in r.backends]) for r in door.chat_routes] == [
         ("chat_0", SGLANG, "chat", ["spark-2"]), ("chat_1", LLAMA, "chat", ["spark-3", "spark-4"])]
     config = door.config()
@@ -41,15 +41,15 @@ def test_each_other_chat_model_gets_a_route_of_its_hosts():
 
 
 def test_the_door_lists_every_served_name_and_counts_each():
-    door = fd.front_door_plan("spark-1", plans(**FLEET))
+    door = fd_plan.front_door_plan("spark-1", plans(**FLEET))
     assert door.served_names == tuple(sorted((NAME, SGLANG, LLAMA)))
     listed = json.loads(door.models_answer().strip("'"))
     assert [m["id"] for m in listed["data"]] == sorted((NAME, SGLANG, LLAMA)) and listed["object"] == "list"
     assert door.usage()["models"] == sorted((NAME, SGLANG, LLAMA))
     assert f"-m str {' '.join(sorted((NAME, SGLANG, LLAMA)))} }}" in door.config()  # the usage's served names
-    summary = fd.door_summary(door)
+    summary = fd_plan.door_summary(door)
     assert summary["models"] == sorted((NAME, SGLANG, LLAMA))
-    assert ("route tiny-llama", "chat: spark-3") in fd.door_rows(summary)
+    assert ("route tiny-llama", "chat: spark-3") in fd_plan.door_rows(summary)
 
 
 def test_drain_addresses_the_door_models_engines_only():
@@ -57,30 +57,30 @@ def test_drain_addresses_the_door_models_engines_only():
     refuses them (naming another served model) instead of claiming a drain it did not make."""
     stat = ("# pxname,svname,qcur,qmax,scur,smax,status,weight\nengines,spark-1,0,0,0,1,UP,1\n"
             "chat_0,spark-2,0,0,1,1,UP,1\nchat_1,spark-3,0,0,0,1,DOWN,1\n")
-    assert set(fd.backend_states(stat)) == {"spark-1"}
+    assert set(fd_runtime.backend_states(stat)) == {"spark-1"}
 
 
 def test_one_chat_model_keeps_its_engines_answering_v1_models():
-    door = fd.front_door_plan("spark-1", plans(**{"spark-1": {}, "spark-2": {}}))
+    door = fd_plan.front_door_plan("spark-1", plans(**{"spark-1": {}, "spark-2": {}}))
     assert door.chat_routes == () and door.models_answer() is None
     assert "/v1/models } METH_GET" not in door.config() and "chat_0" not in door.config()
 
 
 def test_a_host_the_door_cannot_take_is_left_out_and_shown():
-    door = fd.front_door_plan("spark-1", plans(**FLEET, **{
+    door = fd_plan.front_door_plan("spark-1", plans(**FLEET, **{
         "spark-4": {"served_model_name": "dev", "api_host": "127.0.0.1"},
         "spark-5": {"served_model_name": "other", "api_key": "another-key-0123456789"}}))
     assert door.left_out == (("spark-4", "dev: its api_host is loopback"),
                              ("spark-5", "other: its api_key is not the one this door sends"))
     assert "spark-4" not in door.config() and "spark-5" not in door.config()
-    rows = dict(fd.door_rows(fd.door_summary(door)))
+    rows = dict(fd_plan.door_rows(fd_plan.door_summary(door)))
     assert rows["not behind it: spark-5"] == "other: its api_key is not the one this door sends"
 
 
 def test_a_chat_model_named_like_a_rag_service_is_refused():
     service = {"services": {"embed": {"recipe": "qwen3-embedding-0.6b", "served_model_name": SGLANG}}}
     with pytest.raises(SettingsError) as exc:
-        fd.front_door_plan("spark-1", plans(**{**FLEET, "spark-1": service}))
+        fd_plan.front_door_plan("spark-1", plans(**{**FLEET, "spark-1": service}))
     assert any(f"{SGLANG!r} is served by a chat engine (spark-2) and a RAG service" in p for p in exc.value.problems)
 
 
@@ -97,14 +97,14 @@ def door(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    planned = fd.front_door_plan("spark-1", plans(**FLEET))
+    planned = fd_plan.front_door_plan("spark-1", plans(**FLEET))
 
-    def moved(route: fd.Route) -> fd.Route:  # the stand-ins stand for the hosts' guards
-        return fd.Route(route.backend, route.served_name, route.kind,
-                        tuple(fd.Backend(b.name, "127.0.0.1", engines[b.name].port) for b in route.backends))
+    def moved(route: fd_plan.Route) -> fd_plan.Route:  # the stand-ins stand for the hosts' guards
+        return fd_plan.Route(route.backend, route.served_name, route.kind,
+                        tuple(fd_plan.Backend(b.name, "127.0.0.1", engines[b.name].port) for b in route.backends))
 
-    door = fd.FrontDoor(planned.host, planned.settings.model_copy(update={"front_door_port": port}),
-                        (fd.Backend("spark-1", "127.0.0.1", engines["spark-1"].port),), planned.api_key,
+    door = fd_plan.FrontDoor(planned.host, planned.settings.model_copy(update={"front_door_port": port}),
+                        (fd_plan.Backend("spark-1", "127.0.0.1", engines["spark-1"].port),), planned.api_key,
                         chat_routes=tuple(map(moved, planned.chat_routes)))
     door_files(door, tmp)
     proc = start_haproxy(door.config(), tmp, {

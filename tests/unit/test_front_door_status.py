@@ -19,7 +19,7 @@ from sparkfleet import cli  # imported first: it loads pyinfra's CLI, which patc
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import plan as fd_plan
 from tests.conftest import free_port
 
 from .helpers import KEY, door_files, start_haproxy, wait_for
@@ -30,8 +30,8 @@ VIEWERS = {"carol": CAROL, "dave": DAVE}
 PAGE = "<html>the status page</html>"
 
 
-def door_of(monitoring_host: bool = True, **settings) -> fd.FrontDoor:
-    return fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_viewers": VIEWERS, **settings}}),
+def door_of(monitoring_host: bool = True, **settings) -> fd_plan.FrontDoor:
+    return fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_viewers": VIEWERS, **settings}}),
                               monitoring_host)
 
 
@@ -47,18 +47,18 @@ def test_offered_only_on_a_monitoring_host_with_viewers():
 
 def test_without_the_page_the_config_is_as_before():
     """An inventory that does not use the page renders the very config it did (its converge changes nothing)."""
-    assert door_of(monitoring_host=False).config() == fd.front_door_plan("spark-a", plans(**{"spark-a": {}})).config()
+    assert door_of(monitoring_host=False).config() == fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).config()
 
 
 def test_passwords_live_only_as_digests_in_the_viewers_map():
     door = door_of()
     digest = hashlib.sha256(CAROL.encode()).hexdigest().upper()
     assert door.viewers_map().splitlines()[0] == f"carol {digest}"
-    summary = repr(fd.door_summary(door)) + repr(door.settings)
+    summary = repr(fd_plan.door_summary(door)) + repr(door.settings)
     for secret in (CAROL, DAVE):
         assert secret not in door.viewers_map() and secret not in door.config() and secret not in summary
-    assert fd.door_summary(door)["viewers"] == ["carol", "dave"]
-    assert ("status page", f"{m.FRONT_DOOR_STATUS_PATH} for carol, dave") in fd.door_rows(fd.door_summary(door))
+    assert fd_plan.door_summary(door)["viewers"] == ["carol", "dave"]
+    assert ("status page", f"{m.FRONT_DOOR_STATUS_PATH} for carol, dave") in fd_plan.door_rows(fd_plan.door_summary(door))
 
 
 @pytest.mark.parametrize("settings, expected", [

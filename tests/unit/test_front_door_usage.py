@@ -17,7 +17,7 @@ import requests
 from sparkfleet import cli
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.contract.settings import SettingsError, parse_settings
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
 from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
@@ -29,13 +29,13 @@ USERS = {"alice": ALICE, "bob": BOB, "carol": {"key": CAROL, "requests_per_minut
          "dave": {"key": DAVE, "max_concurrent": 1}}
 
 
-def door_of(**over) -> fd.FrontDoor:
-    return fd.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": USERS, **over}}))
+def door_of(**over) -> fd_plan.FrontDoor:
+    return fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {"front_door_users": USERS, **over}}))
 
 
 def test_limits_come_from_the_user_or_the_fleet_defaults():
     door = door_of(front_door_requests_per_minute=100)
-    rows = dict(fd.door_rows(fd.door_summary(door_of())))
+    rows = dict(fd_plan.door_rows(fd_plan.door_summary(door_of())))
     assert rows["limits"] == "carol 4 a minute, dave 1 at once"
     assert door.limits_map() == "alice 100:0\nbob 100:0\ncarol 4:0\ndave 100:1\n"
     assert door_of().limits_map() == "carol 4:0\ndave 0:1\n"
@@ -128,8 +128,8 @@ def door(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     planned = door_of(lan_address="127.0.0.1")
-    planned = fd.FrontDoor(planned.host, planned.settings.model_copy(update={"front_door_port": port}),
-                           (fd.Backend("spark-a", "127.0.0.1", engine.port),), planned.api_key)
+    planned = fd_plan.FrontDoor(planned.host, planned.settings.model_copy(update={"front_door_port": port}),
+                           (fd_plan.Backend("spark-a", "127.0.0.1", engine.port),), planned.api_key)
     door_files(planned, tmp)
     moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
              paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}"}

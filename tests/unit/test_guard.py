@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet import guard as gd
 from sparkfleet.fleet import haproxy
 from sparkfleet.contract import paths
@@ -111,7 +111,7 @@ def test_api_ports_without_room_for_the_engine_port_are_refused():
 
 @pytest.mark.parametrize("config", [
     lambda: gd.guard_plan(plan()).config(),
-    lambda: fd.front_door_plan("spark-a", {"spark-a": plan(front_door_users={"alice": USER_KEY},
+    lambda: fd_plan.front_door_plan("spark-a", {"spark-a": plan(front_door_users={"alice": USER_KEY},
                                                            front_door_allow_http=True)}).config(),
 ])
 def test_both_haproxys_share_one_hardening(config):
@@ -126,7 +126,7 @@ def test_both_haproxys_share_one_hardening(config):
 
 
 @pytest.mark.parametrize("unit", [lambda: gd.guard_plan(plan()).unit(),
-                                  lambda: fd.front_door_plan("spark-a", {"spark-a": plan(
+                                  lambda: fd_plan.front_door_plan("spark-a", {"spark-a": plan(
                                       front_door_users={"alice": USER_KEY}, front_door_allow_http=True)}).unit()])
 def test_both_units_are_sandboxed(unit):
     text = unit()
@@ -143,7 +143,7 @@ def test_an_ssh_hostname_that_is_not_an_address_never_reaches_a_config(value):
     hosts = [("spark-a", host_data(api_host="0.0.0.0", api_key=KEY, ssh_hostname=value,
                                    front_door_users={"alice": USER_KEY}, front_door_allow_http=True))]
     with pytest.raises(SettingsError) as caught:
-        fd.front_door_plan("spark-a", {p.name: p for p in plan_hosts(hosts, resolve=False)})
+        fd_plan.front_door_plan("spark-a", {p.name: p for p in plan_hosts(hosts, resolve=False)})
     (problem,) = caught.value.problems
     assert problem.startswith("spark-a: `ssh_hostname`") and "is invalid" in problem
 
@@ -262,7 +262,7 @@ def door_over_guard(guarded, tmp_path_factory):
     door_port = free_port()
     settings = p.settings.model_copy(update={"front_door_users": {"alice": FrontDoorUser(key=USER_KEY)}, "front_door_allow_http": True,
                                              "front_door_port": door_port})
-    door = fd.FrontDoor("spark-a", settings, (fd.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
+    door = fd_plan.FrontDoor("spark-a", settings, (fd_plan.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
     door_files(door, tmp)
     proc = start_haproxy(door.config(), tmp, {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
                                                paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),

@@ -7,7 +7,7 @@ controller copy.
 
 import pytest
 
-from sparkfleet.fleet.front_door import front_door_plan
+from sparkfleet.fleet.front_door.plan import front_door_plan
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
@@ -57,7 +57,8 @@ def inventory(tmp_path):
 
 def test_status_prints_a_hostile_model_id_reply_and_host_facts_literally(inventory, monkeypatch, capsys):
     from sparkfleet import cli, tables
-    from sparkfleet.fleet import converge, front_door, status
+    from sparkfleet.fleet import converge, status
+    from sparkfleet.fleet.front_door import commands as fd_commands
 
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)  # no cell wraps
     facts = {"driver": "[red]580", "cuda": "13.0", "toolkit": "[/]", "release_id": "[link=x]r", "model_verified": True,
@@ -69,7 +70,7 @@ def test_status_prints_a_hostile_model_id_reply_and_host_facts_literally(invento
            "metrics": {}, "error": "[/] hub error", "chat": REPLY, "ssh": facts}
     monkeypatch.setattr(converge, "read_hosts", lambda inv, names, fact: {n: facts for n in names})
     monkeypatch.setattr(status, "host_row", lambda *a, **k: row)
-    monkeypatch.setattr(front_door, "front_door_status", lambda inv: None)
+    monkeypatch.setattr(fd_commands, "front_door_status", lambda inv: None)
     assert cli.main(["status", inventory, "--chat"]) == 0
     out = capsys.readouterr().out
     for text in (f"spark-x answers: {REPLY}", f"{MODEL_ID}, [bold]m", "[/] hub error", "[red]580", "[link=x]r",

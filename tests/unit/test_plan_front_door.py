@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sparkfleet import cli
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import commands as fd_commands, plan as fd_plan, runtime as fd_runtime
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import KEY, host_data
@@ -52,7 +52,7 @@ def test_plan_json_holds_the_config_the_stage_writes(tmp_path, capsys):
             "front_door_allow_http": True}
     plans = {p.name: p for p in plan_hosts([(f"spark-{n}", host_data(**data, ssh_hostname=f"10.0.0.{n}"))
                                             for n in (1, 2, 3)])}
-    assert doors[0]["config"] == fd.front_door_plan("spark-1", plans).config()
+    assert doors[0]["config"] == fd_plan.front_door_plan("spark-1", plans).config()
     assert ALICE not in out and BOB not in out and KEY not in out
 
 
@@ -165,13 +165,13 @@ def test_status_trusts_the_self_signed_front_door_init_made_and_nothing_else(tmp
     door = host_data(api_key=KEY, api_host="0.0.0.0", front_door_users={"alice": "a" * 24},
                      controller_front_door_url=url,
                      front_door_tls_cert=str(crt), front_door_tls_key=str(key))
-    monkeypatch.setattr(fd.FrontDoorRuntime, "states", lambda self: {"spark-1": {}})
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "states", lambda self: {"spark-1": {}})
     try:
         up = {}
         for ca in (str(crt), None):
-            monkeypatch.setattr(fd.FrontDoorRuntime, "of", classmethod(
+            monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "of", classmethod(
                 lambda cls, inventory, ca=ca: cls(inventory, [("spark-1", {**door, "controller_front_door_ca": ca})])))
-            up[ca] = fd.front_door_status("inventory.py")["up"]
+            up[ca] = fd_commands.front_door_status("inventory.py")["up"]
     finally:
         server.shutdown()
     assert up == {str(crt): True, None: False}

@@ -13,7 +13,7 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.fleet import project
-from sparkfleet.fleet.front_door import front_door_plan
+from sparkfleet.fleet.front_door.plan import front_door_plan
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError

@@ -10,7 +10,7 @@ import pytest
 
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
-from sparkfleet.fleet import front_door as fd
+from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet.inventory import spark_hosts
 from sparkfleet.host.facts import Unreadable, parse_os_release, parse_tcp_reach
 from sparkfleet.host.preflight import ServiceFacts, service_preflight_problems
@@ -83,8 +83,8 @@ def test_a_service_host_needs_no_engine_setting_that_a_spark_would_be_refused_fo
 
 def test_the_front_door_on_a_service_host_has_the_sparks_as_backends():
     plans = {p.name: p for p in plan_hosts(mixed(), resolve=False)}
-    door = fd.front_door_plan("door-1", plans)
-    assert door.backends == (fd.Backend("spark-1", "10.0.0.1", 8000), fd.Backend("spark-2", "10.0.0.2", 8000))
+    door = fd_plan.front_door_plan("door-1", plans)
+    assert door.backends == (fd_plan.Backend("spark-1", "10.0.0.1", 8000), fd_plan.Backend("spark-2", "10.0.0.2", 8000))
     assert "door-1" not in door.config()
 
 

@@ -287,9 +287,9 @@ def door_plans(**per_host):
 
 
 def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_path):
-    from sparkfleet.fleet import front_door as fd
+    from sparkfleet.fleet.front_door import plan as fd_plan
 
-    door = fd.front_door_plan("spark-a", door_plans(**{"spark-a": {"services": RAG},
+    door = fd_plan.front_door_plan("spark-a", door_plans(**{"spark-a": {"services": RAG},
                                                       "spark-b": {"services": {"embed": RAG["embed"]}}}))
     assert [(r.backend, r.served_name, r.kind, [(b.name, b.address, b.port) for b in r.backends])
             for r in door.routes] == [
@@ -316,18 +316,18 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
 
 
 def test_a_front_door_without_services_has_no_model_routes():
-    from sparkfleet.fleet import front_door as fd
+    from sparkfleet.fleet.front_door import plan as fd_plan
 
-    config = fd.front_door_plan("spark-a", door_plans(**{"spark-a": {}})).config()
+    config = fd_plan.front_door_plan("spark-a", door_plans(**{"spark-a": {}})).config()
     assert "txn.model" not in config and "model_0" not in config
 
 
 def test_one_served_name_of_two_kinds_behind_one_front_door_is_refused():
-    from sparkfleet.fleet import front_door as fd
+    from sparkfleet.fleet.front_door import plan as fd_plan
 
     twin = {"rerank": {"recipe": "qwen3-reranker-0.6b", "served_model_name": "Qwen3-Embedding-0.6B"}}
     with pytest.raises(SettingsError) as caught:
-        fd.front_door_plan("spark-a", door_plans(**{"spark-a": {"services": {"embed": RAG["embed"]}},
+        fd_plan.front_door_plan("spark-a", door_plans(**{"spark-a": {"services": {"embed": RAG["embed"]}},
                                                    "spark-b": {"services": twin}}))
     assert caught.value.problems == [
         "spark-a: services named 'Qwen3-Embedding-0.6B' behind this front door are of different kinds "

@@ -134,11 +134,11 @@ def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, 
     result = wd.probe(wd.load_config(config))
     assert (result["serving"], result["failed"]) == (True, None) and recorder.posts() == [want]
 
-    from sparkfleet.fleet import front_door as fd
+    from sparkfleet.fleet.front_door import plan as fd_plan
 
-    assert fd.Route("model_0", "sim-qwen", "chat", ()).check == (
+    assert fd_plan.Route("model_0", "sim-qwen", "chat", ()).check == (
         "POST", "/v1/probe-here", json.dumps(want[1], separators=(",", ":")))
-    door = fd.FrontDoor("spark-1", parse_settings("spark-1", host_data(served_model_name="sim-qwen")), (), KEY)
+    door = fd_plan.FrontDoor("spark-1", parse_settings("spark-1", host_data(served_model_name="sim-qwen")), (), KEY)
     assert "http-check send meth POST uri /v1/probe-here ver HTTP/1.1 " in door.config()
     assert "body '" + json.dumps(want[1], separators=(",", ":")) + "'" in door.config()
 

@@ -127,7 +127,7 @@ def test_the_forward_uses_the_inventorys_ssh_settings_and_no_shell():
     assert command[command.index("-L") + 1] == "127.0.0.1:40001:127.0.0.1:8000"
     assert command[command.index("-p") + 1] == "2222" and command[command.index("-i") + 1] == "/k/id"
     assert "UserKnownHostsFile=/k/known" in command and "StrictHostKeyChecking=yes" in command
-    assert command[-2:] == ["--", "admin@10.0.0.5"]  # after "--": never read as an option
+    assert command[command.index("-l") + 1] == "admin" and command[-2:] == ["--", "10.0.0.5"]  # after "--": never an option
     assert forward_command("spark-1", {}, 40001, 8000)[-2:] == ["--", "spark-1"]
 
 
@@ -170,7 +170,7 @@ def test_an_api_on_loopback_only_is_measured_through_an_ssh_forward(monkeypatch)
                         started[-1])
     loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
     with speed.reach("spark-1", loopback, {"ssh_user": "admin"}) as url:
-        assert url.startswith("http://127.0.0.1:") and started[0].command[-1] == "admin@spark-1"
+        assert url.startswith("http://127.0.0.1:") and started[0].command[-3:] == ["admin", "--", "spark-1"]
         assert started[0].command[started[0].command.index("-L") + 1].endswith(":127.0.0.1:8000")
     assert started[0].terminated  # the forward lasts the measurement only
     lan = SimpleNamespace(controller_api_url="http://10.0.0.5:8000/", api_is_loopback=False, api_port=8000)

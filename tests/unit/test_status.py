@@ -14,7 +14,8 @@ from rich.console import Console
 from sparkfleet import cli
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import parse_settings
-from sparkfleet.fleet import converge, front_door, status
+from sparkfleet.fleet import converge, status
+from sparkfleet.fleet.front_door import commands as fd_commands
 from sparkfleet.host.serving import EngineMetrics
 from sparkfleet.host.services import ServiceProbe
 
@@ -146,7 +147,7 @@ def fake_fleet(monkeypatch, found: dict):
     monkeypatch.setattr(converge, "read_hosts", lambda inv, names, reader: {
         n: None if found[n] is None else reader(Host(n)) for n in names})
     monkeypatch.setattr(status, "ssh_facts", ssh_facts)
-    monkeypatch.setattr(front_door, "front_door_status", lambda inv: None)
+    monkeypatch.setattr(fd_commands, "front_door_status", lambda inv: None)
     return handed
 
 

@@ -1,0 +1,91 @@
+"""How a host is reached: one owner for the address, the port and the user, asked two genuinely different ways.
+
+- From the controller (`ssh_address`, `ssh_command`, `api_url`, `front_door_url`): where the controller opens SSH
+  to a host, and where it asks the host's API or a front door over HTTP when no `controller_*_url` says
+  otherwise. That is pyinfra's own rule: `ssh_hostname` where the inventory sets one, else the host's name in
+  the inventory (an inventory of bare addresses, `sparks = ["10.0.0.11", ...]`, names each host by its
+  address). The controller may sit elsewhere than the LAN (a tunnel, the simulator's published ports), so its
+  address is not the LAN's.
+- From the other hosts on the LAN (`lan_address`): where a peer fetches the model share, where the front door's
+  server lines, Prometheus's targets and preflight's reach checks point. The host's `lan_address` setting where
+  set, else where the controller reaches it.
+
+Pure functions of the inventory's merged data (and the host's Settings): no I/O, no pyinfra.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from sparkfleet.contract.settings import Settings
+
+
+def ssh_address(name: str, data: dict) -> str:
+    """The address the controller reaches host `name` at (SSH, and HTTP without a `controller_*_url`):
+    `ssh_hostname`, else the inventory's name, as pyinfra connects."""
+    return str(data.get("ssh_hostname") or name)
+
+
+def lan_address(name: str, data: dict, s: Settings) -> str:
+    """The address the other hosts on the LAN reach host `name` at: its `lan_address` setting, else
+    `ssh_address` (the controller and the hosts share one network unless the inventory says otherwise)."""
+    return s.lan_address or ssh_address(name, data)
+
+
+def http_url(address: str, port: int, scheme: str = "http") -> str:
+    """`scheme://address:port`, an IPv6 address in brackets (RFC 3986)."""
+    try:
+        host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+    except ValueError:
+        host = address
+    return f"{scheme}://{host}:{int(port)}"
+
+
+def api_reachable(s: Settings) -> bool:
+    """Whether the controller asks a host's API over HTTP: a `controller_api_url`, or an API that listens beyond
+    loopback. Else `status` asks it on the host over SSH, and the speed gate through an SSH forward."""
+    return bool(s.controller_api_url) or not s.api_is_loopback
+
+
+def api_url(name: str, s: Settings, data: dict) -> str | None:
+    """Where the controller reaches a host's API (status, bench, the speed gate), or None when it listens on
+    loopback only (`api_reachable`)."""
+    if s.controller_api_url:
+        return s.controller_api_url.rstrip("/")
+    if not api_reachable(s):
+        return None
+    return http_url(ssh_address(name, data), s.api_port)
+
+
+def front_door_url(name: str, s: Settings, data: dict) -> str:
+    """Where the controller reaches the front door on host `name` (status, usage, bench --front-door)."""
+    if s.controller_front_door_url:
+        return s.controller_front_door_url.rstrip("/")
+    return http_url(ssh_address(name, data), s.front_door_port, "https" if s.front_door_tls_cert else "http")
+
+
+def _option_value(value: str) -> str:
+    """A value for `ssh -o KEY=VALUE`, which ssh splits on blanks itself: quoted when it holds one."""
+    if any(c.isspace() or c in "\"\\'" for c in value):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return value
+
+
+def ssh_command(name: str, data: dict, *options: str) -> list[str]:
+    """OpenSSH's command line to host `name` with the inventory's SSH settings (port, user, key, config file,
+    host-key policy and known_hosts), `options` first, ending `-- ADDRESS` (never read as an option): the
+    caller appends a remote command, or none. An argument list, no shell; a key file is named, never read."""
+    argv = ["ssh", *options]
+    if data.get("ssh_port"):
+        argv += ["-p", str(int(data["ssh_port"]))]
+    if data.get("ssh_user"):
+        argv += ["-l", str(data["ssh_user"])]
+    if data.get("ssh_key"):
+        argv += ["-i", str(data["ssh_key"])]
+    if data.get("ssh_config_file"):
+        argv += ["-F", str(data["ssh_config_file"])]
+    if data.get("ssh_strict_host_key_checking"):
+        argv += ["-o", f"StrictHostKeyChecking={_option_value(str(data['ssh_strict_host_key_checking']))}"]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={_option_value(str(data['ssh_known_hosts_file']))}"]
+    return [*argv, "--", ssh_address(name, data)]

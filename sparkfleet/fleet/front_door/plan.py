@@ -1,0 +1,386 @@
+"""The front door's plan: what one front door host serves, built from the inventory's plans, and the files its
+stage writes (config, unit, maps).
+
+Its own served_model_name's hosts are the default backend (runtime.BACKEND); each other chat model the
+inventory's engine hosts serve, whatever their engine (vLLM, SGLang, llama.cpp), gets a backend of its own
+(chat_N) that a request reaches by naming it in its body's "model", as a RAG service's does. With more than one
+chat model the door answers GET /v1/models itself, listing every served name (no one engine knows the others');
+with one, that model's engines answer it as before. Drain and its record address BACKEND's hosts only.
+
+Where the front door's host is also a monitoring host, it serves the office status page (Prometheus's console
+on loopback) at /status to viewers, HTTP Basic against SHA-256 digests in a 0600 map; nothing else of
+Prometheus passes the door.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkfleet.contract import monitoring, paths, serving
+from sparkfleet.contract.paths import engine_port
+from sparkfleet.contract.settings import Settings, SettingsError
+from sparkfleet.fleet import haproxy
+from sparkfleet.fleet.front_door.runtime import BACKEND, replay_command, save_state_command
+from sparkfleet.release.plan import HostPlan
+
+# Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
+# prompt of ~60k tokens); the rest of a longer body need not fit. Two such buffers per connection: 500
+# connections (far more requests than the engines behind it run at once) stay within 256 MiB.
+BUFSIZE = 256 * 1024
+LIMITS = haproxy.Limits(maxconn=500, bufsize=BUFSIZE, memory_max="512M")
+# Checks: a hung engine is out within ~3 s (two missed 1 s checks); back after two good ones.
+CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "1s"}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # the inventory host name, which is HAProxy's server name
+    address: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        """`address:port` of its `server` line (the host's guard)."""
+        return haproxy.address(self.address, self.port)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A RAG service's model behind the front door: the hosts serving it, found by the `model` of a request's
+    body (the OpenAI API's own routing key, the same on /v1/embeddings, /v1/rerank and /v1/score; a path
+    would tie one endpoint to one model, and two embedding models could not share /v1/embeddings)."""
+
+    backend: str  # HAProxy's backend name
+    served_name: str
+    kind: str
+    backends: tuple[Backend, ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths its kind serves, beyond /v1/models (which the chat model's engines answer)."""
+        return tuple(p for p in haproxy.API_PATHS[self.kind] if p != "/v1/models")
+
+    @property
+    def check(self) -> tuple[str, str, str]:
+        """(method, uri, body) of its health check: its kind's probe (contract/serving.py), as the watchdog and
+        the converge's probe ask it."""
+        return serving.http_check(self.kind, self.served_name)
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """What one front door host serves: its settings, the engines behind it (those of its own served name, the
+    default for a request naming no other), the RAG services' routes and the other chat models' routes (each
+    the hosts serving that served name, whatever their engine), and the engine hosts it leaves out (why)."""
+
+    host: str
+    settings: Settings
+    backends: tuple[Backend, ...]
+    api_key: str
+    routes: tuple[Route, ...] = ()
+    status_port: int | None = None  # Prometheus's loopback port where this door offers the status page, else None
+    chat_routes: tuple[Route, ...] = ()
+    left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every model a request through this door can name: its own, the other chat models', the RAG services'."""
+        return tuple(sorted({self.settings.served_model_name, *(r.served_name for r in self.chat_routes),
+                             *(r.served_name for r in self.routes)}))
+
+    def models_answer(self) -> str | None:
+        """What the door itself answers to GET /v1/models where it routes more than one chat model (the OpenAI
+        list of every served name: no one engine knows the others'), as HAProxy's quoted string; None where one
+        chat model's engines answer it, as before."""
+        if not self.chat_routes:
+            return None
+        data = [{"id": name, "object": "model", "owned_by": "sparkfleet"} for name in self.served_names]
+        return "'" + json.dumps({"object": "list", "data": data}, separators=(",", ":")) + "'"  # tokens: no quote
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.settings.front_door_tls_cert)
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """What a user key reaches: the chat paths, and each RAG route's paths (/health needs no key)."""
+        return tuple(sorted({*haproxy.API_PATHS["chat"], *(p for r in self.routes for p in r.paths)}))
+
+    def config(self) -> str:
+        return haproxy.config(
+            "front-door.haproxy.cfg.j2", LIMITS, s=self.settings, backends=self.backends, tls=self.tls,
+            tls_pem=paths.FRONT_DOOR_TLS_PEM, socket=paths.FRONT_DOOR_SOCKET, state_file=paths.FRONT_DOOR_STATE_FILE,
+            users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
+            backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed, chat_routes=self.chat_routes,
+            models_answer=self.models_answer(),
+            chat_check=serving.http_check("chat", self.settings.served_model_name),
+            limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
+            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH)
+
+    def usage(self) -> dict:
+        """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
+        the refusals and the served names a request's model is counted under (any other is _other)."""
+        models = self.served_names
+        return {"lua": paths.FRONT_DOOR_USAGE_LUA, "table": monitoring.USAGE_TABLE,
+                "path": monitoring.USAGE_METRICS_PATH, "rate_429": haproxy.RATE_429,
+                "at_once_429": haproxy.AT_ONCE_429, "models": [haproxy.token(m, "served model name") for m in models]}
+
+    @property
+    def status_page(self) -> dict | None:
+        """What the config needs to serve the office status page (GET FRONT_DOOR_STATUS_PATH to viewers, mapped to
+        Prometheus's console on loopback); None where this door does not offer it."""
+        if self.status_port is None:
+            return None
+        return {"path": monitoring.FRONT_DOOR_STATUS_PATH, "console": monitoring.STATUS_PAGE,
+                "port": self.status_port, "viewers_map": monitoring.FRONT_DOOR_VIEWERS_MAP}
+
+    def viewers_map(self) -> str:
+        """The status page's viewers, one "<name> <SHA-256 of the password, upper-case hex>" a line: HAProxy hashes
+        what a browser sends the same way and compares the two digests in constant time (secure_memcmp)."""
+        return "".join(f"{name} {viewer_digest(password)}\n"
+                       for name, password in sorted(self.settings.front_door_viewers.items()))
+
+    def users_map(self) -> str:
+        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_keys.items()))
+
+    def limits_map(self) -> str:
+        """Each user's limits, "<name> <requests a minute>:<at once>" (0: none), as the fair-share block reads
+        them; a user without limits has no line."""
+        return "".join(f"{name} {rate or 0}:{at_once or 0}\n"
+                       for name, (rate, at_once) in sorted(self.settings.front_door_limits().items())
+                       if rate or at_once)
+
+    def backend_map(self) -> str:
+        return f"{BACKEND} Bearer {self.api_key}\n"
+
+    def tls_pem(self) -> str:
+        """The certificate and key from the controller, one PEM (read here, shipped as a 0600 file)."""
+        s = self.settings
+        parts, problems = [], []
+        for key, path in (("front_door_tls_cert", s.front_door_tls_cert), ("front_door_tls_key", s.front_door_tls_key)):
+            try:
+                parts.append(Path(path).read_text().strip() + "\n")
+            except OSError as exc:
+                problems.append(f"{self.host}: setting `{key}`: cannot read {path} on the controller "
+                                f"({exc.strerror}): give a readable PEM file")
+        if problems:
+            raise SettingsError(problems)
+        return "".join(parts)
+
+    def unit(self) -> str:
+        return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG,
+                            paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
+                            save_state=save_state_command(), replay=replay_command())
+
+
+def viewer_digest(password: str) -> str:
+    """A viewer's password as the viewers map holds it (HAProxy's `digest(sha256),hex` of what a browser sends)."""
+    return hashlib.sha256(password.encode()).hexdigest().upper()
+
+
+def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False) -> FrontDoor:
+    """The front door on `host`: the backends are every host serving the same served_model_name; of a
+    tensor-parallel group only its head (the one API the group serves; a worker runs no engine API). Where `host`
+    is also a monitoring host and has viewers, the door offers the status page.
+
+    Raises SettingsError naming each problem: the backends must be reachable from
+    another host (not loopback) and share one api_key, which only the front door
+    (and the controller's tooling) then holds; a user key is never that key.
+    """
+    s = plans[host].settings
+    problems = []
+    backends = sorted((p for p in plans.values()
+                       if p.settings.served_model_name == s.served_model_name and p.runs_engine),
+                      key=lambda p: p.name)
+    if not backends:
+        problems.append(f"{host}: no host serves {s.served_model_name!r} behind this front door: "
+                        "give the group front_door hosts that serve the same served_model_name")
+    keys = {p.settings.api_key for p in backends}
+    for p in backends:
+        if not haproxy.SERVER_NAME.fullmatch(p.name):
+            problems.append(f"{p.name}: the host name must be letters, digits and _ . : - to be a front door "
+                            "backend: rename it in the inventory")
+        try:
+            haproxy.address(p.lan_address, p.settings.api_port)
+        except ValueError as exc:
+            problems.append(f"{p.name}: lan_address (or ssh_hostname, or the host's name): {exc}: "
+                            "fix it in the inventory")
+        if p.settings.api_is_loopback:
+            problems.append(f"{p.name}: api_host {p.settings.api_host} is loopback, out of the front door's reach:"
+                            " set api_host to a LAN address (or 0.0.0.0) with an api_key")
+        if p.settings.api_key is None:
+            problems.append(f"{p.name}: setting `api_key` is missing: behind a front door every engine needs the "
+                            "key only the front door holds")
+        if p.name == host and s.front_door_port in (p.settings.api_port, engine_port(p.settings.api_port),
+                                                    p.settings.peer_port):
+            problems.append(f"{host}: setting `front_door_port` = {s.front_door_port} is taken by the engine or "
+                            "the model share on this host: pick another port")
+    if len(keys) > 1:
+        problems.append(f"{host}: the backends of {s.served_model_name!r} have different `api_key`s: the front "
+                        "door sends one; set one api_key for them all (e.g. in group_data)")
+    users = s.front_door_keys
+    if len(set(users.values())) < len(users):
+        problems.append(f"{host}: setting `front_door_users`: two users share one key: give each their own")
+    if keys & set(users.values()):
+        problems.append(f"{host}: setting `front_door_users`: a user key equals the backends' api_key: "
+                        "clients must never hold the engines' key")
+    viewers = s.front_door_viewers
+    if keys & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals the backends' api_key: "
+                        "give viewers passwords of their own")
+    if set(users.values()) & set(viewers.values()):
+        problems.append(f"{host}: setting `front_door_viewers`: a viewer's password equals a user's key: give "
+                        "viewers passwords of their own")
+    if monitoring_host and viewers and s.monitoring_port == s.front_door_port:
+        problems.append(f"{host}: setting `monitoring_port` = {s.monitoring_port} is the front door's port: "
+                        "pick another port")
+    if viewers and monitoring_host and not s.front_door_tls_cert and not s.front_door_allow_http:
+        problems.append(f"{host}: the status page would take its viewers' passwords over plain http: set "
+                        "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
+                        "on a trusted LAN")
+    if bool(s.front_door_tls_cert) != bool(s.front_door_tls_key):
+        problems.append(f"{host}: set both `front_door_tls_cert` and `front_door_tls_key`, or neither")
+    elif users and not s.front_door_tls_cert and not s.front_door_allow_http:
+        problems.append(f"{host}: the front door would take its users' keys over plain http: set "
+                        "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
+                        "on a trusted LAN")
+    routes, kinds = _routes(backends)
+    chat_routes, left_out = _chat_routes(s.served_model_name, plans, keys)
+    for served in (s.served_model_name, *(r.served_name for r in routes), *(r.served_name for r in chat_routes)):
+        try:
+            haproxy.token(served, "served model name")
+        except ValueError as exc:
+            problems.append(f"{host}: {exc}: rename it")
+    problems += [f"{host}: services named {served!r} behind this front door are of different kinds "
+                 f"({' and '.join(sorted(k))}): give each kind its own served_model_name"
+                 for served, k in kinds.items() if len(k) > 1]
+    problems += [f"{host}: {r.served_name!r} is served by a chat engine ({', '.join(b.name for b in r.backends)}) "
+                 "and a RAG service behind this front door: give each its own served_model_name"
+                 for r in chat_routes if r.served_name in kinds]
+    if problems:
+        raise SettingsError(problems)
+    return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
+                     keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None,
+                     chat_routes, left_out)
+
+
+def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
+                        monitoring_hosts: frozenset[str] = frozenset()) -> list[FrontDoor]:
+    """The front doors on `names` as the front door stage builds them from the whole inventory's `plans` (those
+    in `monitoring_hosts` with the status page), their TLS files read as the stage reads them (so `plan` refuses
+    what the converge would); SettingsError names every problem of every door."""
+    doors, problems = [], []
+    for name in names:
+        try:
+            door = front_door_plan(name, plans, name in monitoring_hosts)
+            if door.tls:
+                door.tls_pem()
+            doors.append(door)
+        except SettingsError as exc:
+            problems += exc.problems
+    if problems:
+        raise SettingsError(problems)
+    return doors
+
+
+def door_summary(door: FrontDoor) -> dict:
+    """What `plan` shows of a front door: where it listens, the engines and routes behind it, its users by name
+    (never a key), TLS on or off (the files' paths), and the HAProxy config the stage writes (it holds no key)."""
+    s = door.settings
+    return {"host": door.host, "port": s.front_door_port, "tls": door.tls, "tls_cert": s.front_door_tls_cert,
+            "tls_key": s.front_door_tls_key, "users": sorted(s.front_door_users),
+            "limits": {name: {"requests_per_minute": rate, "max_concurrent": at_once}
+                       for name, (rate, at_once) in sorted(s.front_door_limits().items()) if rate or at_once},
+            "status_page": door.status_page is not None, "viewers": sorted(s.front_door_viewers),
+            "backends": [{"host": b.name, "target": b.target} for b in door.backends],
+            "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
+                       for r in (*door.chat_routes, *door.routes)],
+            "models": list(door.served_names), "left_out": [{"host": h, "why": why} for h, why in door.left_out],
+            "config": door.config()}
+
+
+def door_rows(summary: dict) -> list[tuple[str, str]]:
+    """`plan`'s key/value rows of a front door (door_summary); every value is text, never markup."""
+    from sparkfleet.tables import literal
+
+    scheme = "https" if summary["tls"] else "http"
+    rows = [("listens", f"{scheme} on port {summary['port']}"),
+            ("engines", literal(", ".join(f"{b['host']} ({b['target']})" for b in summary["backends"])))]
+    rows += [(f"route {literal(r['served_name'])}", literal(f"{r['kind']}: {', '.join(r['backends'])}"))
+             for r in summary["routes"]]
+    rows += [(f"not behind it: {literal(o['host'])}", literal(o["why"])) for o in summary.get("left_out", ())]
+    if summary["users"]:
+        rows.append(("users", literal(", ".join(summary["users"]))))
+    else:
+        rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary.get("limits"):
+        rows.append(("limits", literal(", ".join(
+            f"{name} " + " and ".join(part for part in (
+                f"{lim['requests_per_minute']} a minute" if lim["requests_per_minute"] else "",
+                f"{lim['max_concurrent']} at once" if lim["max_concurrent"] else "") if part)
+            for name, lim in summary["limits"].items()))))
+    if summary.get("status_page"):
+        viewers = ", ".join(summary["viewers"])
+        rows.append(("status page", literal(f"{monitoring.FRONT_DOOR_STATUS_PATH} for {viewers}")))
+    if summary["tls"]:
+        rows.append(("TLS", literal(f"on: certificate {summary['tls_cert']}, key {summary['tls_key']}")))
+    elif summary["users"]:
+        rows.append(("TLS", "[yellow]off[/]: plain http, the users' keys cross the LAN in clear "
+                            "(front_door_allow_http)"))
+    else:
+        rows.append(("TLS", "off: plain http"))
+    return rows
+
+
+
+def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[str]]]:
+    """One route per served name of the RAG services on the front door's hosts, with every host serving it;
+    and the kinds seen under each served name (one route serves one kind)."""
+    hosts: dict[str, list[Backend]] = {}
+    kinds: dict[str, set[str]] = {}
+    for p in backends:
+        for svc in p.services:
+            served = svc.service.served_model_name
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, svc.service.api_port))
+            kinds.setdefault(served, set()).add(svc.kind)
+    routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found))
+                   for n, (served, found) in enumerate(sorted(hosts.items())))
+    return routes, kinds
+
+
+def _address_ok(address: str, port: int) -> bool:
+    try:
+        haproxy.address(address, port)
+    except ValueError:
+        return False
+    return True
+
+
+def _chat_routes(own: str, plans: dict[str, HostPlan],
+                 keys: set) -> tuple[tuple[Route, ...], tuple[tuple[str, str], ...]]:
+    """One route per other chat model the inventory's engine hosts serve (a served_model_name not the door's own),
+    by the body's "model" as the RAG routes are, with every host serving it that the door reaches with its one
+    key; and the engine hosts it cannot take, with why (plan shows them: none is dropped unsaid). A host serving
+    another model is not refused here: it may well be meant for another door, or for no door."""
+    hosts: dict[str, list[Backend]] = {}
+    left = []
+    for p in sorted(plans.values(), key=lambda p: p.name):
+        served = p.settings.served_model_name
+        if not p.runs_engine or served == own:
+            continue
+        why = ("its api_host is loopback" if p.settings.api_is_loopback
+               else "it has no api_key" if p.settings.api_key is None
+               else "its api_key is not the one this door sends" if p.settings.api_key not in keys
+               else "its name is not one HAProxy takes" if not haproxy.SERVER_NAME.fullmatch(p.name)
+               else None if _address_ok(p.lan_address, p.settings.api_port)
+               else "its lan_address is not one HAProxy takes")
+        if why:
+            left.append((p.name, f"{served}: {why}"))
+        else:
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, p.settings.api_port))
+    routes = tuple(Route(f"chat_{n}", served, "chat", tuple(found))
+                   for n, (served, found) in enumerate(sorted(hosts.items())))
+    return routes, tuple(left)

@@ -1,0 +1,259 @@
+"""What the controller sends a front door host over SSH: HAProxy's runtime API (through its socket) and the
+records beside it, the drain record and the holds (`holds`); `FrontDoorRuntime` drives every front door of an
+inventory at once.
+
+`sparkfleet drain` keeps a backend out until `undrain`: a root-only record on each front door host
+(paths.FRONT_DOOR_DRAINED), beside HAProxy's own state and outside what a converge renders or manages, so a
+converge of a drained fleet changes nothing. A reload keeps the backend's maintenance in HAProxy's server-state
+file, a start replays the record (the unit's ExecStartPost, `replay_command`), and `FrontDoorRuntime.ready` (a
+rollout's batch end, a rollback) skips what the record holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shlex
+import time
+
+from sparkfleet.contract import paths
+from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP, FRONT_DOOR_PROXY
+from sparkfleet.contract.settings import parse_settings
+from sparkfleet.fleet.front_door.holds import Hold, controller_name, parse_holds, stale, this_hold
+from sparkfleet.fleet.haproxy import SERVER_NAME
+
+# The default backend (the door's own served model), which drain and its record address; the status page and the
+# dashboards read it by this name too.
+BACKEND = FRONT_DOOR_PROXY
+_SOCAT = f"socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"  # HAProxy reads one line of commands
+_STAT_MARK = "@show-stat"  # between the records and HAProxy's table in one answer (states)
+_HOLDS_MARK = "@holds"  # between the drain record and the holds in that answer
+
+
+def runtime_command(*commands: str) -> str:
+    """A shell command sending runtime API commands (one line, `;`-separated) to the front door's socket."""
+    return f"echo {shlex.quote('; '.join(commands))} | {_SOCAT}"
+
+
+def save_state_command() -> str:
+    """Save every server's state into HAProxy's server-state file, which a reload or start loads (a drained
+    backend's maintenance with it); before each reload, and after a drain or undrain."""
+    state = paths.FRONT_DOOR_STATE_FILE
+    return f'umask 077 && echo "show servers state" | {_SOCAT} > {state}.new && mv {state}.new {state}'
+
+
+def replay_command() -> str:
+    """The drain record into HAProxy's runtime (every name in it to maintenance): the unit runs it once HAProxy
+    serves after a start, so a record survives even a lost server-state file."""
+    record = paths.FRONT_DOOR_DRAINED
+    return (f'test -s {record} || exit 0; sed -n "/^[A-Za-z0-9]/s|.*|set server {BACKEND}/& state maint|p" '
+            f'{record} | paste -sd";" | {_SOCAT}')
+
+
+def _rewrite_command(record: str, kept: str, added: list[str] = ()) -> str:
+    """`record` rewritten as the lines `kept` prints (a missing record prints none) and then `added`: written
+    beside the old one (root-only) and renamed over it, so a reader sees the old record or the new one."""
+    add = f" printf '%s\\n' {' '.join(shlex.quote(line) for line in added)};" if added else ""
+    return f"umask 077 && {{ {kept} 2>/dev/null;{add} true; }} > {record}.new && mv -f {record}.new {record}"
+
+
+def record_command(host: str, drained: bool) -> str:
+    """Add `host` to the front door's drain record (drained) or take it off."""
+    name = shlex.quote(host)
+    return _rewrite_command(paths.FRONT_DOOR_DRAINED, f"grep -vxF -e {name} {paths.FRONT_DOOR_DRAINED}",
+                            [host] if drained else [])
+
+
+def undrain_command(host: str) -> str:
+    """Take `host` off the drain record, put it back, and save HAProxy's server state (a later start keeps it in)."""
+    ready = runtime_command(f"set server {BACKEND}/{host} state ready")
+    return f"{record_command(host, drained=False)} && {ready} && {save_state_command()}"
+
+
+def _ready_script(names: str) -> str:
+    """Put the servers `names` expands to back, but for those the drain record holds: a `kept NAME` line each."""
+    return (f'c=; for h in {names}; do if grep -qxF -e "$h" {paths.FRONT_DOOR_DRAINED} 2>/dev/null; '
+            f'then echo "kept $h"; else c="$c${{c:+; }}set server {BACKEND}/$h state ready"; fi; done; '
+            f'[ -z "$c" ] || echo "$c" | {_SOCAT}')
+
+
+def ready_command(hosts: list[str]) -> str:
+    """Put `hosts` back on a front door, but for those its drain record holds: a `kept NAME` line each."""
+    return _ready_script(" ".join(shlex.quote(h) for h in hosts))
+
+
+def _holds_without(names: str) -> str:
+    """A command printing the hold record's lines but those of the backends `names` (one shell word expanding
+    to names, space-separated): a line's first field is its backend."""
+    return ("awk 'BEGIN { n = split(ARGV[1], d, \" \"); for (i = 1; i <= n; i++) drop[d[i]] = 1; ARGV[1] = \"\" } "
+            f"!($1 in drop)' {names} {paths.FRONT_DOOR_HOLDS}")
+
+
+def _drop_holds(names: str) -> str:
+    """The holds of the backends `names` (as `_holds_without`) taken off the hold record."""
+    return _rewrite_command(paths.FRONT_DOOR_HOLDS, _holds_without(names))
+
+
+def hold_command(holds: list[Hold]) -> str:
+    """Write `holds` on a front door's hold record, each replacing its backend's older line."""
+    names = shlex.quote(" ".join(h.backend for h in holds))
+    return _rewrite_command(paths.FRONT_DOOR_HOLDS, _holds_without(names), [h.line() for h in holds])
+
+
+def back_command(hosts: list[str]) -> str:
+    """A batch's end: `hosts` back (ready_command), then their holds dropped; a failed ready keeps the holds."""
+    return f"{{ {ready_command(hosts)}; }} && {_drop_holds(shlex.quote(' '.join(hosts)))}"
+
+
+def put_back_command(holds: list[Hold]) -> str:
+    """Put back the backends of these (stale) holds on a front door that still has each very line (a newer hold,
+    or none, leaves the backend be), then drop those lines; the drain record still keeps its hosts out."""
+    lines, found = " ".join(shlex.quote(h.line()) for h in holds), '"$n"'
+    return (f'n=; for l in {lines}; do grep -qxF -e "$l" {paths.FRONT_DOOR_HOLDS} 2>/dev/null && n="$n ${{l%% *}}"; '
+            f'done; if [ -n "$n" ]; then {{ {_ready_script("$n")}; }} && {_drop_holds(found)}; fi')
+
+
+def drained_names(record: str) -> set[str]:
+    """The backend names a drain record holds (one a line; anything that is not a server name is skipped)."""
+    return {line.strip() for line in record.splitlines() if SERVER_NAME.fullmatch(line.strip())}
+
+
+def states_command() -> str:
+    """What `states` asks a front door: its drain record, its holds, HAProxy's `show stat`, between marks."""
+    return (f"cat {paths.FRONT_DOOR_DRAINED} 2>/dev/null; echo {_HOLDS_MARK}; cat {paths.FRONT_DOOR_HOLDS} "
+            f"2>/dev/null; echo {_STAT_MARK}; {runtime_command('show stat')}")
+
+
+def door_states(answer: str) -> dict[str, dict]:
+    """One front door's answer to `states_command` -> its states, each with whether the drain record holds it
+    ("recorded") and its hold ("hold": a Hold or None)."""
+    records, _, stat = answer.partition(f"{_STAT_MARK}\n")
+    record, _, held = records.partition(f"{_HOLDS_MARK}\n")
+    holds, drained = parse_holds(held), drained_names(record)
+    return {name: {**row, "recorded": name in drained, "hold": holds.get(name)}
+            for name, row in backend_states(stat, drained).items()}
+
+
+def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str, dict]:
+    """HAProxy's `show stat` CSV -> {server: {"state": in|out|draining|down|drained, "sessions": n}}, of BACKEND's
+    servers only: drain and its record address `BACKEND/host`, so another chat model's route (chat_N) is not
+    listed, and `sparkfleet drain` refuses its hosts rather than claim a drain it cannot make.
+
+    in: taking requests; draining: set aside, requests still running; out: set
+    aside and idle (or in maintenance); drained: out, and held there by
+    `sparkfleet drain` (in `drained`) until undrained; down: failing its health
+    check.
+    """
+    rows = csv.DictReader(io.StringIO(show_stat.lstrip("# ")))
+    states = {}
+    for row in rows:
+        if row.get("pxname") != BACKEND or row.get("svname") in ("BACKEND", "FRONTEND", None):
+            continue
+        status, sessions = row["status"], int(row["scur"] or 0)
+        if "MAINT" in status or "NOLB" in status:
+            state = "out"
+        elif "DRAIN" in status:
+            state = "draining" if sessions else "out"
+        else:
+            state = "in" if status.startswith("UP") else "down"
+        if state == "out" and row["svname"] in drained:
+            state = "drained"
+        states[row["svname"]] = {"state": state, "sessions": sessions, "status": status}
+    return states
+
+
+class FrontDoorRuntime:
+    """The front doors of an inventory, driven over SSH: set backends aside and back, read their state.
+
+    With no `front_door` group every method does nothing: a fleet without a
+    front door rolls out as before.
+    """
+
+    def __init__(self, inventory: str, doors: list[tuple[str, dict]]):
+        self.inventory = inventory
+        self.doors = doors  # [(host name, merged data)]
+        self.drain_timeout_s = max((parse_settings(name, data).drain_timeout_s for name, data in doors), default=0)
+
+    @classmethod
+    def of(cls, inventory: str) -> FrontDoorRuntime:
+        from sparkfleet.fleet.inventory import group_hosts
+
+        return cls(inventory, group_hosts(inventory, FRONT_DOOR_GROUP))
+
+    def _run(self, *commands: str) -> dict[str, str | None]:
+        """Send runtime commands to every front door; its answer, or None where it did not answer."""
+        return self._shell(runtime_command(*commands))
+
+    def _shell(self, command: str) -> dict[str, str | None]:
+        """Run a shell command on every front door; its output, or None where it failed or did not answer."""
+        if not self.doors:
+            return {}
+        from pyinfra.api import StringCommand
+
+        from sparkfleet.fleet.converge import connected
+
+        out: dict[str, str | None] = {}
+        with connected(self.inventory, [name for name, _ in self.doors]) as (state, hosts):
+            for host in hosts:
+                if host in state.failed_hosts:
+                    out[host.name] = None
+                    continue
+                ok, output = host.run_shell_command(StringCommand(command), print_output=False)
+                out[host.name] = output.stdout if ok else None
+        return out
+
+    def states(self) -> dict[str, dict[str, dict] | None]:
+        """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
+        return {door: None if text is None else door_states(text)
+                for door, text in self._shell(states_command()).items()}
+
+    def drain(self, hosts: list[str], log=print, operation: str | None = None) -> None:
+        """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out.
+        For an `operation` (a rollout's), each is held first, by this process (this_hold), in the same command."""
+        if not self.doors or not hosts:
+            return
+        timeout_s = self.drain_timeout_s
+        drain = runtime_command(*(f"set server {BACKEND}/{h} state drain" for h in hosts))
+        self._shell(f"{hold_command([this_hold(h, operation) for h in hosts])} && {drain}" if operation else drain)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = {h for states in self.states().values() if states for h in hosts
+                    if states.get(h, {}).get("sessions")}
+            if not busy or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if busy:
+            log(f"front door: {', '.join(sorted(busy))} still had requests after drain_timeout_s={timeout_s:g}")
+        self._run(*(f"set server {BACKEND}/{h} state maint" for h in hosts))
+        log(f"front door: {', '.join(hosts)} out")
+
+    def ready(self, hosts: list[str], log=print) -> None:
+        """Put `hosts` back, their holds dropped; each takes requests once its health checks pass. A host
+        `sparkfleet drain` set aside stays out (each front door's own record decides, in the same command)."""
+        if not self.doors or not hosts:
+            return
+        self._put_back(back_command(hosts), hosts, log)
+
+    def put_back_stale(self, log=print) -> list[str]:
+        """Put back every backend held by an operation that is gone (stale), on each front door that still holds
+        it so; the names put back (a rollout's first step)."""
+        if not self.doors:
+            return []
+        now, controller = time.time(), controller_name()
+        found = {row["hold"] for states in self.states().values() if states for row in states.values()
+                 if row["hold"] and stale(row["hold"], controller, now)}
+        names = sorted({h.backend for h in found})
+        if names:
+            log(f"front door: {', '.join(names)} held by an operation that is gone: putting back")
+            self._put_back(put_back_command(sorted(found, key=Hold.line)), names, log)
+        return names
+
+    def _put_back(self, command: str, hosts: list[str], log) -> None:
+        answers = self._shell(command)
+        kept = {line[len("kept "):] for text in answers.values() if text for line in text.splitlines()
+                if line.startswith("kept ")}
+        if kept:
+            log(f"front door: {', '.join(sorted(kept))} kept out: drained until `sparkfleet undrain`")
+        back = [h for h in hosts if h not in kept]
+        if back:
+            log(f"front door: {', '.join(back)} back in")
