@@ -154,7 +154,7 @@ HOST_CPU_TARGET_MS = 400
 CONTROLLER_CPU_TARGET_MS = 150
 
 
-def per_host(rows: list[dict]) -> dict:
+def host_costs(rows: list[dict]) -> dict:
     """The two costs that transfer to real Sparks: a host's CPU per no-op converge (the mean over every size
     measured), and the controller's CPU per host added (between the smallest and the largest fleet)."""
     hosts = [r["hosts_cpu_s"] / r["hosts"] for r in rows if r["hosts_cpu_s"] is not None]
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
         if row["hosts_cpu_s"] is not None:
             row["host_cpu_ms_per_host"] = 1000 * row["hosts_cpu_s"] / row["hosts"]
             row["cpu_floor_s"] = (row["controller_cpu_s"] + row["hosts_cpu_s"]) / cores
-    summary = per_host(rows)
+    summary = host_costs(rows)
     if args.json:
         print(json.dumps({"sizes": rows, **summary}, indent=2))
         return 0
