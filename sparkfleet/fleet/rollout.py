@@ -80,13 +80,20 @@ class Before:
 
 def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts: bool = True) -> Before:
     """The inventory (a `limit` widened to whole groups) planned from the project's lock with `--data` over it;
-    `service_hosts` False: the Sparks only (a platform upgrade is theirs)."""
+    `service_hosts` False: the Sparks only (a platform upgrade is theirs). SettingsError for a group only partly
+    planned, before any host is read."""
+    from sparkfleet.contract.settings import SettingsError
     from sparkfleet.fleet.inventory import locked_plans, spark_hosts, with_data
 
     hosts = with_data(load_whole_groups(inventory, limit), data)
     plans = locked_plans(hosts if service_hosts else spark_hosts(hosts))
-    return Before([p for p in plans if not p.is_service], dict(hosts), [p.name for p in plans if p.is_service],
-                  members_of(plans))
+    before = Before([p for p in plans if not p.is_service], dict(hosts), [p.name for p in plans if p.is_service],
+                    members_of(plans))
+    try:
+        units(before.names, before.groups)
+    except ValueError as exc:
+        raise SettingsError([str(exc)]) from None
+    return before
 
 
 def read_before(inventory: str, before: Before, speed_gate: bool = True) -> Before:
