@@ -16,12 +16,13 @@ import statistics
 import sys
 import time
 
-from sparkfleet.fleet.front_door.commands import bench_target  # sparkfleet.fleet first: it patches ssl
+import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent patches ssl before requests imports it)
+import requests
+
+from sparkfleet.fleet.front_door.commands import bench_target
 from sparkfleet.fleet.inventory import load_hosts, spark_hosts
 from sparkfleet.contract.reach import api_url
 from sparkfleet.contract.settings import parse_settings
-
-import requests  # noqa: E402,I001  (after sparkfleet.fleet: see sparkfleet/fleet/__init__.py)
 
 
 def ttft_ms(url: str, key: str, model: str, prompt: str) -> float:

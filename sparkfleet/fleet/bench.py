@@ -52,19 +52,16 @@ given URL is contacted (plus the hub, for the roofline, when an inventory is
 given). Not a tool of its own because neither ``vllm bench serve`` (needs a
 vLLM install: a GPU build) nor guidellm is installable on the controller here.
 
-Public API: :func:`run_bench`, :func:`write_outputs`, :func:`print_table`,
-:func:`add_arguments`, :func:`main`.
+Public API: :func:`run_bench`, :func:`write_outputs`, :func:`print_table`; the
+command line (its arguments and run) is sparkfleet/commands/bench.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
-import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,7 +75,7 @@ from sparkfleet.tables import console as _console
 from sparkfleet.tables import literal as _literal
 from sparkfleet.tables import print_table as _print_table
 
-__all__ = ["BenchError", "add_arguments", "main", "print_table", "run_bench", "write_outputs"]
+__all__ = ["BenchError", "print_table", "run_bench", "write_outputs"]
 
 DEFAULT_MODEL = "Qwen3.5-35B-A3B"
 API_KEY_VARIABLE = "SPARKFLEET_API_KEY"  # the key for --url (or over the inventory's): never an argument
@@ -501,50 +498,6 @@ def print_table(result: dict, console=None) -> None:
             console.print(f"[red]concurrency {level['concurrency']}: {_literal(message)}[/]")
 
 
-# --------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,4,8,16, not {text!r}")
-    if not levels or any(c < 1 for c in levels):
-        raise argparse.ArgumentTypeError(f"concurrency levels must be positive integers, not {text!r}")
-    return levels
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `bench` subcommand's arguments."""
-    parser.add_argument("target", nargs="?", help="an inventory: benchmark its first host (or --host)")
-    parser.add_argument("--url", help="the server's URL (http://host:8000), instead of an inventory")
-    parser.add_argument("--front-door", action="store_true",
-                        help="with an inventory: through its front door, as its first user "
-                             "(or $SPARKFLEET_API_KEY's)")
-    parser.add_argument("--limit", help="with an inventory: which host (or group: its first host)")
-    parser.add_argument("--host", dest="limit", help=argparse.SUPPRESS)  # the old name of --limit
-    parser.add_argument("--model", help=f"served model name (default: the host's served_model_name, "
-                                        f"or {DEFAULT_MODEL!r} with --url)")
-    # Refused in main: a key on the command line is in `ps` and the shell's history.
-    parser.add_argument("--api-key", dest="api_key_argument", help=argparse.SUPPRESS)
-    parser.add_argument("--concurrency", type=_levels, default=list(DEFAULT_CONCURRENCY),
-                        help="comma-separated levels (default 1,4,8,16)")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                        help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
-                        help="let the model think (default --no-think)")
-    parser.add_argument("--requests", type=int, help="requests per level (default: 2 x level, at least 4)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds per request (default {DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--roofline", type=float,
-                        help="decode roofline in tokens/s (default: from the inventory's model, when given)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"),
-                        help="where bench.json and bench.png go (default bench-results/)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
-
-
 def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
     """The plan's single-stream decode bound (its fit) at this run's context; None when the model is unknown."""
     from sparkfleet.model.hubs import hub_resolver
@@ -556,64 +509,3 @@ def _roofline(name: str, data: dict, max_tokens: int) -> float | None:
     except SettingsError:  # the roofline is a bonus: a model the hub cannot describe gets no ratio
         return None
     return fit.decode_tokens_per_s(max_tokens + PROMPT_TOKENS) if fit else None
-
-
-def _resolve_target(args) -> tuple[str, str, str | None, float | None, str | None]:
-    """(url, model, api key, roofline, engine) from --url or the inventory's host (the engine None where only its
-    /metrics can tell)."""
-    if bool(args.url) == bool(args.target):
-        raise BenchError("give an inventory or --url (one of them)")
-    api_key = os.environ.get(API_KEY_VARIABLE) or None
-    if args.url:
-        return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline, None
-    if args.front_door:
-        from sparkfleet.fleet.front_door.commands import bench_target
-
-        url, model, key = bench_target(args.target)
-        return url, args.model or model, api_key or key, args.roofline, None
-    from sparkfleet.fleet.inventory import load_hosts, spark_hosts
-    from sparkfleet.contract.reach import api_url
-    from sparkfleet.contract.settings import parse_settings
-
-    hosts = spark_hosts(load_hosts(args.target, args.limit))
-    if not hosts:
-        raise BenchError(f"no Spark in {args.limit or args.target}: a service host serves no engine; bench a "
-                         "Spark, or its front door with --front-door")
-    name, data = hosts[0]
-    s = parse_settings(name, data)
-    url = api_url(name, s, data)
-    if url is None:
-        raise BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
-                         f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
-    roofline = args.roofline if args.roofline is not None else _roofline(name, data, args.max_tokens)
-    return url, args.model or s.served_model_name, api_key or s.api_key, roofline, s.engine
-
-
-def main(args) -> int:
-    """Run `bench` from parsed arguments: 0 when every request succeeded, 1 otherwise, 2 on bad input."""
-    from sparkfleet.contract.settings import SettingsError
-
-    if args.api_key_argument is not None:
-        print(f"sparkfleet bench: --api-key is refused: a key on the command line is seen by every user of this "
-              f"machine (ps, shell history); set {API_KEY_VARIABLE}, or give an inventory (its api_key)",
-              file=sys.stderr)
-        return 2
-    try:
-        url, model, api_key, roofline, engine = _resolve_target(args)
-    except (BenchError, SettingsError, FileNotFoundError, KeyError) as exc:
-        print(f"sparkfleet bench: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = run_bench(url, model, api_key, args.concurrency, args.max_tokens, args.think,
-                           args.requests, roofline=roofline, timeout_s=args.timeout, engine=engine)
-    except (BenchError, ValueError) as exc:
-        print(f"sparkfleet bench: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_table(result)
-    json_path, png_path = write_outputs(result, args.out)
-    print(f"wrote {json_path} and {png_path}", file=sys.stderr if args.json else sys.stdout)
-    return 0 if result["errors"] == 0 else 1
-

@@ -187,3 +187,23 @@ def plan_for(state, host) -> HostPlan:
     except SettingsError as exc:
         raise DeployRefused(f"invalid settings; no host was changed:\n{exc}") from None
     return plan
+
+
+def parse_data(items: list[str]) -> dict:
+    """`--data KEY=VALUE` items as pyinfra's --data reads them (a number, a bool, a list: Python's literal)."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    return {k: parse_cli_arg(v) for k, _, v in (item.partition("=") for item in items)}
+
+
+def with_data(hosts: list[tuple[str, dict]], items: list[str]) -> list[tuple[str, dict]]:
+    """`--data KEY=VALUE` over each host's data, as pyinfra's --data does: the keys count as set by the user."""
+    data = parse_data(items)
+    return [(name, {**d, **data, USER_SET_KEY: sorted({*d.get(USER_SET_KEY, ()), *data})}) for name, d in hosts]
+
+
+def locked_plans(hosts: list[tuple[str, dict]], images: bool = True) -> list[HostPlan]:
+    """plan_hosts from the project's lock (what it lacks is resolved and added: `locked`); `images` False: no
+    registry asked (a fetch needs only the models)."""
+    with locked(hub_resolver, image_resolver) as lock:
+        return plan_hosts(hosts, resolve=lock.model, resolve_image=lock.image if images else None)

@@ -19,12 +19,12 @@ figure becomes the baseline. Only the canary is measured.
 
 from __future__ import annotations
 
-import math
-import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
-from sparkfleet.fleet.converge import HostResult, run_deploy
+from sparkfleet.fleet.batches import batch_size
+from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 
@@ -61,6 +61,58 @@ def load_whole_groups(inventory: str, limit: str | None = None) -> list[tuple[st
     return [(name, data) for name, data in everyone if name in chosen]
 
 
+@dataclass
+class Before:
+    """A batched command's (rollout's, upgrade's) fleet before its first batch: planned (`planned`), then read back
+    (`read_before`)."""
+
+    plans: list  # the Sparks' plans, in inventory order
+    data: dict[str, dict]  # each planned host's inventory data, `--data` applied
+    services: list[str]  # the service hosts planned: a rollout converges them after its batches, never drained
+    groups: dict[str, Unit]  # members_of(plans)
+    installed: dict[str, dict | None] = field(default_factory=dict)  # each Spark's release record, as read back
+    speed: Any = None  # the speed gate (fleet/speed.py SpeedGate); None: measure nothing
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.plans]
+
+
+def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts: bool = True) -> Before:
+    """The inventory (a `limit` widened to whole groups) planned from the project's lock with `--data` over it;
+    `service_hosts` False: the Sparks only (a platform upgrade is theirs). SettingsError for a group only partly
+    planned, before any host is read."""
+    from sparkfleet.contract.settings import SettingsError
+    from sparkfleet.fleet.inventory import locked_plans, spark_hosts, with_data
+
+    hosts = with_data(load_whole_groups(inventory, limit), data)
+    plans = locked_plans(hosts if service_hosts else spark_hosts(hosts))
+    before = Before([p for p in plans if not p.is_service], dict(hosts), [p.name for p in plans if p.is_service],
+                    members_of(plans))
+    try:
+        units(before.names, before.groups)
+    except ValueError as exc:
+        raise SettingsError([str(exc)]) from None
+    return before
+
+
+def read_before(inventory: str, before: Before, speed_gate: bool = True) -> Before:
+    """Each Spark's installed release record and (`speed_gate`) its kept speed figures, in one read; the speed gate
+    built from them, the canary step's (`speed_gate`) baseline."""
+    from sparkfleet.contract.paths import RELEASE_FILE, SPEED_FILE
+    from sparkfleet.fleet.speed import SpeedGate
+    from sparkfleet.host.facts import read_json_object
+
+    found = read_hosts(inventory, before.names, lambda h: {
+        "release": read_json_object(h, RELEASE_FILE).value or {},
+        "speed": read_json_object(h, SPEED_FILE).value if speed_gate else None})
+    installed = {name: (read or {}).get("release") for name, read in found.items()}
+    speed = SpeedGate(inventory, {p.name: (p.settings, before.data[p.name]) for p in before.plans},
+                      {name: (read or {}).get("speed") for name, read in found.items()}, installed) \
+        if speed_gate else None
+    return replace(before, installed=installed, speed=speed)
+
+
 def units(hosts: list[str], groups: dict[str, Unit]) -> list[Unit]:
     """The rollout's units in `hosts` order: a single host alone, a group once (head first) where its
     first member appears. Raises ValueError when a group is only partly in `hosts`."""
@@ -83,10 +135,7 @@ def unit_name(unit: Unit) -> str:
 
 def batches(hosts: list, batch: str = "1", canary: bool = False) -> list[list]:
     """Split hosts (or units: see `units`) into batches: `batch` is a count ("2") or a share of the fleet ("25%")."""
-    match = re.fullmatch(r"(\d+)(%?)", batch.strip())
-    if not match or int(match[1]) == 0:
-        raise ValueError(f"--batch {batch!r}: give a number of hosts (e.g. 2) or a percentage (e.g. 25%)")
-    size = max(1, math.floor(len(hosts) * int(match[1]) / 100)) if match[2] else int(match[1])
+    size = batch_size(batch, len(hosts))
     first, rest = (hosts[:1], hosts[1:]) if canary else ([], hosts)
     return ([first] if first else []) + [rest[i:i + size] for i in range(0, len(rest), size)]
 

@@ -9,17 +9,12 @@ hosts that restart are counted over the whole inventory, not only under `--limit
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.contract.settings import SettingsError
 from sparkfleet.fleet import inventory
 from sparkfleet.release.lock import Change, Lock, Locking, changes
 from sparkfleet.release.plan import HostPlan, plan_hosts
-from sparkfleet.tables import print_table
 
 
 class UpdateError(RuntimeError):
@@ -111,36 +106,3 @@ def change_lines(c: Change) -> list[str]:
     return [f"model {c.key}: {c.old or 'not locked'} -> {c.new}",
             f"  changed: {len(c.files)} file(s), {_size(c.changed_bytes)} ({names}); "
             f"the new model directory holds {_size(c.total_bytes)}"]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inventory")
-    parser.add_argument("--limit", help="re-resolve only this host's (or group's) models and images")
-    parser.add_argument("--json", action="store_true", help="print the changes as JSON")
-
-
-def main(args) -> int:
-    """0: the lock is up to date or was updated; 1: a hub or registry did not answer; 2: bad input."""
-    try:
-        report = update(args.inventory, args.limit)
-    except (SettingsError, FileNotFoundError, KeyError) as exc:
-        why = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"sparkfleet: {why}", file=sys.stderr)
-        return 2
-    except UpdateError as exc:
-        print(f"sparkfleet: cannot update the lock, nothing was written: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-        return 0
-    if not report.changes:
-        print(f"up to date: {report.lock}" + (f" (added {', '.join(report.added)})" if report.added else ""))
-        return 0
-    print("\n".join(line for c in report.changes for line in change_lines(c)))
-    if report.restart:
-        print_table("hosts that restart on the rollout", ("host", "release now", "new release"),
-                    [(h, old or "-", new or "-") for h, (old, new) in report.restart.items()])
-    else:
-        print("no host's release changes: nothing restarts")
-    print(f"wrote {report.lock}: apply it with `sparkfleet rollout {args.inventory} --batch 1`")
-    return 0

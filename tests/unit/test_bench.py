@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+from sparkfleet.commands import bench as bench_command
 from sparkfleet.fleet import bench
+from sparkfleet.refused import Refused
 
 from .helpers import Server, host_data, make_model, qwen35_config
 
@@ -90,11 +92,11 @@ def test_prefix_cache_counters_with_and_without_total():
 
 def test_main_with_url_writes_json_and_png(server, tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    bench_command.arguments(parser)
     args = parser.parse_args(["--url", server.base + "/v1", "--concurrency", "2", "--max-tokens", "5",
                               "--requests", "2", "--out", str(tmp_path)])
     assert args.think is False and args.model is None
-    assert bench.main(args) == 0
+    assert bench_command.run(args) == 0
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["model"] == NAME and saved["url"] == server.base
     assert saved["single_stream_decode_tokens_per_s"] is None  # no concurrency-1 level
@@ -104,11 +106,14 @@ def test_main_with_url_writes_json_and_png(server, tmp_path, capsys):
 
 def test_main_refuses_wrong_model_and_missing_target(server, tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    assert bench.main(parser.parse_args(["--out", str(tmp_path)])) == 2
+    bench_command.arguments(parser)
+    with pytest.raises(Refused) as missing:
+        bench_command.run(parser.parse_args(["--out", str(tmp_path)]))
+    assert missing.value.code == 2
     args = parser.parse_args(["--url", server.base, "--model", "nope", "--out", str(tmp_path)])
-    assert bench.main(args) == 1
-    assert "NotFoundError" in capsys.readouterr().err
+    with pytest.raises(Refused) as failed:
+        bench_command.run(args)
+    assert failed.value.code == 1 and "NotFoundError" in str(failed.value)
     assert not (tmp_path / "bench.json").exists()
 
 
@@ -118,10 +123,10 @@ def test_main_with_inventory_takes_url_model_and_key_from_the_host(server, tmp_p
                          f"'controller_api_url': '{server.base}/'}})]\n")
     monkeypatch.setattr(bench, "_roofline", lambda name, data, max_tokens: 100.0)
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    bench_command.arguments(parser)
     args = parser.parse_args([str(inventory), "--host", "spark-a", "--concurrency", "1",
                               "--max-tokens", "3", "--requests", "1", "--out", str(tmp_path / "out")])
-    assert bench.main(args) == 0
+    assert bench_command.run(args) == 0
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert saved["url"] == server.base and saved["model"] == NAME
     assert saved["roofline_tokens_per_s"] == 100.0 and saved["decode_vs_roofline"] > 0

@@ -25,7 +25,7 @@ def write_inventory(tmp_path, data: dict) -> str:
 def test_plan_json_of_the_office_example(capsys, monkeypatch):
     """The acceptance command with the hub out of reach: the plan still prints, the release unresolved."""
     unreachable = "cannot resolve modelscope:Qwen/Qwen3.5-35B-A3B-FP8@master: no network in this test"
-    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, unreachable))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, unreachable))
     assert main(["plan", str(ROOT / "inventory/office.py"), "--json"]) == 0
     hosts = json.loads(capsys.readouterr().out)["hosts"]
     assert [h["name"] for h in hosts] == ["spark-a", "spark-b", "spark-c"]
@@ -39,7 +39,7 @@ def test_plan_json_of_the_office_example(capsys, monkeypatch):
 
 
 def test_plan_table_of_the_office_example(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "hub down"))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "hub down"))
     assert main(["plan", str(ROOT / "inventory/office.py"), "--limit", "spark-b"]) == 0
     out = capsys.readouterr().out
     assert "spark-b: release unresolved" in out and "hub unreachable: hub down" in out
@@ -163,15 +163,15 @@ def test_bench_refuses_a_key_on_the_command_line(capsys):
 
 
 def test_bench_reads_the_key_from_the_environment_over_the_inventory(tmp_path, monkeypatch):
-    from sparkfleet.fleet import bench
+    from sparkfleet.commands import bench
 
     inventory = tmp_path / "inv.py"
     inventory.write_text("sparks = [('spark-a', {'ssh_hostname': '10.0.0.1', 'api_host': '0.0.0.0', "
                          "'api_key': 'inventory-key-0123'})]\n")
     args = cli.parser().parse_args(["bench", str(inventory), "--limit", "spark-a", "--roofline", "1"])
     monkeypatch.delenv("SPARKFLEET_API_KEY", raising=False)
-    assert bench._resolve_target(args)[2] == "inventory-key-0123"
+    assert bench.target(args)[2] == "inventory-key-0123"
     monkeypatch.setenv("SPARKFLEET_API_KEY", "env-key")
-    assert bench._resolve_target(args)[2] == "env-key"
+    assert bench.target(args)[2] == "env-key"
     url_args = cli.parser().parse_args(["bench", "--url", "http://127.0.0.1:9"])
-    assert bench._resolve_target(url_args)[2] == "env-key"
+    assert bench.target(url_args)[2] == "env-key"

@@ -162,6 +162,7 @@ def test_every_sparkfleet_command_the_docs_show_is_one_the_command_line_takes():
     import shlex
 
     from sparkfleet import cli
+    from sparkfleet.refused import Refused
 
     shown = _shown_commands()
     assert len(shown) > 20 and {c.split()[1] for _, c in shown} >= {
@@ -173,6 +174,8 @@ def test_every_sparkfleet_command_the_docs_show_is_one_the_command_line_takes():
         with contextlib.redirect_stderr(io.StringIO()) as err:
             try:
                 cli.parser().parse_args(argv)
+            except Refused as exc:
+                refused.append(f"{page}: {command}: {exc}")
             except SystemExit:
-                refused.append(f"{page}: {command}: {err.getvalue().strip().splitlines()[-1]}")
+                refused.append(f"{page}: {command}: {err.getvalue().strip().splitlines()[-1:]}")
     assert refused == []

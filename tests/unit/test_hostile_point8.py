@@ -81,16 +81,16 @@ def test_status_prints_a_hostile_model_id_reply_and_host_facts_literally(invento
 def test_plan_prints_a_hostile_hub_error_literally(inventory, monkeypatch, capsys):
     from sparkfleet import cli
 
-    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "[/] the hub said [bold]no"))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "[/] the hub said [bold]no"))
     assert cli.main(["plan", inventory]) == 0
     assert "hub unreachable: [/] the hub said [bold]no" in capsys.readouterr().out
 
 
 def test_rollout_report_prints_a_hostile_detail_literally(capsys):
-    from sparkfleet import cli
+    from sparkfleet.commands import common
     from sparkfleet.fleet.rollout import HostReport
 
-    cli._print_reports([HostReport("spark-x", "a" * 12, "b" * 12, "failed", 1.0, "[/] gate: [bold]x")], False)
+    common.print_reports([HostReport("spark-x", "a" * 12, "b" * 12, "failed", 1.0, "[/] gate: [bold]x")], False)
     assert "[/] gate: [bold]x" in capsys.readouterr().err
 
 
@@ -176,7 +176,7 @@ def test_a_config_lacking_a_key_the_fit_needs_is_refused_not_raised():
 def test_the_cli_exits_2_on_a_hostile_config(inventory, monkeypatch, capsys):
     from sparkfleet import cli
 
-    monkeypatch.setattr(cli, "hub_resolver", resolver_with(hostile_config("text_config.num_attention_heads", 0)))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", resolver_with(hostile_config("text_config.num_attention_heads", 0)))
     assert cli.main(["plan", inventory]) == 2
     assert "`num_attention_heads` = 0 is not a positive integer" in capsys.readouterr().err
 
@@ -385,7 +385,7 @@ def test_plan_prints_engine_args_with_brackets_literally(tmp_path, monkeypatch, 
     from sparkfleet import cli, tables
 
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)
-    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "offline"))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "offline"))
     path = tmp_path / "fleet.py"
     args = ["--chat-template-content-format", "[/]"]  # a value a flag takes; printed, never read as markup
     path.write_text(f"sparks = [('spark-x', {{'extra_engine_args': {args!r}, 'services': "

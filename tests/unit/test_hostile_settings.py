@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from sparkfleet import cli
+from sparkfleet.commands.common import invalid, refusal
 from sparkfleet.fleet.guard import guard_plan
 from sparkfleet.fleet.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
@@ -39,7 +40,7 @@ def inventory_data(data: dict) -> dict:
 @pytest.fixture
 def plan_cli(tmp_path, capsys, monkeypatch):
     """Run `sparkfleet plan` on a one-host inventory with `data`: (exit code, everything printed)."""
-    monkeypatch.setattr(cli, "hub_resolver", lambda s: (None, None, "offline test: no hub is asked"))
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "offline test: no hub is asked"))
 
     def run(**data):
         inventory = tmp_path / "fleet.py"
@@ -68,11 +69,11 @@ def plan_settings():
 
         try:
             plan_hosts([("spark-x", inventory_data(data))], resolve=hub, resolve_image=registry)
-        except cli.INVALID as exc:
+        except invalid() as exc:
             assert not asked, f"the {asked} asked before the refusal"
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                code = cli._invalid(exc)
+                code = cli.refuse(refusal(exc))
             return code, err.getvalue()
         return 0, f"planned; asked: {asked}"
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import sparkfleet
 
 PACKAGE = Path(sparkfleet.__file__).resolve().parent
-# Bottom to top. The package root (resource paths) and `tables` (one renderer) import nothing of sparkfleet; the
+# Bottom to top. The package root (resource paths), `tables` (one renderer) and `refused` (the one refusal) import
+# nothing of sparkfleet; the command line is `cli` and its modules, one per command (`commands`); the
 # stages (`tasks`) and the deploy files that run them (`deploys`) sit on top: the fleet commands load deploy files
 # by path, and nothing else in the package imports them.
 LAYERS = ["root", "contract", "model", "release", "host", "controller", "fleet", "cli", "stages"]
-TOP_MODULES = {"__init__": "root", "tables": "root", "cli": "cli", "__main__": "cli", "tasks": "stages",
-               "deploys": "stages"}
+TOP_MODULES = {"__init__": "root", "tables": "root", "refused": "root", "cli": "cli", "__main__": "cli",
+               "commands": "cli", "tasks": "stages", "deploys": "stages"}
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import cli
 from sparkfleet.cli import main
 from sparkfleet.model.manifest import Manifest, ManifestFile
 from sparkfleet.release.image import ImagePin
@@ -59,11 +58,11 @@ def down_image(s):
 
 @pytest.fixture
 def hub(monkeypatch):
-    """The resolvers every command reaches (cli's and the inventory's, which `update` and deploys use)."""
+    """The resolvers every command reaches (the inventory's: commands, `update` and deploys plan through it)."""
     from sparkfleet.fleet import inventory
 
     hub = Hub()
-    for module in (cli, inventory):
+    for module in (inventory,):
         monkeypatch.setattr(module, "hub_resolver", lambda s: hub.resolve(s))
         monkeypatch.setattr(module, "image_resolver", lambda s: hub.resolve_image(s))
     return hub
@@ -72,7 +71,7 @@ def hub(monkeypatch):
 def hub_down(monkeypatch):
     from sparkfleet.fleet import inventory
 
-    for module in (cli, inventory):
+    for module in (inventory,):
         monkeypatch.setattr(module, "hub_resolver", down)
         monkeypatch.setattr(module, "image_resolver", down_image)
 
@@ -223,7 +222,7 @@ def test_a_plan_refused_once_the_hub_answered_writes_no_lock(tmp_path, capsys, h
 def test_an_image_pinned_by_digest_is_not_locked(tmp_path, capsys, monkeypatch):
     """It pins itself (image.py's resolver answers it with no registry): the lock holds only tags."""
     pinned = f"vllm/vllm-openai@{DIGEST}"
-    monkeypatch.setattr(cli, "hub_resolver", Hub().resolve)
+    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", Hub().resolve)
     hosts = plan_json(capsys, inventory(tmp_path, {"spark-1": {"engine_image": pinned}}))
     assert hosts["spark-1"]["image_pinned"] == pinned and hosts["spark-1"]["image_source"] == "given"
     assert json.loads(lock_file().read_text())["images"] == {}

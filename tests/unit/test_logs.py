@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 from sparkfleet import cli
+from sparkfleet.commands import logs as logs_command
 from sparkfleet.contract import paths
 from sparkfleet.fleet import logs
 
@@ -69,7 +70,7 @@ def execs(monkeypatch):
         ran.append(argv)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli.os, "execvp", fake)
+    monkeypatch.setattr(logs_command.os, "execvp", fake)
     return ran
 
 

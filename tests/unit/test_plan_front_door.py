@@ -124,7 +124,7 @@ def test_bench_names_a_failing_inventory_too(failing_inventory, capsys):
     inventory, missing = failing_inventory
     assert cli.main(["bench", inventory]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"sparkfleet bench: inventory {inventory} failed to load: FileNotFoundError: {missing}")
+    assert err.startswith(f"sparkfleet: inventory {inventory} failed to load: FileNotFoundError: {missing}")
 
 
 def test_an_inventory_that_does_not_compile_is_one_line(tmp_path, capsys):

@@ -20,11 +20,3 @@ def test_the_demos_commands_start_without_a_warning(command):
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
 
-
-def test_the_fleet_package_patches_ssl_before_anything_imports_it():
-    """Imported first, sparkfleet.fleet leaves ssl patched by gevent (the order pyinfra's own CLI keeps)."""
-    done = subprocess.run([sys.executable, "-W", "error::Warning", "-c",
-                           "import sparkfleet.fleet, requests, ssl, gevent.monkey; "
-                           "print(gevent.monkey.is_module_patched('ssl'))"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr

@@ -200,14 +200,14 @@ def test_out_of_rotation_is_only_for_a_backend_put_back_behind_a_front_door(monk
 
 
 def test_the_report_prints_both_phases_and_the_out_of_rotation_times(monkeypatch, capsys):
-    from sparkfleet import cli
+    from sparkfleet.commands import common
 
     fake_fleet(monkeypatch)
-    cli._print_reports(rollout("inv.py", ["a", "b", "c"], RELEASES, log=lambda m: None), False)
+    common.print_reports(rollout("inv.py", ["a", "b", "c"], RELEASES, log=lambda m: None), False)
     err = capsys.readouterr().err
     assert "out of rotation s" in err
     assert "phases: stage 2 hosts in 40 s (all at once, before any drain), switch 3 batches in 30 s" in err
-    cli._print_reports(rollout("inv.py", ["a"], RELEASES, log=lambda m: None), True)
+    common.print_reports(rollout("inv.py", ["a"], RELEASES, log=lambda m: None), True)
     printed = json.loads(capsys.readouterr().out)
     assert printed["hosts"][0]["out_of_rotation_s"] == 8 and printed["hosts"][0]["staged_s"] == 40
     assert printed["phases"]["stage"] == {"hosts": ["a"], "seconds": 40}
@@ -339,14 +339,14 @@ def test_a_canary_failing_its_health_gate_is_not_measured(monkeypatch):
 
 
 def test_no_speed_gate_measures_nothing_and_the_report_says_so(monkeypatch, capsys):
-    from sparkfleet import cli
+    from sparkfleet.commands import common
 
     calls = fake_fleet(monkeypatch)
     reports = rollout("inv.py", ["a"], RELEASES, speed=None, log=lambda m: None)
     assert not [c for c in calls if c[0].startswith("measure")] and reports[0].speed is None
-    cli._print_reports(reports, False, speed_skipped=True)
+    common.print_reports(reports, False, speed_skipped=True)
     assert "speed gate: skipped (--no-speed-gate)" in capsys.readouterr().err
-    cli._print_reports(reports, True, speed_skipped=True)
+    common.print_reports(reports, True, speed_skipped=True)
     assert json.loads(capsys.readouterr().out)["speed_gate"] == {"skipped": True, "checks": []}
-    cli._print_reports(reports, True)  # a rollback's report has no speed gate
+    common.print_reports(reports, True)  # a rollback's report has no speed gate
     assert "speed_gate" not in json.loads(capsys.readouterr().out)

@@ -176,7 +176,7 @@ def narrow_console(monkeypatch, width: int) -> list[Console]:
         made.append(Console(width=width, record=True, emoji=False, file=open("/dev/null", "w")))
         return made[-1]
 
-    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr("sparkfleet.tables.console", console)
     return made
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet import cli
+from sparkfleet.commands import plan as plan_command
 from sparkfleet.contract.recipes import recipe
 from sparkfleet.model.fit import fit_report
 from sparkfleet.model.topology import EVIDENCE, PAIR, REPLICAS, advise, is_sparse
@@ -85,7 +85,7 @@ def two_hosts(**extra):
 
 def test_plan_advises_two_hosts_serving_the_same_model(capsys):
     plans = plan_hosts(two_hosts(expected_concurrency=64), resolve=False)
-    [advice] = cli._topology(plans)
+    [advice] = plan_command.topology(plans)
     assert advice["hosts"] == ["spark-1", "spark-2"] and advice["choice"] == REPLICAS
     assert advice["model_repo"] == "Qwen/Qwen3.5-35B-A3B-FP8"
 
@@ -95,9 +95,9 @@ def test_plan_advises_a_tensor_parallel_pair():
     hosts = [(name, host_data(ssh_hostname=f"10.0.0.{i}", tensor_parallel_hosts=pair, tensor_parallel_size=2,
                               fabric_address=f"192.168.100.{i}", expected_concurrency=8))
              for i, name in ((1, "spark-1"), (2, "spark-2"))]
-    found = cli._topology(plan_hosts(hosts, resolve=False))
+    found = plan_command.topology(plan_hosts(hosts, resolve=False))
     assert [a["hosts"] for a in found] == [pair] and found[0]["choice"] == PAIR
 
 
 def test_no_expected_concurrency_no_advice():
-    assert cli._topology(plan_hosts(two_hosts(), resolve=False)) == []
+    assert plan_command.topology(plan_hosts(two_hosts(), resolve=False)) == []

@@ -1,0 +1,51 @@
+"""`sparkfleet init DIR --host NAME=ADDRESS ...`: a ready office project (inventory, deploy.py, secrets, host keys)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sparkfleet.commands import common
+
+NAME = "init"
+HELP = "write a ready office project: inventory, deploy.py, secrets, host keys"
+
+
+def arguments(parser) -> None:
+    parser.add_argument("dir", help="the project directory (new or empty)")
+    parser.add_argument("--host", action="append", default=[], required=True, metavar="NAME=ADDRESS",
+                        help="a Spark: its inventory name and address (once per Spark; the first runs the front door)")
+    parser.add_argument("--ssh-user", default="root", help="the SSH user on the Sparks (default root)")
+    parser.add_argument("--secrets", help="the keys file, outside the project and any git work tree "
+                                          "(default ~/.config/sparkfleet/<dir name>.json)")
+    parser.add_argument("--force", action="store_true",
+                        help="in a non-empty directory: rewrite inventory.py, deploy.py and group_data/all.py; "
+                             "an existing secrets file is kept")
+    common.as_json(parser, "print what was written as JSON")
+
+
+def run(args) -> int:
+    from sparkfleet.fleet.project import ProjectError, host_key_lines, init_project, parse_host
+    from sparkfleet.fleet.users import SecretsError
+
+    with common.refusing(ProjectError, SecretsError):
+        sparks = [parse_host(text) for text in args.host]
+        report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
+                              secrets=Path(args.secrets) if args.secrets else None, force=args.force)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    inventory = report.project / "inventory.py"
+    print(f"wrote {report.project}/: inventory.py, deploy.py, group_data/all.py, known_hosts")
+    print(f"secrets: {report.secrets} (0600, outside the project): "
+          + ("kept as it was" if report.secrets_reused else "a new api_key, no users yet"))
+    if report.tls:
+        print(f"front door TLS: a self-signed certificate, {report.tls[0]}: clients trust that file "
+              f"(e.g. SSL_CERT_FILE={report.tls[0]})")
+    else:
+        print("front door TLS: none (no openssl here): set front_door_tls_cert and front_door_tls_key in "
+              f"{inventory} before adding users")
+    print(f"SSH host keys ({report.project / 'known_hosts'}):")
+    print("\n".join(host_key_lines(report.hosts)))
+    print(f"next: sparkfleet users add {inventory} NAME; sparkfleet plan {inventory}")
+    return 0

@@ -1,0 +1,67 @@
+"""`sparkfleet status INVENTORY`: each host's health, served model and load, the front door's backends and the
+alerts firing; exit 1 when anything is down."""
+
+from __future__ import annotations
+
+import json
+
+from sparkfleet.commands import common
+
+NAME = "status"
+HELP = "each host's health, served model and load; non-zero if any is down"
+
+
+def arguments(parser) -> None:
+    parser.add_argument("inventory")
+    common.limit(parser)
+    common.as_json(parser)
+    parser.add_argument("--chat", action="store_true", help="also ask each host one chat completion")
+
+
+def run(args) -> int:
+    from sparkfleet.contract.settings import SettingsError, parse_settings
+    from sparkfleet.fleet.alerts import alerts_ok, fleet_alerts
+    from sparkfleet.fleet.converge import read_hosts
+    from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
+    from sparkfleet.fleet.front_door.holds import door_ok
+    from sparkfleet.fleet.inventory import spark_hosts
+    from sparkfleet.fleet.rollout import load_whole_groups
+    from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
+    from sparkfleet.release.group import plan_groups
+    from sparkfleet.tables import console, literal, narrow, print_table
+
+    with common.refusing():
+        hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
+        settings = {name: parse_settings(name, data) for name, data in hosts.items()}
+        groups, problems = plan_groups(settings)
+        if problems:
+            raise SettingsError(problems)
+    facts = read_hosts(args.inventory, list(hosts),
+                       lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))
+    rows = fleet_rows(list(hosts), groups, facts,
+                      lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
+    door = front_door_status(args.inventory)  # None: the inventory has no front door
+    alerts = fleet_alerts(args.inventory)  # None: the inventory has no monitoring host
+    if args.json:
+        print(json.dumps({"hosts": rows, **({"front_door": door} if door else {}),
+                          **({"alerts": alerts} if alerts else {})}, indent=2))
+    else:
+        out = console()
+        columns, cells = status_table(rows, wide=not narrow(out))
+        print_table("sparkfleet status", columns, cells, out=out)
+        for row in rows:
+            if row.get("chat"):
+                out.print(f"[bold]{literal(row['host'])}[/] answers: {literal(row['chat'])}")
+        if door:
+            print_table("front door", ("front door / backend", "url", "state"), status_rows(door), out=out)
+        if alerts:
+            for problem in alerts["problems"]:
+                out.print(f"[red]{literal(problem)}[/]")
+            if alerts["firing"]:
+                print_table("alerts firing", ("alert", "host", "summary"),
+                            [(literal(a["alert"]), literal(a["host"]), literal(a["summary"])) for a in alerts["firing"]],
+                            out=out)
+            elif not alerts["problems"]:
+                out.print("alerts: none firing")
+    healthy = all(row["healthy"] for row in rows) and (door is None or door_ok(door))
+    return 0 if healthy and alerts_ok(alerts) else 1

@@ -1,0 +1,44 @@
+"""`sparkfleet update INVENTORY`: re-resolve the lock's models and images, show what moves and write it
+(fleet/update.py `update`)."""
+
+from __future__ import annotations
+
+import json
+
+from sparkfleet.commands import common
+from sparkfleet.refused import FAILED, Refused
+
+NAME = "update"
+HELP = "re-resolve the lock's models and images: show what moves, write it"
+
+
+def arguments(parser) -> None:
+    parser.add_argument("inventory")
+    parser.add_argument("--limit", help="re-resolve only this host's (or group's) models and images")
+    parser.add_argument("--json", action="store_true", help="print the changes as JSON")
+
+
+def run(args) -> int:
+    """0: the lock is up to date or was updated; 1: a hub or registry did not answer; 2: bad input."""
+    from sparkfleet.fleet.update import UpdateError, change_lines, update
+    from sparkfleet.tables import print_table
+
+    try:
+        with common.refusing():
+            report = update(args.inventory, args.limit)
+    except UpdateError as exc:
+        raise Refused(f"cannot update the lock, nothing was written: {exc}", FAILED) from exc
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    if not report.changes:
+        print(f"up to date: {report.lock}" + (f" (added {', '.join(report.added)})" if report.added else ""))
+        return 0
+    print("\n".join(line for c in report.changes for line in change_lines(c)))
+    if report.restart:
+        print_table("hosts that restart on the rollout", ("host", "release now", "new release"),
+                    [(h, old or "-", new or "-") for h, (old, new) in report.restart.items()])
+    else:
+        print("no host's release changes: nothing restarts")
+    print(f"wrote {report.lock}: apply it with `sparkfleet rollout {args.inventory} --batch 1`")
+    return 0
