@@ -26,11 +26,8 @@ def _owner_drift(have: dict, user: str | None, group: str | None) -> bool:
     return bool((user and have["user"] != user) or (group and have["group"] != group))
 
 
-@operation()
-def managed_file(dest: str, src: str | None = None, content: str | None = None, mode: str | int = "0644",
-                 user: str | None = None, group: str | None = None):
-    """dest holds `content` (or the bytes of the local file `src`) with this mode (and owner, when given)."""
-    data = Path(src).read_bytes() if src is not None else (content or "").encode()
+def _file_commands(dest: str, data: bytes, mode: str | int, user: str | None, group: str | None, src: str | None):
+    """The commands that make dest hold `data` with this mode (and owner): none when it does already."""
     want = hashlib.sha256(data).hexdigest()
     have = file_state(host, dest)
     if have and have["type"] == "dir":
@@ -38,10 +35,8 @@ def managed_file(dest: str, src: str | None = None, content: str | None = None, 
     if have and have["sha256"] == want:
         commands = ([chmod(dest, f"{_mode(mode):o}")] if have["mode"] != _mode(mode) else []) + (
             [chown(dest, user, group)] if _owner_drift(have, user, group) else [])
-        if not commands:
-            host.noop(f"{dest} is current")
-            return
-        forget(host, dest)
+        if commands:
+            forget(host, dest)
         yield from commands
         return
     forget(host, dest)
@@ -54,6 +49,30 @@ def managed_file(dest: str, src: str | None = None, content: str | None = None, 
     if user or group:
         yield chown(dest, user, group)
     yield chmod(dest, f"{_mode(mode):o}")
+
+
+@operation()
+def managed_file(dest: str, src: str | None = None, content: str | None = None, mode: str | int = "0644",
+                 user: str | None = None, group: str | None = None):
+    """dest holds `content` (or the bytes of the local file `src`) with this mode (and owner, when given)."""
+    data = Path(src).read_bytes() if src is not None else (content or "").encode()
+    commands = list(_file_commands(dest, data, mode, user, group, src))
+    if not commands:
+        host.noop(f"{dest} is current")
+        return
+    yield from commands
+
+
+@operation()
+def managed_files(files: list[tuple[str, str, str]]):
+    """Each (local file, dest, mode) in place, as managed_file: one operation for files that change together
+    (pyinfra's bookkeeping of an operation costs the controller a few milliseconds a host, changed or not)."""
+    commands = [c for src, dest, mode in files for c in _file_commands(dest, Path(src).read_bytes(), mode, None,
+                                                                         None, src)]
+    if not commands:
+        host.noop(f"{', '.join(dest for _, dest, _ in files)}: current")
+        return
+    yield from commands
 
 
 @operation()

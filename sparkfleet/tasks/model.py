@@ -7,7 +7,14 @@ from sparkfleet.controller.copy import controller_copy
 from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.contract import paths
-from sparkfleet.host.managed import managed_directory, managed_file, managed_permissions, managed_unit, managed_user
+from sparkfleet.host.managed import (
+    managed_directory,
+    managed_file,
+    managed_files,
+    managed_permissions,
+    managed_unit,
+    managed_user,
+)
 from sparkfleet.host.model_files import model_verified, runtime_bundle, runtime_path
 from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
@@ -31,12 +38,11 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
 
 
 def helpers() -> None:
-    """The host helpers (fetch, health, memcheck, share) and the module they share."""
-    for script in HOST_SCRIPTS:
-        managed_file(name=f"Helper {script}", src=str(FILES_DIR / script),
-                     dest=f"{paths.BIN_DIR}/{script}", mode="0755")
-    managed_file(name="Helper module sparkfleet_host.py (record, hashes, path rules)", src=str(MODULE_FILE),
-                 dest=f"{paths.BIN_DIR}/{MODULE_FILE.name}", mode="0644")
+    """The host helpers (fetch, health, memcheck, share) and the module they share: one operation, as they are
+    shipped and changed together."""
+    managed_files(name=f"Helpers {', '.join(HOST_SCRIPTS)} and their module {MODULE_FILE.name}",
+                  files=[*((str(FILES_DIR / script), f"{paths.BIN_DIR}/{script}", "0755") for script in HOST_SCRIPTS),
+                         (str(MODULE_FILE), f"{paths.BIN_DIR}/{MODULE_FILE.name}", "0644")])
 
 
 def model_files(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:

@@ -491,6 +491,7 @@ def test_bundle_whose_hash_differs_is_refused_and_nothing_unpacked(tmp_path):
 
 
 TestManagedFile = make_operation_tests("sparkfleet.host", "managed.managed_file", CASES / "managed_file")
+TestManagedFiles = make_operation_tests("sparkfleet.host", "managed.managed_files", CASES / "managed_files")
 TestManagedDirectory = make_operation_tests("sparkfleet.host", "managed.managed_directory", CASES / "managed_directory")
 TestManagedPermissions = make_operation_tests("sparkfleet.host", "managed.managed_permissions",
                                               CASES / "managed_permissions")

@@ -36,7 +36,7 @@ def sent(monkeypatch):
             return SimpleNamespace(will_change=False, did_change=lambda: False)
         return op
 
-    for module, names in ((model_module, ("managed_file", "managed_directory", "managed_user", "managed_permissions",
+    for module, names in ((model_module, ("managed_file", "managed_files", "managed_directory", "managed_user", "managed_permissions",
                                           "managed_unit", "secret_file", "runtime_bundle", "model_verified")),
                           (service_module, ("image_pinned",))):
         for name in names:
@@ -60,6 +60,8 @@ def test_staging_fetches_the_model_and_checks_the_image_and_writes_nothing_the_r
     plan = staged_plan(model_source=source)
     staging_module.staging.__wrapped__(plan, FACTS, PREPARED)
     written = {kwargs.get("dest") for _, kwargs in sent} - {None}
+    written |= {dest for _, kwargs in sent for _, dest, _ in kwargs.get("files", ())}
+    assert f"{paths.BIN_DIR}/sparkfleet-fetch" in written  # the helpers it fetches with
     assert written & RUNNING == set()
     assert [k["model_dir"] for op, k in sent if op == "model_verified"] == [plan.model_dir]
     assert [k["ref"] for op, k in sent if op == "image_pinned"] == [ENGINE_REF]
