@@ -179,3 +179,20 @@ def test_every_sparkfleet_command_the_docs_show_is_one_the_command_line_takes():
             except SystemExit:
                 refused.append(f"{page}: {command}: {err.getvalue().strip().splitlines()[-1:]}")
     assert refused == []
+
+
+def test_every_module_path_architecture_names_exists():
+    """ARCHITECTURE.md matches the code: each `dir/module.py` it names is a file of this checkout (the product's
+    under sparkfleet/, the rest from the top), and each `module.py` `name` pair it gives names something there."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_<>-]+\.(?:py|json|j2|lua|toml))`", text))
+    missing = [path for path in sorted(named) if "<" not in path
+               and not any((base / path).exists() for base in (ROOT, ROOT / "sparkfleet"))]
+    assert missing == [], f"ARCHITECTURE.md names files that are not here: {missing}"
+    pairs = re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)` `([A-Za-z_][A-Za-z0-9_.]*)`", text)
+    absent = []
+    for path, name in pairs:
+        source = next(base / path for base in (ROOT / "sparkfleet", ROOT) if (base / path).exists())
+        if not re.search(rf"\b{re.escape(name.split('.')[0])}\b", source.read_text()):
+            absent.append(f"{path} {name}")
+    assert absent == [], f"ARCHITECTURE.md names what these files do not hold: {absent}"
