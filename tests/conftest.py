@@ -1,4 +1,4 @@
-"""Shared fixtures: a local model hub (the simulated fleet's, run on loopback)."""
+"""Shared fixtures: a local model hub (the simulated fleet's, run on loopback); the test tiers' one hook."""
 
 from __future__ import annotations
 
@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m "not haproxy"` leaves out the fixtures' users too
+def pytest_collection_modifyitems(config, items):
+    """The test tiers (tests/tiers.py): the markers of the fixtures each test uses, and one skip reason where a
+    tier's program is not installed here."""
+    tiers.mark_and_skip(items)
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ Prometheus scraping it with the page's templates. Shared by the page's tests, th
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -130,11 +129,7 @@ def scrape_config(exporter: str) -> dict:
 def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True):
     """The real Prometheus on loopback scraping the sample fleet (with a hostile label value, or without: the
     docs' screenshot; or nothing), the page's templates loaded; yields its URL once it holds enough samples for
-    its rates."""
-    if not shutil.which("prometheus"):
-        import pytest
-
-        pytest.skip("Prometheus is not installed here (apt-get install prometheus)")
+    its rates. Its tests and fixtures need the prometheus tier (tests/tiers.py)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), type("Exporter", (_Exporter,), {"hostile": hostile}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     libraries = tmp / "console_libraries"

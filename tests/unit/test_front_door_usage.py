@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import threading
 import time
@@ -20,6 +19,7 @@ from sparkfleet.contract.settings import SettingsError, parse_settings
 from sparkfleet.fleet import front_door as fd
 from sparkfleet.fleet import usage, users
 
+from tests.tiers import needs
 from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
 
@@ -118,9 +118,8 @@ def test_an_answer_too_long_is_refused():
 # --- HAProxy itself, on loopback -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def door(tmp_path_factory):
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     tmp = tmp_path_factory.mktemp("usage")
     engine = Server(make_model(tmp / "model"), "--served-model-name", NAME, "--api-key", KEY,
                     SIM_TOKENS_PER_S="200", SIM_FIRST_TOKEN_DELAY_MS="5")
