@@ -128,6 +128,7 @@ def test_a_power_throttle_fires_the_throttle_alert_naming_its_host(monitored):
     wait_until(lambda: not firing(state, "GpuThrottling"), FIRE_WITHIN_S, lambda: firing(state, "GpuThrottling"))
 
 
+@pytest.mark.chromium
 def test_the_status_page_in_a_real_browser_has_every_host_and_says_which_is_drained(monitored):
     """The distribution's Chromium opens /status through the front door as a viewer, spark-2 drained: a row per
     Spark, spark-2's saying drained, the others in rotation; the screenshot is kept (ARTIFACT)."""
