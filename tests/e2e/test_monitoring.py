@@ -7,13 +7,14 @@ defaults stay)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
-import time
 
 import pytest
 import requests
 
+from tests.waiting import seconds_until
 from sim import fleet
 from tools import status_page_shot as shot
 from sparkfleet.contract import monitoring as m
@@ -51,13 +52,7 @@ def firing(state, name: str) -> set[str]:
             if a["labels"]["alertname"] == name and a["state"] == "firing"}
 
 
-def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(3)
-    raise AssertionError(f"not within {timeout_s} s: {explain()}")
+wait_until = functools.partial(seconds_until, step_s=3.0)  # the seconds until check() held
 
 
 def lan_get(state, url: str, key: str | None) -> str:
