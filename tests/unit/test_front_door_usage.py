@@ -7,7 +7,6 @@ import json
 import re
 import socket
 import threading
-import time
 
 import openai
 import pytest
