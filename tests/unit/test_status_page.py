@@ -11,7 +11,6 @@ import requests
 
 from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
-from tests.tiers import needs
 from tests.unit import status_page_fleet as fleet
 
 
@@ -39,11 +38,8 @@ class _Rows(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-@needs("prometheus")
-def page(tmp_path_factory):
-    with fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as url:
-        response = requests.get(url + m.STATUS_PAGE, timeout=10)
-        yield response
+def page(sample_prometheus):
+    return requests.get(sample_prometheus + m.STATUS_PAGE, timeout=10)
 
 
 def rows(html: str) -> dict[str, str]:

@@ -17,12 +17,10 @@ from .test_front_door_status import CAROL, haproxy_door
 
 
 @pytest.fixture(scope="module")
-@needs("prometheus", "haproxy")
-def status_url(tmp_path_factory):
-    with fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as prometheus:
-        port = int(prometheus.rsplit(":", 1)[1])
-        with haproxy_door(tmp_path_factory.mktemp("door"), port) as door:
-            yield door + m.FRONT_DOOR_STATUS_PATH
+@needs("haproxy")
+def status_url(sample_prometheus, tmp_path_factory):
+    with haproxy_door(tmp_path_factory.mktemp("door"), int(sample_prometheus.rsplit(":", 1)[1])) as door:
+        yield door + m.FRONT_DOOR_STATUS_PATH
 
 
 @pytest.mark.chromium
