@@ -7,7 +7,6 @@ defaults stay)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 
@@ -52,7 +51,9 @@ def firing(state, name: str) -> set[str]:
             if a["labels"]["alertname"] == name and a["state"] == "firing"}
 
 
-wait_until = functools.partial(seconds_until, step_s=3.0)  # the seconds until check() held
+def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
+    """The seconds until check() held (polled every 3 s); past timeout_s, fails with explain()'s text."""
+    return seconds_until(check, timeout_s, step_s=3.0, explain=lambda: str(explain()))
 
 
 def lan_get(state, url: str, key: str | None) -> str:

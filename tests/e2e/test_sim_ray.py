@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from tests import waiting
 from sim.fleet.fleet import FABRIC_SUBNET  # the run's fleet: conftest, imported first, chose it
+from tests import waiting
 from tests.unit.helpers import make_model
 
 from .conftest import ssh
