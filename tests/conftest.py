@@ -1,4 +1,4 @@
-"""Shared fixtures: a local model hub (the simulated fleet's, run on loopback)."""
+"""Shared fixtures: a local model hub (the simulated fleet's, run on loopback); the test tiers' one hook."""
 
 from __future__ import annotations
 
@@ -6,14 +6,23 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests import tiers
+from tests.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m "not haproxy"` leaves out the fixtures' users too
+def pytest_collection_modifyitems(config, items):
+    """The test tiers (tests/tiers.py): the markers of the fixtures each test uses, and one skip reason where a
+    tier's program is not installed here."""
+    tiers.mark_and_skip(items)
 
 
 def free_port() -> int:
@@ -23,15 +32,9 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.1)
+    """Until `url` answers a GET (refused or failing meanwhile: a server still starting)."""
+    wait_until(lambda: urllib.request.urlopen(url, timeout=2).read() is not None, timeout, f"{url} answering",
+               step_s=0.1, ignore=(OSError,))
 
 
 @pytest.fixture(scope="session")

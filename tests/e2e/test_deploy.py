@@ -1,10 +1,11 @@
 """The deploy, end to end, on three simulated Sparks: converge, re-converge, verify, survive."""
 
 import json
-import time
 
 import pytest
 from openai import OpenAI
+
+from tests.waiting import wait_until
 
 from .conftest import HOSTS, api_port, converge, run_pytest_infra, started_at
 
@@ -57,15 +58,8 @@ def test_rebooted_host_serves_again_without_a_deploy(converged_fleet):
 
     sim_fleet = converged_fleet
     fleet.reboot("spark-3")
-    deadline = time.time() + 240
-    while True:
-        try:
-            assert chat(sim_fleet, "spark-3", timeout=10)
-            break
-        except Exception:
-            if time.time() > deadline:
-                raise
-            time.sleep(3)
+    wait_until(lambda: chat(sim_fleet, "spark-3", timeout=10), 240, "spark-3 answering after its reboot", step_s=3,
+               ignore=(Exception,))
 
 
 REFUSED = {"580.95.99": "a driver this test refuses"}

@@ -7,11 +7,11 @@ it to llama.cpp with no download. The module leaves the fleet as the demo does (
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -21,6 +21,7 @@ from sparkfleet.contract import engines, paths
 
 from .conftest import ROOT, api_port, converge, ssh
 from .test_front_door import door_port
+from tests.waiting import seconds_until  # noqa: I001
 
 pytestmark = pytest.mark.e2e
 
@@ -76,13 +77,7 @@ def engine_counter(state, host: str, engine: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
-def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(2)
-    raise AssertionError(f"not within {timeout_s} s: {explain()}")
+wait_until = functools.partial(seconds_until, step_s=2.0)  # the seconds until check() held
 
 
 def answers(state, host: str, model: str) -> bool:

@@ -20,8 +20,10 @@ import time
 import pytest
 import requests
 
-from sparkfleet.contract.paths import VERIFIED_RECORD
+from sparkfleet.contract.paths import VERIFIED_RECORD, WATCHDOG_STATE
 from tools import bench_rollout
+
+from tests.waiting import wait_until
 
 from .conftest import HOSTS, ROOT, api_port, container, converge, fleet_out_of_step, ssh
 
@@ -111,13 +113,6 @@ def backend_states(inventory: str) -> dict[str, str]:
     return {b["host"]: b["state"] for b in door.get("backends", [])}
 
 
-def wait_until(condition, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(1)
-
-
 def chat(url: str, key: str | None, messages: list, stream: bool, max_tokens: int = 8,
          timeout: float = 10) -> tuple[int, str, dict]:
     """(status, the whole body, the headers) of one chat completion; a streamed body is read to its end."""
@@ -177,6 +172,16 @@ class Probe:
     @property
     def failures(self) -> list[tuple[float, bool, str]]:
         return [r for r in self.results if not r[1]]
+
+    def answered(self) -> int:
+        with self.lock:
+            return len(self.results)
+
+    def wait_for(self, n: int, what: str) -> None:
+        """Until n more requests were answered (or failed): n / rate seconds of traffic, and each answer waited
+        for, up to its own 10 s limit."""
+        target = self.answered() + n
+        wait_until(lambda: self.answered() >= target, n * self.interval + 30, what, step_s=0.2)
 
 
 class DoorWatch(bench_rollout.DoorWatch):
@@ -273,9 +278,9 @@ def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_reques
         assert update.returncode == 0, update.stderr[-3000:]
         hub_throttle(hub, max(1, max(int(n) for n in sizes) // 60))  # the largest file alone takes 60 s
         with Probe(url, USERS["alice"]) as probe, DoorWatch(sim_fleet, hub) as watch:
-            time.sleep(3)
+            probe.wait_for(15, "requests through the door before the rollout")  # 3 s of them at 5/s
             proc = sparkfleet("rollout", inventory, "--batch", "1", "--json")
-            time.sleep(3)
+            probe.wait_for(15, "requests through the door after the rollout")  # on every host, the last one back
         hub_throttle(hub, None)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         report = json.loads(proc.stdout)
@@ -344,18 +349,45 @@ def test_a_rollout_killed_after_its_first_drain_leaves_nothing_out_after_the_nex
     assert sparkfleet("status", inventory, "--json", timeout=120).returncode == 0
 
 
+def watchdog_ticks(state, host: str) -> tuple[int, str | None]:
+    """(ticks so far, the last one's result: "ok" or what failed) of the host's watchdog."""
+    found = json.loads(ssh(state, host, f"cat {WATCHDOG_STATE} 2>/dev/null || echo '{{}}'") or "{}")
+    return found.get("probes", 0), found.get("last_result")
+
+
+# The 1 % bound below is over at least this many requests (150 s at 5/s): the few that reach spark-2 in the
+# ~3.5 s its checks take to fail (inter 1 s, check timeout 1 s, then fastinter 0.5 s; fall 2) stay under it.
+HUNG_ENGINE_REQUESTS = 750
+
+
 def test_a_hung_engine_is_routed_around_within_10_s(door, sim_fleet):
+    """Each wait is a condition of the door, the watchdog or the probe; the one window of absence (no failure
+    later than 10 s after the hang, through recovery) ends on the watchdog's first good tick after the unpause."""
     inventory, url = door
     with Probe(url, USERS["alice"]) as probe:
         try:
-            time.sleep(10)
+            probe.wait_for(50, "requests through the three backends before the hang")
             ssh(sim_fleet, "spark-2", "docker pause vllm")
             paused = time.monotonic()
-            time.sleep(40)
+            # `status` takes seconds itself; the 10 s bound is on the probe's failures (`late`). The whole hang
+            # stays under the watchdog's 3 failed ticks 30 s apart (below): it restarts nothing meanwhile.
+            wait_until(lambda: backend_states(inventory).get("spark-2") == "down", 30, "spark-2 down at the door")
+            # routed around: a request reaches spark-2 by its hash about one time in three when it is in, so 50
+            # answered while it is down would all have missed it with a chance under 1e-8
+            probe.wait_for(50, "requests while spark-2 is down")
             states_while_hung = backend_states(inventory)
         finally:
             ssh(sim_fleet, "spark-2", "docker unpause vllm", check=False)
-        time.sleep(100)
+        ticks = watchdog_ticks(sim_fleet, "spark-2")[0]
+        wait_until(lambda: backend_states(inventory).get("spark-2") == "in", 60, "spark-2 back in at the door")
+        # What could still fail a request after the unpause is a restart for the hang: the watchdog restarts after
+        # watchdog_failures (3) failed ticks in a row, 30 s apart, and the hang was shorter than that. Its first
+        # tick after the unpause that saw the engine serve sets the count to 0: nothing of the hang is left after.
+        wait_until(lambda: (t := watchdog_ticks(sim_fleet, "spark-2"))[0] > ticks and t[1] == "ok", 100,
+                   "the watchdog's first good tick after the unpause", step_s=3)
+        probe.wait_for(50, "requests with spark-2 back in")  # some reach spark-2 again
+        wait_until(lambda: probe.answered() >= HUNG_ENGINE_REQUESTS, 200, "the requests of the 1 % bound",
+                   step_s=1)
     print(f"hung engine: {len(probe.failures)} of {len(probe.results)} requests failed, the last "
           f"{max((r[0] - paused for r in probe.failures), default=0):.1f} s after the pause")
     late = [r for r in probe.failures if r[0] > paused + 10]

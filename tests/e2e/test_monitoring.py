@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
 
 import pytest
 import requests
 
+from tests.waiting import seconds_until
 from sim import fleet
 from tools import status_page_shot as shot
 from sparkfleet.contract import monitoring as m
@@ -52,12 +52,8 @@ def firing(state, name: str) -> set[str]:
 
 
 def wait_until(check, timeout_s: float, explain=lambda: "") -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(3)
-    raise AssertionError(f"not within {timeout_s} s: {explain()}")
+    """The seconds until check() held (polled every 3 s); past timeout_s, fails with explain()'s text."""
+    return seconds_until(check, timeout_s, step_s=3.0, explain=lambda: str(explain()))
 
 
 def lan_get(state, url: str, key: str | None) -> str:
@@ -128,6 +124,7 @@ def test_a_power_throttle_fires_the_throttle_alert_naming_its_host(monitored):
     wait_until(lambda: not firing(state, "GpuThrottling"), FIRE_WITHIN_S, lambda: firing(state, "GpuThrottling"))
 
 
+@pytest.mark.chromium
 def test_the_status_page_in_a_real_browser_has_every_host_and_says_which_is_drained(monitored):
     """The distribution's Chromium opens /status through the front door as a viewer, spark-2 drained: a row per
     Spark, spark-2's saying drained, the others in rotation; the screenshot is kept (ARTIFACT)."""

@@ -15,6 +15,7 @@ import requests
 from openai import OpenAI
 
 from sparkfleet.contract import paths
+from tests.waiting import wait_until
 from tests.e2e.conftest import (
     ENGINE_PATHS,
     HOSTS,
@@ -46,11 +47,8 @@ def tunnel(state: dict, host: str, remote_port: int):
                              "-o", "ExitOnForwardFailure=yes",
                              "-L", f"127.0.0.1:{local}:127.0.0.1:{remote_port}", "root@127.0.0.1"])
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", local), timeout=1):
-                break
-            time.sleep(0.3)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", local), timeout=1).close() or True, 20,
+                   "the SSH tunnel", step_s=0.3, ignore=(OSError,))
         yield f"http://127.0.0.1:{local}"
     finally:
         proc.terminate()

@@ -5,12 +5,13 @@ start, and name a lost GPU; CDI mode is refused on a Docker without CDI. Default
 whose decisions are counted in probes, not seconds (heal after 3 failures, never during a start, no restart
 of a healthy engine): those run the same settings at a probe every 5 s (`quick_serving_fleet`)."""
 
+import functools
 import json
 import re
-import time
 
 import pytest
 
+from tests.waiting import seconds_until
 from sim import fleet
 from sparkfleet.contract.paths import WATCHDOG_STATE, WATCHDOG_TIMER, WATCHDOG_UNIT
 from sparkfleet.host.serving import WATCHDOG_RUN
@@ -34,14 +35,7 @@ def answers(state, host) -> bool:
     return chat_tokens(state, host) == 1
 
 
-def wait_until(check, timeout_s, step_s=3.0, explain=None) -> float:
-    """Seconds until check() held; AssertionError past timeout_s (with explain()'s text, if given)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(step_s)
-    raise AssertionError(f"not within {timeout_s} s" + (f": {explain()}" if explain else ""))
+wait_until = functools.partial(seconds_until, step_s=3.0)  # the seconds until check() held
 
 
 def started_or_none(state, host) -> str | None:

@@ -9,13 +9,14 @@ installed from the sim's apt repository only where a converge had not installed 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import time
 
 import pytest
 
 from sim.fleet.fleet import FABRIC_SUBNET  # the run's fleet: conftest, imported first, chose it
+from tests import waiting
 from tests.unit.helpers import make_model
 
 from .conftest import ssh
@@ -42,14 +43,7 @@ CHAT = (f"curl -s -w ' %{{http_code}}' http://127.0.0.1:{ENGINE_PORT}/v1/chat/co
 CLEAN = f"docker rm -f sim-ray sim-ray-engine >/dev/null 2>&1; rm -rf {RAY_DIR} {MODEL_DIR}"
 
 
-def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+wait_until = functools.partial(waiting.wait_until, step_s=0.5)
 
 
 def start_ray(state: dict, host: str, role: str) -> None:
@@ -133,7 +127,10 @@ def test_standin_serves_over_ray_on_two_hosts(ray_pair):
     assert ("ValueError: Cannot provide a placement group of placement_group_specs=[{'GPU': 1.0}, {'GPU': 1.0}] "
             "within 5 seconds (the cluster has 1 alive node(s) with a GPU)") in alone
     ssh(state, HEAD, f"docker run -d --name sim-ray-engine {ENGINE_FLAGS} {state['image']} {SERVE}")
-    time.sleep(3)
+    # the window in which it must not bind: from here the engine is in its wait for the placement group, which
+    # comes before any bind (standin_vllm.py's join_ray, then the server) and lasts until Ray has 2 GPU nodes
+    wait_until(lambda: "Waiting for creating a placement group of specs" in
+               ssh(state, HEAD, "docker logs sim-ray-engine 2>&1", check=False), 60, "the engine's wait for Ray")
     assert health(state) == "000"  # nothing listens yet
 
     start_ray(state, WORKER, f"--address {ADDRESSES[HEAD]}:{RAY_PORT}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -77,7 +76,7 @@ def test_upgrade_refused_at_the_canary_then_a_new_driver_everywhere_with_one_reb
         assert boots() == started
 
         with Probe(url, USERS["alice"]) as probe:
-            time.sleep(2)
+            probe.wait_for(10, "requests through the door before the upgrade")  # 2 s of them at 5/s
             code, report, err = upgrade_through(probe, inventory, "--batch", "1")
         assert code == 0, err[-4000:]
         assert f"front door: {canary} held by an operation that is gone: putting back" in err, err[-3000:]

@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import needs
+
 from tests.unit.no_backoff import sitecustomize as no_backoff  # noqa: F401  (installs itself: no client backoff here)
 
 NO_BACKOFF = Path(no_backoff.__file__).parent
@@ -36,6 +38,17 @@ def _sliced(wait, timeout):
     while not wait(0.05):
         pass
     return True
+
+
+@pytest.fixture(scope="session")
+@needs("prometheus")
+def sample_prometheus(tmp_path_factory):
+    """The real Prometheus scraping the status page's sample fleet (tests/unit/status_page_fleet.py), started once
+    for the tests that only query it (the page, and its screenshot through the front door): its URL."""
+    from tests.unit import status_page_fleet
+
+    with status_page_fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

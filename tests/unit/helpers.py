@@ -158,19 +158,11 @@ class Server:
         return self.proc.stdout.read()
 
 
-def wait_for(condition, seconds: float = 15) -> None:
+def wait_for(condition, seconds: float = 15):
     """Poll until `condition()` holds (a server still starting may refuse connections meanwhile)."""
-    import requests
+    from tests.waiting import wait_until
 
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if condition():
-                return
-        except (requests.ConnectionError, OSError):
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
+    return wait_until(condition, seconds, step_s=0.1, ignore=(requests.ConnectionError, OSError))
 
 
 def _changes_user() -> bool:

@@ -4,7 +4,6 @@ Prometheus scraping it with the page's templates. Shared by the page's tests, th
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -127,14 +126,11 @@ def scrape_config(exporter: str) -> dict:
 
 
 @contextmanager
-def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True):
+def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True, samples: int = 3):
     """The real Prometheus on loopback scraping the sample fleet (with a hostile label value, or without: the
-    docs' screenshot; or nothing), the page's templates loaded; yields its URL once it holds enough samples for
-    its rates."""
-    if not shutil.which("prometheus"):
-        import pytest
-
-        pytest.skip("Prometheus is not installed here (apt-get install prometheus)")
+    docs' screenshot; or nothing), the page's templates loaded; yields its URL once it holds `samples` samples of
+    every target (one a second) for its rates. Its tests and fixtures need the prometheus tier (tests/tiers.py);
+    the unit tests share one (tests/unit/conftest.py's sample_prometheus)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), type("Exporter", (_Exporter,), {"hostile": hostile}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     libraries = tmp / "console_libraries"
@@ -154,7 +150,7 @@ def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True):
         def enough() -> bool:
             q = requests.get(f"{url}/api/v1/query", params={"query": "count_over_time(up[1m])"}, timeout=2).json()
             counts = [float(r["value"][1]) for r in q["data"]["result"]]
-            return len(counts) == 2 * len(HOSTS) + 2 and min(counts) >= 3
+            return len(counts) == 2 * len(HOSTS) + 2 and min(counts) >= samples
 
         if scrape:
             wait_for(enough, 30)
@@ -175,9 +171,8 @@ def main(out: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "p").mkdir()
         (Path(tmp) / "d").mkdir()
-        with prometheus(Path(tmp) / "p", hostile=False) as url, \
-                haproxy_door(Path(tmp) / "d", int(url.rsplit(":", 1)[1])) as door:
-            time.sleep(5)  # a few more samples for the rates
+        with prometheus(Path(tmp) / "p", hostile=False, samples=8) as url, \
+                haproxy_door(Path(tmp) / "d", int(url.rsplit(":", 1)[1])) as door:  # 8: smoother rates
             print(status_page_shot.screenshot(door + m.FRONT_DOOR_STATUS_PATH, Path(out), "carol", CAROL,
                                               size=(1600, 520)))
 

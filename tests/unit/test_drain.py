@@ -246,9 +246,8 @@ with socket.socket(socket.AF_UNIX) as s:
 """
 
 
+@pytest.mark.haproxy
 def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     from .helpers import door_files, start_haproxy
 
     (door_dir / "bin" / "socat").write_text(LIVE_SOCAT.format(python=sys.executable))

@@ -3,7 +3,6 @@ in front of two stand-in engines (keys, affinity, drain, health routing)."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 
 import pytest
@@ -17,6 +16,7 @@ from sparkfleet.contract.settings import SettingsError, parse_settings
 
 from sparkfleet.contract.monitoring import FRONT_DOOR_METRICS_PATH
 
+from tests.tiers import needs
 from .helpers import KEY, Server, host_data, make_model, door_files, start_haproxy, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -155,10 +155,9 @@ def test_backend_states_from_show_stat():
 # --- HAProxy itself, on loopback -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def haproxy_door(tmp_path_factory):
     """Debian's HAProxy with the generated config (paths moved into a temp dir), in front of two stand-ins."""
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     tmp = tmp_path_factory.mktemp("door")
     model = make_model(tmp / "model")
     engines = [Server(model, "--served-model-name", NAME, "--api-key", KEY, "--enable-prefix-caching",

@@ -6,7 +6,6 @@ loopback in front of three stand-in engines, one per served name."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 
 import pytest
@@ -16,6 +15,7 @@ from sparkfleet.contract import monitoring, paths
 from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.contract.settings import SettingsError
 
+from tests.tiers import needs
 from .helpers import KEY, Server, door_files, make_model, start_haproxy, wait_for
 from .test_front_door import ALICE, NAME, plans
 
@@ -87,9 +87,8 @@ def test_a_chat_model_named_like_a_rag_service_is_refused():
 # --- HAProxy itself, on loopback: a chat naming each model reaches its host ------------------------------
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def door(tmp_path_factory):
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     tmp = tmp_path_factory.mktemp("door")
     model = make_model(tmp / "model")
     names = {"spark-1": NAME, "spark-2": SGLANG, "spark-3": LLAMA}

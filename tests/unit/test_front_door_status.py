@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +20,7 @@ from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
 from sparkfleet.fleet.front_door import plan as fd_plan
 from tests.conftest import free_port
+from tests.tiers import needs
 
 from .helpers import KEY, door_files, start_haproxy, wait_for
 from .test_front_door import ALICE, plans
@@ -106,9 +106,7 @@ class _Prometheus(BaseHTTPRequestHandler):
 @contextmanager
 def haproxy_door(tmp, prometheus_port: int):
     """The real HAProxy with the generated config (paths moved under `tmp`) offering the page from Prometheus
-    on `prometheus_port`; yields its URL."""
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
+    on `prometheus_port`; yields its URL. Its fixtures need the haproxy tier."""
     port = free_port()
     planned = door_of(monitoring_port=prometheus_port, front_door_port=port)
     door_files(planned, tmp)
@@ -126,6 +124,7 @@ def haproxy_door(tmp, prometheus_port: int):
 
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def door(tmp_path_factory):
     prometheus = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
     threading.Thread(target=prometheus.serve_forever, daemon=True).start()

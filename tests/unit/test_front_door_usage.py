@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import threading
-import time
 
 import openai
 import pytest
@@ -20,6 +18,7 @@ from sparkfleet.contract.settings import SettingsError, parse_settings
 from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
+from tests.tiers import needs
 from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
 
@@ -118,9 +117,8 @@ def test_an_answer_too_long_is_refused():
 # --- HAProxy itself, on loopback -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def door(tmp_path_factory):
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     tmp = tmp_path_factory.mktemp("usage")
     engine = Server(make_model(tmp / "model"), "--served-model-name", NAME, "--api-key", KEY,
                     SIM_TOKENS_PER_S="200", SIM_FIRST_TOKEN_DELAY_MS="5")
@@ -219,8 +217,8 @@ def test_a_second_request_at_once_is_refused_with_retry_after_one(door):
         assert chat(door, BOB, "served meanwhile").choices[0].message.content
     finally:
         slow.join(30)
+    # in_flight is the stick table's conn_cur, the very counter the one-at-a-time rule compares: 0 is the condition
     wait_for(lambda: usage.parse_usage(scrape(door))["dave"]["in_flight"] == 0, 5)
-    time.sleep(0.1)
     assert chat(door, DAVE, "one at a time again").choices[0].message.content
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -104,7 +103,7 @@ def _scrape_names(command: list[str], url: str) -> set[str]:
     return {line.split("{")[0].split()[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-@pytest.mark.skipif(not shutil.which("prometheus-node-exporter"), reason="no prometheus-node-exporter here")
+@pytest.mark.node_exporter
 def test_the_node_exporters_names_exist():
     port = free_port()
     exported = _scrape_names(["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{port}"],
@@ -113,7 +112,7 @@ def test_the_node_exporters_names_exist():
     assert wanted and wanted - exported == set()
 
 
-@pytest.mark.skipif(not shutil.which("haproxy"), reason="no HAProxy here")
+@pytest.mark.haproxy
 def test_promex_names_exist(tmp_path):
     port = free_port()
     (tmp_path / "h.cfg").write_text(
@@ -125,7 +124,7 @@ def test_promex_names_exist(tmp_path):
     assert m.SERVER_STATUS_METRIC in wanted and wanted - exported == set()
 
 
-@pytest.mark.skipif(not shutil.which("prometheus"), reason="no Prometheus here")
+@pytest.mark.prometheus
 def test_every_query_is_promql_prometheus_accepts(tmp_path):
     (tmp_path / "p.yml").write_text("global: {}\n")
     port = free_port()

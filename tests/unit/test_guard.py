@@ -5,7 +5,6 @@ backend key; then a front door in front of that guard."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import time
 
@@ -19,6 +18,7 @@ from sparkfleet.contract import paths
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import FrontDoorUser, SettingsError
 from tests.conftest import free_port
+from tests.tiers import needs
 
 from . import helpers
 from .helpers import KEY, host_data, make_model, door_files, start_haproxy, wait_for
@@ -175,10 +175,9 @@ def _api_port() -> int:
 
 
 @pytest.fixture(scope="module")
+@needs("haproxy")
 def guarded(tmp_path_factory):
     """The stand-in engine on 127.0.0.1:<engine port> and the host's guard on 127.0.0.1:<api port>."""
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     tmp = tmp_path_factory.mktemp("guard")
     api_port = _api_port()
     real = helpers.free_port
@@ -296,11 +295,10 @@ def test_the_front_doors_401_comes_before_any_body_is_read(door_over_guard):
     assert head.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2
 
 
+@pytest.mark.haproxy
 def test_node_metrics_on_the_api_port_only_with_the_backend_key(tmp_path):
     """The guard's API port answers the node exporter's metrics (on loopback behind it) with the backend key alone,
     on every host, monitored or not (the same config either way)."""
-    if not shutil.which("haproxy"):
-        pytest.skip("HAProxy is not installed here (apt-get install haproxy)")
     import http.server
     import threading
 

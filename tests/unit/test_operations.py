@@ -225,7 +225,7 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 RAY_UNIT = "/etc/systemd/system/sparkfleet-ray.service"
 KEPT = "/etc/sparkfleet/previous"
 CLEAR_KEPT = f"rm -f {KEPT}/sparkfleet-*.service"
-KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_point8.py
+KEEP_ENV = env_command("env-keep")  # its effect on an engine env file: test_hostile_values.py
 
 
 def unit_facts(*units: str, kept: str | None = '{"release_id": "999999999999"}') -> dict:
@@ -341,7 +341,7 @@ def test_a_record_that_names_its_units_gets_every_one_back_and_none_newer():
 
 
 def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_on_the_command_line():
-    """No grep, sed or awk of engine.env: the host module edits it (test_hostile_point8.py runs its edits), and no
+    """No grep, sed or awk of engine.env: the host module edits it (test_hostile_values.py runs its edits), and no
     command names the API key's variable, let alone a value."""
     kept = run_op(release_kept_for_rollback, unit_facts("sparkfleet-vllm.service"), "aaaaaaaaaaaa",
                   "bbbbbbbbbbbb")[0]

@@ -38,10 +38,8 @@ class _Rows(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    with fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as url:
-        response = requests.get(url + m.STATUS_PAGE, timeout=10)
-        yield response
+def page(sample_prometheus):
+    return requests.get(sample_prometheus + m.STATUS_PAGE, timeout=10)
 
 
 def rows(html: str) -> dict[str, str]:
@@ -90,6 +88,7 @@ def test_the_usage_table_names_each_user(page):
     assert re.search(r"bob \d+ 0 \d+ \d+ [1-9]\d* 0", found["bob"]), found["bob"]
 
 
+@pytest.mark.prometheus
 def test_an_empty_prometheus_renders_the_page_too(tmp_path):
     """Before the first scrape (or with every target gone) the page says so instead of failing."""
     with fleet.prometheus(tmp_path, scrape=False) as url:

@@ -8,29 +8,29 @@ import requests
 import pytest
 
 from sparkfleet.contract import monitoring as m
+from tests.tiers import needs
 from tests.unit import status_page_fleet as fleet
 from tools import status_page_shot as shot
 
 from .test_front_door_status import CAROL, haproxy_door
 
-pytestmark = pytest.mark.skipif(shot.chromium() is None, reason="Chromium is not installed here (apt-get install "
-                                                                 "chromium)")
 
 
 @pytest.fixture(scope="module")
-def status_url(tmp_path_factory):
-    with fleet.prometheus(tmp_path_factory.mktemp("prometheus")) as prometheus:
-        port = int(prometheus.rsplit(":", 1)[1])
-        with haproxy_door(tmp_path_factory.mktemp("door"), port) as door:
-            yield door + m.FRONT_DOOR_STATUS_PATH
+@needs("haproxy")
+def status_url(sample_prometheus, tmp_path_factory):
+    with haproxy_door(tmp_path_factory.mktemp("door"), int(sample_prometheus.rsplit(":", 1)[1])) as door:
+        yield door + m.FRONT_DOOR_STATUS_PATH
 
 
+@pytest.mark.chromium
 def test_the_screenshot_is_a_png_of_the_window(status_url, tmp_path):
     out = tmp_path / "status.png"
     assert shot.screenshot(status_url, out, "carol", CAROL, size=(1400, 800)) == (1400, 800)
     assert 20_000 < out.stat().st_size < 5_000_000  # a rendered page, not a blank one
 
 
+@pytest.mark.chromium
 def test_the_browser_sees_every_host_and_the_drained_one(status_url):
     with shot.authorized(status_url, "carol", CAROL) as local:
         dom = shot.run_chromium(local, "--dump-dom")
@@ -52,6 +52,7 @@ def test_a_wrong_password_shows_the_door_refusing(status_url):
         assert requests.get(local, timeout=10).status_code == 401
 
 
+@pytest.mark.chromium  # the tool looks for Chromium first
 def test_the_cli_refuses_a_user_without_a_password(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(shot.PASSWORD_ENV, raising=False)
     assert shot.main(["http://127.0.0.1:1/status", str(tmp_path / "x.png"), "--user", "carol"]) == 2

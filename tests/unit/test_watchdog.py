@@ -24,6 +24,7 @@ from sparkfleet.host.serving import (
 from sparkfleet.contract.serving import serving_file, watchdog_config
 from sparkfleet.contract.settings import SettingsError, parse_settings
 from tests.unit.helpers import KEY, Server, host_data, make_model
+from tests.unit.test_hostile_values import gated_hub  # noqa: F401  (a fixture: the hub a token opens)
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).parent / "operations"
@@ -165,19 +166,67 @@ def test_probe_against_the_stand_in_engine(engine, tmp_path, monkeypatch):
     assert wd.probe(cfg)["serving"] is True
 
 
-def test_the_helpers_read_env_files_one_way(tmp_path):
-    """read_env_file (files/sparkfleet_host.py) serves the watchdog, the health gate and the fetch."""
+# an env file as a host may hold it: comments (one indented), a blank line, a line that is no pair, a value with
+# "=" and a space in it; what files/sparkfleet_host.py's read_env_file keeps of it is the whole value
+ENV_LINES = "# Managed by sparkfleet\n\n{name}={value}\n  # an indented comment\nSIM_X = 1\nnot a pair\n"
+TRICKY_KEY = "sk-a=b c"
+
+
+def test_the_env_file_rules(tmp_path):
     from sparkfleet.contract.shared import host_module
 
     env = tmp_path / "engine.env"
-    env.write_text("# Managed by sparkfleet\n\nVLLM_API_KEY=sk-a=b c\n  # an indented comment\nSIM_X = 1\nnot a pair\n")
-    assert host_module.read_env_file(env) == {"VLLM_API_KEY": "sk-a=b c", "SIM_X": " 1"}
+    env.write_text(ENV_LINES.format(name="VLLM_API_KEY", value=TRICKY_KEY))
+    assert host_module.read_env_file(env) == {"VLLM_API_KEY": TRICKY_KEY, "SIM_X": " 1"}
     assert host_module.read_env_file(tmp_path / "absent.env") == {}
     assert host_module.read_env_file(tmp_path) == {}  # a directory: unreadable, no key
-    scripts = {name: (ROOT / "files" / name).read_text() for name in
-               ("sparkfleet-watchdog", "sparkfleet-health", "sparkfleet-fetch")}
-    assert {name: "read_env_file(" in text and "read_text().splitlines()" not in text
-            for name, text in scripts.items()} == dict.fromkeys(scripts, True)
+
+
+def test_the_watchdog_and_the_health_gate_read_the_key_by_those_rules(tmp_path, monkeypatch, capsys):
+    """The engine's key with "=" and a space, amid comments and a line that is no pair, reaches the engine whole
+    from the watchdog's probe and from the health gate (each reads the env file as the host module does)."""
+    from tests.unit.test_serving_contract import run_health, write_serving
+
+    engine = Server(make_model(tmp_path / "model"), "--served-model-name", "sim-qwen", "--api-key", TRICKY_KEY)
+    try:
+        env = tmp_path / "engine.env"
+        env.write_text(ENV_LINES.format(name="VLLM_API_KEY", value=TRICKY_KEY))
+        monkeypatch.setattr(wd, "engine_holds_port", lambda *args: (True, ""))  # the stand-in runs in no container
+        cfg = {**quick(CFG, 5), "port": engine.port, "served_name": "sim-qwen", "env_file": str(env),
+               "container": "no-such-container"}
+        assert wd.probe(cfg)["serving"] is True
+        gate = ["--serving", str(write_serving(tmp_path / "serving.json")), "--port", str(engine.port),
+                "--served-name", "sim-qwen", "--container", "vllm", "--once", "--env-file", str(env)]
+        rc, _, err = run_health(monkeypatch, capsys, *gate)
+        assert rc == 0, err
+        env.write_text(ENV_LINES.format(name="VLLM_API_KEY", value="sk-a"))  # the value cut at its "=": refused
+        assert wd.probe(cfg)["detail"] == "1-token chat completion: HTTP 401"
+        assert run_health(monkeypatch, capsys, *gate)[:3:2] == (1, "health: /v1/models: HTTP 401\n")
+    finally:
+        engine.stop()
+
+
+def test_the_fetch_reads_the_hub_token_by_those_rules(gated_hub, tmp_path, monkeypatch):
+    """sparkfleet-fetch's --env-file, with a hub token holding "=", amid comments and a line that is no pair: the
+    gated hub answers it (and refuses the fetch without that file)."""
+    from sparkfleet.model.hubs import hub_resolver
+    from sparkfleet.release.plan import plan_hosts
+    from tests.unit import test_hostile_values
+    from tests.unit.helpers import run_fetch
+
+    token = "hf_gated=0123456789abcdef"
+    monkeypatch.setattr(test_hostile_values, "HUB_TOKEN", token)  # what the gated hub asks for from now on
+    [plan] = plan_hosts([("a", host_data(model_hub="huggingface", model_revision="main", hub_endpoint=gated_hub,
+                                         hub_token=token, model_root=str(tmp_path / "models")))],
+                        resolve=hub_resolver)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"manifest": plan.manifest.to_dict(), "model_dir": plan.model_dir,
+                               "staging_dir": str(tmp_path / "models/.staging/x"), "endpoint": gated_hub}))
+    env = tmp_path / "fetch.env"
+    env.write_text(ENV_LINES.format(name="HF_TOKEN", value=token))
+    assert run_fetch(job)[0] != 0  # no env file: the gated hub refuses
+    code, report = run_fetch(job, "--env-file", str(env))
+    assert code == 0, report
 
 
 def test_gpu_check_names_a_lost_gpu(monkeypatch):

@@ -1,4 +1,4 @@
-"""Issue 19, item 8: the smaller holes, each with the hostile input that opened it.
+"""Hostile values in the smaller places (issue 19, item 8), each with the hostile input that opened its hole.
 
 ssh_hostname as the LAN address; engine-, hub- and host-controlled strings printed as rich markup; a hub's
 config.json numbers; a rollback's engine environment; a secret staged under `_sudo`; the hub token of a
