@@ -58,12 +58,14 @@ def watchdog_summary(probe: dict) -> dict:
 
 
 class ServingProbe(FactBase[dict]):
-    """The watchdog's probe (the serving file's health and chat probes, nvidia-smi -L in the engine container)
-    and the unit's start."""
+    """The watchdog's probe (the serving file's health and chat probes, nvidia-smi -L in the engine container, or
+    the watchdog's last check of it when from this start and recent) and the unit's start. A host's older watchdog,
+    read before the converge replaces it, refuses the option: the plain probe answers then."""
 
     def command(self):
         absent = json.dumps({"serving": False, "failed": "absent", "detail": paths.WATCHDOG, "starting": False})
-        return f"if [ -x {paths.WATCHDOG} ]; then {WATCHDOG_RUN} --probe; else echo '{absent}'; fi"
+        return (f"if [ -x {paths.WATCHDOG} ]; then {WATCHDOG_RUN} --probe --gpu-from-watchdog 2>/dev/null "
+                f"|| {WATCHDOG_RUN} --probe; else echo '{absent}'; fi")
 
     def process(self, output):
         try:
