@@ -16,6 +16,7 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.operations.util.files import chmod, chown
 
 from sparkfleet.host.state import file_state, forget, installed_packages, system_user, unit_state
+from sparkfleet.host.drift import only_on_drift
 
 
 def _mode(mode: str | int) -> int:
@@ -51,6 +52,7 @@ def _file_commands(dest: str, data: bytes, mode: str | int, user: str | None, gr
     yield chmod(dest, f"{_mode(mode):o}")
 
 
+@only_on_drift
 @operation()
 def managed_file(dest: str, src: str | None = None, content: str | None = None, mode: str | int = "0644",
                  user: str | None = None, group: str | None = None):
@@ -63,6 +65,7 @@ def managed_file(dest: str, src: str | None = None, content: str | None = None, 
     yield from commands
 
 
+@only_on_drift
 @operation()
 def managed_files(files: list[tuple[str, str, str]]):
     """Each (local file, dest, mode) in place, as managed_file: one operation for files that change together
@@ -75,12 +78,14 @@ def managed_files(files: list[tuple[str, str, str]]):
     yield from commands
 
 
+@only_on_drift
 @operation()
 def managed_template(src: str, dest: str, mode: str | int = "0644", **data):
     """managed_file with a jinja2 template rendered here (the controller) from `data`."""
     yield from managed_file._inner(dest=dest, content=get_template(src).render(data), mode=mode)
 
 
+@only_on_drift
 @operation()
 def managed_directory(path: str, mode: str | int = "0755", user: str | None = None, group: str | None = None):
     """A directory at path with this mode (and owner, when given)."""
@@ -99,6 +104,7 @@ def managed_directory(path: str, mode: str | int = "0755", user: str | None = No
         yield chmod(path, f"{_mode(mode):o}")
 
 
+@only_on_drift
 @operation()
 def managed_permissions(path: str, mode: str | int, user: str | None = None, group: str | None = None):
     """A file's mode and owner; its content is another operation's (a secret_file, say), which puts it first."""
@@ -114,6 +120,7 @@ def managed_permissions(path: str, mode: str | int, user: str | None = None, gro
     yield from commands
 
 
+@only_on_drift
 @operation()
 def managed_absent(path: str):
     """No file at path (a directory there is not touched: refused)."""
@@ -127,6 +134,7 @@ def managed_absent(path: str):
     yield StringCommand("rm -f", QuoteString(path))
 
 
+@only_on_drift
 @operation()
 def managed_unit(service: str, running: bool | None = None, enabled: bool | None = None, restarted: bool = False,
                  reloaded: bool = False, daemon_reload: bool = False):
@@ -154,6 +162,7 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
             "systemctl", verb, QuoteString(service))
 
 
+@only_on_drift
 @operation()
 def managed_packages(packages: list[str], update: bool = True, extra_install_args: str = ""):
     """These Debian packages installed: `name` at any version, `name=version` at that one. The apt lists are
@@ -175,6 +184,7 @@ def managed_packages(packages: list[str], update: bool = True, extra_install_arg
     yield StringCommand(noninteractive_apt(install), *(QuoteString(p) for p in missing))
 
 
+@only_on_drift
 @operation()
 def managed_user(user: str, home: str, shell: str):
     """A system user (and its group) with this home, never made, and this shell: a service's own account."""

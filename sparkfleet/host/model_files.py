@@ -16,6 +16,7 @@ from sparkfleet.host.facts import ModelFiles
 from sparkfleet.host.state import file_state
 from sparkfleet.contract.shared import host_module
 from sparkfleet.model.manifest import Manifest
+from sparkfleet.host.drift import only_on_drift
 
 
 _UNPACK_CHECKED = (
@@ -28,6 +29,7 @@ _UNPACK_CHECKED = (
 )
 
 
+@only_on_drift
 @operation()
 def runtime_bundle(tarball: str, sha256: str):
     """The hub and openai clients unpacked under RUNTIME_DIR/<bundle name>, from an upload whose sha256 is the
@@ -48,6 +50,7 @@ def runtime_path(tarball: str) -> str:
     return f"{paths.RUNTIME_DIR}/{Path(tarball).name.removesuffix('.tar.gz')}"
 
 
+@only_on_drift
 @operation()
 def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, runtime: str,
                    full_verify: bool = False, peers: list[str] | None = None, pushed_from: str | None = None,

@@ -32,6 +32,7 @@ from sparkfleet.host.facts import (
 from sparkfleet.host.run import run_of
 from sparkfleet.host.state import fact, file_state, forget, unit_files
 from sparkfleet.release.group import FABRIC_ENV
+from sparkfleet.host.drift import only_on_drift
 
 _INSTALL_ONE_KEY = (
     'set -e; tmp=$(mktemp -d); trap \'gpgconf --homedir "$tmp" --kill all 2>/dev/null; rm -rf "$tmp"\' EXIT; '
@@ -55,6 +56,7 @@ def fleet_point(what: str):
     yield from ()
 
 
+@only_on_drift
 @operation()
 def apt_keyring(src: str, dest: str, fingerprint: str):
     """A keyring at dest holding exactly one key: the primary key with this fingerprint.
@@ -97,6 +99,7 @@ def pinned_present(found: list | None, ref: str, digest: str) -> bool:
     return ref in (image.get("RepoDigests") or []) or image.get("Id") == digest == ref
 
 
+@only_on_drift
 @operation()
 def image_pinned(image: str, ref: str, digest: str, archive: str | None = None):
     """The engine image with the planned digest present in the host's Docker, checked after the pull or load.
@@ -121,6 +124,7 @@ def _stop(what: Unreadable, then: str) -> OperationError:
     return OperationError(f"{host.name}: {what.source}: {what.problem}: {then}")
 
 
+@only_on_drift
 @operation()
 def old_models_removed(model_root: str, keep: list[str]):
     """Model directories beyond the kept releases removed (never one in `keep`).
@@ -142,6 +146,7 @@ def old_models_removed(model_root: str, keep: list[str]):
         yield StringCommand("rm -rf", QuoteString(directory))
 
 
+@only_on_drift
 @operation()
 def secret_file(dest: str, content: str):
     """A root-only (0600) file with this content; the content never appears in a command, a log
@@ -152,7 +157,8 @@ def secret_file(dest: str, content: str):
     where the secret is readable by others, and no half-written file. Call it
     with `name=`: pyinfra prints an unnamed operation's arguments.
     """
-    if not (host.current_op_global_arguments or {}).get("name"):
+    called = host.current_op_global_arguments  # None: only_on_drift asking whether it would change anything
+    if called is not None and not called.get("name"):
         raise OperationValueError(f"secret_file({dest}) needs name=: pyinfra would print its arguments")
     want = hashlib.sha256(content.encode()).hexdigest()
     found = file_state(host, dest) or {}
@@ -213,6 +219,7 @@ def env_command(action: str, live: str = paths.ENGINE_ENV, kept: str = paths.PRE
                                                  paths.SERVING_FILE))
 
 
+@only_on_drift
 @operation()
 def release_kept_for_rollback(installed_release: str | None, new_release: str):
     """Before a new release replaces the running one, keep the running one's units (every unit of a release it runs:

@@ -16,12 +16,14 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_command, health_gate
 from sparkfleet.host.state import unit_files
+from sparkfleet.host.drift import only_on_drift
 
 _SERVICE_UNIT = paths.SERVICE_UNIT
 
 
 
 
+@only_on_drift
 @operation()
 def services_pruned(keep: list[str]):
     """Units of services no longer in the settings: stopped, disabled, their unit file and container gone."""

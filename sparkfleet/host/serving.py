@@ -13,6 +13,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from sparkfleet.contract import paths
 from sparkfleet.host.operations import health_gate
 from sparkfleet.host.state import unit_state
+from sparkfleet.host.drift import only_on_drift
 
 # its engine, rules and probes: the serving file
 WATCHDOG_RUN = f"python3 {paths.WATCHDOG} --config {paths.SERVING_FILE}"
@@ -103,6 +104,7 @@ class EngineMetrics(FactBase[str]):
         return "\n".join(output)
 
 
+@only_on_drift
 @operation()
 def start_limit_cleared(unit: str):
     """A converge tries a failed unit again: systemd's start limit (which ended a crash loop) is reset, so

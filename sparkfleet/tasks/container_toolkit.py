@@ -36,12 +36,12 @@ def container_toolkit(plan: HostPlan, arch: str):
     repo_url = s.toolkit_repo_url.format(arch=DEB_ARCH.get(arch, arch))
     source = managed_file(name="Toolkit apt source", content=f"deb [signed-by={paths.TOOLKIT_KEYRING}] {repo_url} /\n",
                           dest=paths.TOOLKIT_SOURCE, mode="0644")
-    server.shell(
-        name="Refresh apt lists of the toolkit source only",
-        commands=[(f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
-                   "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")],
-        _if=source.did_change,
-    )
+    if source.will_change:
+        server.shell(
+            name="Refresh apt lists of the toolkit source only",
+            commands=[(f"apt-get update -o Dir::Etc::sourcelist={paths.TOOLKIT_SOURCE} "
+                       "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")],
+        )
     if s.toolkit_version:
         managed_packages(
             name=f"Toolkit packages at {s.toolkit_version}",

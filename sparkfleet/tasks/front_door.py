@@ -11,7 +11,6 @@ import time
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
-from pyinfra.operations.util import any_changed
 
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import monitoring, paths, serving
@@ -63,8 +62,8 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk --max-time {health['timeout_s']} -o /dev/null "
             f"{scheme}://127.0.0.1:{s.front_door_port}{health['path']} && exit 0; sleep 1; done; "
             f"echo 'the front door has no backend in after {s.health_timeout_s}s' >&2; exit 1")
-    server.shell(name=f"Front door answers on port {s.front_door_port}", commands=[wait],
-                 _if=any_changed(started, unit))
+    if started.will_change or unit.will_change:
+        server.shell(name=f"Front door answers on port {s.front_door_port}", commands=[wait])
     gone = stale_holds(fact(host, JsonFile, path=paths.FRONT_DOOR_HOLDS), controller_name(), time.time())
     if gone:  # an interrupted rollout's: each host's release was brought in line by its stages above
         server.shell(name=f"{', '.join(h.backend for h in gone)} back in (held by an operation that is gone)",

@@ -54,20 +54,21 @@ def ray_gate(plan):
 def health(plan, *, model_result: ModelResult, service_result: ServiceResult):
     s = plan.settings
     runtime, started = model_result.runtime, service_result.started
-    if plan.runs_engine:
+    if plan.runs_engine and started.will_change:  # else the watchdog stage's serving check asks it
         gate(s.served_model_name, s.api_port, s.enable_auto_tool_choice, s.health_timeout_s, runtime,
-             s.container_name, _if=started.did_change)
+             s.container_name)
     if plan.group:
         ray_gate(plan)
     for svc in plan.services:
-        svc_started = service_result.services_started[svc.name]
-        gate(svc.service.served_model_name, svc.service.api_port, False, s.health_timeout_s, runtime,
-             svc.container, kind=svc.kind, unit=svc.unit, _if=svc_started.did_change)
+        if service_result.services_started[svc.name].will_change:
+            gate(svc.service.served_model_name, svc.service.api_port, False, s.health_timeout_s, runtime,
+                 svc.container, kind=svc.kind, unit=svc.unit)
+            continue
         # serving means answering: every converge asks each service once, and heals one that does not answer
         check = service_serving(name=f"Service {svc.name} answers ({svc.kind}, port {svc.service.api_port})",
                                 unit=svc.unit, served_name=svc.service.served_model_name, kind=svc.kind,
                                 port=svc.service.api_port, timeout_s=s.health_timeout_s,
-                                runtime=runtime, container=svc.container, _if=svc_started.did_not_change)
+                                runtime=runtime, container=svc.container)
         record_health_gate(state, host.name, check)
     old_models_removed(name=f"Model directories beyond the last {s.keep_releases} releases removed",
                        model_root=s.model_root, keep=service_result.keep)

@@ -7,7 +7,6 @@ counts as converged.
 
 from pyinfra.api import deploy
 from pyinfra.operations import server
-from pyinfra.operations.util import any_changed
 
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
@@ -44,10 +43,10 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
                         mode="0600", user=user, group=user)
     files = [managed_file(name="Prometheus alert rules", content=wanted.rules(), dest=m.PROMETHEUS_RULES, mode="0644"),
              managed_file(name="Prometheus config", content=wanted.config(), dest=m.PROMETHEUS_CONFIG, mode="0644")]
-    server.shell(name="Prometheus config and rules pass promtool",
-                 commands=[f"promtool check config --syntax-only {m.PROMETHEUS_CONFIG} >/dev/null && "
-                           f"promtool check rules {m.PROMETHEUS_RULES} >/dev/null"],
-                 _if=any_changed(*files))
+    if any(op.will_change for op in files):
+        server.shell(name="Prometheus config and rules pass promtool",
+                     commands=[f"promtool check config --syntax-only {m.PROMETHEUS_CONFIG} >/dev/null && "
+                               f"promtool check rules {m.PROMETHEUS_RULES} >/dev/null"])
     # the office status page: Prometheus reads a console template at each request (a change needs no reload)
     managed_directory(name="Prometheus consoles (the status page)", path=m.PROMETHEUS_CONSOLES, mode="0755")
     managed_directory(name="Prometheus console libraries (none needed)", path=m.PROMETHEUS_CONSOLE_LIBRARIES,
@@ -61,8 +60,9 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
                            running=True, enabled=True, restarted=unit.will_change,
                            reloaded=not unit.will_change and any(op.will_change for op in (*files, key)),
                            daemon_reload=unit.will_change)
-    server.shell(name="Prometheus is ready", commands=[_ready("Prometheus", s.monitoring_port, s.health_timeout_s)],
-                 _if=any_changed(started, unit))
+    if started.will_change or unit.will_change:
+        server.shell(name="Prometheus is ready",
+                     commands=[_ready("Prometheus", s.monitoring_port, s.health_timeout_s)])
 
 
 def _alertmanager(wanted) -> None:

@@ -37,8 +37,8 @@ def unit_removed(unit_name: str, unit_path: str, why: str) -> None:
     managed_unit(name=f"{unit_name} stopped and disabled ({why})", service=unit_name, running=False,
                  enabled=False)
     removed = managed_absent(name=f"{unit_name} removed", path=unit_path)
-    managed_unit(name=f"systemd reloaded without {unit_name}", service=unit_name, daemon_reload=True,
-                 _if=removed.did_change)
+    if removed.will_change:
+        managed_unit(name=f"systemd reloaded without {unit_name}", service=unit_name, daemon_reload=True)
 
 
 def ray_node(plan: HostPlan) -> bool:

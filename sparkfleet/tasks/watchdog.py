@@ -37,8 +37,10 @@ def watchdog(plan: HostPlan, *, model_result: ModelResult, service_result: Servi
     managed_unit(name=f"Watchdog timer {'on' if s.watchdog else 'off'}", service=WATCHDOG_TIMER,
                  running=s.watchdog, enabled=s.watchdog, restarted=s.watchdog and timer.will_change,
                  daemon_reload=unit.will_change or timer.will_change)
+    if service_result.started.will_change:  # started or restarted: the health stage's gate asked it
+        return
     check = serving(name=f"{s.served_model_name} is serving (else restarted and gated)",
                     served_name=s.served_model_name, port=s.api_port,
                     tools=s.enable_auto_tool_choice, timeout_s=s.health_timeout_s, runtime=model_result.runtime,
-                    container=s.container_name, _if=service_result.started.did_not_change)
+                    container=s.container_name)
     record_health_gate(state, host.name, check)

@@ -1,7 +1,9 @@
 """Every custom operation against fake facts (pyinfra-testing's runner), and the
 model operation in Python: converged facts must produce no commands."""
 
+import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeState, create_host
 
 from sparkfleet.contract.formats import DEFAULT_KEY_VAR as API_KEY_VAR
-from sparkfleet.host.facts import Unreadable
+from sparkfleet.host.facts import DockerImageState, Unreadable
 from sparkfleet.host.model_files import model_verified
 from sparkfleet.host.operations import (
     env_command,
@@ -132,27 +134,27 @@ def run_pinned(tmp_path, facts, archive=None, ref=REF, digest=DIGEST, **env):
 
 def test_tag_moved_on_the_host_pulls_the_pinned_digest(tmp_path):
     """The local tag holds other bytes: the pinned reference is absent, so it is pulled by digest and checked."""
-    commands, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}},
+    commands, rc, err = run_pinned(tmp_path, {"facts.DockerImageState": {f"object_id={REF}": []}},
                                    INSPECT=f"vllm/vllm-openai@{OTHER} {REF}")
     assert len(commands) == 1 and "docker pull" in commands[0] and f"REF={REF}" in commands[0]
     assert rc == 0 and err == ""
 
 
 def test_registry_without_the_pinned_bytes_is_refused_naming_the_image(tmp_path):
-    _, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}}, PULL_RC="1")
+    _, rc, err = run_pinned(tmp_path, {"facts.DockerImageState": {f"object_id={REF}": []}}, PULL_RC="1")
     assert rc == 1 and len(err.splitlines()) == 1
     assert IMAGE in err and DIGEST in err and "refused" in err
 
 
 def test_pulled_image_with_other_digests_is_refused_naming_both(tmp_path):
-    _, rc, err = run_pinned(tmp_path, {"docker.DockerImage": {f"object_id={REF}": []}},
+    _, rc, err = run_pinned(tmp_path, {"facts.DockerImageState": {f"object_id={REF}": []}},
                             INSPECT=f"vllm/vllm-openai@{OTHER}")
     assert rc == 1 and len(err.splitlines()) == 1
     assert IMAGE in err and DIGEST in err and OTHER in err
 
 
 def archive_facts():
-    return {"docker.DockerImage": {f"object_id={DIGEST}": []},
+    return {"facts.DockerImageState": {f"object_id={DIGEST}": []},
             "files.File": {"path=/var/lib/sparkfleet/vllm.tar": None},
             "files.Directory": {"path=/var/lib/sparkfleet/vllm.tar": None, "path=/var/lib/sparkfleet": {"mode": 755}}}
 
@@ -499,3 +501,16 @@ TestManagedAbsent = make_operation_tests("sparkfleet.host", "managed.managed_abs
 TestManagedUnit = make_operation_tests("sparkfleet.host", "managed.managed_unit", CASES / "managed_unit")
 TestManagedUser = make_operation_tests("sparkfleet.host", "managed.managed_user", CASES / "managed_user")
 TestManagedPackages = make_operation_tests("sparkfleet.host", "managed.managed_packages", CASES / "managed_packages")
+
+
+def test_the_engine_image_is_read_from_dockers_socket_as_the_cli_would_print_it(tmp_path):
+    """curl on Docker's socket where curl is installed (the image itself, or Docker's "no such image" message),
+    the CLI otherwise: the same list either way, and a hostile reference stays one quoted word in both."""
+    fact = DockerImageState()
+    image = {"Id": DIGEST, "RepoDigests": [REF]}
+    assert fact.process([json.dumps(image)]) == [image]
+    assert fact.process(['{"message": "No such image: x"}']) == []
+    assert fact.process([json.dumps([image])]) == [image]
+    hostile = "x'; touch /tmp/owned #"
+    command = fact.command(hostile).get_raw_value()
+    assert command.count(shlex.quote(hostile)) == 1 and command.count(shlex.quote(f"http://docker/images/{hostile}/json")) == 1
