@@ -1,0 +1,39 @@
+"""The short soak (tools/soak.py --short, issue 35) on the shared converged fleet with its front door: steady
+traffic from three users while an engine is frozen, another frozen seconds after its restart, one killed and the
+door's network to a host cut; every goal must be met, and the fleet is left as found (every fault put back, every
+engine serving, the door on the fixture's users). About 4 minutes of load, plus the soak's setup and its converge
+afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.waiting import wait_until
+
+from .conftest import HOSTS, ROOT, fleet_out_of_step
+from .test_front_door import backend_states, door  # noqa: F401  (the fixture: the fleet converged with its door)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_short_soak_meets_every_goal_and_leaves_the_fleet_as_it_found_it(door, sim_fleet, tmp_path):  # noqa: F811
+    inventory, _ = door
+    report_path, plot_path = tmp_path / "soak.json", tmp_path / "soak.png"
+    proc = subprocess.run([sys.executable, "-m", "tools.soak", inventory, "--short", "--json", str(report_path),
+                           "--plot", str(plot_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-6000:])
+    report = json.loads(report_path.read_text())
+    failing = {g["name"]: g["detail"] for g in report["goals"] if not g["ok"]}
+    assert proc.returncode == 0 and failing == {}, (failing, proc.stderr[-3000:])
+    assert sorted(f["fault"] for f in report["faults"]) == sorted(["engine-frozen", "frozen-after-restart",
+                                                                    "engine-killed", "door-network-cut"])
+    assert all(f["serving_again_s"] is not None for f in report["faults"]), report["faults"]
+    assert report["run"]["requests"] >= 100, report["run"]
+    assert plot_path.read_bytes().startswith(b"\x89PNG")
+    # left as found: every host on its release and serving, every backend in, the door's users the fixture's
+    assert fleet_out_of_step(sim_fleet) == {}
+    wait_until(lambda: backend_states(inventory) == {h: "in" for h in HOSTS}, 60, "every backend back in")
