@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 
 from sparkfleet.contract.settings import Settings
+from sparkfleet.refused import Refused
 
 
 def ssh_address(name: str, data: dict) -> str:
@@ -71,21 +72,40 @@ def _option_value(value: str) -> str:
     return value
 
 
+def ssh_port(name: str, data: dict) -> int | None:
+    """The inventory's `ssh_port` (None: ssh's own), refused in one line unless it is a TCP port."""
+    value = data.get("ssh_port")
+    if value is None or value == "":
+        return None
+    text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise Refused(f"{name}: `ssh_port` = {value!r} is not a TCP port (1-65535): fix it in the inventory")
+    return int(text)
+
+
+def _ssh_value(name: str, key: str, value) -> str:
+    """An inventory value for ssh's command line: refused in one line if it holds a control character (a line
+    break would be a second line of ssh's -o config, an escape would reach the terminal in ssh's errors)."""
+    text = str(value)
+    if not all(c.isprintable() or c == " " for c in text):
+        raise Refused(f"{name}: `{key}` = {text!r} holds a control character: fix it in the inventory")
+    return text
+
+
 def ssh_command(name: str, data: dict, *options: str) -> list[str]:
     """OpenSSH's command line to host `name` with the inventory's SSH settings (port, user, key, config file,
     host-key policy and known_hosts), `options` first, ending `-- ADDRESS` (never read as an option): the
-    caller appends a remote command, or none. An argument list, no shell; a key file is named, never read."""
+    caller appends a remote command, or none. Each value is its own option's argument (a control character or
+    a port that is none: refused). An argument list, no shell; a key file is named, never read."""
     argv = ["ssh", *options]
-    if data.get("ssh_port"):
-        argv += ["-p", str(int(data["ssh_port"]))]
-    if data.get("ssh_user"):
-        argv += ["-l", str(data["ssh_user"])]
-    if data.get("ssh_key"):
-        argv += ["-i", str(data["ssh_key"])]
-    if data.get("ssh_config_file"):
-        argv += ["-F", str(data["ssh_config_file"])]
-    if data.get("ssh_strict_host_key_checking"):
-        argv += ["-o", f"StrictHostKeyChecking={_option_value(str(data['ssh_strict_host_key_checking']))}"]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={_option_value(str(data['ssh_known_hosts_file']))}"]
-    return [*argv, "--", ssh_address(name, data)]
+    port = ssh_port(name, data)
+    if port is not None:
+        argv += ["-p", str(port)]
+    for key, flag in (("ssh_user", "-l"), ("ssh_key", "-i"), ("ssh_config_file", "-F")):
+        if data.get(key):
+            argv += [flag, _ssh_value(name, key, data[key])]
+    for key, word in (("ssh_strict_host_key_checking", "StrictHostKeyChecking"),
+                      ("ssh_known_hosts_file", "UserKnownHostsFile")):
+        if data.get(key):
+            argv += ["-o", f"{word}={_option_value(_ssh_value(name, key, data[key]))}"]
+    return [*argv, "--", _ssh_value(name, "ssh_hostname (or the host's name)", ssh_address(name, data))]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from sparkfleet.contract.reach import ssh_address
+from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, Host, Name
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 
@@ -271,12 +271,16 @@ def is_known(known_hosts: Path, spark: Spark) -> bool:
                           capture_output=True, timeout=30).returncode == 0
 
 
+def keyscan_argv(spark: Spark, timeout_s: float = KEYSCAN_TIMEOUT_S) -> list[str]:
+    """ssh-keyscan of one host's key, its address after `--` (an inventory name is never read as an option)."""
+    return ["ssh-keyscan", "-T", str(int(timeout_s)), "-t", KEY_TYPE, "-p", str(int(spark.port)), "--", spark.address]
+
+
 def keyscan(spark: Spark, timeout_s: float = KEYSCAN_TIMEOUT_S) -> list[str]:
     """The host's known_hosts lines from ssh-keyscan; [] when it does not answer. Only well-formed lines for
     this very host are kept: what a host sends is data."""
     try:
-        proc = subprocess.run(["ssh-keyscan", "-T", str(int(timeout_s)), "-t", KEY_TYPE, "-p", str(spark.port),
-                               spark.address], capture_output=True, text=True, timeout=timeout_s + 10)
+        proc = subprocess.run(keyscan_argv(spark, timeout_s), capture_output=True, text=True, timeout=timeout_s + 10)
     except subprocess.TimeoutExpired:
         return []
     name = known_hosts_name(spark)
@@ -322,7 +326,7 @@ def host_key_targets(hosts: list[tuple[str, dict]]) -> tuple[dict[Path, list[Spa
         if not path:
             unchecked.append(name)
             continue
-        spark = Spark(name, ssh_address(name, data), int(data.get("ssh_port") or SSH_PORT))
+        spark = Spark(name, ssh_address(name, data), ssh_port(name, data) or SSH_PORT)
         targets.setdefault(Path(path).expanduser(), []).append(spark)
     return targets, unchecked
 

@@ -79,6 +79,8 @@ class UpgradeReport:
 def judge(step: HostResult, converge: HostResult | None, slow: str | None) -> tuple[str, str]:
     """(result, detail) of a host from its upgrade step, its converge (None: not run) and its speed gate."""
     refused = [f.partition(f"{REFUSED_OP}: ")[2] for f in step.failed if f"{REFUSED_OP}: " in f]  # "Deploy | Op"
+    refused += [line.partition(f"{REFUSED_OP}: ")[2] for line in step.said  # apt's second look, as the step ran
+                if line.startswith(f"{REFUSED_OP}: ")]
     if refused:
         return "refused", refused[0] + "; left drained on its old versions"
     if not step.ok:

@@ -164,10 +164,12 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
 
 @only_on_drift
 @operation()
-def managed_packages(packages: list[str], update: bool = True, extra_install_args: str = ""):
+def managed_packages(packages: list[str], update: bool = True, extra_install_args: str = "",
+                     masked: list[str] | tuple[str, ...] = ()):
     """These Debian packages installed: `name` at any version, `name=version` at that one. The apt lists are
     refreshed first (unless `update` is off: the toolkit stage refreshes its own source) only when one is
-    missing or at another version."""
+    missing or at another version. The `masked` units (a package's own service, which Debian starts at install)
+    are masked before apt runs, so they never start; installed packages: nothing at all."""
     have = installed_packages(host)
 
     def current(package: str) -> bool:
@@ -178,6 +180,10 @@ def managed_packages(packages: list[str], update: bool = True, extra_install_arg
     if not missing:
         host.noop(f"installed: {', '.join(f'{p} {have[p]}' for p in (p.partition('=')[0] for p in packages))}")
         return
+    if masked:
+        yield StringCommand("systemctl mask --", *(QuoteString(u) for u in masked))
+        for unit in masked:
+            forget(host, unit)
     if update:
         yield noninteractive_apt("update")
     install = f"install {extra_install_args}".strip()

@@ -1,5 +1,5 @@
 """Stage 8 (hosts of the group `monitoring`, after the front door): Prometheus from Debian's package, its own
-unit on 127.0.0.1 (Debian's prometheus.service off), scraping what the inventory serves with the backend key
+unit on 127.0.0.1 (Debian's prometheus.service masked before the install, so it never starts), scraping what the inventory serves with the backend key
 (sparkfleet/fleet/monitoring.py), and Alertmanager when `alertmanager_webhook_url` is set. A changed config or
 rule file is checked with promtool and reloaded; a changed unit is a restart; it must be ready before the host
 counts as converged.
@@ -32,7 +32,8 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
     except SettingsError as exc:
         raise DeployRefused(f"invalid monitoring settings; no host was changed:\n{exc}") from None
     s, user = wanted.settings, m.PROMETHEUS_USER
-    managed_packages(name="Prometheus installed", packages=[m.PROMETHEUS_PACKAGE],
+    managed_packages(name="Prometheus installed (Debian's unit masked first: it never starts)",
+                     packages=[m.PROMETHEUS_PACKAGE], masked=[paths.MONITORING_PACKAGES[m.PROMETHEUS_PACKAGE]],
                      extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus.service off (sparkfleet runs its own, on loopback)",
                  service=paths.MONITORING_PACKAGES[m.PROMETHEUS_PACKAGE], running=False, enabled=False)
@@ -69,7 +70,8 @@ def _alertmanager(wanted) -> None:
     """Alertmanager (Debian's package, its own unit on loopback, no cluster port): every alert to the webhook,
     whose URL is a secret (a 0600 file owned by prometheus, never in the plan or the unit)."""
     user = m.PROMETHEUS_USER
-    managed_packages(name="Alertmanager installed", packages=[m.ALERTMANAGER_PACKAGE],
+    managed_packages(name="Alertmanager installed (Debian's unit masked first: it never starts)",
+                     packages=[m.ALERTMANAGER_PACKAGE], masked=[paths.MONITORING_PACKAGES[m.ALERTMANAGER_PACKAGE]],
                      extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus-alertmanager.service off (it listens on every address)",
                  service=paths.MONITORING_PACKAGES[m.ALERTMANAGER_PACKAGE], running=False, enabled=False)

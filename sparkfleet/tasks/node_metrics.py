@@ -1,7 +1,8 @@
 """Stage 6b (every Spark, when the inventory has a monitoring host; after the watchdog, whose state it reports):
 Debian's node exporter on loopback, and a timer writing the GB10's and the watchdog's state for its textfile
-collector (sparkfleet/fleet/monitoring.py). Debian's own unit, which listens on every address, is off; the LAN
-reaches the exporter only through the guard's /node/metrics, with the backend key. A changed unit is a restart.
+collector (sparkfleet/fleet/monitoring.py). Debian's own unit, which listens on every address, is masked before the
+install (it never starts) and kept off; the LAN reaches the exporter only through the guard's /node/metrics, with the
+backend key. A changed unit is a restart.
 """
 
 from pyinfra.api import deploy
@@ -16,7 +17,8 @@ from sparkfleet.release.plan import HostPlan
 
 @deploy("Node metrics")
 def node_metrics(plan: HostPlan):
-    managed_packages(name="Node exporter installed", packages=[m.NODE_EXPORTER_PACKAGE],
+    managed_packages(name="Node exporter installed (Debian's unit masked first: it never starts)",
+                     packages=[m.NODE_EXPORTER_PACKAGE], masked=[paths.MONITORING_PACKAGES[m.NODE_EXPORTER_PACKAGE]],
                      extra_install_args="--no-install-recommends")
     managed_unit(name="Debian's prometheus-node-exporter.service off (it listens on every address)",
                  service=paths.MONITORING_PACKAGES[m.NODE_EXPORTER_PACKAGE], running=False, enabled=False)

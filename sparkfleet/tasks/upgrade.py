@@ -1,5 +1,6 @@
 """`sparkfleet upgrade`'s step on one host, drained: the apt pins as the inventory names them, a refusal of any new
-kernel or driver a refused_* setting names (before anything is installed), `apt-get upgrade` within the pins, and a
+kernel or driver a refused_* setting names (before anything is installed), the simulated upgrade installed exactly
+(each package at its checked version, refused if apt offers anything else right before: `checked_upgrade`), and a
 reboot when a kernel or driver changed or the host asks for one (pyinfra's server.reboot waits for SSH again).
 The converge and its health gate come after, in their own run (deploy.py): its facts are read after the reboot."""
 
@@ -14,9 +15,9 @@ from sparkfleet.host.pins import render_pins
 from sparkfleet.host.upgrade import (
     REBOOT_OP,
     REFUSED_OP,
-    UPGRADE_FLAGS,
     UPGRADE_OP,
     UpgradeSimulation,
+    checked_upgrade,
     needs_reboot,
     refused_changes,
 )
@@ -42,7 +43,7 @@ def platform_upgrade(plan: HostPlan) -> None:
     if refused:
         return refuse(refused)
     if sim.changes:
-        server.shell(name=UPGRADE_OP, commands=[f"DEBIAN_FRONTEND=noninteractive apt-get -y -q {UPGRADE_FLAGS} upgrade"])
+        checked_upgrade(name=UPGRADE_OP, changes=sim.changes)
     if sim.changes or sim.reboot_required:
         planned, target = needs_reboot(sim), host._get_module()
 
