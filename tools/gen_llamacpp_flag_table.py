@@ -85,6 +85,8 @@ def main() -> None:
     found = _BUILD.search(version_text)
     if not found:
         sys.exit(f"{sys.argv[2]}: no `version: X (build N` line: give `llama-server --version` output")
+    old_path = Path(__file__).parents[1] / "sparkfleet" / "release" / "engines" / f"llamacpp-{found['build']}.json"
+    old = json.loads(old_path.read_text()) if old_path.exists() else {}
     out = {
         "version": found["build"],
         "source": (f"`llama-server --help` of llama.cpp {found['version']} build {found['build']} "
@@ -96,6 +98,7 @@ def main() -> None:
         "notes": {"env": "llama-server also reads each flag from its LLAMA_ARG_* variable (entries' `env`)"},
         "flags": parse_help(help_text),
         "removed": {},
+        "reviewed": old.get("reviewed", {}),  # hand-kept: the flags sparkfleet passes (docs/settings.md)
     }
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")

@@ -169,6 +169,7 @@ def main() -> None:
         "notes": old.get("notes", {}),
         "flags": table["flags"],
         "removed": old.get("removed", {}),
+        "reviewed": old.get("reviewed", {}),  # hand-kept: the flags sparkfleet passes (docs/settings.md)
     }
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")

@@ -69,6 +69,7 @@ def main() -> None:
         "notes": old.get("notes", {}),
         "flags": table["flags"],
         "removed": old.get("removed", {}),
+        "reviewed": old.get("reviewed", {}),  # hand-kept: the flags sparkfleet passes (docs/settings.md)
     }
     for flag in out["removed"]:
         if flag in out["flags"]:

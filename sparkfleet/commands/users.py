@@ -36,18 +36,16 @@ def run(args) -> int:
 
     with common.refusing(users.SecretsError):
         path = users.secrets_path_of(args.inventory)
-        doc = users.read_secrets(path)
         if args.action == "list":
-            names = users.names(doc)
+            names = users.names(users.read_secrets(path))
             print(json.dumps({"users": names}) if args.json else "\n".join(names), end="\n" if names or args.json else "")
             return 0
         if args.action == "limit":
-            return limit(args, users, path, doc)
+            return limit(args, users, path)
         if args.action == "remove":
-            new, key = users.remove(doc, args.name), None
+            key = users.edit(path, lambda doc: (users.remove(doc, args.name), None))
         else:
-            new, key = getattr(users, args.action)(doc, args.name)
-        users.write_secrets(path, new)
+            key = users.edit(path, lambda doc: getattr(users, args.action)(doc, args.name))
     converge = f"the next converge (sparkfleet rollout {args.inventory}, or pyinfra {args.inventory} deploy.py)"
     if args.json:
         print(json.dumps({"user": args.name, "action": args.action, **({"key": key} if key else {})}))
@@ -62,15 +60,18 @@ def run(args) -> int:
     return 0
 
 
-def limit(args, users, path, doc: dict) -> int:
+def limit(args, users, path) -> int:
     """`users limit`: a user's own limits in the secrets file (an option left out keeps its value; 0: the
     fleet-wide default)."""
     name = users.check_name(args.name)
-    now = users.limits_of(doc).get(name, {})
     given = {"requests_per_minute": args.requests_per_minute, "max_concurrent": args.max_concurrent}
-    wanted = {k: now.get(k) if v is None else (v or None) for k, v in given.items()}
-    new = users.limit(doc, name, **wanted)
-    users.write_secrets(path, new)
+
+    def change(doc: dict) -> tuple[dict, dict]:
+        now = users.limits_of(doc).get(name, {})
+        wanted = {k: now.get(k) if v is None else (v or None) for k, v in given.items()}
+        return users.limit(doc, name, **wanted), wanted
+
+    wanted = users.edit(path, change)
     if args.json:
         print(json.dumps({"user": name, "action": "limit", **wanted}))
     else:

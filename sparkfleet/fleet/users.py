@@ -6,18 +6,23 @@ gave them limits of their own (contract/settings.py FrontDoorUser; the settings 
 The file lives outside the project (sparkfleet init puts it in ~/.config/sparkfleet/), 0600; the inventory
 names it in a module-level string, SPARKFLEET_SECRETS, which pyinfra's loader ignores (only lists and tuples
 are groups) and which `users` reads from the inventory's source without running it, so a missing file is
-still one clear line. Each edit replaces the whole file atomically and keeps every other key as it was.
+still one clear line. Each edit replaces the whole file atomically and keeps every other key as it was, under
+an exclusive lock beside the file (`edit`) from its read to its replace: two commands at once never lose one's edit.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import json
 import os
 import secrets
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 from pyinfra.api.exceptions import PyinfraError
@@ -111,6 +116,37 @@ def write_secrets(path: str | os.PathLike, doc: dict) -> None:
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
+
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on .<name>.lock beside the secrets file (0600; kept, so every editor locks one inode)."""
+    try:
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        read_secrets(path)  # no directory: the missing file's own line
+        raise
+    except OSError as exc:
+        raise SecretsError(f"cannot lock the secrets file {path} ({exc.strerror}): make its directory "
+                           "writable by you") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def edit(path: str | os.PathLike, change: Callable[[dict], tuple[dict, T]]) -> T:
+    """Read the secrets file, apply `change` (doc -> (new doc, result)) and replace the file, all under the lock:
+    without it, a `users remove` racing a `users add` wrote the user back, and a racing rotate kept the old key."""
+    path = Path(path).expanduser()
+    with _locked(path):
+        new, result = change(read_secrets(path))
+        write_secrets(path, new)
+    return result
 
 
 def secrets_path_of(inventory: str | os.PathLike) -> Path:

@@ -4,14 +4,16 @@ A GGUF model is one file, or a split `NAME-0000N-of-0000M.gguf` set that llama.c
 The first part's header holds the model's metadata: magic `GGUF`, a version (2 or 3: the same layout, 3 adds
 big-endian files, which llama.cpp does not load on a Spark and neither do we), the tensor count, the key-value
 count, then that many (key, typed value) pairs, all little-endian. The planner reads only that part, through
-the hub with a Range request (sparkfleet.model.hubs), so a hub's bytes are data here: every length and count is
-bounded before anything is allocated, and a header that breaks a rule is refused (GGUFError), never trusted.
+the hub with Range requests (sparkfleet.model.hubs), so a hub's bytes are data here: every length and count is
+bounded before anything is allocated, the whole parse spends from one budget, and a header that breaks a rule is
+refused (GGUFError), never trusted.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SPLIT = re.compile(r"(?P<stem>.+)-(?P<part>[0-9]{5})-of-(?P<parts>[0-9]{5})\.gguf")
@@ -27,12 +29,20 @@ MAX_ARRAY_ITEMS = 2**24
 MAX_TENSORS = 2**20
 MAX_HEADER_BYTES = 128 * 2**20  # the most of a file's first bytes the planner reads for its key-value section
 KEPT_ARRAY_ITEMS = 4096  # a longer array (the vocabulary) is kept as its length only
+# One budget for the whole header, past the bounds on each count (their product was unbounded: 4,096-item arrays
+# filling 16 MiB took seconds and 127 MiB): keys and array items stepped or kept (a real vocabulary and its
+# merges: well under a million), values kept as objects (keys and short arrays: a few thousand), bytes of
+# strings decoded (a chat template: tens of KiB); the bytes read are MAX_HEADER_BYTES at most.
+MAX_ITEMS = 2**20
+MAX_KEPT_ITEMS = 2**16
+MAX_KEPT_BYTES = 16 * 2**20
 KEY_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,63}")
 
 # value type -> struct format of one scalar (8: string, 9: array are read apart)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q").unpack_from  # a string's length, read in place
 
 
 class GGUFError(ValueError):
@@ -84,17 +94,44 @@ def entry_file(paths: list[str]) -> str | None:
 
 
 class _Cursor:
-    def __init__(self, data: bytes):
-        self.data, self.pos = memoryview(data), 0
+    """The header's bytes from the start, read once: `more(have, needed)` (the resolver's next Range read) gives
+    the bytes after the `have` already here, at least up to `needed`; without it, Truncated. Every key, item and
+    byte is spent from one budget (the module's MAX_ITEMS, MAX_KEPT_ITEMS, MAX_KEPT_BYTES, MAX_HEADER_BYTES)."""
 
-    def take(self, n: int) -> memoryview:
-        end = self.pos + n
+    def __init__(self, data: bytes, more: Callable[[int, int], bytes] | None = None):
+        self.data, self.pos, self.more = bytearray(data), 0, more
+        self.items = self.kept = self.kept_bytes = 0
+
+    def need(self, end: int) -> None:
+        """The bytes up to `end` are here (fetched when a reader is given), within the header cap."""
         if end > MAX_HEADER_BYTES:
             raise GGUFError(f"the key-value section is longer than {MAX_HEADER_BYTES // 2**20} MiB")
         if end > len(self.data):
-            raise Truncated(end)
-        view, self.pos = self.data[self.pos:end], end
+            if self.more is None:
+                raise Truncated(end)
+            self.data += self.more(len(self.data), end)
+            if end > len(self.data):
+                raise Truncated(end)
+
+    def spend(self, items: int = 0, kept: int = 0, kept_bytes: int = 0) -> None:
+        """Count what the header makes this parse do; past the budget it is refused, whatever each count says."""
+        self.items, self.kept, self.kept_bytes = self.items + items, self.kept + kept, self.kept_bytes + kept_bytes
+        for spent, most, what in ((self.items, MAX_ITEMS, "keys and array items"),
+                                  (self.kept, MAX_KEPT_ITEMS, "values kept (keys and short arrays' items)"),
+                                  (self.kept_bytes, MAX_KEPT_BYTES, "bytes of strings kept")):
+            if spent > most:
+                raise GGUFError(f"the header holds more than {most:,} {what}: past sparkfleet's budget for one "
+                                f"header (a real model's is far under it)")
+
+    def take(self, n: int) -> bytes:
+        self.need(self.pos + n)
+        view, self.pos = bytes(self.data[self.pos:self.pos + n]), self.pos + n
         return view
+
+    def skip(self, n: int) -> None:
+        """Step over n bytes, fetched but never copied."""
+        self.need(self.pos + n)
+        self.pos += n
 
     def scalar(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
@@ -105,26 +142,26 @@ class _Cursor:
             raise GGUFError(f"{what} claims {n:,} (at most {most:,})")
         return n
 
-    def string(self, what: str, most: int = MAX_STRING_BYTES, keep: bool = True) -> str | None:
-        raw = self.take(self.count(f"{what}'s length", most))
-        if not keep:
-            return None
+    def string(self, what: str, most: int = MAX_STRING_BYTES) -> str:
+        n = self.count(f"{what}'s length", most)
+        self.spend(kept_bytes=n)
         try:
-            return bytes(raw).decode("utf-8")
+            return self.take(n).decode("utf-8")
         except UnicodeDecodeError:
             raise GGUFError(f"{what} is not UTF-8") from None
 
     def skip_strings(self, n: int, key: str) -> None:
         """Step over n strings (the vocabulary: ~250k of them) without slicing or decoding one."""
-        data, pos, end = self.data, self.pos, min(len(self.data), MAX_HEADER_BYTES)
+        data, pos = self.data, self.pos
         for _ in range(n):
-            if pos + 8 > end:  # past the bytes read (or the cap): take raises, naming where the header goes on
-                self.take((pos if pos > end else pos + 8) - self.pos)
-            length = struct.unpack_from("<Q", data, pos)[0]
+            if pos + 8 > len(data):  # fetched on (the same bytearray grows), or Truncated / the cap
+                self.need(pos + 8)
+            length = _LENGTH(data, pos)[0]
             if length > MAX_STRING_BYTES:
                 raise GGUFError(f"an item of {key!r}'s length claims {length:,} (at most {MAX_STRING_BYTES:,})")
             pos += 8 + length
-        self.take(pos - self.pos)  # the last string's end, bounds-checked
+        self.need(pos)  # the last string's end
+        self.pos = pos
 
     def value(self, kind: int, key: str):
         if kind in _SCALARS:
@@ -143,22 +180,25 @@ class _Cursor:
             raise GGUFError(f"{key!r} is an array of value type {kind}, which GGUF does not define")
         n = self.count(f"the array {key!r}", MAX_ARRAY_ITEMS)
         keep = n <= KEPT_ARRAY_ITEMS
-        if kind == _STRING and not keep:
+        if keep:  # each item becomes an object: spent before one is made
+            self.spend(items=n, kept=n)
+            read = (lambda: self.string(f"an item of {key!r}")) if kind == _STRING else (
+                lambda: self.scalar(_SCALARS[kind]))
+            return tuple(read() for _ in range(n))
+        if kind == _STRING:  # a step per string
+            self.spend(items=n)
             self.skip_strings(n, key)
-        elif kind == _STRING:
-            items = [self.string(f"an item of {key!r}") for _ in range(n)]
-        elif keep:
-            items = [self.scalar(_SCALARS[kind]) for _ in range(n)]
         else:
-            self.take(n * struct.calcsize(_SCALARS[kind]))  # skipped, bounds-checked, never copied
-        return tuple(items) if keep else LongArray(kind, n)
+            self.skip(n * struct.calcsize(_SCALARS[kind]))  # skipped, bounds-checked, never copied
+        return LongArray(kind, n)
 
 
-def read_header(data: bytes) -> Header:
-    """The header's key-value section from a file's first bytes; Truncated when they end inside it (read more,
-    from the offset it names), GGUFError when the bytes are not a GGUF header within the bounds."""
-    cur = _Cursor(data)
-    if bytes(cur.take(4)) != MAGIC:
+def read_header(data: bytes, more: Callable[[int, int], bytes] | None = None) -> Header:
+    """The header's key-value section from a file's first bytes; with `more` (see _Cursor) the parse fetches
+    the rest as it goes, once, never starting again from byte 0. Truncated when the bytes end inside it and
+    there is no `more`, GGUFError when they are not a GGUF header within the bounds and the budget."""
+    cur = _Cursor(data, more)
+    if cur.take(4) != MAGIC:
         raise GGUFError("the file does not start with the GGUF magic")
     version = cur.scalar("<I")
     if version not in VERSIONS:
@@ -167,6 +207,7 @@ def read_header(data: bytes) -> Header:
     keys = cur.count("the key-value count", MAX_KEYS)
     metadata: dict = {}
     for _ in range(keys):
+        cur.spend(items=1, kept=1)
         key = cur.string("a key", MAX_KEY_BYTES)
         if not KEY_RE.fullmatch(key):
             raise GGUFError(f"key {key[:60]!r} is not a dotted name")

@@ -213,23 +213,24 @@ def _modelscope_ranges(manifest: Manifest, endpoint: str | None, token: str | No
 _RANGES = {"huggingface": _hf_ranges, "modelscope": _modelscope_ranges}
 
 
+class ShortAnswer(gguf.GGUFError):
+    """The hub sent fewer bytes than asked: its answer, not the file's header (not remembered as a refusal)."""
+
+
 def read_gguf_header(read, path: str, size: int) -> gguf.Header:
-    """The header of `path` (`size` bytes, the manifest's), read from its start with `read(path, start, stop)`,
-    on past the first GGUF_FIRST_READ bytes while the key-value section goes on; never past `size` or
-    gguf.MAX_HEADER_BYTES. GGUFError when the bytes are not a header within those bounds."""
-    data, want = b"", min(size, GGUF_FIRST_READ)
-    while True:
-        if want > len(data):
-            more = read(path, len(data), want)
-            if len(data) + len(more) < want:
-                raise gguf.GGUFError(f"the hub sent {len(data) + len(more):,} of bytes 0-{want - 1}")
-            data += more
-        try:
-            return gguf.read_header(data)
-        except gguf.Truncated as exc:
-            if exc.needed > size:
-                raise gguf.GGUFError(f"the file ({size:,} bytes) ends inside its header") from None
-            want = min(size, max(exc.needed, 4 * len(data)), gguf.MAX_HEADER_BYTES)
+    """The header of `path` (`size` bytes, the manifest's), parsed once from its start while `read(path, start,
+    stop)` fetches the next range each time the parse needs more (GGUF_FIRST_READ, then at least four times
+    what is here); never past `size` or gguf.MAX_HEADER_BYTES. GGUFError when the bytes are not a header within
+    those bounds and gguf's budget."""
+    def more(have: int, needed: int) -> bytes:
+        if needed > size:
+            raise gguf.GGUFError(f"the file ({size:,} bytes) ends inside its header")
+        want = min(size, max(needed, 4 * have, GGUF_FIRST_READ), gguf.MAX_HEADER_BYTES)
+        got = read(path, have, want)
+        if len(got) < want - have:
+            raise ShortAnswer(f"the hub sent {have + len(got):,} of bytes 0-{want - 1}")
+        return got[:want - have]
+    return gguf.read_header(b"", more)
 
 
 @lru_cache(maxsize=32)
@@ -240,14 +241,21 @@ def read_gguf_config(manifest: Manifest, entry: str, endpoint: str | None, token
     name = host_module.check_dir_name(f"{entry.replace('/', '--')}.config.json")
     dest = host_module.inside(cache_dir() / "configs", cache_dir() / "configs" / manifest.hub / manifest.dir_name
                               / name)
+    refused = dest.with_name(host_module.check_dir_name(f"{entry.replace('/', '--')}.refused"))
+    if refused.exists():  # the pin's bytes do not change: neither does their refusal, nor its cost, paid once
+        raise HubError(refused.read_text().strip())
     if not dest.exists():
         try:
             header = read_gguf_header(_RANGES[manifest.hub](manifest, endpoint, token), entry,
                                       manifest.entries[entry]["size"])
             config = gguf.planner_config(header.metadata)
         except gguf.GGUFError as exc:
-            raise HubError(f"refusing the GGUF header of {manifest.hub}:{manifest.repo} {entry}: {exc}; check "
-                           f"model_repo and model_files, or the hub it came from (hub_endpoint)") from None
+            refusal = (f"refusing the GGUF header of {manifest.hub}:{manifest.repo} {entry}: {exc}; check "
+                       f"model_repo and model_files, or the hub it came from (hub_endpoint)")
+            if not isinstance(exc, ShortAnswer):
+                refused.parent.mkdir(parents=True, exist_ok=True)
+                refused.write_text(refusal + "\n")
+            raise HubError(refusal) from None
         except Exception as exc:  # each client raises its own error types
             raise HubError(f"cannot read the GGUF header of {manifest.hub}:{manifest.repo} {entry}: "
                            f"{type(exc).__name__}: {str(exc)[:300]}") from exc

@@ -21,7 +21,7 @@ from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import Recipe, recipe
-from sparkfleet.release.engine import SECRET_FLAGS, flag_table, surface_problems
+from sparkfleet.release.engine import ADMIN_FLAGS, SECRET_FLAGS, flag_table, surface_problems
 from sparkfleet.contract.settings import Service, Settings
 
 # How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
@@ -161,7 +161,11 @@ def args_problems(where: str, s: Settings, service: Service, args: list[str]) ->
         elif dest in SERVICE_DESTS:
             problems.append(f"{where}: extra_engine_args: `{flag}` is set by sparkfleet from "
                             f"{SERVICE_DESTS[dest]}: set that key of the service instead")
-    return problems
+
+    def refused(flag: str) -> bool:  # named above already
+        named = "--" + flag.removeprefix("--").replace("_", "-")
+        return named in SECRET_FLAGS or named in ADMIN_FLAGS or table.flags[flag].get("dest") in SERVICE_DESTS
+    return problems + [f"{where}: extra_engine_args: {p}" for p in table.unreviewed(service.extra_engine_args, refused)]
 
 
 def min_share(report: FitReport) -> float:

@@ -384,8 +384,14 @@ def test_the_controller_copies_a_gated_model_with_hub_token_and_never_writes_it_
 def test_plan_prints_engine_args_with_brackets_literally(tmp_path, monkeypatch, capsys):
     from sparkfleet import cli, tables
 
+    from sparkfleet.release.engine import flag_table
+    from sparkfleet.release.engines import table
+
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)
     monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "offline"))
+    # the allow-list refuses such a value (test_engine_args_allowlist.py); the printer must not depend on it
+    monkeypatch.setitem(flag_table("0.33.0").reviewed, "--chat-template-content-format", "choice")
+    monkeypatch.setattr(table, "value_problem", lambda *args: None)
     path = tmp_path / "fleet.py"
     args = ["--chat-template-content-format", "[/]"]  # a value a flag takes; printed, never read as markup
     path.write_text(f"sparks = [('spark-x', {{'extra_engine_args': {args!r}, 'services': "

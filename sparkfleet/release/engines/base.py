@@ -83,6 +83,7 @@ class Engine:
     admin_flags: dict[str, str] = {}  # flags that open an admin surface, run code or log users' text: {flag: why}
     owned_dests: dict[str, str] = {}  # {flag destination: the setting that sparkfleet sets it from}
     command: tuple[str, ...] = ()  # arguments before the flags (SGLang's `-m sglang.launch_server`)
+    env_prefixes: tuple[str, ...] = ()  # its own engine_env variables: each reviewed (the flag table) or refused
 
     @property
     def name(self) -> str:  # settings `engine`
@@ -149,6 +150,24 @@ class Engine:
                              f"set `{owner}` instead")
         return found
 
+    def refuses(self, table: FlagTable, flag: str) -> bool:
+        """Whether another check of this engine names `flag` already: a secret, an admin surface, a setting's."""
+        spec = table.flags.get(flag, {})
+        named, alias = self.flag_name(flag), spec.get("alias_of")
+        return bool({named, alias} & (self.secret_flags.keys() | self.admin_flags.keys())
+                    or spec.get("dest") in self.owned_dests)
+
+    def env_problems(self, name: str, s: Settings, table: FlagTable) -> list[str]:
+        """engine_env's variables of this engine: the env form of a refused flag, or one off the reviewed list
+        (the key variables are `problems`' own)."""
+        refused = {spec["env"]: flag for flag, spec in table.flags.items()
+                   if spec.get("env") and not spec.get("negates") and self.refuses(table, flag)}
+        keys = set(API_KEY_VARS) | {self.key_var}
+        problems = [f"engine_env sets {var}, which is {self.label}'s {refused[var]}: remove it from engine_env"
+                    for var in s.engine_env if var in refused and var not in keys]
+        problems += table.unreviewed_env(s.engine_env, self.env_prefixes, lambda var: var in refused or var in keys)
+        return [f"{name}: {p}" for p in problems]
+
     def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None,
                  remote_code: tuple[bool, bool]) -> list[str]:
         """Every refusal of this engine for a host: the model's format, tensor parallelism, the key,
@@ -181,5 +200,7 @@ class Engine:
         except ValueError as exc:
             return problems + [f"{name}: {self.version_setting}: {exc}"]
         found = table.problems(args[len(self.command):]) + self.extra_problems(table, s.extra_engine_args)
+        found += [f"setting `extra_engine_args`: {p}"
+                  for p in table.unreviewed(s.extra_engine_args, lambda flag: self.refuses(table, flag))]
         problems += [f"{name}: {p}" for p in found]
-        return problems + self.engine_problems(name, s, table)
+        return problems + self.env_problems(name, s, table) + self.engine_problems(name, s, table)

@@ -55,6 +55,11 @@ class LlamaCpp(Engine):
     description = "llama.cpp llama-server"
     image = "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"  # ggml-org's CUDA server of that build (llama-server)
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
+    env_prefixes = ("LLAMA_ARG_",)  # llama-server reads each flag from its LLAMA_ARG_* variable
+
+    def refuses(self, table: FlagTable, flag: str) -> bool:
+        """Also a preset, which extra_problems names."""
+        return super().refuses(table, flag) or bool(PRESET.fullmatch(flag))
 
     def args(self, s: Settings, model_dir: str, entry: str | None) -> list[str]:
         args = ["-m", f"{model_dir}/{entry or UNRESOLVED_ENTRY}", "--alias", s.served_model_name,
@@ -93,11 +98,5 @@ class LlamaCpp(Engine):
                  "kv_cache_dtype": (s.kv_cache_dtype if s.kv_cache_dtype != "auto" else None,
                                     "llama-server names its cache types otherwise (-ctk/-ctv in extra_engine_args): "
                                     "set kv_cache_dtype = \"auto\"")}
-        problems = [f"{name}: {setting}={value!r} with engine \"llamacpp\": {fix}"
-                    for setting, (value, fix) in fixes.items() if value]
-        refused = {spec["env"]: flag for flag, spec in table.flags.items() if spec.get("env") and (
-            flag in self.admin_flags or flag in self.secret_flags or spec.get("alias_of") in self.admin_flags
-            or spec.get("dest") in self.owned_dests)}
-        problems += [f"{name}: engine_env sets {var}, which is llama-server's {refused[var]}: remove it from "
-                     f"engine_env" for var in s.engine_env if var in refused and var != self.key_var]
-        return problems
+        return [f"{name}: {setting}={value!r} with engine \"llamacpp\": {fix}"
+                for setting, (value, fix) in fixes.items() if value]

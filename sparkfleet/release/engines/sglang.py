@@ -49,6 +49,7 @@ class SGLang(Engine):
     description = "SGLang server"
     image = "lmsysorg/sglang:spark"  # NVIDIA's Spark playbook image: a moving tag, pinned by digest at plan time
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
+    env_prefixes = ("SGLANG_", "SGL_")  # the variables it reads (sglang/srt/environ.py)
     command = MODULE
 
     def docker_options(self, s: Settings) -> list[str]:

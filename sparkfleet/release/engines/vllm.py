@@ -84,6 +84,7 @@ class Vllm(Engine):
     description = "vLLM OpenAI-compatible server"
     image = "vllm/vllm-openai:v0.33.0"
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
+    env_prefixes = ("VLLM_",)  # the variables it reads (vllm/envs.py)
 
     def flag_name(self, arg: str) -> str:
         return flag_name(arg)
