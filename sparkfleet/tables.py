@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 from rich.console import Console
@@ -23,10 +24,44 @@ def narrow(out: Console) -> bool:
     return out.width < CI_WIDTH
 
 
-def literal(value: object) -> str:
-    """A string an engine, a hub or a host sent (a model id, a reply, an error), for a cell or a line that
-    carries markup: printed as it is ("[/INST]" stays text, not a tag that ends a style or raises MarkupError)."""
-    return escape(str(value))
+TEXT_MAX = 1000  # what one untrusted value may take of a line or a cell, in characters; the rest is cut (ELLIPSIS)
+ELLIPSIS = "\u2026"
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _shown(ch: str) -> str:
+    """A character as a terminal should get it: itself when it only draws (a letter, a mark, a space); else its
+    escape, visibly (ESC -> \\x1b, U+202E -> \\u202e), since a terminal acts on it or hides it."""
+    if ch.isprintable() or unicodedata.category(ch) == "Zs":
+        return ch
+    if ch in _NAMED:
+        return _NAMED[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def clean(value: object, limit: int | None = TEXT_MAX) -> str:
+    """What an engine, a hub or a host sent (a model id, a reply, an error), for a plain line: every character a
+    terminal would act on or hide (C0 with line ends and tabs, DEL, C1, bidi overrides and other format
+    characters, line separators, surrogates, unassigned) shown as its escape, and at most `limit` characters
+    (a longer value ends in ELLIPSIS). The one terminal sanitizer: `literal` is it for markup."""
+    text = str(value)
+    if limit is not None:
+        text = text[:limit + 1]
+    if not (text.isascii() and text.isprintable()):
+        text = "".join(map(_shown, text))
+    return text if limit is None or len(text) <= limit else text[:limit - 1].rstrip("\\") + ELLIPSIS
+
+
+def clean_lines(text: object, limit: int | None = TEXT_MAX) -> str:
+    """`clean`, line by line: a message of several lines (a refusal, a log line quoting a host) keeps its lines."""
+    return "\n".join(clean(line, limit) for line in str(text).split("\n"))
+
+
+def literal(value: object, limit: int | None = TEXT_MAX) -> str:
+    """`clean`, for a cell or a line that carries markup: printed as it is ("[/INST]" stays text, not a tag that
+    ends a style or raises MarkupError)."""
+    return escape(clean(value, limit))
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, header: bool = True,
