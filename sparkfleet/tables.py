@@ -5,16 +5,19 @@ from __future__ import annotations
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+if TYPE_CHECKING:  # rich is imported where a table or a console is made: a refusal's line needs only `clean`
+    from rich.console import Console
+    from rich.table import Table
 
 CI_WIDTH = 160  # not a terminal: wide enough that no column wraps into illegibility
 
 
 def console(stderr: bool = False) -> Console:
     """Rich's console on stdout (or stderr), at CI_WIDTH when the output goes to a file or a log."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else CI_WIDTH, emoji=False)
 
@@ -61,6 +64,8 @@ def clean_lines(text: object, limit: int | None = TEXT_MAX) -> str:
 def literal(value: object, limit: int | None = TEXT_MAX) -> str:
     """`clean`, for a cell or a line that carries markup: printed as it is ("[/INST]" stays text, not a tag that
     ends a style or raises MarkupError)."""
+    from rich.markup import escape
+
     return escape(clean(value, limit))
 
 
@@ -68,6 +73,8 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, 
           justify: str = "left") -> Table:
     """Cells may carry rich markup ("[red]unhealthy[/]"): what an engine, a hub or a host sent goes through
     `literal`; `header=False` makes a key/value table."""
+    from rich.table import Table
+
     out = Table(title=title, show_header=header)
     for column in columns:
         out.add_column(column, justify=justify)
