@@ -37,7 +37,8 @@ def run(args) -> int:
     print("\n".join(clean(line) for c in report.changes for line in change_lines(c)))  # a hub named the files
     if report.restart:
         print_table("hosts that restart on the rollout", ("host", "release now", "new release"),
-                    [(literal(h), literal(old or "-"), literal(new or "-")) for h, (old, new) in report.restart.items()])
+                    [(literal(h), literal(old or "-"), literal(new or "-"))
+                     for h, (old, new) in report.restart.items()])
     else:
         print("no host's release changes: nothing restarts")
     print(f"wrote {report.lock}: apply it with `sparkfleet rollout {args.inventory} --batch 1`")
