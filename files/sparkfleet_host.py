@@ -25,6 +25,7 @@ import socket
 import stat
 import struct
 import subprocess
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,6 +38,9 @@ PART_SUFFIX = ".part"  # a transfer in progress, inside staging
 RESERVED_NAMES = frozenset({RECORD_NAME, RECORD_TMP_NAME, STAGING_NAME})
 COMMIT_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # git sha1 or sha256 object ids
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a manifest path may not hold: a control (C0, DEL, C1), a format character (a bidi override makes
+# "a\u202egnp.exe" read "aexe.png"), a line or paragraph separator, a lone surrogate.
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _CHUNK = 1 << 20
 
 
@@ -55,8 +59,9 @@ def check_manifest_path(path: str) -> str:
     """A manifest path that names a file inside the model directory, and nothing else."""
     if not isinstance(path, str) or not path:
         raise UntrustedAnswer(f"manifest path {path!r} is empty")
-    if _CONTROL.search(path) or "\\" in path:
-        raise UntrustedAnswer(f"manifest path {path!r} holds a control character or a backslash")
+    if "\\" in path or any(unicodedata.category(c) in _HIDDEN for c in path):
+        raise UntrustedAnswer(f"manifest path {path!r} holds a control, format (bidi) or separator character, "
+                              f"or a backslash")
     if path.startswith("/"):
         raise UntrustedAnswer(f"manifest path {path!r} is absolute")
     parts = path.split("/")

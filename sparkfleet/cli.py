@@ -51,8 +51,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def refuse(refused: Refused) -> int:
-    """The one way a refusal is printed: `sparkfleet: <its line>` on stderr; its exit code (sparkfleet/refused.py)."""
-    print(f"sparkfleet: {refused}", file=sys.stderr)
+    """The one way a refusal is printed: `sparkfleet: <its line>` on stderr; its exit code (sparkfleet/refused.py).
+    A refusal may quote a hub or a host: each of its lines is printed clean (tables.clean), under a cap wide
+    enough for many hosts' lines (each quote is capped where it is made)."""
+    from sparkfleet.tables import TEXT_MAX, clean_lines
+
+    print(f"sparkfleet: {clean_lines(refused, 10 * TEXT_MAX)}", file=sys.stderr)
     return refused.code
 
 

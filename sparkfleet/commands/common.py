@@ -102,8 +102,10 @@ def refusing(*also: type[BaseException], code: int = INVALID):
 
 
 def log(message: str) -> None:
-    """A long command's progress: on stderr, so that stdout keeps only its report."""
-    print(message, file=sys.stderr)
+    """A long command's progress: on stderr, so that stdout keeps only its report; clean, as it may quote a host."""
+    from sparkfleet.tables import TEXT_MAX, clean_lines
+
+    print(clean_lines(message, 10 * TEXT_MAX), file=sys.stderr)
 
 
 def print_reports(reports, as_json: bool, speed_skipped: bool | None = None) -> None:
@@ -137,10 +139,10 @@ def print_reports(reports, as_json: bool, speed_skipped: bool | None = None) -> 
 def print_speed(reports, skipped: bool) -> None:
     """The speed gate's lines after a rollout's or an upgrade's table."""
     from sparkfleet.fleet.rollout import speed_summary
-    from sparkfleet.tables import literal
+    from sparkfleet.tables import clean
 
     gate = speed_summary(reports, skipped)
     lines = ["skipped (--no-speed-gate)"] if gate["skipped"] else \
         [f"{c['verdict']}: {c['line']}" for c in gate["checks"]] or ["nothing measured (no host changed)"]
     for line in lines:
-        print(f"speed gate: {literal(line)}", file=sys.stderr)
+        print(f"speed gate: {clean(line)}", file=sys.stderr)

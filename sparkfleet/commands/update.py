@@ -21,7 +21,7 @@ def arguments(parser) -> None:
 def run(args) -> int:
     """0: the lock is up to date or was updated; 1: a hub or registry did not answer; 2: bad input."""
     from sparkfleet.fleet.update import UpdateError, change_lines, update
-    from sparkfleet.tables import print_table
+    from sparkfleet.tables import clean, literal, print_table
 
     try:
         with common.refusing():
@@ -32,12 +32,13 @@ def run(args) -> int:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     if not report.changes:
-        print(f"up to date: {report.lock}" + (f" (added {', '.join(report.added)})" if report.added else ""))
+        print(clean(f"up to date: {report.lock}" + (f" (added {', '.join(report.added)})" if report.added else "")))
         return 0
-    print("\n".join(line for c in report.changes for line in change_lines(c)))
+    print("\n".join(clean(line) for c in report.changes for line in change_lines(c)))  # a hub named the files
     if report.restart:
         print_table("hosts that restart on the rollout", ("host", "release now", "new release"),
-                    [(h, old or "-", new or "-") for h, (old, new) in report.restart.items()])
+                    [(literal(h), literal(old or "-"), literal(new or "-"))
+                     for h, (old, new) in report.restart.items()])
     else:
         print("no host's release changes: nothing restarts")
     print(f"wrote {report.lock}: apply it with `sparkfleet rollout {args.inventory} --batch 1`")

@@ -37,8 +37,8 @@ def run(args) -> int:
         if args.json:
             print(json.dumps(survey_json(found), indent=2))
         else:
-            rows = [(s.host, literal("\n".join(s.changes) or "-"), "yes" if s.reboot else "no",
-                     literal("\n".join(([s.problem] if s.problem else []) + s.refused))) for s in found]
+            rows = [(s.host, "\n".join(map(literal, s.changes)) or "-", "yes" if s.reboot else "no",
+                     "\n".join(map(literal, ([s.problem] if s.problem else []) + s.refused))) for s in found]
             print_table("sparkfleet upgrade --dry", ("host", "would change", "would reboot", "problem"), rows,
                         stderr=True)
         return 0 if survey_json(found)["ok"] else 1
@@ -52,8 +52,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report_json(reports, args.no_speed_gate), indent=2))
     else:
-        rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]", literal("\n".join(r.changes) or "-"),
-                 "yes" if r.rebooted else "no", f"{r.seconds:g}",
+        rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]",
+                 "\n".join(map(literal, r.changes)) or "-", "yes" if r.rebooted else "no", f"{r.seconds:g}",
                  "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}", literal(r.detail)) for r in reports]
         print_table("sparkfleet upgrade", ("host", "result", "changed", "rebooted", "seconds", "out of rotation s",
                                            "detail"), rows, stderr=True)

@@ -223,6 +223,8 @@ FileGlob = Annotated[Text, _grammar(r"(?!.*\.\.)(?!/)[A-Za-z0-9_.*?/-]+", "a glo
 EnvName = Annotated[Text, _grammar(r"[A-Z_][A-Z0-9_]*", "an environment variable name: [A-Z_][A-Z0-9_]*")]
 EngineEnvName = Annotated[EnvName, AfterValidator(_engine_env_name)]
 Token = Annotated[Text, _grammar(r"[!-~]+", "printable ASCII without spaces")]
+# The engines' key: a Token without commas (HAProxy's header fetches read a comma as a list of values).
+ApiKey = Annotated[Text, _grammar(r"[!-+\--~]+", "printable ASCII without spaces or commas")]
 UserKey = Annotated[Text, _grammar(r"[A-Za-z0-9._~+/=-]{16,}", "at least 16 of letters, digits and . _ ~ + / = -")]
 Host = Annotated[Text, AfterValidator(_host)]
 IPv4 = Annotated[Text, AfterValidator(_ipv4)]
@@ -336,7 +338,7 @@ class Settings(_EngineVersions):
     served_model_name: ServedName
     api_host: Host
     api_port: int = Field(ge=1, le=65535)
-    api_key: Token | None = _secret()
+    api_key: ApiKey | None = _secret()
     allow_unauthenticated_api: bool
     controller_api_url: Url | None
     max_model_len: int = Field(gt=0)

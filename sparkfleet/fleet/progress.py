@@ -34,6 +34,9 @@ JOURNAL_LINES = 5  # the last phase lines read each time (the newest decides)
 BAR_WIDTH = 20  # a terminal's bar, in columns
 LINE_MAX = 300  # a journal line is cut here on the host (and again here before it is matched)
 FETCH_STATES = ("checking", "fetching", "done", "failed")
+NUMBER_MAX = 2**53  # a count, a size, a rate or a time a float holds exactly: a larger one is no fetch's
+FILE_MAX = 4096  # the progress file is one small JSON object: a longer answer is no such file
+UNREADABLE = "progress file unreadable"
 
 
 # --- the engine's start, from its own lines (each engine's `start_phases`, contract/engines.py) and systemd's
@@ -101,17 +104,24 @@ class Fetch:
     updated_at: float
 
 
+def _bounded(value, kinds=(int,)) -> bool:
+    """A host's number that every line can print: of `kinds` (never a bool), finite, 0..NUMBER_MAX (NaN fails)."""
+    return type(value) in kinds and 0 <= value <= NUMBER_MAX
+
+
 def read_fetch(text: str) -> Fetch | None:
-    """The progress file's content, checked (a host's answer: numbers only, non-negative, done <= total); None
-    when it is absent or not one."""
+    """The progress file's content, checked (a host's answer: numbers only, 0..NUMBER_MAX, done <= total); None
+    when it is absent or not one (10**400, NaN, a string, deep nesting: all None, never an exception)."""
+    if len(text) > FILE_MAX:
+        return None
     try:
         data = json.loads(text)
         values = {name: data[name] for name in ("files_done", "files_total", "bytes_done", "bytes_total", "rate_bps")}
         times = {name: data[name] for name in ("started_at", "updated_at")}
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
-    if data.get("state") not in FETCH_STATES or not all(type(v) is int and v >= 0 for v in values.values()) \
-            or not all(type(v) in (int, float) for v in times.values()):
+    if data.get("state") not in FETCH_STATES or not all(map(_bounded, values.values())) \
+            or not all(_bounded(v, (int, float)) for v in times.values()):
         return None
     if values["files_done"] > values["files_total"] or values["bytes_done"] > values["bytes_total"]:
         return None
@@ -178,10 +188,13 @@ class HostView:
     fetch: Fetch | None = None
     phase: Phase | None = None
     finished: bool = False
+    unreadable: bool = False  # the host's last answer was not one we read (a hostile progress file, say)
 
     def text(self) -> str:
         """What follows the host's name: the fetch while it runs (or failed), then the engine."""
         parts = [fetch_text(self.fetch)] if self.fetch and (self.fetch.state != "done" or not self.phase) else []
+        if self.unreadable:
+            parts.append(UNREADABLE)
         if self.phase:
             parts.append(f"engine {self.phase.text()}")
         return "; ".join(parts) or "waiting"
@@ -193,7 +206,7 @@ class HostView:
         """What counts as a change of phase (the plain lines' trigger): not each new byte or shard, but the first
         line that knows the fetch's rate (and so its ETA)."""
         fetch = self.fetch and (self.fetch.state, self.fetch.rate_bps > 0 and self.fetch.state == "fetching")
-        return (fetch, self.phase and self.phase.label, self.finished)
+        return (fetch, self.phase and self.phase.label, self.finished, self.unreadable)
 
 
 _MARK = "@@sparkfleet-progress"
@@ -226,8 +239,10 @@ def read_poll(stdout: str) -> tuple[int | None, str, list[str]]:
 
 
 def update(view: HostView, since: int, text: str, lines: list[str], engine: bool) -> None:
-    """A view after one answer: a progress file older than the watch (an earlier run's) is not this fetch."""
+    """A view after one answer: a progress file older than the watch (an earlier run's) is not this fetch; one that
+    is there but not readable says so (the fetch shown stays the last one read)."""
     fetch = read_fetch(text)
+    view.unreadable = fetch is None and bool(text)
     fetch = fetch if fetch and fetch.started_at >= since - 1 else view.fetch
     # the answer that first sees the fetch done shows it done: the engine's phases (read from the journal since
     # the watch began, so none is lost) wait for the next one
@@ -285,7 +300,7 @@ class _Display:
         if self.plain is not None:
             now = time.monotonic()
             for view in views:
-                if (view.fetch or view.phase) and self.plain.due(view, now):
+                if (view.fetch or view.phase or view.unreadable) and self.plain.due(view, now):
                     self.out.print(literal(view.line()), highlight=False, soft_wrap=True)
             return
         from rich.progress import BarColumn, Progress, TextColumn
@@ -335,6 +350,15 @@ def _connector_arguments(state, host) -> dict:
     return {**kept, "_timeout": POLL_TIMEOUT_S, "_get_pty": False}
 
 
+def _quietly(step, *args, **kwargs) -> None:
+    """A pyinfra callback's work: the watch is a courtesy, so nothing it meets reaches the run (a callback that
+    raises ends the run for every host)."""
+    try:
+        step(*args, **kwargs)
+    except Exception:
+        pass
+
+
 def _make_watcher(state, live: bool):
     from pyinfra.api.state import BaseStateCallback
 
@@ -356,13 +380,13 @@ def _make_watcher(state, live: bool):
                 self.greenlet = gevent.spawn(self._loop, state)
 
         def operation_host_success(self, state, host, op_hash, retry_count=0):
-            self._maybe_last(state, host, op_hash, succeeded=True)
+            _quietly(self._maybe_last, state, host, op_hash, succeeded=True)
 
         def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
-            self._maybe_last(state, host, op_hash)
+            _quietly(self._maybe_last, state, host, op_hash)
 
         def host_disconnect(self, state, host):
-            self._drop(host.name)
+            _quietly(self._drop, host.name)
 
         def _maybe_last(self, state, host, op_hash, succeeded=False):
             if host.op_hash_order and host.op_hash_order[-1] == op_hash:  # the host's own operations, in order
@@ -397,11 +421,14 @@ def _make_watcher(state, live: bool):
                     print_input=False, **_connector_arguments(state, watched.host))
             except Exception:  # the watch is a courtesy: whatever it meets, the deploy goes on
                 return
-            now, text, lines = read_poll(output.stdout if ok else "")
-            if watched.since is None:
-                watched.since = now
-                return
-            update(watched.view, watched.since, text, lines, engine=watched.unit is not None)
+            try:
+                now, text, lines = read_poll(output.stdout if ok else "")
+                if watched.since is None:
+                    watched.since = now
+                    return
+                update(watched.view, watched.since, text, lines, engine=watched.unit is not None)
+            except Exception:  # the host's answer is data: one we cannot read is that host's line, not the run's end
+                watched.view.unreadable = True
 
         def _loop(self, state) -> None:
             import gevent

@@ -15,6 +15,7 @@ from pathlib import Path
 from sparkfleet.fleet import inventory
 from sparkfleet.release.lock import Change, Lock, Locking, changes
 from sparkfleet.release.plan import HostPlan, plan_hosts
+from sparkfleet.tables import clean
 
 
 class UpdateError(RuntimeError):
@@ -36,7 +37,8 @@ class UpdateReport:
 
 
 def _unresolved(plans: list[HostPlan]) -> list[str]:
-    """Each host's model, service model and image that its resolvers could not answer."""
+    """Each host's model, service model and image that its resolvers could not answer (their words quote a hub
+    or a registry: clean, so the refusal stays one line)."""
     found = []
     for p in plans:
         if p.is_service:
@@ -44,7 +46,7 @@ def _unresolved(plans: list[HostPlan]) -> list[str]:
         found += [f"{p.name}: {p.hub_error}"] if p.manifest is None else []
         found += [f"{p.name}: {p.image_error}"] if p.image_pin is None else []
         found += [f"{p.name}: service {svc.name!r}: {svc.hub_error}" for svc in p.services if not svc.manifest]
-    return found
+    return [clean(line) for line in found]
 
 
 def _asked_nothing(s):

@@ -285,7 +285,9 @@ def hub_resolver(s) -> tuple[Manifest | None, dict | None, str | None]:
         manifest = selected(resolve_manifest(s.model_hub, s.model_repo, s.model_revision, endpoint, token),
                             s.model_files)
         return manifest, model_config(manifest, endpoint, token), None
-    except HubError as exc:
-        return None, None, str(exc)
+    except HubError as exc:  # it may quote the hub's answer: cut, and its control characters shown, here
+        from sparkfleet.tables import clean
+
+        return None, None, clean(exc)
     except ValueError as exc:
         raise SettingsError([f"{s.model_repo}: {exc}"]) from None

@@ -69,7 +69,7 @@ def test_a_non_host_network_publishes_the_engine_on_loopback_only():
 ])
 def test_each_kind_passes_its_own_paths_after_the_key(kind, block, allowed):
     lines = listen_blocks(gd.guard_plan(plan(services=RAG)).config())[block].splitlines()
-    key = next(n for n, line in enumerate(lines) if "strcmp(txn.key)" in line)
+    key = next(n for n, line in enumerate(lines) if "secure_memcmp(txn.key)" in line)
     refused = next(n for n, line in enumerate(lines) if "return status 401" in line)
     paths_ = next(n for n, line in enumerate(lines) if "return status 404" in line)
     server = next(n for n, line in enumerate(lines) if line.strip().startswith("server "))
