@@ -777,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = SHORT_FAULTS if args.short else tuple(args.faults.split(",")) if args.faults else FULL_FAULTS
     run_minutes = args.minutes or (SHORT_MINUTES if args.short else FULL_MINUTES)
     try:
-        report = soak_fleet.soak(args.inventory, names, run_s=run_minutes * 60,
+        report = soak_fleet.run_soak(args.inventory, names, run_s=run_minutes * 60,
                                  baseline_s=BASELINE_S["short" if args.short else "full"], workers=args.workers)
     except Refused as exc:
         print(f"soak: {exc}", file=sys.stderr)

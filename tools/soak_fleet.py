@@ -519,7 +519,7 @@ def put_back(fleet: Fleet, faults: Sequence[Fault]) -> None:
     fleet.docker("start", fleet.state["services"]["container"])
 
 
-def soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: float, workers: int = 4) -> dict:
+def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: float, workers: int = 4) -> dict:
     """The whole soak on the simulated fleet: the soak's users on the door, the load with the schedule's faults,
     the readings afterwards; the door back on `inventory`'s users at the end. The report (soak.build_report)."""
     with tempfile.TemporaryDirectory(prefix="sparkfleet-soak-") as workdir:
