@@ -3,6 +3,7 @@ and the default model's config.json."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -187,6 +188,18 @@ def start_haproxy(config: str, tmp, moved: dict[str, str], log=subprocess.DEVNUL
                            check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     return subprocess.Popen(["haproxy", "-f", str(tmp / "haproxy.cfg")], stdout=log, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def haproxy_serving(config: str, tmp, moved: dict[str, str], url: str):
+    """start_haproxy, then `url` once its /health answers 200; stopped after."""
+    proc = start_haproxy(config, tmp, moved)
+    try:
+        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def door_files(door, directory: Path) -> None:

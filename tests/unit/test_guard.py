@@ -21,7 +21,7 @@ from tests.conftest import free_port
 from tests.tiers import needs
 
 from . import helpers
-from .helpers import KEY, host_data, make_model, door_files, start_haproxy, wait_for
+from .helpers import KEY, door_files, haproxy_serving, host_data, make_model, start_haproxy, wait_for
 from .test_tensor_parallel import hub, pair
 
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -190,14 +190,10 @@ def guarded(tmp_path_factory):
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
     (tmp / "key.map").write_text(guard.key_map())
-    proc = start_haproxy(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)})
-    url = f"http://127.0.0.1:{api_port}"
     try:
-        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
-        yield url, p, engine
+        with haproxy_serving(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)}, f"http://127.0.0.1:{api_port}") as url:
+            yield url, p, engine
     finally:
-        proc.terminate()
-        proc.wait()
         engine.stop()
 
 
@@ -263,16 +259,11 @@ def door_over_guard(guarded, tmp_path_factory):
                                              "front_door_port": door_port})
     door = fd_plan.FrontDoor("spark-a", settings, (fd_plan.Backend("spark-a", "127.0.0.1", p.settings.api_port),), KEY)
     door_files(door, tmp)
-    proc = start_haproxy(door.config(), tmp, {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
-                                               paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
-                                               f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"})
-    url = f"http://127.0.0.1:{door_port}"
-    try:
-        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
+    with haproxy_serving(door.config(), tmp, {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
+                                              paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"),
+                                              f"bind :{door_port}": f"bind 127.0.0.1:{door_port}"},
+                         f"http://127.0.0.1:{door_port}") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def test_a_user_key_reaches_exactly_the_allow_listed_paths(door_over_guard):

@@ -18,7 +18,7 @@ from sparkfleet.fleet import guard as gd
 from sparkfleet.fleet import haproxy
 from tests.conftest import free_port
 
-from .helpers import KEY, host_data, start_haproxy, wait_for
+from .helpers import KEY, haproxy_serving, host_data
 from .test_guard import engine_answered, guarded, listen_blocks, plan, status  # noqa: F401  (guarded: a fixture)
 
 
@@ -78,14 +78,8 @@ def comma_guard(guarded, tmp_path_factory):  # noqa: F811
     guard = dataclasses.replace(plain, api_key=COMMA_KEY, listeners=(dataclasses.replace(
         plain.listeners[0], bind=haproxy.address("127.0.0.1", port)),))
     (tmp / "key.map").write_text(guard.key_map())
-    proc = start_haproxy(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: requests.get(f"{url}/health", timeout=1).status_code == 200)
+    with haproxy_serving(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)}, f"http://127.0.0.1:{port}") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def test_the_whole_header_is_compared_not_its_last_comma_item(comma_guard):
