@@ -305,7 +305,8 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         set_aside("sparkfleet-ray.service"),
         swapped_in("sparkfleet-vllm.service"),
         "systemctl daemon-reload",
-        "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
+        "systemctl enable sparkfleet-vllm.service && { systemctl reset-failed sparkfleet-vllm.service 2>/dev/null; "
+        "systemctl restart sparkfleet-vllm.service; }",
     ]
 
 
@@ -499,3 +500,11 @@ TestManagedAbsent = make_operation_tests("sparkfleet.host", "managed.managed_abs
 TestManagedUnit = make_operation_tests("sparkfleet.host", "managed.managed_unit", CASES / "managed_unit")
 TestManagedUser = make_operation_tests("sparkfleet.host", "managed.managed_user", CASES / "managed_user")
 TestManagedPackages = make_operation_tests("sparkfleet.host", "managed.managed_packages", CASES / "managed_packages")
+
+
+def test_a_rollbacks_restart_of_an_older_records_units_resets_their_start_limit_first():
+    """A planned restart never spends the start limit meant to end a crash loop (issue 35)."""
+    from sparkfleet.host.operations import units_restored
+
+    restarts = [c for c in units_restored("single", "spark-1") if "systemctl restart" in c]
+    assert restarts and all(c.index("systemctl reset-failed") < c.index("systemctl restart") for c in restarts)
