@@ -71,6 +71,11 @@ class EngineDescriptor:
     tensor_parallel: bool  # runs a tensor-parallel group over Sparks (Ray)
     pooling: bool  # runs the RAG services' pooling models (embeddings, rerank)
     model_format: str  # "safetensors" or "gguf": what it serves
+    # Its container's listener on the API port that gives no HTTP answer at all is a loaded engine that froze
+    # (`docker pause`, a wedged event loop), never one still loading: the watchdog then ends its start at once
+    # and counts the silence (files/sparkfleet-watchdog `probe`), whoever saw it answer before. True where the
+    # engine listens only once its model is loaded, or answers at once (503) while it loads.
+    silent_listener_frozen: bool
     legacy_kv_usage: tuple[str, ...] = field(default=())  # older names of its KV gauge that the alerts read too
 
 
@@ -113,6 +118,7 @@ VLLM = EngineDescriptor(
         StartPhase("Engine core initialization failed", "failed to start", failed=True),
     ),
     tensor_parallel=True, pooling=True, model_format="safetensors",
+    silent_listener_frozen=True,  # api_server.py binds early but listens (uvicorn) only once the engine is built
     legacy_kv_usage=("vllm:gpu_cache_usage_perc",),  # vLLM's older name of its KV gauge
 )
 
@@ -140,6 +146,7 @@ SGLANG = EngineDescriptor(
         StartPhase("The server is fired up and ready to roll", "ready", ready=True),
     ),
     tensor_parallel=False, pooling=False, model_format="safetensors",
+    silent_listener_frozen=True,  # launch_server starts uvicorn once its schedulers loaded the model
 )
 
 LLAMACPP = EngineDescriptor(
@@ -163,6 +170,7 @@ LLAMACPP = EngineDescriptor(
         StartPhase("exiting due to model loading error", "failed to start", failed=True),
     ),
     tensor_parallel=False, pooling=False, model_format="gguf",
+    silent_listener_frozen=True,  # llama-server listens before it loads, and answers 503 "Loading model" meanwhile
 )
 
 DESCRIPTORS: dict[str, EngineDescriptor] = {d.name: d for d in (VLLM, SGLANG, LLAMACPP)}

@@ -65,6 +65,7 @@ def watchdog_config(s: Settings) -> dict:
     in engine.env, under `api_key_var`, the engine's own variable: None where it reads none)."""
     return {
         "api_key_var": engines.descriptor(s.engine).key_var,
+        "silent_listener_frozen": engines.descriptor(s.engine).silent_listener_frozen,
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
         "host": paths.ENGINE_HOST, "kind": "chat",
         "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "state_file": paths.WATCHDOG_STATE,

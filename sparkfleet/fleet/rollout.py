@@ -25,10 +25,14 @@ from typing import Any
 
 from sparkfleet.fleet.batches import batch_size
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
-from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
+from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime, chat_backend
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
+from sparkfleet.refused import FAILED, Refused
 
 Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first
+# How long a batch waits for the front door to take back the hosts it needs in rotation (the previous batch's pass
+# their checks within seconds of their return) before the rollout halts rather than drain a model's last backend.
+BACK_IN_WAIT_S = 60
 
 
 def members_of(plans) -> dict[str, Unit]:
@@ -138,6 +142,54 @@ def batches(hosts: list, batch: str = "1", canary: bool = False) -> list[list]:
     size = batch_size(batch, len(hosts))
     first, rest = (hosts[:1], hosts[1:]) if canary else ([], hosts)
     return ([first] if first else []) + [rest[i:i + size] for i in range(0, len(rest), size)]
+
+
+def emptied_backends(rotation: dict[str, set[str]], batch) -> dict[str, set[str]]:
+    """{backend: its servers in rotation} of each front door backend that draining (and restarting) `batch` would
+    leave with no server in rotation. Every backend counts, not only the drained default one: a restarting engine
+    leaves each backend it is in."""
+    out = set(batch)
+    return {backend: servers for backend, servers in rotation.items() if servers and servers <= out}
+
+
+def last_backend_problems(doors: dict[str, dict[str, set[str]] | None], batch, serves: dict[str, str],
+                          inventory: str) -> list[str]:
+    """One line per chat model a front door would lose while the batch is out, though another host of the
+    inventory serves it: a door routing a model to fewer hosts than serve it (converged from an older inventory,
+    or those hosts out of rotation) would answer 503 for it the whole batch. `serves`: host -> the chat model it
+    serves before and after this rollout (a host whose name changes is no peer: its old name goes by design). A
+    chat backend's servers in rotation serve its model (its health check asks that model by name), so an emptied
+    one loses its servers' model unless another chat backend's remaining servers all serve it. A model only the
+    batch serves is no problem here (nothing could keep it in), nor a RAG route (model_N). A door that did not
+    answer (None) is not judged."""
+    out, lines = set(batch), []
+    for door, rotation in doors.items():
+        chat = {backend: servers for backend, servers in (rotation or {}).items() if chat_backend(backend)}
+        left = [servers - out for servers in chat.values()]
+        for backend, servers in emptied_backends(chat, batch).items():
+            for model in sorted({serves[h] for h in servers if h in serves}):
+                if any(kept and all(serves.get(h) == model for h in kept) for kept in left):
+                    continue  # another backend still carries it
+                peers = [h for h, served in serves.items() if served == model and h not in out]
+                if peers:
+                    lines.append(f"front door {door}: draining {', '.join(sorted(servers))} leaves its backend "
+                                 f"{backend} ({model}) with no server in rotation, though {', '.join(peers)} serve "
+                                 f"{model} too: converge the front door first (pyinfra -y {inventory} deploy.py "
+                                 f"--limit {door}), or bring them back in rotation, then roll out")
+    return lines
+
+
+def door_keeps_every_model(door, batch_hosts: list[str], serves: dict[str, str], inventory: str) -> str | None:
+    """None once draining the batch leaves every model another host serves a backend in rotation on every front
+    door, waiting up to BACK_IN_WAIT_S (the previous batch's hosts pass their checks); else the halt line."""
+    deadline = time.monotonic() + BACK_IN_WAIT_S
+    while True:
+        problems = last_backend_problems(door.rotation(), batch_hosts, serves, inventory)
+        if not problems:
+            return None
+        if time.monotonic() >= deadline:
+            return f"halted: {problems[0]}"
+        time.sleep(2)
 
 
 @dataclass
@@ -304,7 +356,7 @@ def speed_gate(speed, check: SpeedCheck, log, then: str = "rolled back; halted")
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
             groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
-            speed=None, log=print) -> list[HostReport]:
+            speed=None, serves: dict[str, str] | None = None, log=print) -> list[HostReport]:
     """Drive deploy.py over `hosts` in batches; roll back units whose new release fails its health gate.
 
     `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
@@ -312,7 +364,9 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
     Before the first batch, the hosts `to_stage` names are staged in one run (those in `prepared` hold what their
     new release needs already); any failure there halts the rollout. `speed`: the speed gate (fleet/speed.py
-    SpeedGate), None to skip it.
+    SpeedGate), None to skip it. `serves` (host -> the chat model it serves before and after): a batch that would
+    drain the last backend in rotation of a model other hosts serve is refused before any host is touched (Refused),
+    or, found at its turn, halts the rollout (`last_backend_problems`); None: not checked.
     """
     reports: list[HostReport] = []
     failures, halted = 0, None
@@ -320,6 +374,14 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     judged = canary_of(plan, releases) if speed else None
     door = FrontDoorRuntime.of(inventory)  # none: no drain
     door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
+    keep_models = bool(serves and door.doors)
+    if keep_models:
+        rotation = door.rotation()
+        problems = [line for batch_units in plan
+                    for line in last_backend_problems(rotation, [h for unit in batch_units for h in unit], serves,
+                                                      inventory)]
+        if problems:
+            raise Refused(problems[0], FAILED)
     staged, staged_s = to_stage(hosts, releases, groups, prepared), None
     if staged:
         log(f"stage: {', '.join(staged)}: the new release prepared beside the running one, still serving")
@@ -339,6 +401,11 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
         if failures > max_fail or halted:
             why = halted or f"halted: {failures} failed > --max-fail {max_fail}"
             reports += [r for unit in batch_units for r in not_reached(unit, releases, number, why)]
+            continue
+        halted = door_keeps_every_model(door, batch_hosts, serves, inventory) if keep_models else None
+        if halted:
+            log(halted)
+            reports += [r for unit in batch_units for r in not_reached(unit, releases, number, halted)]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
         started, drained = time.monotonic(), []

@@ -139,7 +139,9 @@ def managed_absent(path: str):
 def managed_unit(service: str, running: bool | None = None, enabled: bool | None = None, restarted: bool = False,
                  reloaded: bool = False, daemon_reload: bool = False):
     """A systemd unit running (or stopped) and enabled (or disabled), as pyinfra's systemd.service: a restart or a
-    reload only of a running unit; `daemon_reload` first when its file changed."""
+    reload only of a running unit; `daemon_reload` first when its file changed. A restart resets the unit's start
+    limit first (`reset-failed`): a planned restart never spends the budget meant to end a crash loop, so two
+    quick rollouts do not leave it in start-limit-hit."""
     have = unit_state(host, service)
     verbs = ["daemon-reload"] if daemon_reload else []
     if running is True and not have["running"]:
@@ -147,7 +149,7 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
     elif running is False and have["running"]:
         verbs.append("stop")
     if have["running"] and running is not False:
-        verbs += (["restart"] if restarted else []) + (["reload"] if reloaded else [])
+        verbs += (["reset-failed", "restart"] if restarted else []) + (["reload"] if reloaded else [])
     if enabled is True and not have["enabled"]:
         verbs.append("enable")
     elif enabled is False and have["enabled"]:

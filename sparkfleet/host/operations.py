@@ -295,7 +295,9 @@ def units_restored(role: str, name: str) -> list[str]:
     wanted = ROLE_UNITS[role]
     commands = [_swapped_in(unit, name) if unit in wanted else _set_aside(unit)
                 for unit in (paths.RAY_UNIT_NAME, paths.UNIT_NAME)]
-    return commands + ["systemctl daemon-reload", *(f"systemctl enable {u} && systemctl restart {u}" for u in wanted)]
+    return commands + ["systemctl daemon-reload",
+                       *(f"systemctl enable {u} && {{ systemctl reset-failed {u} 2>/dev/null; systemctl restart {u}; }}"
+                         for u in wanted)]
 
 
 def release_units_restored(units: list[str], live: list[str], name: str) -> list[str]:

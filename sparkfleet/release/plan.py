@@ -7,6 +7,7 @@ settings (validated) + manifest (from the hub) + engine arguments + unit
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,19 @@ from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
 from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
 from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
+
+ENV_DIGEST_LABEL = b"sparkfleet engine_env release digest\0"
+
+
+def env_digest(env: dict[str, str], api_key: str | None) -> str:
+    """engine_env (names and values) as the release id takes it: an HMAC-SHA256 keyed by the engines' `api_key`
+    (the inventory's secret, which only the controller and the hosts' root hold), so an env change is a new
+    release while neither the id nor the plan lets anyone check a guessed value (a plain hash would). The same env
+    gives the same digest on every run and controller. A fleet with no `api_key` has no secret to key it with:
+    the label alone keys it, and a guessable value could be checked against the id."""
+    key = hashlib.sha256(ENV_DIGEST_LABEL + (api_key or "").encode()).digest()
+    return hmac.new(key, json.dumps(sorted(env.items())).encode(), hashlib.sha256).hexdigest()
+
 
 # how the engine container gets the GPU: the legacy runtime hook (can lose it on a daemon-reload) or CDI
 GPU_OPTIONS = {"runtime": ("--gpus", "all"), "cdi": ("--device", "nvidia.com/gpu=all")}
@@ -145,6 +159,10 @@ class HostPlan:
             "args": self.engine_args,
             "docker": self.docker_options,
             **({"services": [svc.identity() for svc in self.services]} if with_services and self.services else {}),
+            # the release's, not the unit's: the unit's text holds no env, so an env change restarts it once (its
+            # env file changed), and rolling it back changes no unit
+            **({"env": env_digest(self.settings.engine_env, self.settings.api_key)}
+               if with_services and self.settings.engine_env else {}),
             **({"group": {**self.group.to_dict(), "ray_start_args": self.settings.ray_start_args}}
                if self.group else {}),
         }
@@ -152,7 +170,7 @@ class HostPlan:
     @property
     def release_id(self) -> str | None:
         """Same inputs, same id: model content, image (its digest: a tag moved to other bytes is a new release),
-        engine arguments, container options, and each service's."""
+        engine arguments, container options, each service's, and engine_env (keyed: `env_digest`)."""
         if not self.manifest:
             return None
         return hashlib.sha256(json.dumps(self._release_body(True), sort_keys=True).encode()).hexdigest()[:12]

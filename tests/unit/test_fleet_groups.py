@@ -280,7 +280,7 @@ def test_a_worker_gets_its_kept_ray_unit_back_and_a_second_rollback_returns(host
     (units / "sparkfleet-ray.service").write_text("new ray\n")
     (kept / "sparkfleet-ray.service").write_text("old ray\n")
     assert restore("worker", tmp_path) == ["daemon-reload", "enable sparkfleet-ray.service",
-                                           "restart sparkfleet-ray.service"]
+                                           "reset-failed sparkfleet-ray.service", "restart sparkfleet-ray.service"]
     assert (units / "sparkfleet-ray.service").read_text() == "old ray\n"
     assert (kept / "sparkfleet-ray.service").read_text() == "new ray\n"
     assert not (units / "sparkfleet-vllm.service").exists()
@@ -294,7 +294,8 @@ def test_a_head_restarts_ray_before_its_engine(host_dirs):
         (units / name).write_text(f"new {name}\n")
         (kept / name).write_text(f"old {name}\n")
     assert restore("head", tmp_path) == ["daemon-reload", "enable sparkfleet-ray.service",
-                                         "restart sparkfleet-ray.service", "enable sparkfleet-vllm.service",
+                                         "reset-failed sparkfleet-ray.service", "restart sparkfleet-ray.service",
+                                         "enable sparkfleet-vllm.service", "reset-failed sparkfleet-vllm.service",
                                          "restart sparkfleet-vllm.service"]
     assert (units / "sparkfleet-vllm.service").read_text() == "old sparkfleet-vllm.service\n"
 
@@ -306,7 +307,8 @@ def test_a_host_back_to_single_sets_its_ray_unit_aside(host_dirs):
     (units / "sparkfleet-vllm.service").write_text("tp engine\n")
     (kept / "sparkfleet-vllm.service").write_text("single engine\n")
     assert restore("single", tmp_path) == ["disable --now sparkfleet-ray.service", "daemon-reload",
-                                           "enable sparkfleet-vllm.service", "restart sparkfleet-vllm.service"]
+                                           "enable sparkfleet-vllm.service", "reset-failed sparkfleet-vllm.service",
+                                           "restart sparkfleet-vllm.service"]
     assert not (units / "sparkfleet-ray.service").exists()
     assert (kept / "sparkfleet-ray.service").read_text() == "ray\n"
     assert (units / "sparkfleet-vllm.service").read_text() == "single engine\n"

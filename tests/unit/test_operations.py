@@ -307,7 +307,8 @@ def test_rollback_swaps_unit_and_record_and_keeps_todays_secret():
         set_aside("sparkfleet-ray.service"),
         swapped_in("sparkfleet-vllm.service"),
         "systemctl daemon-reload",
-        "systemctl enable sparkfleet-vllm.service && systemctl restart sparkfleet-vllm.service",
+        "systemctl enable sparkfleet-vllm.service && { systemctl reset-failed sparkfleet-vllm.service 2>/dev/null; "
+        "systemctl restart sparkfleet-vllm.service; }",
     ]
 
 
@@ -514,3 +515,11 @@ def test_the_engine_image_is_read_from_dockers_socket_as_the_cli_would_print_it(
     hostile = "x'; touch /tmp/owned #"
     command = fact.command(hostile).get_raw_value()
     assert command.count(shlex.quote(hostile)) == 1 and command.count(shlex.quote(f"http://docker/images/{hostile}/json")) == 1
+
+
+def test_a_rollbacks_restart_of_an_older_records_units_resets_their_start_limit_first():
+    """A planned restart never spends the start limit meant to end a crash loop (issue 35)."""
+    from sparkfleet.host.operations import units_restored
+
+    restarts = [c for c in units_restored("single", "spark-1") if "systemctl restart" in c]
+    assert restarts and all(c.index("systemctl reset-failed") < c.index("systemctl restart") for c in restarts)

@@ -23,7 +23,7 @@ from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.fleet import haproxy
-from sparkfleet.fleet.front_door.runtime import BACKEND, replay_command, save_state_command
+from sparkfleet.fleet.front_door.runtime import BACKEND, CHAT_ROUTE, replay_command, save_state_command
 from sparkfleet.release.plan import HostPlan
 
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
@@ -381,6 +381,6 @@ def _chat_routes(own: str, plans: dict[str, HostPlan],
             left.append((p.name, f"{served}: {why}"))
         else:
             hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, p.settings.api_port))
-    routes = tuple(Route(f"chat_{n}", served, "chat", tuple(found))
+    routes = tuple(Route(f"{CHAT_ROUTE}{n}", served, "chat", tuple(found))
                    for n, (served, found) in enumerate(sorted(hosts.items())))
     return routes, tuple(left)

@@ -25,6 +25,12 @@ from sparkfleet.fleet.haproxy import SERVER_NAME
 # The default backend (the door's own served model), which drain and its record address; the status page and the
 # dashboards read it by this name too.
 BACKEND = FRONT_DOOR_PROXY
+CHAT_ROUTE = "chat_"  # each other chat model's backend is CHAT_ROUTE + N (plan.py); a RAG route's is model_N
+
+
+def chat_backend(name: str) -> bool:
+    """Does this backend route a chat model (the default one, or another chat model's)?"""
+    return name == BACKEND or name.startswith(CHAT_ROUTE)
 _SOCAT = f"socat -t 5 stdio UNIX-CONNECT:{paths.FRONT_DOOR_SOCKET}"  # HAProxy reads one line of commands
 _STAT_MARK = "@show-stat"  # between the records and HAProxy's table in one answer (states)
 _HOLDS_MARK = "@holds"  # between the drain record and the holds in that answer
@@ -144,22 +150,43 @@ def backend_states(show_stat: str, drained: set[str] = frozenset()) -> dict[str,
     `sparkfleet drain` (in `drained`) until undrained; down: failing its health
     check.
     """
-    rows = csv.DictReader(io.StringIO(show_stat.lstrip("# ")))
     states = {}
-    for row in rows:
-        if row.get("pxname") != BACKEND or row.get("svname") in ("BACKEND", "FRONTEND", None):
+    for row in _server_rows(show_stat):
+        if row["pxname"] != BACKEND:
             continue
-        status, sessions = row["status"], int(row["scur"] or 0)
-        if "MAINT" in status or "NOLB" in status:
-            state = "out"
-        elif "DRAIN" in status:
-            state = "draining" if sessions else "out"
-        else:
-            state = "in" if status.startswith("UP") else "down"
+        state = _server_state(row)
         if state == "out" and row["svname"] in drained:
             state = "drained"
-        states[row["svname"]] = {"state": state, "sessions": sessions, "status": status}
+        states[row["svname"]] = {"state": state, "sessions": int(row["scur"] or 0), "status": row["status"]}
     return states
+
+
+def _server_rows(show_stat: str):
+    """The servers' rows of HAProxy's `show stat` CSV (not a proxy's own FRONTEND or BACKEND line)."""
+    for row in csv.DictReader(io.StringIO(show_stat.lstrip("# "))):
+        if row.get("pxname") and row.get("svname") not in ("BACKEND", "FRONTEND", None):
+            yield row
+
+
+def _server_state(row: dict) -> str:
+    """in, draining, out or down (backend_states) of one server's row."""
+    status, sessions = row["status"], int(row["scur"] or 0)
+    if "MAINT" in status or "NOLB" in status:
+        return "out"
+    if "DRAIN" in status:
+        return "draining" if sessions else "out"
+    return "in" if status.startswith("UP") else "down"
+
+
+def in_rotation(show_stat: str) -> dict[str, set[str]]:
+    """HAProxy's `show stat` CSV -> {backend: its servers taking requests}, of every backend (the default one, each
+    other chat model's, each RAG route's): what a rollout must not leave empty (fleet/rollout.py)."""
+    found: dict[str, set[str]] = {}
+    for row in _server_rows(show_stat):
+        servers = found.setdefault(row["pxname"], set())
+        if _server_state(row) == "in":
+            servers.add(row["svname"])
+    return found
 
 
 class FrontDoorRuntime:
@@ -206,6 +233,11 @@ class FrontDoorRuntime:
         """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
         return {door: None if text is None else door_states(text)
                 for door, text in self._shell(states_command()).items()}
+
+    def rotation(self) -> dict[str, dict[str, set[str]] | None]:
+        """{front door: {backend: its servers in rotation}} of every backend (None: that front door did not
+        answer)."""
+        return {door: None if text is None else in_rotation(text) for door, text in self._run("show stat").items()}
 
     def drain(self, hosts: list[str], log=print, operation: str | None = None) -> None:
         """Send no new requests to `hosts`, wait (up to drain_timeout_s) for theirs to finish, then take them out.
