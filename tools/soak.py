@@ -478,10 +478,13 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
         if q.latency_s > client_timeout_s + STREAM_GRACE_S:
             bad_streams.append(f"a stream at {q.start:.0f} ran {q.latency_s:.0f} s, past the client's timeout")
             continue
-        hit = [r for r, during in windows if q in during and q.start <= r.injected]
+        # in flight on a sick host: started before the fault, or after it but before the door noticed it (the
+        # door still routed to it); a stream that fails once the door knows is sparkfleet's to answer for
+        hit = [r for r, during in windows if q in during
+               and q.start <= (r.noticed if r.noticed is not None else _window_end(r, requests))]
         if not hit:
-            bad_streams.append(f"a stream started at {q.start:.0f} failed ({q.outcome}) with no fault in flight "
-                               "when it started")
+            bad_streams.append(f"a stream started at {q.start:.0f} failed ({q.outcome}) after every fault in "
+                               "flight was noticed")
 
     bad_heals = []
     for r in ran:

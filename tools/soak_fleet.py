@@ -125,10 +125,14 @@ class Fleet:
     def converge(self, *extra: str, inventory: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         return run([PYINFRA, "-y", *extra, inventory or self.inventory, "deploy.py"], timeout)
 
-    def converge_door(self, inventory: str | None = None) -> None:
-        done = self.converge("--limit", self.door, inventory=inventory, timeout=600)
+    def converge_door(self, inventory: str | None = None, whole: bool = False) -> None:
+        """The door converged (with `whole`, every host of the inventory: the soak's starting point, so the
+        converge after the storm is judged against this inventory, not against what the fleet ran before)."""
+        done = self.converge(*(() if whole else ("--limit", self.door)), inventory=inventory,
+                             timeout=900 if whole else 600)
         if done.returncode:
-            raise Refused(f"the front door's converge failed: {done.stderr.strip()[-300:]}", FAILED)
+            raise Refused(f"the {'fleet' if whole else 'front door'}'s converge failed: "
+                          f"{done.stderr.strip()[-300:]}", FAILED)
 
     def door_url_model(self) -> tuple[str, str, str | None]:
         from sparkfleet.fleet.front_door.commands import bench_target
@@ -528,7 +532,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
         slots = soak.plan_schedule(names, fleet.hosts, run_s, baseline_s)
         fleet.write_inventory()
         keys = {user: fleet.add_user(user) for user in (*SOAK_USERS, THROWAWAY)}
-        fleet.converge_door()
+        fleet.converge_door(whole=True)
         url, model, embedding = fleet.door_url_model()
         records_before, lock_before = fleet.records(), fleet.lock_bytes()
         setting = fleet.settings[fleet.hosts[0]]

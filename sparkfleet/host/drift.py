@@ -4,15 +4,24 @@ Each operation costs the controller pyinfra's bookkeeping (the call stack it rea
 global arguments it resolves from the host's data), a few milliseconds a host whether or not it yields a
 command. sparkfleet's operations decide from one batched read (sparkfleet/host/state.py), so that decision can
 be made before pyinfra is asked: an operation that would yield nothing on this host is not registered, and the
-caller gets UNCHANGED, which answers like the meta of an operation that changed nothing. A host that drifted
-(a hand-edited file, a stopped unit, a restart asked for) gets the operation as before, in the same place of
-the run. Where the decision cannot be made up front (a conditional `_if`, any pyinfra argument, an error in
-the reading), the operation is called as before and pyinfra reports it for this host.
+caller gets UNCHANGED, which answers like the meta of an operation that changed nothing.
+
+That read is the host as it was before this run. So the decision is made up front only while no operation of
+this run will change the host: once one will (a hand-edited file, a stopped unit, a restart asked for, a first
+install), every later operation on that host is registered as before, and pyinfra asks it again when it runs,
+after the changes before it (a package's install starts a unit an operation after it stops; a secret rewritten
+as root is given to its service's user by the next). A converged host, the case that costs the controller on
+every run, registers none. Where the decision cannot be made up front (a conditional `_if`, any pyinfra
+argument, an error in the reading), the operation is registered as before and pyinfra reports it for this host.
 """
 
 from __future__ import annotations
 
 import functools
+
+from pyinfra import host, state
+
+from sparkfleet.host.run import run_of
 
 
 class Unchanged:
@@ -51,7 +60,9 @@ def only_on_drift(op):
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        if any(key.startswith("_") for key in kwargs) or would_change(op, args, kwargs):
+        drifted = run_of(state).drifted
+        if host.name in drifted or any(key.startswith("_") for key in kwargs) or would_change(op, args, kwargs):
+            drifted.add(host.name)
             return op(*args, **kwargs)
         return UNCHANGED
 

@@ -30,6 +30,7 @@ class Run:
 
     settled: dict[tuple[str, Hashable], AsyncResult] = field(default_factory=dict, repr=False)
     health_gates: dict[str, list[OperationMeta]] = field(default_factory=dict)
+    drifted: set[str] = field(default_factory=set)  # hosts an operation of this run will change (host/drift.py)
 
     def once(self, kind: str, name: Hashable, compute: Callable[[], T]) -> T:
         """compute() for (kind, name), once per run; a failure is every caller's failure."""

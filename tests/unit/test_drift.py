@@ -1,6 +1,7 @@
 """only_on_drift: an operation is registered with pyinfra only where its own generator, on the batched read, would
 yield a command; elsewhere the caller gets UNCHANGED, which answers like the meta of an operation that changed
-nothing. A drifted host, a conditional call and a reading that raises all get the real operation."""
+nothing. A drifted host (and every operation after its first change), a conditional call and a reading that
+raises all get the real operation."""
 
 from __future__ import annotations
 
@@ -33,24 +34,41 @@ def recorded(yields):
     return only_on_drift(op), calls
 
 
-def test_an_operation_with_nothing_to_do_is_not_registered():
+@pytest.fixture
+def a_host():
+    """A host in pyinfra's context, its batched read empty."""
+    state, host = on_host({})
+    with state, host:
+        yield
+
+
+def test_an_operation_with_nothing_to_do_is_not_registered(a_host):
     op, calls = recorded([])
     assert op(name="A file", dest="/etc/x") is UNCHANGED and calls == []
 
 
-def test_an_operation_that_would_change_something_is_registered_once_with_its_name():
+def test_an_operation_that_would_change_something_is_registered_once_with_its_name(a_host):
     op, calls = recorded(["echo changed"])
     assert op(name="A file", dest="/etc/x") == "registered"
     assert calls == [{"name": "A file", "dest": "/etc/x"}]
 
 
+def test_after_a_change_every_later_operation_on_the_host_is_registered(a_host):
+    """The batched read is the host before this run: once an operation will change it (a package installed starts
+    a unit; a secret rewritten as root loses its owner), pyinfra asks the later ones again when they run."""
+    change, _ = recorded(["apt-get install haproxy"])
+    later, calls = recorded([])
+    change(name="A package", dest="/usr/sbin/haproxy")
+    assert later(name="Its unit off", dest="/etc/x") == "registered" and len(calls) == 1
+
+
 @pytest.mark.parametrize("argument", ["_if", "_sudo", "_ignore_errors"])
-def test_an_operation_with_any_pyinfra_argument_is_registered_as_before(argument):
+def test_an_operation_with_any_pyinfra_argument_is_registered_as_before(a_host, argument):
     op, calls = recorded([])
     assert op(name="A file", dest="/etc/x", **{argument: True}) == "registered" and len(calls) == 1
 
 
-def test_a_reading_that_raises_is_left_to_pyinfra_which_reports_it_for_that_host():
+def test_a_reading_that_raises_is_left_to_pyinfra_which_reports_it_for_that_host(a_host):
     op, calls = recorded("raise")
     assert op(name="A file", dest="/etc/x") == "registered" and len(calls) == 1
 

@@ -176,8 +176,11 @@ def test_a_non_streaming_failure_in_a_single_host_fault_fails_its_goal_but_not_w
 def test_streams_may_fail_only_when_in_flight_at_the_fault_and_only_with_an_error_before_the_timeout():
     in_flight = req(99, 101, "stream", "stream broken")
     assert goals([result("engine-killed")], [in_flight])["streaming"].ok
-    started_after = req(104, 106, "stream", "stream broken")
-    assert not goals([result("engine-killed")], [started_after])["streaming"].ok
+    routed_before_noticed = req(104, 106, "stream", "stream broken")  # the door still sent streams to it
+    assert goals([result("engine-killed")], [routed_before_noticed])["streaming"].ok
+    started_after = req(106, 108, "stream", "stream broken")  # the door knew (noticed at 105)
+    found = goals([result("engine-killed")], [started_after])["streaming"]
+    assert not found.ok and "after every fault in flight was noticed" in found.detail
     hung = req(99, 99 + 30 + 20, "stream", "timeout")  # ended long past the client's timeout
     found = goals([result("engine-killed")], [hung])["streaming"]
     assert not found.ok and "past the client's timeout" in found.detail
