@@ -337,14 +337,26 @@ def _create_host(name: str, image_hash: str, ssh_port: int, api_port: int | None
            "-p", f"127.0.0.1:{ssh_port}:22", *([] if service else ["-p", f"127.0.0.1:{api_port}:8000"]),
            "-p", "127.0.0.1::8080",  # a front door (group_data's front_door_port); `docker port` tells where
            images.SERVICE_HOST_IMAGE if service else images.SPARK_IMAGE, "/sbin/init")
-    if service:
-        docker("start", c)
-        return
-    if FLEET:
-        _copy_fabric_file(c)
-    fixed = fabric_address(name) if role == "host" else None
-    docker("network", "connect", *(["--ip", fixed] if fixed else []), FABRIC_NETWORK, c)
-    docker("start", c)
+    if not service:
+        if FLEET:
+            _copy_fabric_file(c)
+        fixed = fabric_address(name) if role == "host" else None
+        docker("network", "connect", *(["--ip", fixed] if fixed else []), FABRIC_NETWORK, c)
+    _start_new(c)
+
+
+def _start_new(container: str, tries: int = 5) -> None:
+    """`docker start` of a container just made. Its front door port is one Docker picks at the start, from the
+    same range the other fleets' fixed ports were drawn from: where Docker picks one another start (or a probe
+    of a free port) holds at that moment ("port is already allocated"), start again, and it picks another."""
+    for attempt in range(tries):
+        done = docker("start", container, check=attempt == tries - 1)
+        if done.returncode == 0:
+            return
+        if "port is already allocated" not in done.stderr:
+            docker("start", container)  # raises, naming what Docker said
+        log(f"{container}: {done.stderr.strip()[-200:]}: starting again")
+        time.sleep(1 + attempt)
 
 
 def _copy_fabric_file(container: str) -> None:
