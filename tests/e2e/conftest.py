@@ -121,8 +121,12 @@ def first_converge(sim_fleet):
     fetch again: a test of the first converge's traffic reads these)."""
     import requests
 
+    hub = sim_fleet["hub"]["controller_url"]
+    # the counters (and knobs) as a fresh hub's: a module before this fixture's first use on this worker may have
+    # asked the hub already (test_engines converges its own engines' models first)
+    requests.post(f"{hub}/_sim/reset", timeout=10).raise_for_status()
     done = converge()
-    done.hub_counters = requests.get(f"{sim_fleet['hub']['controller_url']}/_sim/counters", timeout=10).json()
+    done.hub_counters = requests.get(f"{hub}/_sim/counters", timeout=10).json()
     return done
 
 
