@@ -118,7 +118,8 @@ def sim_fleet():
 @pytest.fixture(scope="session")
 def first_converge(sim_fleet):
     """The session's first converge of bare hosts, with the hub's traffic counters as it left them (later tests
-    fetch again: a test of the first converge's traffic reads these)."""
+    fetch again: a test of the first converge's traffic reads these). Every fixture that converges the fleet asks
+    for it first, so it finds the hosts bare whichever module a worker runs first."""
     import requests
 
     hub = sim_fleet["hub"]["controller_url"]

@@ -91,7 +91,7 @@ def answers(state, host: str, model: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def three_engines(sim_fleet, tmp_path_factory):
+def three_engines(sim_fleet, first_converge, tmp_path_factory):
     """The fleet converged on three engines; afterwards the default fleet (the one `make e2e` leaves up) is
     converged back to the demo's inventory (the other fleets are taken down after the run)."""
     inventory = engines_inventory(tmp_path_factory.mktemp("engines"))

@@ -32,7 +32,7 @@ BACKEND_KEY = "sim-key"  # inventory/sim.py's api_key
 
 
 @pytest.fixture(scope="module")
-def monitored(sim_fleet, tmp_path_factory):
+def monitored(sim_fleet, first_converge, tmp_path_factory):
     inventory = door_inventory(tmp_path_factory.mktemp("monitoring"), "monitored", {"alice": USER_KEY},
                                door={**FAST, "front_door_viewers": {VIEWER: VIEWER_PASSWORD}})
     done = converge(inventory=inventory)
