@@ -1,8 +1,8 @@
 """Stage 8 (hosts of the group `monitoring`, after the front door): Prometheus from Debian's package, its own
-unit on 127.0.0.1 (Debian's prometheus.service masked before the install, so it never starts), scraping what the inventory serves with the backend key
-(sparkfleet/fleet/monitoring.py), and Alertmanager when `alertmanager_webhook_url` is set. A changed config or
-rule file is checked with promtool and reloaded; a changed unit is a restart; it must be ready before the host
-counts as converged.
+unit on 127.0.0.1 (Debian's prometheus.service masked before the install, so it never starts), scraping what
+the inventory serves with the backend key (sparkfleet/fleet/monitoring.py), and Alertmanager when
+`alertmanager_webhook_url` is set. A changed config or rule file is checked with promtool and reloaded; a changed
+unit is a restart; it must be ready before the host counts as converged.
 """
 
 from pyinfra.api import deploy

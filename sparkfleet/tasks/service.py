@@ -24,16 +24,13 @@ from sparkfleet.fleet.progress import watch
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.services import services_pruned
 from sparkfleet.host.serving import start_limit_cleared
-from sparkfleet.host.state import NO_UNIT, file_state, unit_state
+from sparkfleet.host.state import unit_state
 from sparkfleet.release.plan import HostPlan
 
 
 def unit_removed(unit_name: str, unit_path: str, why: str) -> None:
-    """A unit this host no longer runs: stopped, disabled, its file gone. Nothing to do, and no operation called,
-    when the batched read shows it never had it (each operation costs the controller pyinfra's bookkeeping, a few
-    milliseconds a host, whether or not it changes anything)."""
-    if not any(unit_state(host, unit_name)[k] for k in NO_UNIT) and file_state(host, unit_path) is None:
-        return
+    """A unit this host no longer runs: stopped, disabled, its file gone (on a host that never had it, no
+    operation is registered: host/drift.py)."""
     managed_unit(name=f"{unit_name} stopped and disabled ({why})", service=unit_name, running=False,
                  enabled=False)
     removed = managed_absent(name=f"{unit_name} removed", path=unit_path)
@@ -47,8 +44,7 @@ def ray_node(plan: HostPlan) -> bool:
     head's engine restarts with it. A new token (the controller's file deleted) restarts every member's node."""
     if not plan.group:
         unit_removed(paths.RAY_UNIT_NAME, paths.RAY_UNIT_PATH, "this host is in no tensor-parallel group")
-        if file_state(host, paths.RAY_TOKEN) is not None:
-            managed_absent(name="Ray token removed (this host is in no tensor-parallel group)", path=paths.RAY_TOKEN)
+        managed_absent(name="Ray token removed (this host is in no tensor-parallel group)", path=paths.RAY_TOKEN)
         return False
     token = secret_file(name=f"Ray token of {plan.group.name} (root-only)", dest=paths.RAY_TOKEN,
                         content=ray_token(plan.group.name))
