@@ -103,6 +103,16 @@ def _ensure_network() -> None:
         docker("network", "create", "--label", f"{LABEL}=1", NETWORK)
 
 
+def _lan() -> dict:
+    """The sim's LAN (the Docker network the hosts, the doors and this machine share) and its floating address:
+    the subnet's last usable address, which Docker's allocator (lowest free first) never hands a container of a
+    fleet this size. This machine reaches it over the network's bridge, as an office's laptop reaches a door."""
+    cp = docker("network", "inspect", NETWORK, "-f", "{{json .IPAM.Config}}")
+    subnet = ipaddress.ip_network(next(c["Subnet"] for c in json.loads(cp.stdout) if ":" not in c["Subnet"]))
+    return {"network": NETWORK, "subnet": str(subnet),
+            "floating_address": f"{subnet.broadcast_address - 1}/{subnet.prefixlen}"}
+
+
 def fabric_address(name: str) -> str | None:
     """A fleet host's fixed fabric address (spark-N: the subnet's 10+N-th); None for other hosts."""
     prefix, _, n = name.rpartition("-")
@@ -497,7 +507,7 @@ def up(hosts: int = 3, faults: dict[str, dict] | None = None, service_hosts: int
         for f in futs:
             f.result()
 
-    state = {**_make_state(host_rows, ports, apt, key), "service_hosts": door_rows}
+    state = {**_make_state(host_rows, ports, apt, key), "service_hosts": door_rows, "lan": _lan()}
     if state != prev:
         write_json(STATE_FILE, state)
     write_known_hosts()
