@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import threading
 
 import openai
@@ -130,16 +131,38 @@ def door(tmp_path_factory):
                            (fd_plan.Backend("spark-a", "127.0.0.1", engine.port),), planned.api_key)
     door_files(planned, tmp)
     moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
-             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}"}
-    proc = start_haproxy(planned.config(), tmp, moved)
+             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}",
+             paths.FRONT_DOOR_USAGE_SNAPSHOT: str(tmp / "usage.snapshot")}
     url = f"http://127.0.0.1:{port}"
+    SAVED[url] = (str(tmp / "admin.sock"), str(tmp / "usage.snapshot"))
+    procs = [start_haproxy(planned.config(), tmp, moved)]
+
+    def restart():
+        """The door stopped as its unit stops it (the snapshot first) and started again."""
+        save(url)
+        procs[0].terminate()
+        procs[0].wait()
+        procs[0] = start_haproxy(planned.config(), tmp, moved)
+        wait_for(lambda: requests.get(f"{url}/health").status_code == 200)
+
+    RESTART[url] = restart
     try:
         wait_for(lambda: requests.get(f"{url}/health").status_code == 200)
         yield url
     finally:
-        proc.terminate()
-        proc.wait()
+        procs[0].terminate()
+        procs[0].wait()
         engine.stop()
+
+
+SAVED: dict[str, tuple[str, str]] = {}  # a door's URL -> (its admin socket, its snapshot)
+RESTART: dict = {}
+SAVE = ROOT / "files" / "sparkfleet-usage-save"
+
+
+def save(url: str) -> None:
+    """What the door's timer runs every few seconds: files/sparkfleet-usage-save (its counts reported from then)."""
+    subprocess.run(["sh", str(SAVE), *SAVED[url]], check=True, timeout=30)
 
 
 def client(url: str, key: str) -> openai.OpenAI:
@@ -147,6 +170,8 @@ def client(url: str, key: str) -> openai.OpenAI:
 
 
 def scrape(url: str) -> str:
+    """/usage/metrics once the door's counts are saved (it reports what it saved: a restart never loses it)."""
+    save(url)
     answer = requests.get(url + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
     assert answer.status_code == 200
     return answer.text
@@ -286,3 +311,26 @@ def test_a_secrets_file_with_a_malformed_user_is_refused(tmp_path, value):
     with pytest.raises(users.SecretsError) as exc:
         users.read_secrets(secrets)
     assert CAROL not in str(exc.value)
+
+
+def test_a_restarted_door_counts_on_from_its_snapshot(door):
+    """A restart (the unit saves the snapshot at a stop) never takes a reported count back: the door starts from
+    its snapshot, and what it counts afterwards adds to it."""
+    chat(door, ALICE, "before the restart")
+    before = usage.parse_usage(scrape(door))["alice"]
+    RESTART[door]()
+    after = usage.parse_usage(scrape(door))["alice"]
+    assert after["models"][NAME] == before["models"][NAME]
+    chat(door, ALICE, "after the restart")
+    again = usage.parse_usage(scrape(door))["alice"]["models"][NAME]
+    assert again["requests"] == before["models"][NAME]["requests"] + 1
+    assert again["completion_tokens"] > before["models"][NAME]["completion_tokens"]
+
+
+def test_what_was_not_saved_is_not_reported(door):
+    """Between two snapshots the door reports the last one: a count it could still lose is never shown."""
+    shown = usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"]
+    chat(door, ALICE, "not saved yet")
+    unsaved = requests.get(door + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    assert usage.parse_usage(unsaved.text)["alice"]["models"][NAME]["requests"] == shown
+    assert usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"] == shown + 1
