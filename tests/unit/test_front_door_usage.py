@@ -334,3 +334,17 @@ def test_what_was_not_saved_is_not_reported(door):
     unsaved = requests.get(door + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
     assert usage.parse_usage(unsaved.text)["alice"]["models"][NAME]["requests"] == shown
     assert usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"] == shown + 1
+
+
+def test_doors_sharing_the_table_count_its_fields_once_and_their_own_counts_summed():
+    """Two doors: each counted the requests it passed (summed); the peers copied the per-user bytes and refusals to
+    both (counted once); in flight is each door's own (summed)."""
+    one = {"alice": {**usage.empty_user(), "requests": 3, "bytes_in": 900, "limited": 1, "in_flight": 1,
+                     "models": {NAME: {**dict.fromkeys(usage.PER_MODEL, 0), "requests": 3}}}}
+    two = {"alice": {**usage.empty_user(), "requests": 2, "bytes_in": 900, "limited": 1, "in_flight": 2,
+                     "models": {NAME: {**dict.fromkeys(usage.PER_MODEL, 0), "requests": 2}}}}
+    shared = usage.merged([one, two], shared_table=True)["alice"]
+    assert (shared["requests"], shared["bytes_in"], shared["limited"], shared["in_flight"]) == (5, 900, 1, 3)
+    assert shared["models"][NAME]["requests"] == 5
+    apart = usage.merged([one, two])["alice"]
+    assert (apart["bytes_in"], apart["limited"]) == (1800, 2)
