@@ -215,7 +215,19 @@ def door_files(door, directory: Path) -> None:
         (Path(directory) / Path(monitoring.FRONT_DOOR_VIEWERS_MAP).name).write_text(door.viewers_map())
 
 
-class RecordingDoor:
+class NoAddress:
+    """A front door runtime's floating-address steps for fakes of it: no floating address, nothing moves."""
+
+    def hand_over(self, hosts, log):
+        from sparkfleet.fleet.front_door.address import Handover
+
+        return Handover()
+
+    def rejoin(self, step, log):
+        pass
+
+
+class RecordingDoor(NoAddress):
     """FrontDoorRuntime for a fleet command's tests: its drains and returns appended to `calls`, in order, each drain
     checked to be held by `operation` (test_front_door_holds)."""
 

@@ -275,3 +275,35 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path):
             p.terminate()
             p.wait()
         engine.stop()
+
+
+def test_the_runtime_moves_the_address_before_the_change_and_back_after():
+    """FrontDoorRuntime.hand_over on a batch holding the holder: keepalived stopped there, the other door seen
+    holding the address, the old holder drained; `rejoin` starts keepalived again; in that order."""
+    from sparkfleet.fleet.front_door import runtime as fd_runtime
+
+    calls = []
+
+    class Doors(fd_runtime.FrontDoorRuntime):
+        held = "door-1"
+
+        def _shell(self, command):
+            names = [n for n, _ in self.doors]
+            if command.startswith("systemctl stop"):
+                calls.append(("stop", tuple(names)))
+                Doors.held = "door-2"
+            elif command.startswith("systemctl start"):
+                calls.append(("start", tuple(names)))
+            elif "show stat" in command:
+                calls.append(("drained?", tuple(names)))
+                return {n: "# pxname,svname,scur\napi,FRONTEND,0\n" for n in names}
+            elif "ip -o -4 addr" in command:
+                return {n: "@held\n" if n == Doors.held else "" for n in names}
+            return {n: "" for n in names}
+
+    data = host_data(front_door_address=FLOATING, drain_timeout_s=5)
+    doors = Doors("inventory.py", [("door-1", data), ("door-2", data)])
+    step = doors.hand_over(["door-1", "spark-1"], log=lambda line: None)
+    doors.rejoin(step, log=lambda line: None)
+    assert calls == [("stop", ("door-1",)), ("drained?", ("door-1",)), ("start", ("door-1",))]
+    assert Doors("inventory.py", [("door-1", host_data())]).hand_over(["door-1"]) == fd_address.Handover()
