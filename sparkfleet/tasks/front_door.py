@@ -94,6 +94,8 @@ def _door_address(doors, name: str, interface: str, front_door_port: int, tls: b
     under sparkfleet's unit, holding the floating address with the other doors."""
     managed_packages(name="keepalived installed (Debian's unit masked first: it never starts)",
                      packages=[paths.KEEPALIVED_PACKAGE], masked=[paths.KEEPALIVED_UNIT])
+    managed_unit(name="Debian's keepalived.service off (sparkfleet's unit holds the address)",
+                 service=paths.KEEPALIVED_UNIT, running=False, enabled=False)
     conf = managed_file(name=f"Floating address {doors.address} on {interface} (keepalived)",
                         content=keepalived_conf(doors, name, interface, front_door_port, tls),
                         dest=paths.DOOR_ADDRESS_CONFIG, mode="0600")

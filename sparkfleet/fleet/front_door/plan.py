@@ -328,6 +328,8 @@ def door_summary(door: FrontDoor) -> dict:
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
                        for r in (*door.chat_routes, *door.routes)],
             "models": list(door.served_names), "left_out": [{"host": h, "why": why} for h, why in door.left_out],
+            "address": str(door.doors.address) if door.doors and door.doors.address else None,
+            "peers": list(door.doors.names) if door.peers else [],
             "config": door.config()}
 
 
@@ -345,6 +347,11 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("users", literal(", ".join(summary["users"]))))
     else:
         rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary.get("address"):
+        rows.append(("floating address", literal(f"{summary['address']} (keepalived), shared by "
+                                                 f"{', '.join(summary['peers'])}")))
+    elif summary.get("peers"):
+        rows.append(("shared usage table", literal(", ".join(summary["peers"]))))
     if summary.get("limits"):
         rows.append(("limits", literal(", ".join(
             f"{name} " + " and ".join(part for part in (
