@@ -1,7 +1,7 @@
 -- Managed by sparkfleet: per-user usage at the front door (templates/front-door.haproxy.cfg.j2 calls it).
 --
 -- Keyed by the user's NAME (txn.user, from the users map), never a key. Loaded with `lua-load` (one Lua state
--- that every thread shares), so the counts are the front door's since its last start or reload.
+-- that every thread shares), so the counts are the front door's, from its snapshot on (below).
 -- What HAProxy counts itself, per user, is read from the stick table `sparkfleet_usage` (bytes both ways,
 -- requests in flight, requests refused with 429); what it cannot, per user and model, is counted here:
 --   requests   each request let through to an engine (by the `model` of its body)
