@@ -20,7 +20,7 @@ from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
 from tests.tiers import needs
-from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, ROOT, SAVED, Server, save, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -155,14 +155,7 @@ def door(tmp_path_factory):
         engine.stop()
 
 
-SAVED: dict[str, tuple[str, str]] = {}  # a door's URL -> (its admin socket, its snapshot)
 RESTART: dict = {}
-SAVE = ROOT / "files" / "sparkfleet-usage-save"
-
-
-def save(url: str) -> None:
-    """What the door's timer runs every few seconds: files/sparkfleet-usage-save (its counts reported from then)."""
-    subprocess.run(["sh", str(SAVE), *SAVED[url]], check=True, timeout=30)
 
 
 def client(url: str, key: str) -> openai.OpenAI:
