@@ -259,7 +259,9 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
                            "--secrets with a new path")
     doc = read_secrets(secrets) if reused else new_secrets()
 
-    tls = (crt, key) if self_signed(crt, key, [s.address for s in sparks]) else None
+    # the certificate names the floating address too: clients reach the doors there
+    names = [s.address for s in sparks] + ([front_door_address.split("/")[0]] if front_door_address else [])
+    tls = (crt, key) if self_signed(crt, key, names) else None
     if not reused:
         write_secrets(secrets, doc)
     (project / "group_data").mkdir(parents=True, exist_ok=True)

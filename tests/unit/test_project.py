@@ -241,3 +241,7 @@ def test_init_with_two_doors_writes_their_shared_address_and_plans_offline(tmp_p
     doors = load_hosts(str(office / "inventory.py"), limit="front_door")
     assert [name for name, _ in doors] == ["a", "b"]  # pyinfra keeps the inventory's order: the priorities'
     assert {data["front_door_address"] for _, data in doors} == {"10.0.0.100/24"}
+    if shutil.which("openssl"):  # the self-signed certificate names the floating address: clients reach it there
+        crt = tmp_path / "home/.config/sparkfleet/office.crt"
+        text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(crt)], capture_output=True, text=True).stdout
+        assert "IP Address:10.0.0.100" in text
