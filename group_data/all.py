@@ -141,6 +141,12 @@ front_door_allow_http = False  # plain http with users (their keys in clear on t
 # secret: {"name": "password"} (>= 16 characters): who may open the office status page, GET /status with HTTP
 # Basic auth; offered where the front door host is also a `monitoring` host (0600 on it, as a SHA-256 only)
 front_door_viewers = {}
+# Two or more doors, one address (docs/front-door.md, "Two doors, one address"): set only on the front_door group
+front_door_address = None  # the floating IPv4 address with its prefix, e.g. "10.0.0.100/24"; None = one door, as before
+front_door_address_preempt = False  # True: the address goes back to the first door once it is healthy again
+front_door_vrrp_unicast = False  # True: VRRP to the other doors' LAN addresses (a network without multicast)
+front_door_vrrp_router_id = None  # VRRP's router id (1-255); None = the floating address's last byte
+front_door_peers_port = 10000  # HAProxy's peers (the shared per-user table), on each door's LAN address
 drain_timeout_s = 120  # a rollout waits this long for a drained host's requests to finish
 # a rollout's speed gate: the canary's decode tokens/s may fall, its TTFT rise, by this share of the previous
 # release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)

@@ -15,6 +15,12 @@ def arguments(parser) -> None:
     parser.add_argument("dir", help="the project directory (new or empty)")
     parser.add_argument("--host", action="append", default=[], required=True, metavar="NAME=ADDRESS",
                         help="a Spark: its inventory name and address (once per Spark; the first runs the front door)")
+    parser.add_argument("--front-door", action="append", default=[], metavar="NAME",
+                        help="a Spark that runs a front door (once per door; default: the first --host); two or "
+                             "more share --front-door-address")
+    parser.add_argument("--front-door-address", metavar="CIDR",
+                        help="the address two or more front doors share (keepalived), e.g. 10.0.0.100/24: a free "
+                             "address in the Sparks' subnet")
     parser.add_argument("--ssh-user", default="root", help="the SSH user on the Sparks (default root)")
     parser.add_argument("--secrets", help="the keys file, outside the project and any git work tree "
                                           "(default ~/.config/sparkfleet/<dir name>.json)")
@@ -31,7 +37,8 @@ def run(args) -> int:
     with common.refusing(ProjectError, SecretsError):
         sparks = [parse_host(text) for text in args.host]
         report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
-                              secrets=Path(args.secrets) if args.secrets else None, force=args.force)
+                              secrets=Path(args.secrets) if args.secrets else None, force=args.force,
+                              front_doors=args.front_door, front_door_address=args.front_door_address)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

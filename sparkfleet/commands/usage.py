@@ -1,4 +1,4 @@
-"""`sparkfleet usage INVENTORY`: per user and model at the front door, since its last start or reload."""
+"""`sparkfleet usage INVENTORY`: per user and model at the front doors (summed), kept across their restarts."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def arguments(parser) -> None:
 
 def run(args) -> int:
     if args.since:
-        raise Refused("--since is not read by this sparkfleet yet: without it, usage counts since each front "
-                      "door's last start or reload; for a window, ask Prometheus on the monitoring host "
+        raise Refused("--since is not read by this sparkfleet yet: without it, usage counts from each front "
+                      "door's first start (kept across restarts); for a window, ask Prometheus on the monitoring host "
                       "(sparkfleet_user_* series, docs/monitoring.md) or open the status page")
     from sparkfleet.fleet.usage import HEADERS, fleet_usage, usage_rows
     from sparkfleet.tables import console, literal, print_table
@@ -31,7 +31,7 @@ def run(args) -> int:
         print(json.dumps(found, indent=2))
     else:
         out = console()
-        print_table("sparkfleet usage (since each front door's last start or reload)", HEADERS,
+        print_table("sparkfleet usage (every front door, summed; saved every few seconds)", HEADERS,
                     usage_rows(found["users"]), out=out)
         for door in found["doors"]:
             if not door["ok"]:

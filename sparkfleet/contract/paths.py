@@ -122,6 +122,21 @@ FRONT_DOOR_DRAINED = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/drained"
 # root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: fleet/front_door/holds.py `Hold`), removed
 # when it puts them back; a hold whose operation is gone is put back by the next converge or rollout
 FRONT_DOOR_HOLDS = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/held"
+# Two or more doors, one address (fleet/front_door/address.py): keepalived, Debian's, under a unit of our own
+# (Debian's keepalived.service stays masked); its config beside the door's.
+DOOR_ADDRESS_UNIT_NAME = "sparkfleet-door-address.service"
+DOOR_ADDRESS_UNIT_PATH = unit_path(DOOR_ADDRESS_UNIT_NAME)
+DOOR_ADDRESS_CONFIG = f"{FRONT_DOOR_DIR}/keepalived.conf"
+DOOR_ADDRESS_RUNTIME_NAME = "sparkfleet-door-address"  # RuntimeDirectory= (keepalived's pid files)
+KEEPALIVED_PACKAGE = "keepalived"
+KEEPALIVED_UNIT = "keepalived.service"  # Debian's own: masked before the package is installed
+# The per-user usage counters' snapshot (files/sparkfleet-usage.lua loads it at start; written by
+# files/sparkfleet-usage-save at each reload, stop and every USAGE_SNAPSHOT_S): what a restarted door counts on
+FRONT_DOOR_USAGE_SNAPSHOT = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/usage.snapshot"
+USAGE_SAVE = f"{BIN_DIR}/sparkfleet-usage-save"
+USAGE_SAVE_UNIT = "sparkfleet-usage-save.service"
+USAGE_SAVE_TIMER = "sparkfleet-usage-save.timer"
+USAGE_SNAPSHOT_S = 5
 GUARD_UNIT_NAME = "sparkfleet-guard.service"
 GUARD_UNIT_PATH = unit_path(GUARD_UNIT_NAME)
 GUARD_DIR = f"{CONFIG_DIR}/guard"
@@ -144,7 +159,7 @@ MONITORING_PACKAGES = {"prometheus": "prometheus.service",
                        "prometheus-node-exporter": "prometheus-node-exporter.service",
                        "prometheus-alertmanager": "prometheus-alertmanager.service"}
 # The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
-MANAGED_PACKAGES = ("haproxy", "socat", *TOOLKIT_PACKAGES, *MONITORING_PACKAGES)
+MANAGED_PACKAGES = ("haproxy", "socat", KEEPALIVED_PACKAGE, *TOOLKIT_PACKAGES, *MONITORING_PACKAGES)
 # The system users it reports (passwd entry): the ones sparkfleet makes.
 MANAGED_USERS = (SHARE_USER,)
 

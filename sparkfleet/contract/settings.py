@@ -152,6 +152,25 @@ def _ipv4(value: str) -> str:
     return value
 
 
+def _floating_address(value: str) -> str:
+    """The front doors' floating IPv4 address with its network's prefix (10.0.0.100/24): keepalived adds it to the
+    interface whose network holds it, and the prefix is how that network is told. Not the network's own address
+    or its broadcast address (no host answers those), not loopback, multicast or link-local, not IPv6 (VRRPv2)."""
+    fix = "must be the doors' floating IPv4 address with its network's prefix, such as 10.0.0.100/24"
+    try:
+        iface = ipaddress.IPv4Interface(value)
+    except ValueError:
+        raise ValueError(f"{fix} (IPv6 is not supported: VRRP here is version 2)" if ":" in value else fix) from None
+    ip, net = iface.ip, iface.network
+    if str(iface) != value or "/" not in value:
+        raise ValueError(fix + ", written as `ip addr` writes it")
+    if ip.is_loopback or ip.is_multicast or ip.is_link_local or ip.is_unspecified or not 8 <= net.prefixlen <= 30:
+        raise ValueError(fix + ": a unicast LAN address in a network of /8 to /30")
+    if ip in (net.network_address, net.broadcast_address):
+        raise ValueError(f"{ip} is the network's own or its broadcast address of {net}: choose a host address in it")
+    return value
+
+
 def _arch_url(value: str) -> str:
     """The toolkit's apt URL: `{arch}` becomes the host's Debian architecture."""
     return _url(value, "{arch}")
@@ -233,6 +252,7 @@ InterfaceName = Annotated[Text, _grammar(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}",
                                          "a network interface name of at most 15 letters, digits and _ . : - "
                                          "(starting with a letter or digit), as `ip link` lists it")]
 AbsPath = Annotated[Text, AfterValidator(_abs_path)]
+FloatingAddress = Annotated[Text, AfterValidator(_floating_address)]
 Url = Annotated[Text, AfterValidator(_url)]
 ArchUrl = Annotated[Text, AfterValidator(_arch_url)]
 ImageRef = Annotated[Text, AfterValidator(_image)]
@@ -394,6 +414,12 @@ class Settings(_EngineVersions):
     front_door_allow_http: bool
     front_door_viewers: dict[Name, UserKey] = _secret()
     drain_timeout_s: int = Field(ge=0, le=3600)
+    # Two or more front doors sharing one address (keepalived's VRRP, HAProxy's peers): fleet/front_door/address.py
+    front_door_address: FloatingAddress | None
+    front_door_address_preempt: bool
+    front_door_vrrp_unicast: bool
+    front_door_vrrp_router_id: int | None = Field(ge=1, le=255)
+    front_door_peers_port: int = Field(ge=1, le=65535)
     rollout_max_regression: float = Field(ge=0, lt=1)
     monitoring_port: int = Field(ge=1, le=65535)
     monitoring_retention: Annotated[Text, _grammar(r"[1-9][0-9]{0,5}(h|d|w|y)", "a retention: a number and h, d, "

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from sparkfleet.contract.reach import ssh_address, ssh_port
-from sparkfleet.contract.settings import AbsPath, Host, Name
+from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 
 SECRETS_HOME = Path("~/.config/sparkfleet")
@@ -140,8 +140,10 @@ def self_signed(crt: Path, key: Path, addresses: list[str]) -> bool:
     return True
 
 
-def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tuple[Path, Path] | None) -> str:
-    """inventory.py: group `sparks`, the first also in `front_door`, strict host keys, keys from the secrets.
+def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tuple[Path, Path] | None,
+                     front_doors: list[str] | None = None, front_door_address: str | None = None) -> str:
+    """inventory.py: group `sparks`, the first also in `front_door` (or those `front_doors` names, in that order,
+    with their floating address as the group's data), strict host keys, keys from the secrets.
 
     Every value is validated before it gets here and written as a JSON string, which Python reads the same."""
     q = json.dumps
@@ -186,8 +188,19 @@ _serving = {{
 
 sparks = [
 {hosts}]
-front_door = sparks[:1]
-'''
+{_front_door_group(sparks, front_doors, front_door_address)}'''
+
+
+def _front_door_group(sparks: list[Spark], front_doors: list[str] | None, address: str | None) -> str:
+    """The inventory's `front_door` group: the first Spark, or the named ones sharing `address` (keepalived)."""
+    if not front_doors:
+        return "front_door = sparks[:1]\n"
+    names = [s.name for s in sparks]
+    members = ", ".join(f"sparks[{names.index(n)}]" for n in front_doors)
+    if not address:
+        return f"front_door = [{members}]\n"
+    return (f"# the doors share one address (keepalived): clients use https://{address.split('/')[0]}:8080/v1\n"
+            f"front_door = ([{members}], {{\"front_door_address\": {json.dumps(address)}}})\n")
 
 
 @dataclass
@@ -205,10 +218,26 @@ class InitReport:
 
 
 def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", secrets: Path | None = None,
-                 force: bool = False, timeout_s: float = KEYSCAN_TIMEOUT_S) -> InitReport:
+                 force: bool = False, timeout_s: float = KEYSCAN_TIMEOUT_S, front_doors: list[str] | None = None,
+                 front_door_address: str | None = None) -> InitReport:
     """Check everything, then write the project, the secrets and the certificate; then collect host keys."""
     if not sparks:
         raise ProjectError("give the Sparks: --host NAME=ADDRESS (once per Spark)")
+    front_doors = list(front_doors or [])
+    unknown = [n for n in front_doors if n not in {s.name for s in sparks}]
+    if unknown:
+        raise ProjectError(f"--front-door {unknown[0]!r} is no --host: name one of the Sparks given")
+    if len(set(front_doors)) < len(front_doors):
+        raise ProjectError("--front-door names repeat: name each door once")
+    if len(front_doors) > 1 and not front_door_address:
+        raise ProjectError(f"{len(front_doors)} front doors need the address they share: give --front-door-address "
+                           "CIDR (a free address in the Sparks' subnet, e.g. 10.0.0.100/24)")
+    if front_door_address:
+        _valid(FloatingAddress, front_door_address, "--front-door-address")
+        taken = [s.name for s in sparks if s.address == front_door_address.split("/")[0]]
+        if taken:
+            raise ProjectError(f"--front-door-address {front_door_address} is {taken[0]}'s own address: choose a "
+                               "free address in the Sparks' subnet")
     seen = [s.name for s in sparks]
     if len(set(seen)) < len(seen):
         raise ProjectError(f"--host names repeat ({', '.join(sorted({n for n in seen if seen.count(n) > 1}))}): "
@@ -230,11 +259,14 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
                            "--secrets with a new path")
     doc = read_secrets(secrets) if reused else new_secrets()
 
-    tls = (crt, key) if self_signed(crt, key, [s.address for s in sparks]) else None
+    # the certificate names the floating address too: clients reach the doors there
+    names = [s.address for s in sparks] + ([front_door_address.split("/")[0]] if front_door_address else [])
+    tls = (crt, key) if self_signed(crt, key, names) else None
     if not reused:
         write_secrets(secrets, doc)
     (project / "group_data").mkdir(parents=True, exist_ok=True)
-    (project / "inventory.py").write_text(render_inventory(sparks, ssh_user, secrets, tls))
+    (project / "inventory.py").write_text(render_inventory(sparks, ssh_user, secrets, tls, front_doors,
+                                                           front_door_address))
     (project / "deploy.py").write_text(DEPLOY_PY)
     (project / "group_data" / "all.py").write_text(GROUP_DATA_ALL)
     report = InitReport(project, secrets, reused, tls)

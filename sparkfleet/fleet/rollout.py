@@ -408,7 +408,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             reports += [r for unit in batch_units for r in not_reached(unit, releases, number, halted)]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started, drained = time.monotonic(), []
+        started, drained, handed = time.monotonic(), [], []
         check = None
         if judged in batch_units:
             head = judged[0]
@@ -417,6 +417,7 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
 
         def drain():  # once the batch's deploy is planned, right before its operations run
             drained.append(time.monotonic())
+            handed.append(door.hand_over(batch_hosts, log))  # a door among them: the floating address moves first
             door.drain([unit[0] for unit in batch_units], log, operation="rollout")
             if check and check.baseline is None and check.baseline_release:
                 baseline_now(speed, check, log)
@@ -444,6 +445,8 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
             failures += not all(r.ok for r in found)
             reports += found
         door.ready(back_in, log)
+        for step in handed:
+            door.rejoin(step, log)
         for r in reports[-len(batch_hosts):]:
             if door.doors and drained and r.host in back_in:
                 r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)

@@ -141,7 +141,7 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
                                       group=unit_name(u) if len(u) > 1 else None) for u in batch_units for h in u]
             continue
         log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started, drained = time.monotonic(), []
+        started, drained, handed = time.monotonic(), [], []
         check = None
         if judged in batch_units:
             release = (releases or {}).get(judged[0])
@@ -150,6 +150,7 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
 
         def drain():  # once the step is planned (the simulation read again), right before its operations run
             drained.append(time.monotonic())
+            handed.append(door.hand_over(batch_hosts, log))  # a door among them: the floating address moves first
             door.drain([unit[0] for unit in batch_units], log, operation="upgrade")
             if check and check.baseline is None and check.release:
                 baseline_now(speed, check, log)  # the old platform's figure, before anything is installed
@@ -179,6 +180,8 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
                         log(r.detail if r.result == "refused" else f"{r.host}: {r.result}: {r.detail}")
             reports += found
         door.ready(back_in, log)
+        for step in handed:
+            door.rejoin(step, log)
         for r in reports[-len(batch_hosts):]:
             if door.doors and drained and r.host in back_in:
                 r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)

@@ -4,7 +4,8 @@ from its /usage/metrics with the backend key at the URL the controller reaches i
 The answer is host output, so untrusted: read up to MAX_BYTES, parsed by a strict reader of the few lines the
 Lua file writes (the Prometheus text format's comments, and samples of the USAGE_METRICS names with a `user`
 and maybe a `model` label); anything else fails the whole answer. Label values are data: printed as text,
-never markup. The counts are each front door's since its last start or reload.
+never markup. The per-user-and-model counts are each door's, from its snapshot on (files/sparkfleet-usage.lua):
+they never go back across a restart, a reload or a takeover; the doors' sum is the fleet's.
 """
 
 from __future__ import annotations
@@ -77,14 +78,25 @@ def empty_user() -> dict:
     return {**dict.fromkeys(PER_MODEL + PER_USER, 0), "models": {}}
 
 
-def merged(doors: list[dict[str, dict]]) -> dict[str, dict]:
-    """The usage of several front doors (each parse_usage's) summed per user and model."""
+# The per-user fields of the usage stick table that HAProxy's peers copy to every door (two or more doors share
+# the table: fleet/front_door/address.py): each door holds the same count, so it is counted once (the highest);
+# in_flight (conn_cur) stays each door's own and is summed, as the Lua file's counts are (each door counts the
+# requests it passed: the doors' sum).
+SHARED = ("bytes_in", "bytes_out", "limited")
+
+
+def merged(doors: list[dict[str, dict]], shared_table: bool = False) -> dict[str, dict]:
+    """The usage of several front doors (each parse_usage's) summed per user and model; with `shared_table` (the
+    doors' peers share the stick table) the SHARED fields are the highest door's, not the sum."""
     out: dict[str, dict] = {}
     for door in doors:
         for user, row in door.items():
             into = out.setdefault(user, empty_user())
             for field in PER_MODEL + PER_USER:
-                into[field] += row[field]
+                if shared_table and field in SHARED:
+                    into[field] = max(into[field], row[field])
+                else:
+                    into[field] += row[field]
             for model, counts in row["models"].items():
                 mine = into["models"].setdefault(model, dict.fromkeys(PER_MODEL, 0))
                 for field in PER_MODEL:
@@ -127,7 +139,7 @@ def fleet_usage(inventory: str) -> dict:
             doors.append({"host": name, "url": url, "ok": True, "problem": None})
         except UsageError as exc:
             doors.append({"host": name, "url": url, "ok": False, "problem": str(exc)})
-    return {"doors": doors, "users": merged(found)}
+    return {"doors": doors, "users": merged(found, shared_table=len(hosts) > 1)}
 
 
 def usage_rows(users: dict[str, dict]) -> list[tuple[str, ...]]:

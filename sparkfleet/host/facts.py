@@ -580,3 +580,14 @@ def ray_check_args(address: str, node_ip: str, members: dict) -> list:
     for name, member_address in members.items():
         args += ["--member", QuoteString(f"{name}={member_address}")]
     return args
+
+
+class Ipv4Networks(FactBase[str]):
+    """`ip -j -4 addr`: every interface's IPv4 addresses with their prefix, as raw JSON text (untrusted: the
+    front door's `address.interface_for` parses it and finds the interface the floating address belongs on)."""
+
+    def command(self):
+        return "ip -j -4 addr 2>/dev/null || echo '[]'"
+
+    def process(self, output):
+        return "\n".join(output)

@@ -14,11 +14,12 @@ from pyinfra.operations import server
 
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import monitoring, paths, serving
+from sparkfleet.fleet.front_door.address import door_set, interface_for, keepalived_conf, keepalived_unit
 from sparkfleet.fleet.front_door.holds import controller_name, stale_holds
-from sparkfleet.fleet.front_door.plan import front_door_plan
+from sparkfleet.fleet.front_door.plan import front_door_plan, usage_save_units
 from sparkfleet.fleet.front_door.runtime import put_back_command
 from sparkfleet.fleet.inventory import DeployRefused
-from sparkfleet.host.facts import JsonFile
+from sparkfleet.host.facts import Ipv4Networks, JsonFile
 from sparkfleet.host.state import fact
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
@@ -29,7 +30,12 @@ from sparkfleet.contract.settings import SettingsError
 @deploy("Front door")
 def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     try:
-        door = front_door_plan(plan.name, plans, monitoring.GROUP in host.groups)
+        names = [h.name for h in host.state.inventory.get_group(monitoring.FRONT_DOOR_GROUP, [])]
+        doors = door_set(names, plans)
+        door = front_door_plan(plan.name, plans, monitoring.GROUP in host.groups, doors)
+        address = doors.address if doors else None
+        # the interface whose network holds the floating address, asked of the host before any change
+        interface = interface_for(plan.name, str(address), fact(host, Ipv4Networks)) if address else None
     except SettingsError as exc:
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     s = door.settings
@@ -46,6 +52,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
         managed_file(name="Front door usage counters (Lua)", src=str(FILES_DIR / "sparkfleet-usage.lua"),
                      dest=paths.FRONT_DOOR_USAGE_LUA, mode="0600"),
     ]
+    # the usage counters' snapshot (a restarted door counts on from it): its writer, run by the unit and a timer
+    saver = managed_file(name="Helper sparkfleet-usage-save", src=str(FILES_DIR / "sparkfleet-usage-save"),
+                         dest=paths.USAGE_SAVE, mode="0755")
     if door.status_page:  # the status page's viewers (digests of their passwords)
         changes.append(secret_file(name="Front door status page viewers (root-only)",
                                    dest=monitoring.FRONT_DOOR_VIEWERS_MAP, content=door.viewers_map()))
@@ -58,6 +67,16 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
                            restarted=unit.will_change,
                            reloaded=not unit.will_change and any(op.will_change for op in changes),
                            daemon_reload=unit.will_change)
+    save_service, save_timer = usage_save_units()
+    saving = managed_file(name="Usage snapshot unit", content=save_service, dest=paths.unit_path(paths.USAGE_SAVE_UNIT),
+                          mode="0644")
+    timer = managed_file(name="Usage snapshot timer", content=save_timer, dest=paths.unit_path(paths.USAGE_SAVE_TIMER),
+                         mode="0644")
+    managed_unit(name=f"Usage snapshot every {paths.USAGE_SNAPSHOT_S} s", service=paths.USAGE_SAVE_TIMER, running=True,
+                 enabled=True, restarted=timer.will_change or saving.will_change or saver.will_change,
+                 daemon_reload=timer.will_change or saving.will_change)
+    if address:
+        _door_address(doors, plan.name, interface, s.front_door_port, door.tls)
     scheme, health = "https" if door.tls else "http", serving.HEALTH  # its /health: 200 once a backend is in
     wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk --max-time {health['timeout_s']} -o /dev/null "
             f"{scheme}://127.0.0.1:{s.front_door_port}{health['path']} && exit 0; sleep 1; done; "
@@ -68,3 +87,20 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     if gone:  # an interrupted rollout's: each host's release was brought in line by its stages above
         server.shell(name=f"{', '.join(h.backend for h in gone)} back in (held by an operation that is gone)",
                      commands=[put_back_command(gone)])
+
+
+def _door_address(doors, name: str, interface: str, front_door_port: int, tls: bool) -> None:
+    """keepalived (Debian's package; its own keepalived.service masked before the install, so it never starts)
+    under sparkfleet's unit, holding the floating address with the other doors."""
+    managed_packages(name="keepalived installed (Debian's unit masked first: it never starts)",
+                     packages=[paths.KEEPALIVED_PACKAGE], masked=[paths.KEEPALIVED_UNIT])
+    managed_unit(name="Debian's keepalived.service off (sparkfleet's unit holds the address)",
+                 service=paths.KEEPALIVED_UNIT, running=False, enabled=False)
+    conf = managed_file(name=f"Floating address {doors.address} on {interface} (keepalived)",
+                        content=keepalived_conf(doors, name, interface, front_door_port, tls),
+                        dest=paths.DOOR_ADDRESS_CONFIG, mode="0600")
+    unit = managed_file(name="Floating address unit", content=keepalived_unit(), dest=paths.DOOR_ADDRESS_UNIT_PATH,
+                        mode="0644")
+    managed_unit(name="Floating address: keepalived running", service=paths.DOOR_ADDRESS_UNIT_NAME, running=True,
+                 enabled=True, restarted=unit.will_change, reloaded=conf.will_change and not unit.will_change,
+                 daemon_reload=unit.will_change)

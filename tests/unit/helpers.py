@@ -215,7 +215,28 @@ def door_files(door, directory: Path) -> None:
         (Path(directory) / Path(monitoring.FRONT_DOOR_VIEWERS_MAP).name).write_text(door.viewers_map())
 
 
-class RecordingDoor:
+SAVED: dict[str, tuple[str, str]] = {}  # a test door's URL -> (its admin socket, its usage snapshot)
+
+
+def save(url: str) -> None:
+    """What a front door's timer runs every few seconds: files/sparkfleet-usage-save (its usage counts are reported
+    from then on)."""
+    subprocess.run(["sh", str(ROOT / "files" / "sparkfleet-usage-save"), *SAVED[url]], check=True, timeout=30)
+
+
+class NoAddress:
+    """A front door runtime's floating-address steps for fakes of it: no floating address, nothing moves."""
+
+    def hand_over(self, hosts, log):
+        from sparkfleet.fleet.front_door.address import Handover
+
+        return Handover()
+
+    def rejoin(self, step, log):
+        pass
+
+
+class RecordingDoor(NoAddress):
     """FrontDoorRuntime for a fleet command's tests: its drains and returns appended to `calls`, in order, each drain
     checked to be held by `operation` (test_front_door_holds)."""
 

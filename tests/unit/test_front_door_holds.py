@@ -4,6 +4,8 @@ The shell commands run here against a stand-in socat (test_drain's door_dir)."""
 
 from __future__ import annotations
 
+from tests.unit.helpers import NoAddress
+
 import json
 import os
 import stat
@@ -136,7 +138,7 @@ def test_put_back_stale_sends_nothing_when_every_hold_is_live(door_dir, monkeypa
 def test_a_rollout_puts_back_what_is_stale_first_then_holds_each_batch(monkeypatch):
     calls = []
 
-    class Door:
+    class Door(NoAddress):
         doors = ["door"]
 
         def put_back_stale(self, log):

@@ -16,7 +16,7 @@ from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.contract.settings import SettingsError
 
 from tests.tiers import needs
-from .helpers import KEY, Server, door_files, make_model, start_haproxy, wait_for
+from .helpers import KEY, SAVED, Server, door_files, make_model, save, start_haproxy, wait_for
 from .test_front_door import ALICE, NAME, plans
 
 SGLANG, LLAMA = "Qwen3.5-35B-A3B-sglang", "tiny-llama"
@@ -108,8 +108,10 @@ def door(tmp_path_factory):
     door_files(door, tmp)
     proc = start_haproxy(door.config(), tmp, {
         paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
-        paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}"})
+        paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}",
+        paths.FRONT_DOOR_USAGE_SNAPSHOT: str(tmp / "usage.snapshot")})
     url = f"http://127.0.0.1:{port}"
+    SAVED[url] = (str(tmp / "admin.sock"), str(tmp / "usage.snapshot"))
     try:
         wait_for(lambda: all(ask(url, served).status_code == 200 for served in names.values()), 30)
         yield url
@@ -143,6 +145,7 @@ def test_v1_models_through_the_door_lists_the_fleet_and_needs_a_key(door):
 
 def test_usage_counts_each_served_name(door):
     ask(door, LLAMA)
+    save(door)  # what the door's timer does: the counts are reported once saved
     text = requests.get(door + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"},
                         timeout=5).text
     for served in (NAME, SGLANG, LLAMA):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import threading
 
 import openai
@@ -19,7 +20,7 @@ from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
 from tests.tiers import needs
-from .helpers import KEY, ROOT, Server, door_files, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, ROOT, SAVED, Server, save, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -130,16 +131,31 @@ def door(tmp_path_factory):
                            (fd_plan.Backend("spark-a", "127.0.0.1", engine.port),), planned.api_key)
     door_files(planned, tmp)
     moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
-             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}"}
-    proc = start_haproxy(planned.config(), tmp, moved)
+             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{port}": f"bind 127.0.0.1:{port}",
+             paths.FRONT_DOOR_USAGE_SNAPSHOT: str(tmp / "usage.snapshot")}
     url = f"http://127.0.0.1:{port}"
+    SAVED[url] = (str(tmp / "admin.sock"), str(tmp / "usage.snapshot"))
+    procs = [start_haproxy(planned.config(), tmp, moved)]
+
+    def restart():
+        """The door stopped as its unit stops it (the snapshot first) and started again."""
+        save(url)
+        procs[0].terminate()
+        procs[0].wait()
+        procs[0] = start_haproxy(planned.config(), tmp, moved)
+        wait_for(lambda: requests.get(f"{url}/health").status_code == 200)
+
+    RESTART[url] = restart
     try:
         wait_for(lambda: requests.get(f"{url}/health").status_code == 200)
         yield url
     finally:
-        proc.terminate()
-        proc.wait()
+        procs[0].terminate()
+        procs[0].wait()
         engine.stop()
+
+
+RESTART: dict = {}
 
 
 def client(url: str, key: str) -> openai.OpenAI:
@@ -147,6 +163,8 @@ def client(url: str, key: str) -> openai.OpenAI:
 
 
 def scrape(url: str) -> str:
+    """/usage/metrics once the door's counts are saved (it reports what it saved: a restart never loses it)."""
+    save(url)
     answer = requests.get(url + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
     assert answer.status_code == 200
     return answer.text
@@ -286,3 +304,40 @@ def test_a_secrets_file_with_a_malformed_user_is_refused(tmp_path, value):
     with pytest.raises(users.SecretsError) as exc:
         users.read_secrets(secrets)
     assert CAROL not in str(exc.value)
+
+
+def test_a_restarted_door_counts_on_from_its_snapshot(door):
+    """A restart (the unit saves the snapshot at a stop) never takes a reported count back: the door starts from
+    its snapshot, and what it counts afterwards adds to it."""
+    chat(door, ALICE, "before the restart")
+    before = usage.parse_usage(scrape(door))["alice"]
+    RESTART[door]()
+    after = usage.parse_usage(scrape(door))["alice"]
+    assert after["models"][NAME] == before["models"][NAME]
+    chat(door, ALICE, "after the restart")
+    again = usage.parse_usage(scrape(door))["alice"]["models"][NAME]
+    assert again["requests"] == before["models"][NAME]["requests"] + 1
+    assert again["completion_tokens"] > before["models"][NAME]["completion_tokens"]
+
+
+def test_what_was_not_saved_is_not_reported(door):
+    """Between two snapshots the door reports the last one: a count it could still lose is never shown."""
+    shown = usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"]
+    chat(door, ALICE, "not saved yet")
+    unsaved = requests.get(door + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    assert usage.parse_usage(unsaved.text)["alice"]["models"][NAME]["requests"] == shown
+    assert usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"] == shown + 1
+
+
+def test_doors_sharing_the_table_count_its_fields_once_and_their_own_counts_summed():
+    """Two doors: each counted the requests it passed (summed); the peers copied the per-user bytes and refusals to
+    both (counted once); in flight is each door's own (summed)."""
+    one = {"alice": {**usage.empty_user(), "requests": 3, "bytes_in": 900, "limited": 1, "in_flight": 1,
+                     "models": {NAME: {**dict.fromkeys(usage.PER_MODEL, 0), "requests": 3}}}}
+    two = {"alice": {**usage.empty_user(), "requests": 2, "bytes_in": 900, "limited": 1, "in_flight": 2,
+                     "models": {NAME: {**dict.fromkeys(usage.PER_MODEL, 0), "requests": 2}}}}
+    shared = usage.merged([one, two], shared_table=True)["alice"]
+    assert (shared["requests"], shared["bytes_in"], shared["limited"], shared["in_flight"]) == (5, 900, 1, 3)
+    assert shared["models"][NAME]["requests"] == 5
+    apart = usage.merged([one, two])["alice"]
+    assert (apart["bytes_in"], apart["limited"]) == (1800, 2)

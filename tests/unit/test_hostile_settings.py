@@ -312,7 +312,7 @@ STRING_SETTINGS = {
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",
     "front_door_tls_key": "/srv/tls/door.key", "controller_front_door_ca": "/srv/tls/ca.pem",
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
-    "alertmanager_webhook_url": "http://alerts.lan:9000/hook",
+    "alertmanager_webhook_url": "http://alerts.lan:9000/hook", "front_door_address": "10.0.0.100/24",
 }
 ITEM_SETTINGS = {"extra_engine_args", "model_files", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
                  "services",

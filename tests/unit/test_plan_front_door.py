@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from sparkfleet.fleet.front_door.address import door_set
+
 import pytest
 
 from sparkfleet import cli
@@ -52,7 +54,8 @@ def test_plan_json_holds_the_config_the_stage_writes(tmp_path, capsys):
             "front_door_allow_http": True}
     plans = {p.name: p for p in plan_hosts([(f"spark-{n}", host_data(**data, ssh_hostname=f"10.0.0.{n}"))
                                             for n in (1, 2, 3)])}
-    assert doors[0]["config"] == fd_plan.front_door_plan("spark-1", plans).config()
+    shared = door_set(["spark-1", "spark-2"], plans)  # two doors: the usage table shared through peers
+    assert doors[0]["config"] == fd_plan.front_door_plan("spark-1", plans, doors=shared).config()
     assert ALICE not in out and BOB not in out and KEY not in out
 
 

@@ -159,6 +159,13 @@ def test_force_rewrites_the_project_and_keeps_the_keys(tmp_path, keys, capsys):
     (["--host", "a=10.0.0.1;reboot"], "must be an IP address or a host name"),
     (["--host", "a=10.0.0.1", "--host", "a=10.0.0.2"], "--host names repeat (a)"),
     (["--host", "a=10.0.0.1", "--ssh-user", "root -oProxyCommand=x"], "--ssh-user"),
+    (["--host", "a=10.0.0.1", "--host", "b=10.0.0.2", "--front-door", "a", "--front-door", "b"],
+     "2 front doors need the address they share: give --front-door-address CIDR"),
+    (["--host", "a=10.0.0.1", "--front-door", "c"], "--front-door 'c' is no --host"),
+    (["--host", "a=10.0.0.1", "--host", "b=10.0.0.2", "--front-door", "a", "--front-door", "b",
+      "--front-door-address", "10.0.0.2/24"], "is b's own address"),
+    (["--host", "a=10.0.0.1", "--host", "b=10.0.0.2", "--front-door", "a", "--front-door", "b",
+      "--front-door-address", "10.0.0.100"], "--front-door-address '10.0.0.100'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, keys, capsys, args, needle):
     office = tmp_path / "office"
@@ -223,3 +230,18 @@ def test_host_key_targets_group_by_known_hosts_file():
     targets, unchecked = project.host_key_targets(hosts)
     assert targets == {Path("/k1"): [project.Spark("a", "10.0.0.1"), project.Spark("b", "b", 2222)]}
     assert unchecked == ["c"]
+
+
+def test_init_with_two_doors_writes_their_shared_address_and_plans_offline(tmp_path, keys, capsys):
+    office = tmp_path / "office"
+    assert cli.main(["init", str(office), "--host", "a=10.0.0.1", "--host", "b=10.0.0.2", "--front-door", "b",
+                     "--front-door", "a", "--front-door-address", "10.0.0.100/24"]) == 0
+    text = (office / "inventory.py").read_text()
+    assert 'front_door = ([sparks[1], sparks[0]], {"front_door_address": "10.0.0.100/24"})' in text
+    doors = load_hosts(str(office / "inventory.py"), limit="front_door")
+    assert [name for name, _ in doors] == ["a", "b"]  # pyinfra keeps the inventory's order: the priorities'
+    assert {data["front_door_address"] for _, data in doors} == {"10.0.0.100/24"}
+    if shutil.which("openssl"):  # the self-signed certificate names the floating address: clients reach it there
+        crt = tmp_path / "home/.config/sparkfleet/office.crt"
+        text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(crt)], capture_output=True, text=True).stdout
+        assert "IP Address:10.0.0.100" in text

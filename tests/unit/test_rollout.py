@@ -5,6 +5,7 @@ import pytest
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet.converge import HostResult
 from sparkfleet.fleet.rollout import batches, judge, rollout
+from tests.unit.helpers import NoAddress
 
 HOSTS = ["a", "b", "c", "d", "e"]
 
@@ -96,7 +97,7 @@ def fake_fleet(monkeypatch, staged: dict | None = None, results: dict | None = N
         given = (staged if deploy_file == "stage.py" else results) or {}
         return {h: given.get(h, HostResult(h, changed=["x"], health_gate="passed")) for h in hosts}
 
-    class Door:
+    class Door(NoAddress):
         def __init__(self):
             self.doors = list(doors)
 

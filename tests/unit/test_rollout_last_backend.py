@@ -5,6 +5,8 @@ serves is drained as before (nothing could keep it)."""
 
 from __future__ import annotations
 
+from tests.unit.helpers import NoAddress
+
 import pytest
 
 from sparkfleet.fleet import rollout as rollout_module
@@ -68,7 +70,7 @@ def test_a_model_another_backend_still_carries_is_no_problem():
 def test_the_rollout_refuses_before_touching_any_host(monkeypatch):
     touched = []
 
-    class Door:
+    class Door(NoAddress):
         doors = [("door-1", {})]
 
         def put_back_stale(self, log):
@@ -101,7 +103,7 @@ def test_a_batch_whose_turn_finds_the_model_on_it_alone_halts_the_rollout(monkey
     answers = iter([every, every, alone])  # the start's check, batch 1's, batch 2's
     drained = []
 
-    class Door:
+    class Door(NoAddress):
         doors = [("door-1", {})]
 
         def put_back_stale(self, log):

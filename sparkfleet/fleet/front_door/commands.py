@@ -105,7 +105,10 @@ def front_door_status(inventory: str) -> dict | None:
         doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})
     seen = next((s for s in states.values() if s is not None), {})
     backends = [{"host": host, "state": row["state"]} for host, row in sorted(seen.items())]
-    return {"url": doors[0]["url"], "up": all(d["up"] for d in doors), "doors": doors, "backends": backends,
+    # the floating address (two or more doors): which door holds it now (asked of each door: `ip addr`)
+    holder = runtime.holder() if runtime.address else None
+    return {"url": doors[0]["url"], "up": all(d["up"] for d in doors) and (holder is not None or not runtime.address),
+            "doors": doors, "backends": backends, "address": runtime.address, "holder": holder,
             "out_of_rotation": out_of_rotation(seen, controller_name(), time.time())}
 
 
@@ -124,7 +127,12 @@ def status_rows(door: dict) -> list[tuple[str, str, str]]:
         reason, held = why[b["host"]]
         return f"{cell}: " + (literal(reason) if held else f"[red]{literal(reason)}[/]")
 
-    return ([(d["host"], d["url"], "[green]up[/]" if d["up"] else "[red]DOWN[/]") for d in door["doors"]]
+    address = []
+    if door.get("address"):
+        address = [("floating address", door["address"], f"[green]held by {literal(door['holder'])}[/]"
+                    if door.get("holder") else "[red]held by no door[/]")]
+    return (address + [(d["host"], d["url"], ("[green]up[/]" if d["up"] else "[red]DOWN[/]")
+                        + (" (holds the address)" if d["host"] == door.get("holder") else "")) for d in door["doors"]]
             + [(f"  {b['host']}", "backend", state(b)) for b in door["backends"]])
 
 

@@ -23,6 +23,7 @@ from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.fleet import haproxy
+from sparkfleet.fleet.front_door.address import DoorSet, door_set
 from sparkfleet.fleet.front_door.runtime import BACKEND, CHAT_ROUTE, replay_command, save_state_command
 from sparkfleet.release.plan import HostPlan
 
@@ -84,6 +85,12 @@ class FrontDoor:
     status_port: int | None = None  # Prometheus's loopback port where this door offers the status page, else None
     chat_routes: tuple[Route, ...] = ()
     left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
+    doors: DoorSet | None = None  # the inventory's doors where they share a table or an address (address.py)
+
+    @property
+    def peers(self) -> dict | None:
+        """The config's peers section (two or more doors: the usage table shared), else None."""
+        return self.doors.peers(self.host) if self.doors else None
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -118,13 +125,14 @@ class FrontDoor:
             models_answer=self.models_answer(),
             chat_check=serving.http_check("chat", self.settings.served_model_name),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
-            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH)
+            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers)
 
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
         the refusals and the served names a request's model is counted under (any other is _other)."""
         models = self.served_names
         return {"lua": paths.FRONT_DOOR_USAGE_LUA, "table": monitoring.USAGE_TABLE,
+                "snapshot": paths.FRONT_DOOR_USAGE_SNAPSHOT,
                 "path": monitoring.USAGE_METRICS_PATH, "rate_429": haproxy.RATE_429,
                 "at_once_429": haproxy.AT_ONCE_429, "models": [haproxy.token(m, "served model name") for m in models]}
 
@@ -173,7 +181,23 @@ class FrontDoor:
     def unit(self) -> str:
         return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG,
                             paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
-                            save_state=save_state_command(), replay=replay_command())
+                            save_state=save_state_command(), replay=replay_command(), save_usage=usage_save_command())
+
+
+def usage_save_command() -> str:
+    """The usage snapshot's writer (files/sparkfleet-usage-save) with the door's socket and snapshot."""
+    return f"{paths.USAGE_SAVE} {paths.FRONT_DOOR_SOCKET} {paths.FRONT_DOOR_USAGE_SNAPSHOT}"
+
+
+def usage_save_units() -> tuple[str, str]:
+    """The usage snapshot's service and timer (every paths.USAGE_SNAPSHOT_S)."""
+    from sparkfleet.release import render
+
+    t = render._templates
+    return (t.get_template("sparkfleet-usage-save.service.j2").render(
+                front_door_unit=paths.FRONT_DOOR_UNIT_NAME, helper=paths.USAGE_SAVE, socket=paths.FRONT_DOOR_SOCKET,
+                snapshot=paths.FRONT_DOOR_USAGE_SNAPSHOT),
+            t.get_template("sparkfleet-usage-save.timer.j2").render(interval_s=paths.USAGE_SNAPSHOT_S))
 
 
 def viewer_digest(password: str) -> str:
@@ -181,7 +205,8 @@ def viewer_digest(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest().upper()
 
 
-def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False) -> FrontDoor:
+def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False,
+                    doors: DoorSet | None = None) -> FrontDoor:
     """The front door on `host`: the backends are every host serving the same served_model_name; of a
     tensor-parallel group only its head (the one API the group serves; a worker runs no engine API). Where `host`
     is also a monitoring host and has viewers, the door offers the status page.
@@ -264,7 +289,7 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
         raise SettingsError(problems)
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
                      keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None,
-                     chat_routes, left_out)
+                     chat_routes, left_out, doors)
 
 
 def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
@@ -273,9 +298,13 @@ def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
     in `monitoring_hosts` with the status page), their TLS files read as the stage reads them (so `plan` refuses
     what the converge would); SettingsError names every problem of every door."""
     doors, problems = [], []
+    try:
+        shared = door_set(names, plans)
+    except SettingsError as exc:
+        problems, shared = list(exc.problems), None
     for name in names:
         try:
-            door = front_door_plan(name, plans, name in monitoring_hosts)
+            door = front_door_plan(name, plans, name in monitoring_hosts, shared)
             if door.tls:
                 door.tls_pem()
             doors.append(door)
@@ -299,6 +328,8 @@ def door_summary(door: FrontDoor) -> dict:
             "routes": [{"served_name": r.served_name, "kind": r.kind, "backends": [b.name for b in r.backends]}
                        for r in (*door.chat_routes, *door.routes)],
             "models": list(door.served_names), "left_out": [{"host": h, "why": why} for h, why in door.left_out],
+            "address": str(door.doors.address) if door.doors and door.doors.address else None,
+            "peers": list(door.doors.names) if door.peers else [],
             "config": door.config()}
 
 
@@ -316,6 +347,11 @@ def door_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("users", literal(", ".join(summary["users"]))))
     else:
         rows.append(("users", "[yellow]none[/]: no key opens it; set front_door_users"))
+    if summary.get("address"):
+        rows.append(("floating address", literal(f"{summary['address']} (keepalived), shared by "
+                                                 f"{', '.join(summary['peers'])}")))
+    elif summary.get("peers"):
+        rows.append(("shared usage table", literal(", ".join(summary["peers"]))))
     if summary.get("limits"):
         rows.append(("limits", literal(", ".join(
             f"{name} " + " and ".join(part for part in (

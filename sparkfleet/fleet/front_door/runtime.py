@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import shlex
 import time
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP, FRONT_DOOR_PROXY
 from sparkfleet.contract.settings import parse_settings
+from sparkfleet.fleet.front_door.address import Door, DoorSet, Handover, handover
 from sparkfleet.fleet.front_door.holds import Hold, controller_name, parse_holds, stale, this_hold
 from sparkfleet.fleet.haproxy import SERVER_NAME
 
@@ -189,6 +191,29 @@ def in_rotation(show_stat: str) -> dict[str, set[str]]:
     return found
 
 
+_HELD = "@held"
+
+
+def holder_command(address: str) -> str:
+    """Prints _HELD where this door holds the floating `address` (an IPv4Interface's text, validated by the
+    settings) on an interface now, nothing otherwise."""
+    ip = shlex.quote(f"inet {address.split('/')[0]}/")
+    return f"ip -o -4 addr show 2>/dev/null | grep -qF -e {ip} && echo {_HELD}; true"
+
+
+def door_address_command(running: bool) -> str:
+    """keepalived on this door stopped (it hands the address over: VRRP's priority 0) or started (BACKUP)."""
+    return f"systemctl {'start' if running else 'stop'} -- {paths.DOOR_ADDRESS_UNIT_NAME}"
+
+
+def frontend_sessions(show_stat: str) -> int:
+    """The requests (sessions) HAProxy's `api` frontend holds now, from `show stat`."""
+    for row in csv.DictReader(io.StringIO(show_stat.lstrip("# "))):
+        if row.get("pxname") == "api" and row.get("svname") == "FRONTEND":
+            return int(row.get("scur") or 0)
+    return 0
+
+
 class FrontDoorRuntime:
     """The front doors of an inventory, driven over SSH: set backends aside and back, read their state.
 
@@ -199,7 +224,10 @@ class FrontDoorRuntime:
     def __init__(self, inventory: str, doors: list[tuple[str, dict]]):
         self.inventory = inventory
         self.doors = doors  # [(host name, merged data)]
-        self.drain_timeout_s = max((parse_settings(name, data).drain_timeout_s for name, data in doors), default=0)
+        settings = [parse_settings(name, data) for name, data in doors]
+        self.drain_timeout_s = max((s.drain_timeout_s for s in settings), default=0)
+        # the floating address the doors share (None: none; the settings refuse doors that disagree)
+        self.address = settings[0].front_door_address if settings else None
 
     @classmethod
     def of(cls, inventory: str) -> FrontDoorRuntime:
@@ -228,6 +256,61 @@ class FrontDoorRuntime:
                 ok, output = host.run_shell_command(StringCommand(command), print_output=False)
                 out[host.name] = output.stdout if ok else None
         return out
+
+    def _shell_on(self, names: list[str], command: str) -> dict[str, str | None]:
+        """`_shell` on some of the doors only."""
+        keep = [(n, d) for n, d in self.doors if n in names]
+        if not keep:
+            return {}
+        return type(self)(self.inventory, keep)._shell(command) if len(keep) < len(self.doors) \
+            else self._shell(command)
+
+    def holder(self) -> str | None:
+        """The door that holds the floating address now (None: none, or no floating address)."""
+        if not self.address:
+            return None
+        held = [n for n, text in self._shell(holder_command(self.address)).items() if text and _HELD in text]
+        return held[0] if held else None
+
+    def hand_over(self, hosts: list[str], log=print, timeout_s: float = 15) -> Handover:
+        """A planned change of `hosts` (a batch, an upgrade's step, a reboot): the address moves first, as
+        `address.handover` says: their keepalived stopped, a door outside the change holding it, the door that held
+        it drained (its own requests finished, up to drain_timeout_s). What `rejoin` undoes afterwards."""
+        if not self.address or not any(n in hosts for n, _ in self.doors):
+            return Handover()
+        shared = DoorSet(tuple(Door(n, "") for n, _ in self.doors), ipaddress.IPv4Interface(self.address), None,
+                         False, False, 0)
+        step = handover(hosts, shared, self.holder())
+        if step.problem:
+            log(f"front door address: {step.problem}")
+            return step
+        self._shell_on(list(step.release), door_address_command(running=False))
+        log(f"front door address: keepalived stopped on {', '.join(step.release)}")
+        if step.wait_for:
+            deadline, holder = time.monotonic() + timeout_s, None
+            while time.monotonic() < deadline:
+                holder = self.holder()
+                if holder in step.wait_for:
+                    break
+                time.sleep(0.5)
+            log(f"front door address: {self.address} held by {holder}" if holder in step.wait_for else
+                f"front door address: no other door took {self.address} within {timeout_s:g} s: going on")
+        if step.drain:
+            deadline = time.monotonic() + self.drain_timeout_s
+            while time.monotonic() < deadline:
+                answers = self._shell_on(list(step.drain), runtime_command("show stat"))
+                if not any(text and frontend_sessions(text) for text in answers.values()):
+                    break
+                time.sleep(0.5)
+            log(f"front door address: {', '.join(step.drain)} drained")
+        return step
+
+    def rejoin(self, step: Handover, log=print) -> None:
+        """After the change: keepalived started again on the doors `hand_over` stopped (they stay BACKUP under
+        nopreempt)."""
+        if step.rejoin:
+            self._shell_on(list(step.rejoin), door_address_command(running=True))
+            log(f"front door address: keepalived back on {', '.join(step.rejoin)}")
 
     def states(self) -> dict[str, dict[str, dict] | None]:
         """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
