@@ -6,11 +6,11 @@ same on both. `make demo` ends with it.
     pyinfra inventory/sim_two_doors.py deploy.py
 
 The floating address is on the sim's LAN (its Docker network), which this machine reaches over the bridge: clients
-use http://<floating address>:8080, whichever door holds it. Prometheus stays on door-1 (inventory/sim_front_door.py).
+use http://<floating address>:8080, whichever door holds it; `status` and `usage` ask each door at its own port. Prometheus stays on door-1 (inventory/sim_front_door.py).
 """
 
-import ipaddress as _ipaddress
 import runpy as _runpy
+import subprocess as _subprocess
 from pathlib import Path as _Path
 
 _one = _runpy.run_path(str(_Path(__file__).resolve().parent / "sim_front_door.py"))
@@ -18,11 +18,19 @@ _state = _one["_state"]
 _doors = _state.get("service_hosts") or []
 if len(_doors) < 2 or "lan" not in _state:
     raise RuntimeError("the simulated fleet has one service host: bring up two (`python -m sim up --service-hosts 2`)")
-_address = _state["lan"]["floating_address"]
-_door_data = {**_one["front_door"][0][1], "front_door_address": _address,
-              "controller_front_door_url": f"http://{_ipaddress.ip_interface(_address).ip}:8080"}
+_door_data = {**_one["front_door"][0][1], "front_door_address": _state["lan"]["floating_address"]}
+
+
+def _published(container: str) -> str:
+    """Where this machine reaches the door's own port 8080 (`status` and `usage` ask each door itself)."""
+    found = _subprocess.run(["docker", "port", container, "8080/tcp"], capture_output=True, text=True,
+                            check=False).stdout.split()
+    if not found:
+        raise RuntimeError(f"{container} publishes no port 8080: recreate the simulated fleet")
+    return f"http://{found[0]}"
+
 
 sparks = _one["sparks"]
-front_door = [(_h["name"], {**_door_data, "ssh_port": _h["ssh_port"], "lan_address": _h["container"]})
-              for _h in _doors[:2]]
+front_door = [(_h["name"], {**_door_data, "ssh_port": _h["ssh_port"], "lan_address": _h["container"],
+                            "controller_front_door_url": _published(_h["container"])}) for _h in _doors[:2]]
 monitoring = _one["monitoring"]

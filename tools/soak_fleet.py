@@ -69,6 +69,11 @@ class Fleet:
         if not door_settings:
             raise Refused(f"{inventory} has no front door on {self.door}: give inventory/sim_front_door.py")
         self.api_key = door_settings[0].api_key
+        # two doors sharing a floating address (inventory/sim_two_doors.py): the load goes to the address
+        self.address = door_settings[0].front_door_address
+        names = {d["name"] for d in doors}
+        self.doors = sorted(n for n, d in load_hosts(self.base) if n in names and self.address
+                            and parse_settings(n, d).front_door_address == self.address) or [self.door]
         self.lock_path = Path(os.environ.get("SPARKFLEET_LOCK", ROOT / ".sim" / "sparkfleet.lock"))
         self.lock = threading.Lock()
 
@@ -128,7 +133,8 @@ class Fleet:
     def converge_door(self, inventory: str | None = None, whole: bool = False) -> None:
         """The door converged (with `whole`, every host of the inventory: the soak's starting point, so the
         converge after the storm is judged against this inventory, not against what the fleet ran before)."""
-        done = self.converge(*(() if whole else ("--limit", self.door)), inventory=inventory,
+        limits = [] if whole else [arg for door in self.doors for arg in ("--limit", door)]
+        done = self.converge(*limits, inventory=inventory,
                              timeout=900 if whole else 600)
         if done.returncode:
             raise Refused(f"the {'fleet' if whole else 'front door'}'s converge failed: "
@@ -138,6 +144,8 @@ class Fleet:
         from sparkfleet.fleet.front_door.commands import bench_target
 
         url, model, _ = bench_target(self.inventory, SOAK_USERS[0])
+        if self.address:  # clients ask the floating address, whichever door holds it
+            url = f"{url.split('://')[0]}://{self.address.split('/')[0]}:{url.rsplit(':', 1)[1]}"
         plan = self.sparkfleet("plan", self.inventory, "--json", timeout=300)
         embedding = None
         if plan.returncode == 0:
@@ -221,17 +229,38 @@ class Fleet:
             problems += soak.verified_problems(host, answer)
         return problems
 
-    def usage(self, url: str) -> dict[str, int]:
-        from sparkfleet.fleet.usage import UsageError, door_usage
+    def usage(self) -> dict[str, int]:
+        """Requests per user as `sparkfleet usage` reports them (every door, summed); {} when a door is out."""
+        from sparkfleet.fleet.usage import fleet_usage
 
-        try:
-            return {user: row["requests"] for user, row in door_usage(url, self.api_key).items()}
-        except UsageError:
+        found = fleet_usage(self.inventory)
+        if not all(door["ok"] for door in found["doors"]):
             return {}
+        return {user: row["requests"] for user, row in found["users"].items()}
+
+    def holder(self) -> str | None:
+        """The door whose interface holds the floating address now."""
+        ip = f"inet {self.address.split('/')[0]}/"
+        for door in self.doors:
+            shown = run(["docker", "exec", soak.check_target(door, self.state), "ip", "-o", "-4", "addr", "show"],
+                        20).stdout
+            if ip in shown:
+                return door
+        return None
+
+    def door_answers(self, url: str) -> bool:
+        """A one-token chat through `url` answers 200 (the door's own check of serving)."""
+        try:
+            return requests.post(f"{url}/v1/chat/completions", timeout=5,
+                                 headers={"Authorization": f"Bearer {self.api_key}"},
+                                 json={"model": self.settings[self.hosts[0]].served_model_name, "max_tokens": 1,
+                                       "messages": [{"role": "user", "content": "soak: serving?"}]}).status_code == 200
+        except requests.RequestException:
+            return False
 
     def journals(self, since_wall: float) -> dict[str, str]:
         out = {}
-        for host in [*self.hosts, self.door]:
+        for host in [*self.hosts, *self.doors]:
             text = self.sh(host, f"journalctl --since @{int(since_wall)} -o cat | head -c {JOURNAL_CAP}",
                            timeout=120).stdout
             out[host] = text
@@ -262,6 +291,12 @@ class Fault:
 
     def put_back(self) -> None:
         """At the end, whatever happened: undo what could still be in force (idempotent)."""
+
+    def noticed(self, since_wall: float) -> str | None:
+        return self.fleet.noticed(self.host, since_wall)
+
+    def serving(self) -> bool:
+        return self.fleet.serving(self.host)
 
 
 class EngineKilled(Fault):
@@ -358,6 +393,39 @@ class DoorNetworkCut(Fault):
         self._routes("del")
 
     put_back = restore
+
+
+class DoorLost(Fault):
+    """The door holding the floating address powered off (`docker stop -t 0`: no shutdown, as a power cut), back
+    hold_s later. Noticed when another door holds the address (keepalived); serving again when the address answers
+    a chat."""
+
+    hold_s = 60.0
+
+    def inject(self):
+        self.lost = self.fleet.holder()
+        if self.lost is None:
+            raise Refused("no door holds the floating address")
+        self.host = self.lost
+        run(["docker", "stop", "-t", "0", soak.check_target(self.lost, self.fleet.state)], 60, check=True)
+
+    def restore(self):
+        if getattr(self, "lost", None):
+            self.fleet.docker("start", self.lost)
+            for _ in range(60):  # back as a backup door (up to ~2 minutes for its boot)
+                if self.fleet.sh(self.lost, "systemctl is-active sparkfleet-door-address.service",
+                                 timeout=20).stdout.strip() == "active":
+                    break
+                time.sleep(2)
+
+    put_back = restore
+
+    def noticed(self, since_wall: float) -> str | None:
+        held = self.fleet.holder()
+        return "keepalived" if held and held != getattr(self, "lost", None) else None
+
+    def serving(self) -> bool:
+        return self.fleet.door_answers(self.fleet.url)
 
 
 class ShardCorrupted(Fault):
@@ -463,7 +531,7 @@ IMPLEMENTATIONS: dict[str, Callable[[Fleet, str | None], Fault]] = {
     "engine-hung": EngineHung, "docker-restarted": DockerRestarted, "host-rebooted": HostRebooted,
     "host-powered-off": HostPoweredOff, "door-network-cut": DoorNetworkCut, "shard-corrupted": ShardCorrupted,
     "model-root-full": ModelRootFull, "hub-registry-down": HubRegistryDown, "controller-killed": ControllerKilled,
-    "rollout": Rollout, "upgrade": Upgrade,
+    "rollout": Rollout, "upgrade": Upgrade, "door-lost": DoorLost,
 }
 assert set(IMPLEMENTATIONS) == set(soak.FAULTS)
 NEEDS_A_COMMAND = {"shard-corrupted"}  # nothing watches a shard's bytes between converges: its repair is the plan
@@ -482,7 +550,8 @@ def run_fault(fleet: Fleet, slot: soak.Slot, started: float, faults: list[Fault]
         fault.inject()
     except (subprocess.SubprocessError, OSError, Refused) as exc:
         result.note = f"inject failed: {exc}"
-    if not spec.single_host:  # a fleet command ran to its end inside inject
+    result.host = fault.host  # a door fault names the door it found holding the address
+    if not spec.single_host and not fault.hold_s:  # a fleet command ran to its end inside inject
         fault.restore()
     restored = not fault.hold_s
     deadline = result.injected + spec.max_s
@@ -494,10 +563,12 @@ def run_fault(fleet: Fleet, slot: soak.Slot, started: float, faults: list[Fault]
         if not restored and now >= result.injected + fault.hold_s:
             fault.restore()
             restored = True
-        if result.noticed is None and (by := fleet.noticed(slot.host, wall)):
+        if result.noticed is None and (by := fault.noticed(wall)):
             result.noticed, result.noticed_by = time.monotonic(), by
-        if restored and now > result.injected + 3 and fleet.serving(slot.host):
+        if result.serving_again is None and (restored or spec.door) and now > result.injected + 3 \
+                and fault.serving():  # a door fault serves again (the other door) while the lost one is still off
             result.serving_again = time.monotonic()
+        if result.serving_again is not None and restored:
             return result
         time.sleep(2)
     if not restored:
@@ -505,7 +576,7 @@ def run_fault(fleet: Fleet, slot: soak.Slot, started: float, faults: list[Fault]
     fault.repair()
     result.command = True
     for _ in range(60):  # up to ~2 minutes more for the repaired host
-        if fleet.serving(slot.host):
+        if fault.serving():
             result.serving_again = time.monotonic()
             break
         time.sleep(2)
@@ -529,15 +600,18 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
     with tempfile.TemporaryDirectory(prefix="sparkfleet-soak-") as workdir:
         os.chmod(workdir, 0o700)
         fleet = Fleet(inventory, Path(workdir))
+        skipped = [n for n in names if soak.FAULTS[n].door and len(fleet.doors) < 2]
+        names = [n for n in names if n not in skipped]  # a door's loss needs a second door to take the address
         slots = soak.plan_schedule(names, fleet.hosts, run_s, baseline_s)
         fleet.write_inventory()
         keys = {user: fleet.add_user(user) for user in (*SOAK_USERS, THROWAWAY)}
         fleet.converge_door(whole=True)
         url, model, embedding = fleet.door_url_model()
+        fleet.url = url
         records_before, lock_before = fleet.records(), fleet.lock_bytes()
         setting = fleet.settings[fleet.hosts[0]]
         bound = soak.heal_bound_s(setting.watchdog_interval_s, setting.watchdog_failures, START_S)
-        log, faults, results, resets, usage = soak.RequestLog(), [], [], [], []
+        log, faults, results, usage = soak.RequestLog(), [], [], []
         load = soak.Load(url, model, {u: keys[u] for u in SOAK_USERS}, log, workers=workers,
                          embedding_model=embedding)
         started, wall = time.monotonic(), time.time()
@@ -545,7 +619,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
 
         def sample_usage():
             while not stop.wait(10):
-                usage.append((time.monotonic() - started, fleet.usage(url)))
+                usage.append((time.monotonic() - started, fleet.usage()))
 
         sampler = threading.Thread(target=sample_usage, daemon=True)
         sampler.start()
@@ -560,8 +634,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
                 pool.append(thread)
             time.sleep(max(0.0, removed_at - time.monotonic()))
             fleet.remove_user(THROWAWAY)
-            resets.append(time.monotonic() - started)
-            fleet.converge_door()  # reloads the door: its usage counts start again (fleet/usage.py)
+            fleet.converge_door()  # reloads the door: its usage counts go on from its snapshot (fleet/usage.py)
             for thread in pool:
                 thread.join(max(1.0, started + run_s + 900 - time.monotonic()))
             for thread in threads:
@@ -571,7 +644,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
             load.stop.set()
             put_back(fleet, faults)
         sampler.join(15)
-        usage.append((time.monotonic() - started, fleet.usage(url)))
+        usage.append((time.monotonic() - started, fleet.usage()))
         rolled = {f for f in names if not soak.FAULTS[f].single_host}
         statuses = {}
         for user, key in keys.items():
@@ -590,11 +663,13 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
             changed, changes = {}, None
         checks = {"verified": fleet.rehash(),
                   "keys": soak.key_problems(statuses, removed={THROWAWAY}),
-                  "usage": soak.usage_problems(usage, resets),
+                  "usage": soak.usage_problems(usage),
                   "release records": soak.record_problems(records_before, fleet.records(), rolled=set()),
                   "lock": soak.lock_problems(lock_before, fleet.lock_bytes(), rolled=False),
                   "secrets": soak.secret_problems(fleet.journals(wall), {"api_key": fleet.api_key or "", **keys})}
         notes = [f"the converge afterwards changed: {host}: {', '.join(ops)}" for host, ops in sorted(changed.items())]
+        if skipped:
+            notes.append(f"not run ({', '.join(skipped)}): the inventory has one front door")
         if rolled:
             notes.append(f"fleet-wide changes ({', '.join(sorted(rolled))}) were put back before the checks")
         fleet.converge_door(inventory=fleet.base)  # the door back on the inventory's own users

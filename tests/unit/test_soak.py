@@ -89,7 +89,8 @@ def test_the_full_schedule_runs_every_fault_alone_then_overlapping_on_other_host
     assert len(slots) <= soak.MAX_FAULTS
     assert max(s.at_s + soak.FAULTS[s.fault].typical_s for s in slots) <= 40 * 60
     alone_end = max(s.at_s + soak.FAULTS[s.fault].typical_s for s in alone)
-    assert alone_end <= 30 * 60 and min(s.at_s for s in paired) >= alone_end  # one at a time first, in 30 min
+    # one at a time first: in 30 min, and 90 s more for a door's loss (with two doors)
+    assert alone_end <= 30 * 60 + soak.FAULTS["door-lost"].typical_s and min(s.at_s for s in paired) >= alone_end
 
 
 def test_a_schedule_that_cannot_fit_its_minutes_is_refused_naming_the_fix():
@@ -203,6 +204,22 @@ def test_a_frozen_engine_healed_late_or_by_a_command_fails_the_heal_goal():
 def test_a_powered_off_host_that_needed_a_command_fails_its_goal():
     assert not goals([result("host-powered-off", command=True)], [])["powered-off host back"].ok
     assert not goals([result("host-powered-off", back=None)], [])["powered-off host back"].ok
+
+
+def test_a_lost_door_may_fail_only_the_requests_in_flight_and_the_other_must_serve_within_5_s():
+    lost = result("door-lost", host="door-1", noticed=103.0, back=104.0)
+    in_flight = req(99, 104, "chat", "connection")  # on the door that was lost: the client saw it fail
+    assert goals([lost], [in_flight, req(101, 103.5)])["door lost"].ok
+    more = goals([lost], [in_flight, req(101, 103.5), req(102, 103, "chat", "connection")])["door lost"]
+    assert not more.ok and "2 failed, 1 in flight" in more.detail
+    slow = goals([lost], [req(101, 106)])["door lost"]  # served 6 s after the loss
+    assert not slow.ok and "6.0 s later" in slow.detail
+    assert not goals([lost], [req(90, 91)])["door lost"].ok  # nothing sent after it was served
+
+
+def test_usage_that_falls_across_a_reload_fails_unless_the_caller_excuses_it():
+    samples = [(10.0, {"soak-1": 5}), (20.0, {"soak-1": 3})]
+    assert soak.usage_problems(samples) and soak.usage_problems(samples, resets=[15.0]) == []
 
 
 def test_after_the_storm_changes_on_a_converge_or_a_lost_thing_fail_the_last_goal():
