@@ -44,7 +44,7 @@ def test_every_engine_node_exporter_and_front_door_is_a_target_labelled_with_its
 def test_a_service_host_is_scraped_as_a_front_door_only_and_a_loopback_engine_is_refused():
     groups = {**GROUPS, "spark-3": {"all", "front_door"}}
     door = plan_hosts([("spark-3", host_data(api_host="0.0.0.0", api_key=KEY, ssh_hostname="10.0.0.3",
-                                             **{GROUPS_KEY: ["front_door"]}))])[0]
+                                             backend_key_in_clear=True, **{GROUPS_KEY: ["front_door"]}))])[0]
     found = monitoring.targets({**plans(), "spark-3": door}, groups)
     assert {t.job for t in found if t.host == "spark-3"} == {"front_door", "usage"}
     with pytest.raises(SettingsError, match="spark-2: api_host 127.0.0.1 is loopback"):
@@ -213,7 +213,8 @@ def test_plan_never_prints_the_webhook_url(tmp_path, capsys):
 
     url = "https://hooks.example/T0KEN-abcdef0123"
     path = tmp_path / "office.py"
-    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': {KEY!r}, 'alertmanager_webhook_url': {url!r}}}\n"
+    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': {KEY!r}, 'alertmanager_webhook_url': {url!r}, "
+                    "'backend_key_in_clear': True}\n"
                     "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2)]\n"
                     "monitoring = sparks[:1]\n")
     for extra in ([], ["--json"]):
