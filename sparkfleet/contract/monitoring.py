@@ -93,6 +93,8 @@ WATCHDOG_METRICS = {
     "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
     "sparkfleet_watchdog_probe_ok": "1 when the watchdog's last probe of a unit (label unit) passed",
 }
+TLS_EXPIRY_METRIC = "sparkfleet_tls_cert_expiry_seconds"
+TLS_METRICS = {TLS_EXPIRY_METRIC: "when the host's fleet TLS certificate ends (seconds since the epoch)"}
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",

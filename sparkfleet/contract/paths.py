@@ -134,6 +134,9 @@ TLS_DIR = f"{CONFIG_DIR}/tls"
 TLS_CA = f"{TLS_DIR}/ca.crt"  # 0644: the fleet CA, which every guard and every caller of one verifies against
 TLS_HOST_CERT = f"{TLS_DIR}/host.crt"  # 0644: this host's certificate (server and client), re-issued before expiry
 TLS_HOST_KEY = f"{TLS_HOST_CERT}.key"  # 0600: its key, derived from the CA's and the host's name (the same each run)
+# 0644: when the host's certificate ends, for the node exporter's textfile collector (contract/monitoring.py
+# TEXTFILE_DIR), written by the node_metrics stage from the certificate the converge left in force
+TLS_EXPIRY_TEXTFILE = f"{STATE_DIR}/textfile/sparkfleet-tls.prom"
 HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; both HAProxy units chroot there
 
 # What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
@@ -141,7 +144,7 @@ HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; 
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
-    PLATFORM_PINS,
+    PLATFORM_PINS, TLS_EXPIRY_TEXTFILE,
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

@@ -17,7 +17,7 @@ from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import haproxy
+from sparkfleet.fleet import haproxy, pki
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.status_page import prometheus_flags
 from sparkfleet.release import render
@@ -150,6 +150,10 @@ def rules(s: Settings) -> list[dict]:
                s.monitoring_down_for_s, "an engine is down or not serving"),
         _alert("NodeExporterDown", 'up{job="node"} == 0', s.monitoring_down_for_s,
                "its node exporter does not answer (the host, or its guard, is down)"),
+        _alert("TlsCertificateExpiring",
+               f"{pki.EXPIRY_METRIC} - time() < {pki.ALERT_BEFORE_DAYS * 86400}", 3600,
+               f"its fleet TLS certificate ends within {pki.ALERT_BEFORE_DAYS} days: converge it (the converge "
+               "re-issues one within 30 days of its end)"),
         _alert("WatchdogGaveUp", "sparkfleet_watchdog_gave_up == 1", 0,
                "the watchdog gave up restarting {{ $labels.unit }}"),
         _alert("KvCacheFull", kv, s.monitoring_alert_for_s,

@@ -26,6 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sparkfleet.contract.monitoring import TLS_EXPIRY_METRIC
+
 CA_DAYS = 3650
 HOST_DAYS = 90  # a host's certificate; re-issued by the converge that finds it within RENEW_BEFORE of its end
 RENEW_BEFORE = dt.timedelta(days=30)
@@ -246,3 +248,14 @@ def client_pair(ca: FleetCA, now: dt.datetime | None = None) -> tuple[str, str]:
     CONTROLLER_NAME, one day; kept in memory and in a private temporary directory only (fleet/tls.py)."""
     key = ec.generate_private_key(_CURVE)
     return issue(ca, CONTROLLER_NAME, (CONTROLLER_NAME,), key=key, now=now, days=CLIENT_DAYS), _key_pem(key)
+
+
+EXPIRY_METRIC = TLS_EXPIRY_METRIC  # contract/monitoring.py names it
+
+
+def expiry_metric(pem: str) -> str:
+    """The node exporter's textfile (paths.TLS_EXPIRY_TEXTFILE) for the host's certificate in force: when it ends,
+    in seconds since the epoch, which the alert TlsCertificateExpiring (fleet/monitoring.py) compares with time()."""
+    end = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+    return (f"# HELP {EXPIRY_METRIC} when this host's fleet TLS certificate ends (seconds since the epoch)\n"
+            f"# TYPE {EXPIRY_METRIC} gauge\n{EXPIRY_METRIC} {int(end.timestamp())}\n")

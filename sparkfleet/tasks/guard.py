@@ -37,7 +37,7 @@ def guard(plan: HostPlan):
     changes = [
         managed_file(name="Guard config", content=wanted.config(), dest=paths.GUARD_CONFIG, mode="0644"),
         secret_file(name="Guard's backend key (root-only)", dest=paths.GUARD_KEY_MAP, content=wanted.key_map()),
-        *tls,
+        *tls.ops,
     ]
     unit = managed_file(name="Guard unit", content=wanted.unit(), dest=paths.GUARD_UNIT_PATH, mode="0644")
     managed_unit(name="Guard enabled and running", service=paths.GUARD_UNIT_NAME, running=True, enabled=True,

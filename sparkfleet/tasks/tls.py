@@ -8,6 +8,8 @@ preflight's facts (host/preflight.py `converge_reads`): no round trip of its own
 to reload when they changed).
 """
 
+from dataclasses import dataclass
+
 from pyinfra import host, state
 
 from sparkfleet.contract import paths
@@ -23,14 +25,20 @@ from sparkfleet.host.state import fact
 from sparkfleet.release.plan import HostPlan
 
 
-def host_tls(plan: HostPlan) -> list:
-    """The operations that put this host's TLS files in place ([] where the fleet's hops are plain)."""
+@dataclass(frozen=True)
+class HostTls:
+    ops: list  # the operations that put this host's TLS files in place ([] where the fleet's hops are plain)
+    cert: str | None = None  # the certificate in force after them (the host's, or the one issued now)
+
+
+def host_tls(plan: HostPlan) -> HostTls:
+    """This host's TLS files, put in place once per run (the guard stage first)."""
     return run_of(state).once("host tls", plan.name, lambda: _host_tls(plan))
 
 
-def _host_tls(plan: HostPlan) -> list:
+def _host_tls(plan: HostPlan) -> HostTls:
     if not plan.backend_tls:
-        return []
+        return HostTls([])
     try:
         ca = ca_of(plan.settings)
     except SettingsError as exc:
@@ -43,6 +51,7 @@ def _host_tls(plan: HostPlan) -> list:
            secret_file(name="This host's TLS key (root-only)", dest=paths.TLS_HOST_KEY,
                        content=pki.host_key_pem(ca, plan.name))]
     if why:  # the current one stands otherwise: a new one each run would reload every HAProxy each run
+        current = pki.issue(ca, plan.name, names)
         ops.append(managed_file(name=f"This host's certificate issued by the fleet CA (the current one: {why})",
-                                content=pki.issue(ca, plan.name, names), dest=paths.TLS_HOST_CERT, mode="0644"))
-    return ops
+                                content=current, dest=paths.TLS_HOST_CERT, mode="0644"))
+    return HostTls(ops, current)

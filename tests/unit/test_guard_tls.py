@@ -30,6 +30,19 @@ from .test_pki import make_ca
 USER_KEY = "alice-key-0123456789abcdef"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_ssl_context_class():
+    """urllib3 makes its contexts of the class `ssl` had when it was imported. A test module run earlier in this
+    process may have imported pyinfra_cli (gevent's patch_all replaces ssl.SSLContext) after urllib3: then each new
+    context recurses in the stdlib's setters. The product imports pyinfra_cli first (one class throughout); so here."""
+    import urllib3.util.ssl_ as urllib3_ssl
+
+    kept = urllib3_ssl.SSLContext
+    urllib3_ssl.SSLContext = ssl.SSLContext
+    yield
+    urllib3_ssl.SSLContext = kept
+
+
 class _Engine(BaseHTTPRequestHandler):
     """Stands in for the engine on loopback: 200 and the path to any request."""
 

@@ -188,3 +188,14 @@ def test_a_ca_of_mismatched_files_is_refused_before_any_host(tmp_path):
 def test_relative_ca_paths_are_refused(tmp_path):
     with pytest.raises(SettingsError, match="fleet_ca_cert"):
         plan_hosts(inventory({}, fleet_ca_cert="ca.crt", fleet_ca_key=str(tmp_path / "k")))
+
+
+def test_the_expiry_metric_and_its_alert(ca):
+    from sparkfleet.contract.settings import parse_settings
+    from sparkfleet.fleet import monitoring
+
+    pem = pki.issue(ca, "spark-a", NAMES)
+    end = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+    assert f"{pki.EXPIRY_METRIC} {int(end.timestamp())}\n" in pki.expiry_metric(pem)
+    [rule] = [r for r in monitoring.rules(parse_settings("spark-1", host_data())) if r["alert"] == "TlsCertificateExpiring"]
+    assert rule["expr"] == f"{pki.EXPIRY_METRIC} - time() < {14 * 86400}"
