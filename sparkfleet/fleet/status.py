@@ -76,14 +76,12 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
         row["healthy"] = not problems
         row["error"] = "; ".join(problems) or None
         if chat and row["healthy"]:
-            from openai import OpenAI
+            from openai import DefaultHttpxClient, OpenAI
 
-            import httpx
-
-            # the chain is the fleet CA's; httpx cannot be told the inventory name to check (fleet/tls.py)
+            # the chain is the fleet CA's; this client cannot be told the inventory name to check (fleet/tls.py)
             context = client.ssl_context(check_hostname=False) if client else None
             openai = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60,
-                            **({"http_client": httpx.Client(verify=context, trust_env=False)} if context else {}))
+                            **({"http_client": DefaultHttpxClient(verify=context, trust_env=False)} if context else {}))
             reply = openai.chat.completions.create(
                 model=s.served_model_name, max_tokens=24,
                 messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],

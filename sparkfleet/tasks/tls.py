@@ -32,13 +32,13 @@ class HostTls:
 
 
 def host_tls(plan: HostPlan) -> HostTls:
-    """This host's TLS files, put in place once per run (the guard stage first)."""
+    """This host's TLS files, put in place once per run (the guard stage first); nothing where the hops are plain."""
+    if not plan.backend_tls:
+        return HostTls([])
     return run_of(state).once("host tls", plan.name, lambda: _host_tls(plan))
 
 
 def _host_tls(plan: HostPlan) -> HostTls:
-    if not plan.backend_tls:
-        return HostTls([])
     try:
         ca = ca_of(plan.settings)
     except SettingsError as exc:
