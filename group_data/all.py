@@ -138,6 +138,12 @@ controller_front_door_ca = None  # a PEM file status trusts for the front door's
 front_door_tls_cert = None  # a PEM certificate on the controller: the front door speaks https
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
 front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN
+# The fleet CA (made by `sparkfleet init`, beside the secrets): with a front door or a monitoring host, every hop to
+# a host's guard is TLS with a certificate of this CA at both ends (docs/front-door.md); absolute controller paths
+fleet_ca_cert = None  # its certificate (public)
+fleet_ca_key = None  # its key (0600 on the controller; issues each host's certificate at converge, never shipped)
+backend_key_in_clear = False  # True: the doors, Prometheus and status ask the guards over plain http, the backend key
+#                               in clear on the LAN (what sparkfleet did before the fleet CA): only on a trusted LAN
 # secret: {"name": "password"} (>= 16 characters): who may open the office status page, GET /status with HTTP
 # Basic auth; offered where the front door host is also a `monitoring` host (0600 on it, as a SHA-256 only)
 front_door_viewers = {}

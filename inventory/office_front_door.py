@@ -25,6 +25,10 @@ _serving = {
     "front_door_users": _secrets["users"],
     "front_door_tls_cert": str(_Path.home() / ".config" / "sparkfleet" / "llm.lan.crt"),
     "front_door_tls_key": str(_Path.home() / ".config" / "sparkfleet" / "llm.lan.key"),
+    # the fleet CA (`sparkfleet init` makes it beside the secrets): TLS on every hop from a front door to a guard,
+    # so the engines' key never crosses the LAN in clear; its key stays on this controller (0600)
+    "fleet_ca_cert": str(_Path.home() / ".config" / "sparkfleet" / "office-keys.ca.crt"),
+    "fleet_ca_key": str(_Path.home() / ".config" / "sparkfleet" / "office-keys.ca.key"),
 }
 
 sparks = [(name, {**data, **_serving}) for name, data in _office["sparks"]]

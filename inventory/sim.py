@@ -10,6 +10,7 @@ list is a pyinfra group; names starting with "_" are not.
 
 import json as _json
 import os as _os
+import runpy as _runpy
 from pathlib import Path as _Path
 
 _SIM = _Path(__file__).resolve().parents[1] / ".sim"
@@ -27,8 +28,15 @@ except FileNotFoundError:
 # The release lock of this fleet (sparkfleet.lock), beside its state: `sim down` and a new engine image remove it.
 _os.environ.setdefault("SPARKFLEET_LOCK", str(_STATE_FILE.parent / "sparkfleet.lock"))
 
+# The fleet CA (sim/fleet/ca.py), made once beside the state: with door-1 (inventory/sim_front_door.py) every hop to
+# a guard is TLS, as in an office `sparkfleet init` made; without a door or monitoring host it changes nothing.
+_ca_cert, _ca_key = _runpy.run_path(str(_Path(__file__).resolve().parents[1] / "sim" / "fleet" / "ca.py"))[
+    "fleet_ca"](_STATE_FILE.parent)
+
 _common = {
     "ssh_hostname": "127.0.0.1",
+    "fleet_ca_cert": _ca_cert,
+    "fleet_ca_key": _ca_key,
     "ssh_user": _state["ssh_user"],
     "ssh_key": _state["ssh_key"],
     "ssh_strict_host_key_checking": "yes",

@@ -25,6 +25,7 @@ def run(args) -> int:
 
     from sparkfleet.fleet.front_door.plan import door_rows, door_summary
     from sparkfleet.fleet.inventory import load_hosts, locked_plans, with_data
+    from sparkfleet.fleet.tls import plans_ca
     from sparkfleet.release.plan import plan_hosts
     from sparkfleet.release.services import plan_rows
     from sparkfleet.tables import console, literal, print_table
@@ -32,6 +33,7 @@ def run(args) -> int:
     with common.refusing():
         hosts = with_data(load_hosts(args.inventory, args.limit), args.data)
         plans = plan_hosts(hosts) if args.offline else locked_plans(hosts)
+        plans_ca(plans)  # offline too: the fleet CA's files are the controller's
         doors = [door_summary(door) for door in front_doors(args, plans)]
     found = topology(plans)
     if args.json:

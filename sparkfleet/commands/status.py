@@ -24,13 +24,15 @@ def run(args) -> int:
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
     from sparkfleet.fleet.front_door.holds import door_ok
-    from sparkfleet.fleet.inventory import spark_hosts
+    from sparkfleet.fleet.inventory import load_hosts, spark_hosts
+    from sparkfleet.fleet.tls import guard_client, hosts_ca
     from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
     from sparkfleet.tables import console, literal, narrow, print_table
 
     with common.refusing():
+        ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
         hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
         settings = {name: parse_settings(name, data) for name, data in hosts.items()}
         groups, problems = plan_groups(settings)
@@ -38,8 +40,9 @@ def run(args) -> int:
             raise SettingsError(problems)
     facts = read_hosts(args.inventory, list(hosts),
                        lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))
-    rows = fleet_rows(list(hosts), groups, facts,
-                      lambda name: host_row(name, settings[name], hosts[name], facts[name], chat=args.chat))
+    with guard_client(ca) as client:
+        rows = fleet_rows(list(hosts), groups, facts, lambda name: host_row(name, settings[name], hosts[name],
+                                                                           facts[name], chat=args.chat, client=client))
     door = front_door_status(args.inventory)  # None: the inventory has no front door
     alerts = fleet_alerts(args.inventory)  # None: the inventory has no monitoring host
     if args.json:

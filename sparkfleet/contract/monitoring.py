@@ -21,6 +21,12 @@ def is_service_host(groups) -> bool:
     return bool(named) and named <= SERVICE_GROUPS
 
 
+def backend_hop(groups_per_host) -> bool:
+    """Whether the inventory has a backend hop: a host in `front_door` or `monitoring`, which asks the guards over
+    the LAN with the backend key. Without one the guard is the office's API itself (clients bring the key)."""
+    return any(set(groups) & SERVICE_GROUPS for groups in groups_per_host)
+
+
 # Prometheus on a monitoring host: its own unit (Debian's prometheus.service stays off), loopback only.
 PROMETHEUS_UNIT_NAME = "sparkfleet-prometheus.service"
 PROMETHEUS_UNIT_PATH = paths.unit_path(PROMETHEUS_UNIT_NAME)
@@ -30,6 +36,8 @@ PROMETHEUS_RULES = f"{PROMETHEUS_DIR}/alerts.yml"
 PROMETHEUS_CONSOLES = f"{PROMETHEUS_DIR}/consoles"  # the office status page (a console template)
 PROMETHEUS_CONSOLE_LIBRARIES = f"{PROMETHEUS_DIR}/console_libraries"  # empty: the page needs no library
 PROMETHEUS_KEY = f"{PROMETHEUS_DIR}/backend.key"  # 0600, owned by prometheus: the key its scrapes send
+# 0600, owned by prometheus: the host's own TLS key (paths.TLS_HOST_KEY's content), which its scrapes present
+PROMETHEUS_TLS_KEY = f"{PROMETHEUS_DIR}/host.key"
 PROMETHEUS_DATA = f"{paths.STATE_DIR}/prometheus"
 PROMETHEUS_USER = "prometheus"  # Debian's package makes it
 STATUS_PAGE = "/consoles/sparkfleet.html"  # where Prometheus serves the page (the front door maps /status to it)
@@ -85,6 +93,8 @@ WATCHDOG_METRICS = {
     "sparkfleet_watchdog_restarts_total": "restarts the watchdog made of a unit (label unit)",
     "sparkfleet_watchdog_probe_ok": "1 when the watchdog's last probe of a unit (label unit) passed",
 }
+TLS_EXPIRY_METRIC = "sparkfleet_tls_cert_expiry_seconds"
+TLS_METRICS = {TLS_EXPIRY_METRIC: "when the host's fleet TLS certificate ends (seconds since the epoch)"}
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",

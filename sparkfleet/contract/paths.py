@@ -143,14 +143,23 @@ GUARD_DIR = f"{CONFIG_DIR}/guard"
 GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
 GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
+# TLS on every backend hop (fleet/pki.py): the fleet CA's certificate and the host's own, issued by the controller
+# at converge; HAProxy loads `<crt>.key` beside a certificate by itself (ssl-load-extra-files, "all" by default)
+TLS_DIR = f"{CONFIG_DIR}/tls"
+TLS_CA = f"{TLS_DIR}/ca.crt"  # 0644: the fleet CA, which every guard and every caller of one verifies against
+TLS_HOST_CERT = f"{TLS_DIR}/host.crt"  # 0644: this host's certificate (server and client), re-issued before expiry
+TLS_HOST_KEY = f"{TLS_HOST_CERT}.key"  # 0600: its key, derived from the CA's and the host's name (the same each run)
+# 0644: when the host's certificate ends, for the node exporter's textfile collector (contract/monitoring.py
+# TEXTFILE_DIR), written by the node_metrics stage from the certificate the converge left in force
+TLS_EXPIRY_TEXTFILE = f"{STATE_DIR}/textfile/sparkfleet-tls.prom"
 HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; both HAProxy units chroot there
 
 # What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
 # manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
 MANAGED_GLOBS = (
-    CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*",
+    CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
-    PLATFORM_PINS,
+    PLATFORM_PINS, TLS_EXPIRY_TEXTFILE,
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

@@ -48,14 +48,16 @@ def api_reachable(s: Settings) -> bool:
     return bool(s.controller_api_url) or not s.api_is_loopback
 
 
-def api_url(name: str, s: Settings, data: dict) -> str | None:
+def api_url(name: str, s: Settings, data: dict, tls: bool = False) -> str | None:
     """Where the controller reaches a host's API (status, bench, the speed gate), or None when it listens on
-    loopback only (`api_reachable`)."""
+    loopback only (`api_reachable`). `tls`: the fleet's guards serve TLS (fleet/tls.py `guard_client`), so a
+    `controller_api_url` given as http:// is asked over https all the same (the guard speaks nothing else)."""
     if s.controller_api_url:
-        return s.controller_api_url.rstrip("/")
+        url = s.controller_api_url.rstrip("/")
+        return "https://" + url.removeprefix("http://") if tls and url.startswith("http://") else url
     if not api_reachable(s):
         return None
-    return http_url(ssh_address(name, data), s.api_port)
+    return http_url(ssh_address(name, data), s.api_port, "https" if tls else "http")
 
 
 def front_door_url(name: str, s: Settings, data: dict) -> str:

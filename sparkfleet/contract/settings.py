@@ -412,6 +412,9 @@ class Settings(_EngineVersions):
     front_door_tls_cert: AbsPath | None
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool
+    fleet_ca_cert: AbsPath | None  # the fleet CA on the controller (fleet/pki.py): TLS on every backend hop
+    fleet_ca_key: AbsPath | None
+    backend_key_in_clear: bool
     front_door_viewers: dict[Name, UserKey] = _secret()
     drain_timeout_s: int = Field(ge=0, le=3600)
     # Two or more front doors sharing one address (keepalived's VRRP, HAProxy's peers): fleet/front_door/address.py

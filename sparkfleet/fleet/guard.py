@@ -39,9 +39,11 @@ class Guard:
     host: str
     listeners: tuple[Listener, ...]
     api_key: str | None
+    tls: bool = False  # TLS only, a client certificate of the fleet CA required (the fleet has a backend hop)
 
     def config(self) -> str:
-        return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners,
+        tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
+        return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners, tls=tls,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
                               key_user=KEY_USER, node_metrics=monitoring.NODE_METRICS_PATH,
                               node_exporter=haproxy.address(paths.ENGINE_HOST, monitoring.NODE_EXPORTER_PORT))
@@ -74,4 +76,4 @@ def guard_plan(plan: HostPlan) -> Guard | None:
             for n, (name, kind, port) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
-    return Guard(plan.name, listeners, s.api_key)
+    return Guard(plan.name, listeners, s.api_key, plan.backend_tls)

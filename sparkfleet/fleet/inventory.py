@@ -21,6 +21,7 @@ from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.contract.monitoring import SERVICE_GROUPS, is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
+from sparkfleet.fleet.tls import plans_ca
 
 
 def host_data(host) -> dict:
@@ -165,8 +166,10 @@ def plans(state) -> dict[str, HostPlan]:
     def plan_inventory():
         with locked(hub_resolver, image_resolver) as locking:
             resolve, resolve_image = shared_resolvers(run, locking)
-            return {p.name: p for p in plan_hosts([(h.name, host_data(h)) for h in state.inventory],
-                                                  resolve=resolve, resolve_image=resolve_image)}
+            planned = plan_hosts([(h.name, host_data(h)) for h in state.inventory], resolve=resolve,
+                                 resolve_image=resolve_image)
+            plans_ca(planned)  # the fleet CA's files checked once, before any host is touched
+            return {p.name: p for p in planned}
 
     return run.once("plans", "inventory", plan_inventory)
 
@@ -206,4 +209,6 @@ def locked_plans(hosts: list[tuple[str, dict]], images: bool = True) -> list[Hos
     """plan_hosts from the project's lock (what it lacks is resolved and added: `locked`); `images` False: no
     registry asked (a fetch needs only the models)."""
     with locked(hub_resolver, image_resolver) as lock:
-        return plan_hosts(hosts, resolve=lock.model, resolve_image=lock.image if images else None)
+        planned = plan_hosts(hosts, resolve=lock.model, resolve_image=lock.image if images else None)
+    plans_ca(planned)  # the fleet CA's files checked, as a converge checks them
+    return planned

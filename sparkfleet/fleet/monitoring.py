@@ -17,7 +17,7 @@ from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import haproxy
+from sparkfleet.fleet import haproxy, pki
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
 from sparkfleet.fleet.status_page import prometheus_flags
 from sparkfleet.release import render
@@ -86,9 +86,16 @@ def _dump(data) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1000)
 
 
+GUARD_TLS = {"ca_file": paths.TLS_CA, "cert_file": paths.TLS_HOST_CERT, "key_file": m.PROMETHEUS_TLS_KEY,
+             "insecure_skip_verify": False}  # the guards' jobs over TLS: the fleet CA both ways (fleet/pki.py)
+
+
 def scrape_config(s: Settings, found: list[Target], tls_doors: set[str] = frozenset(),
-                  alertmanager: bool = False) -> str:
-    """prometheus.yml: one job per kind of target, each target labelled with its host (and service)."""
+                  alertmanager: bool = False, backend_tls: bool = False) -> str:
+    """prometheus.yml: one job per kind of target, each target labelled with its host (and service). The guards'
+    jobs (engine, node) are https with this host's certificate where the fleet's hops are TLS (`backend_tls`):
+    Prometheus verifies the guard's chain with the fleet CA and its name (the target's lan_address, which each
+    host's certificate names); a door's jobs are https where that door speaks it."""
     paths = {m.JOB_ENGINE: m.ENGINE_METRICS_PATH, m.JOB_NODE: m.NODE_METRICS_PATH,
              m.JOB_FRONT_DOOR: m.FRONT_DOOR_METRICS_PATH, m.JOB_USAGE: m.USAGE_METRICS_PATH}
     jobs = []
@@ -97,13 +104,15 @@ def scrape_config(s: Settings, found: list[Target], tls_doors: set[str] = frozen
         if not mine:
             continue
         for scheme in ("http", "https"):
-            of_scheme = [t for t in mine if (t.job in DOOR_JOBS and t.host in tls_doors) == (scheme == "https")]
+            door = job in DOOR_JOBS
+            of_scheme = [t for t in mine if (t.host in tls_doors if door else backend_tls) == (scheme == "https")]
             if not of_scheme:
                 continue
+            tls_config = {"insecure_skip_verify": False} if door else GUARD_TLS
             jobs.append({
-                "job_name": job if scheme == "http" else f"{job}_tls", "metrics_path": paths[job], "scheme": scheme,
-                "authorization": {"type": "Bearer", "credentials_file": m.PROMETHEUS_KEY},
-                **({"tls_config": {"insecure_skip_verify": False}} if scheme == "https" else {}),
+                "job_name": f"{job}_tls" if door and scheme == "https" else job, "metrics_path": paths[job],
+                "scheme": scheme, "authorization": {"type": "Bearer", "credentials_file": m.PROMETHEUS_KEY},
+                **({"tls_config": tls_config} if scheme == "https" else {}),
                 "static_configs": [{"targets": [t.address],
                                     "labels": {"host": t.host, **({"service": t.service} if t.service else {})}}
                                    for t in of_scheme]})
@@ -141,6 +150,10 @@ def rules(s: Settings) -> list[dict]:
                s.monitoring_down_for_s, "an engine is down or not serving"),
         _alert("NodeExporterDown", 'up{job="node"} == 0', s.monitoring_down_for_s,
                "its node exporter does not answer (the host, or its guard, is down)"),
+        _alert("TlsCertificateExpiring",
+               f"{pki.EXPIRY_METRIC} - time() < {pki.ALERT_BEFORE_DAYS * 86400}", 3600,
+               f"its fleet TLS certificate ends within {pki.ALERT_BEFORE_DAYS} days: converge it (the converge "
+               "re-issues one within 30 days of its end)"),
         _alert("WatchdogGaveUp", "sparkfleet_watchdog_gave_up == 1", 0,
                "the watchdog gave up restarting {{ $labels.unit }}"),
         _alert("KvCacheFull", kv, s.monitoring_alert_for_s,
@@ -188,13 +201,15 @@ class Monitoring:
     targets: tuple[Target, ...]
     key: str
     tls_doors: frozenset[str] = frozenset()
+    backend_tls: bool = False  # the guards serve TLS: scrape them with this host's certificate
 
     @property
     def alertmanager(self) -> bool:
         return self.settings.alertmanager_webhook_url is not None
 
     def config(self) -> str:
-        return scrape_config(self.settings, list(self.targets), set(self.tls_doors), self.alertmanager)
+        return scrape_config(self.settings, list(self.targets), set(self.tls_doors), self.alertmanager,
+                             self.backend_tls)
 
     def rules(self) -> str:
         return rules_file(self.settings)
@@ -222,7 +237,7 @@ def monitoring_plan(host: str, plans: dict[str, HostPlan], groups: dict[str, set
         raise SettingsError([f"{host}: setting `monitoring_port` = {s.monitoring_port} is taken by another "
                              "listener on this host: pick another port"])
     tls = frozenset(t.host for t in found if t.job == m.JOB_FRONT_DOOR and plans[t.host].settings.front_door_tls_cert)
-    return Monitoring(host, s, tuple(found), backend_key(plans, found), tls)
+    return Monitoring(host, s, tuple(found), backend_key(plans, found), tls, plans[host].backend_tls)
 
 
 def node_exporter_unit() -> str:

@@ -22,6 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
+from sparkfleet.fleet.pki import PkiError, ca_paths, write_ca
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 
 SECRETS_HOME = Path("~/.config/sparkfleet")
@@ -141,9 +142,10 @@ def self_signed(crt: Path, key: Path, addresses: list[str]) -> bool:
 
 
 def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tuple[Path, Path] | None,
-                     front_doors: list[str] | None = None, front_door_address: str | None = None) -> str:
+                     front_doors: list[str] | None = None, front_door_address: str | None = None,
+                     ca: tuple[Path, Path] | None = None) -> str:
     """inventory.py: group `sparks`, the first also in `front_door` (or those `front_doors` names, in that order,
-    with their floating address as the group's data), strict host keys, keys from the secrets.
+    with their floating address as the group's data), strict host keys, keys from the secrets, the fleet CA's paths.
 
     Every value is validated before it gets here and written as a JSON string, which Python reads the same."""
     q = json.dumps
@@ -156,6 +158,10 @@ def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tup
     else:
         tls_lines = ("    # No certificate (no openssl when `sparkfleet init` ran): the front door speaks plain http and\n"
                      "    # refuses users until front_door_tls_cert and front_door_tls_key are set here.\n")
+    ca_lines = ("    # the fleet CA (`sparkfleet init`): TLS on every hop to a Spark's guard, so the backend key never\n"
+                "    # crosses the LAN in clear; its key (0600) issues each host's certificate and stays on this controller\n"
+                f"    \"fleet_ca_cert\": {q(str(ca[0]))},\n"
+                f"    \"fleet_ca_key\": {q(str(ca[1]))},\n") if ca else ""
     return f'''"""This office's Sparks (written by `sparkfleet init`).
 
 Every module-level list is a pyinfra group: `sparks`, and `front_door` (the Sparks that run the office's
@@ -184,7 +190,7 @@ _serving = {{
     "api_host": "0.0.0.0",  # reached by the front door over the LAN...
     "api_key": _secrets["api_key"],  # ...with the key only it (and this controller) holds
     "front_door_users": _secrets["users"],
-{tls_lines}}}
+{tls_lines}{ca_lines}}}
 
 sparks = [
 {hosts}]
@@ -251,7 +257,8 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
     secrets = (secrets.expanduser().resolve() if secrets else default_secrets(project))
     check_secrets_place(secrets, project)
     crt, key = tls_paths(secrets)
-    for path in (secrets, crt, key):
+    ca = ca_paths(secrets)
+    for path in (secrets, crt, key, *ca):
         _valid(AbsPath, str(path), "the secrets' path (choose another with --secrets)")
     reused = secrets.exists()
     if reused and not force:
@@ -262,11 +269,15 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
     # the certificate names the floating address too: clients reach the doors there
     names = [s.address for s in sparks] + ([front_door_address.split("/")[0]] if front_door_address else [])
     tls = (crt, key) if self_signed(crt, key, names) else None
+    try:  # kept where one exists (--force on an existing office adds one where there is none)
+        write_ca(*ca)
+    except PkiError as exc:
+        raise ProjectError(str(exc)) from None
     if not reused:
         write_secrets(secrets, doc)
     (project / "group_data").mkdir(parents=True, exist_ok=True)
     (project / "inventory.py").write_text(render_inventory(sparks, ssh_user, secrets, tls, front_doors,
-                                                           front_door_address))
+                                                           front_door_address, ca))
     (project / "deploy.py").write_text(DEPLOY_PY)
     (project / "group_data" / "all.py").write_text(GROUP_DATA_ALL)
     report = InitReport(project, secrets, reused, tls)

@@ -33,12 +33,13 @@ def api_headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def asked(url: str, probe: dict, served_name: str, headers: dict):
+def asked(url: str, probe: dict, served_name: str, headers: dict, session=None):
     """One probe of contract/serving.py over the host's API: (None, reply) when its answer counts, else (why,
-    reply); judged by the host module's rule, as the helpers on the host judge it."""
+    reply); judged by the host module's rule, as the helpers on the host judge it. `session`: the controller's
+    client of the guards (fleet/tls.py `guard_client`), plain requests without one."""
     import requests
 
-    reply = requests.request(probe["method"], url + probe["path"], json=host_module.probe_body(probe, served_name),
+    reply = (session or requests).request(probe["method"], url + probe["path"], json=host_module.probe_body(probe, served_name),
                              headers=headers, timeout=probe["timeout_s"])
     try:
         body = reply.json()
@@ -47,33 +48,41 @@ def asked(url: str, probe: dict, served_name: str, headers: dict):
     return host_module.answer_problem(probe, reply.status_code, body, served_name), body
 
 
-def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host: dict | None = None) -> dict:
+def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host: dict | None = None,
+                client=None) -> dict:
     """A host's engine asked as its watchdog asks it: health, the models listing, the chat probe. Over its API
-    where the controller reaches it; else on the host (`on_host`: ssh_facts' "engine", None when the host did
-    not answer over SSH)."""
-    row = {"host": name, "engine": s.engine, "url": api_url(name, s, data), "via": "http", "healthy": False,
+    where the controller reaches it (through `client`, fleet/tls.py `guard_client`: https with the controller's
+    fleet certificate where the guards serve TLS); else on the host (`on_host`: ssh_facts' "engine", None when
+    the host did not answer over SSH)."""
+    url = client.url(name, s, data) if client else api_url(name, s, data)
+    session = client.session if client else requests
+    row = {"host": name, "engine": s.engine, "url": url, "via": "http", "healthy": False,
            "served": None, "metrics": {}, "error": None}
     if row["url"] is None:
         return {**row, **on_host_status(on_host, chat)}
     headers = api_headers(s.api_key)
     try:
-        health, _ = asked(row["url"], serving.HEALTH, s.served_model_name, {})
-        listing, models = asked(row["url"], serving.MODELS, s.served_model_name, headers)
+        health, _ = asked(row["url"], serving.HEALTH, s.served_model_name, {}, session)
+        listing, models = asked(row["url"], serving.MODELS, s.served_model_name, headers, session)
         if isinstance(models, dict) and isinstance(models.get("data"), list):
             row["served"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
-        metrics = read_metrics(requests.get(f"{row['url']}/metrics", headers=headers, timeout=5).text)
+        metrics = read_metrics(session.get(f"{row['url']}/metrics", headers=headers, timeout=5).text)
         row["metrics"] = {name: value for name, value in metrics.items() if name in load_series(s.engine)}
         request = serving.REQUESTS["chat"]
-        answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers)[0]
+        answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers,
+                                                      session)[0]
         problems = [f"{probe['what']}: {why}" for probe, why in
                     ((serving.HEALTH, health), (serving.MODELS, listing), (request, answer)) if why]
         row["healthy"] = not problems
         row["error"] = "; ".join(problems) or None
         if chat and row["healthy"]:
-            from openai import OpenAI
+            from openai import DefaultHttpxClient, OpenAI
 
-            client = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60)
-            reply = client.chat.completions.create(
+            # the chain is the fleet CA's; this client cannot be told the inventory name to check (fleet/tls.py)
+            context = client.ssl_context(check_hostname=False) if client else None
+            openai = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60,
+                            **({"http_client": DefaultHttpxClient(verify=context, trust_env=False)} if context else {}))
+            reply = openai.chat.completions.create(
                 model=s.served_model_name, max_tokens=24,
                 messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
@@ -115,11 +124,11 @@ def engine_on_host(host, s: Settings) -> dict:
     return {**probe, "metrics": {name: value for name, value in metrics.items() if name in names}}
 
 
-def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False) -> dict:
+def host_row(name: str, s: Settings, data: dict, facts: dict | None, chat: bool = False, client=None) -> dict:
     """One host's `status` row: its engine (host_status) and what it says over SSH (facts: None when it did not
     answer). Healthy: the engine serves the model, the unit is active, every RAG service answers and the
     watchdog has no problem for a person."""
-    row = host_status(name, s, data, chat=chat, on_host=(facts or {}).get("engine"))
+    row = host_status(name, s, data, chat=chat, on_host=(facts or {}).get("engine"), client=client)
     row["ssh"] = facts
     row["healthy"] = row["healthy"] and facts is not None and facts["unit_active"] and all(
         svc["serving"] for svc in facts["services"].values())

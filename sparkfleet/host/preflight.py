@@ -49,9 +49,9 @@ def converge_reads(model_root: str, engine_ref: str, front_door: bool = False) -
 
 
 def service_reads(front_door: bool = False) -> dict:
-    """What the stages of a service host read from it (converge_reads, less a Spark's): the batched state and, on
-    a front door, its hold record."""
-    return {"managed": (HostState, {}),
+    """What the stages of a service host read from it (converge_reads, less a Spark's): the batched state, its TLS
+    certificate (tasks/tls.py; public) and, on a front door, its hold record."""
+    return {"managed": (HostState, {}), "host certificate": (JsonFile, {"path": paths.TLS_HOST_CERT}),
             **({"front door holds": (JsonFile, {"path": paths.FRONT_DOOR_HOLDS})} if front_door else {})}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from sparkfleet.contract import engines, paths
 from sparkfleet.contract.formats import host_memory_bytes
-from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
+from sparkfleet.contract.monitoring import SERVICE_ROLE, backend_hop, is_service_host
 from sparkfleet.contract.reach import http_url, lan_address
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
@@ -66,6 +66,7 @@ class HostPlan:
     image_pin: ImagePin | None = None  # engine_image pinned by content; None: unknown (image_error says why)
     image_error: str | None = None
     is_service: bool = False  # a service host (front door, monitoring): no model, engine, release or GPU
+    backend_tls: bool = False  # every hop to a guard is TLS with the fleet CA's certificates (`fleet_tls`)
 
     @property
     def engine_ref(self) -> str:
@@ -449,6 +450,8 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
         parsed.append((name, s))
     groups, found = plan_groups(dict(parsed))
     problems += found
+    tls, found = fleet_tls({**dict(parsed), **services}, backend_hop(data.get(GROUPS_KEY, ()) for _, data in hosts))
+    problems += found
     if problems:
         raise SettingsError(problems)
 
@@ -466,8 +469,31 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
     if problems:
         raise SettingsError(problems)
     _assign_peers(plans)
+    for plan in plans:
+        plan.backend_tls = tls
     order = [name for name, _ in hosts]
     return sorted(plans, key=lambda p: order.index(p.name))
+
+
+def fleet_tls(settings: dict[str, Settings], hop: bool) -> tuple[bool, list[str]]:
+    """(whether every hop to a guard is TLS, the problems): TLS wherever the inventory has a backend hop (a front
+    door or a monitoring host) unless `backend_key_in_clear`; then the fleet CA's two settings are needed. The three
+    settings are the fleet's: every host must agree (a door and its guards speak one way). Settings alone: the
+    CA's files are read by fleet/pki.py `load_ca` before any host is touched."""
+    if not settings:
+        return False, []
+    wanted = {(s.backend_key_in_clear, s.fleet_ca_cert, s.fleet_ca_key) for s in settings.values()}
+    if len(wanted) > 1:
+        return False, ["settings `fleet_ca_cert`, `fleet_ca_key` and `backend_key_in_clear` differ between hosts: "
+                       "they are the fleet's, set them once for all (group_data or the inventory's shared data)"]
+    in_clear, cert, key = wanted.pop()
+    if not hop or in_clear:
+        return False, []
+    if not (cert and key):
+        return False, ["the backend key would cross the LAN in clear (a front door or monitoring host asks the "
+                       "guards): run `sparkfleet init --force` in the project to add the fleet CA (`fleet_ca_cert`, "
+                       "`fleet_ca_key`), or set `backend_key_in_clear = True` to send it in clear on purpose"]
+    return True, []
 
 
 def service_plan(name: str, s: Settings, data: dict) -> HostPlan:

@@ -24,6 +24,7 @@ from sparkfleet.host.state import fact
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.tls import host_tls
 from sparkfleet.contract.settings import SettingsError
 
 
@@ -58,6 +59,7 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     if door.status_page:  # the status page's viewers (digests of their passwords)
         changes.append(secret_file(name="Front door status page viewers (root-only)",
                                    dest=monitoring.FRONT_DOOR_VIEWERS_MAP, content=door.viewers_map()))
+    changes += host_tls(plan).ops  # its client certificate to the guards (the guard stage put it; a change: reload)
     if door.tls:
         changes.append(secret_file(name="Front door TLS certificate and key (root-only)", dest=paths.FRONT_DOOR_TLS_PEM,
                                    content=door.tls_pem()))

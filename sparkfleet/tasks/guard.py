@@ -15,6 +15,7 @@ from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.tls import host_tls
 from sparkfleet.contract.settings import SettingsError
 
 
@@ -27,6 +28,7 @@ def guard(plan: HostPlan):
     managed_packages(name="HAProxy installed", packages=["haproxy"])
     managed_unit(name="Debian's own haproxy.service off (sparkfleet runs its own units)",
                  service="haproxy.service", running=False, enabled=False)
+    tls = host_tls(plan)  # the fleet CA's, this host's key and certificate (a service host's too: it is a client)
     if wanted is None:
         managed_unit(name="Guard off (this host runs no engine)", service=paths.GUARD_UNIT_NAME, running=False,
                      enabled=False)
@@ -35,6 +37,7 @@ def guard(plan: HostPlan):
     changes = [
         managed_file(name="Guard config", content=wanted.config(), dest=paths.GUARD_CONFIG, mode="0644"),
         secret_file(name="Guard's backend key (root-only)", dest=paths.GUARD_KEY_MAP, content=wanted.key_map()),
+        *tls.ops,
     ]
     unit = managed_file(name="Guard unit", content=wanted.unit(), dest=paths.GUARD_UNIT_PATH, mode="0644")
     managed_unit(name="Guard enabled and running", service=paths.GUARD_UNIT_NAME, running=True, enabled=True,

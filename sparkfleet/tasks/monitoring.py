@@ -12,7 +12,9 @@ from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.fleet.monitoring import monitoring_plan
+from sparkfleet.fleet import pki
 from sparkfleet.fleet.status_page import console_files
+from sparkfleet.fleet.tls import ca_of
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_permissions, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
@@ -42,6 +44,11 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
     key = secret_file(name="Prometheus's backend key (0600)", dest=m.PROMETHEUS_KEY, content=wanted.key + "\n")
     managed_permissions(name="Prometheus's backend key readable by Prometheus alone", path=m.PROMETHEUS_KEY,
                         mode="0600", user=user, group=user)
+    if wanted.backend_tls:  # this host's TLS key (tasks/tls.py), as Prometheus's own file: it runs as prometheus
+        key_tls = secret_file(name="Prometheus's TLS key (0600)", dest=m.PROMETHEUS_TLS_KEY,
+                              content=pki.host_key_pem(ca_of(plan.settings), plan.name))
+        managed_permissions(name="Prometheus's TLS key readable by Prometheus alone", path=m.PROMETHEUS_TLS_KEY,
+                            mode="0600", user=user, group=user)
     files = [managed_file(name="Prometheus alert rules", content=wanted.rules(), dest=m.PROMETHEUS_RULES, mode="0644"),
              managed_file(name="Prometheus config", content=wanted.config(), dest=m.PROMETHEUS_CONFIG, mode="0644")]
     if any(op.will_change for op in files):

@@ -12,7 +12,9 @@ from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.fleet.monitoring import node_exporter_unit, textfile_units
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
+from sparkfleet.fleet import pki
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.tls import host_tls
 
 
 @deploy("Node metrics")
@@ -23,6 +25,10 @@ def node_metrics(plan: HostPlan):
     managed_unit(name="Debian's prometheus-node-exporter.service off (it listens on every address)",
                  service=paths.MONITORING_PACKAGES[m.NODE_EXPORTER_PACKAGE], running=False, enabled=False)
     managed_directory(name="Textfile collector directory", path=m.TEXTFILE_DIR, mode="0755")
+    tls = host_tls(plan)
+    if tls.cert:  # when its fleet certificate ends: the alert TlsCertificateExpiring (fleet/monitoring.py)
+        managed_file(name="This host's certificate expiry (textfile)", content=pki.expiry_metric(tls.cert),
+                     dest=paths.TLS_EXPIRY_TEXTFILE, mode="0644")
     script = managed_file(name="Helper sparkfleet-textfile", src=str(FILES_DIR / "sparkfleet-textfile"),
                           dest=m.TEXTFILE, mode="0755")
     service, timer_text = textfile_units()

@@ -189,7 +189,7 @@ def test_nothing_else_of_prometheus_is_reached(door, method, path):
 
 def test_plan_shows_the_page_on_a_door_that_is_a_monitoring_host_and_no_password(tmp_path, capsys):
     data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE},
-            "front_door_viewers": VIEWERS, "front_door_allow_http": True}
+            "front_door_viewers": VIEWERS, "front_door_allow_http": True, "backend_key_in_clear": True}
     inventory = tmp_path / "office.py"
     inventory.write_text(f"_d = {data!r}\n"
                          "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2)]\n"

@@ -245,7 +245,8 @@ def test_a_second_request_at_once_is_refused_with_retry_after_one(door):
 def inventory_of(tmp_path, url: str, key: str = KEY) -> str:
     path = tmp_path / "inventory.py"
     path.write_text(f"sparks = [('spark-a', {{'ssh_hostname': '127.0.0.1', 'api_host': '0.0.0.0', 'api_key': {key!r}, "
-                    f"'front_door_allow_http': True, 'controller_front_door_url': {url!r}}})]\n"
+                    f"'front_door_allow_http': True, 'backend_key_in_clear': True, "
+                    f"'controller_front_door_url': {url!r}}})]\n"
                     "front_door = sparks\n")
     return str(path)
 

@@ -311,6 +311,7 @@ STRING_SETTINGS = {
     "engine_image_archive": "/srv/vllm.tar", "api_key": SECRET, "controller_api_url": "http://127.0.0.1:8000",
     "controller_front_door_url": "http://127.0.0.1:8080", "front_door_tls_cert": "/srv/tls/door.pem",
     "front_door_tls_key": "/srv/tls/door.key", "controller_front_door_ca": "/srv/tls/ca.pem",
+    "fleet_ca_cert": "/srv/tls/fleet.ca.crt", "fleet_ca_key": "/srv/tls/fleet.ca.key",
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
     "alertmanager_webhook_url": "http://alerts.lan:9000/hook", "front_door_address": "10.0.0.100/24",
 }

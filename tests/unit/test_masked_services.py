@@ -43,14 +43,15 @@ def installs(rec):
 
 
 def test_the_node_exporters_debian_unit_is_masked_by_its_install(ops):
-    node_metrics.node_metrics._inner(SimpleNamespace(name="spark-1"))
+    node_metrics.node_metrics._inner(SimpleNamespace(name="spark-1", backend_tls=False))
     assert installs(ops) == {m.NODE_EXPORTER_PACKAGE: ["prometheus-node-exporter.service"]}
 
 
 def test_prometheus_and_alertmanagers_debian_units_are_masked_by_their_installs(ops, monkeypatch):
     wanted = SimpleNamespace(settings=SimpleNamespace(monitoring_port=9090, alertmanager_port=9093,
                                                       health_timeout_s=30),
-                             key="k", alertmanager=True, rules=lambda: "", config=lambda: "", unit=lambda: "",
+                             key="k", alertmanager=True, backend_tls=False, rules=lambda: "", config=lambda: "",
+                             unit=lambda: "",
                              alertmanager_config=lambda: "", alertmanager_unit=lambda: "")
     monkeypatch.setattr(monitoring, "monitoring_plan", lambda *a: wanted)
     monitoring.monitoring._inner(SimpleNamespace(name="mon-1"), {}, {})

@@ -44,7 +44,7 @@ def test_every_engine_node_exporter_and_front_door_is_a_target_labelled_with_its
 def test_a_service_host_is_scraped_as_a_front_door_only_and_a_loopback_engine_is_refused():
     groups = {**GROUPS, "spark-3": {"all", "front_door"}}
     door = plan_hosts([("spark-3", host_data(api_host="0.0.0.0", api_key=KEY, ssh_hostname="10.0.0.3",
-                                             **{GROUPS_KEY: ["front_door"]}))])[0]
+                                             backend_key_in_clear=True, **{GROUPS_KEY: ["front_door"]}))])[0]
     found = monitoring.targets({**plans(), "spark-3": door}, groups)
     assert {t.job for t in found if t.host == "spark-3"} == {"front_door", "usage"}
     with pytest.raises(SettingsError, match="spark-2: api_host 127.0.0.1 is loopback"):
@@ -83,7 +83,7 @@ def test_settings_that_would_break_a_file_or_a_flag_are_refused(key, value):
 def test_every_sparkfleet_metric_the_rules_read_is_one_the_contract_names():
     text = monitoring.rules_file(parse_settings("spark-1", host_data()))
     used = set(re.findall(r"sparkfleet_[a-z_]+", text))
-    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS}
+    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.TLS_METRICS}
     assert all(reason in text for reason in m.BENIGN_THROTTLE_REASONS)
 
 
@@ -135,6 +135,11 @@ CASES = [
         'sparkfleet_watchdog_gave_up{job="node",host="spark-2",unit="u"}': "1x5",
         'sparkfleet_watchdog_gave_up{job="node",host="spark-1",unit="u"}': "0x5"},
         _alert("WatchdogGaveUp", "spark-2: the watchdog gave up restarting u", job="node", host="spark-2", unit="u")),
+    _case("TlsCertificateExpiring", "1m", "2h", {  # promtool's time() starts at 0: 10 days left, and 60
+        'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-2"}': "864000x150",
+        'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-1"}': "5184000x150"},
+        _alert("TlsCertificateExpiring", "spark-2: its fleet TLS certificate ends within 14 days: converge it (the "
+               "converge re-issues one within 30 days of its end)", job="node", host="spark-2")),
     _case("KvCacheFull", "1m", "10m", {
         'vllm:kv_cache_usage_perc{job="engine",host="spark-2"}': "0.95x12",
         'vllm:gpu_cache_usage_perc{job="engine",host="spark-3"}': "0.95x12",
@@ -213,7 +218,8 @@ def test_plan_never_prints_the_webhook_url(tmp_path, capsys):
 
     url = "https://hooks.example/T0KEN-abcdef0123"
     path = tmp_path / "office.py"
-    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': {KEY!r}, 'alertmanager_webhook_url': {url!r}}}\n"
+    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': {KEY!r}, 'alertmanager_webhook_url': {url!r}, "
+                    "'backend_key_in_clear': True}\n"
                     "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2)]\n"
                     "monitoring = sparks[:1]\n")
     for extra in ([], ["--json"]):

@@ -21,7 +21,7 @@ ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 def write_inventory(tmp_path, door: dict | None = None, **serving) -> str:
     """Three Sparks on the LAN with one key, the first two in group `front_door`."""
     data = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
-            "front_door_allow_http": True, **serving, **(door or {})}
+            "front_door_allow_http": True, "backend_key_in_clear": True, **serving, **(door or {})}
     path = tmp_path / "office.py"
     path.write_text(f"_d = {data!r}\n"
                     "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2, 3)]\n"

@@ -100,7 +100,8 @@ def bare_inventory(tmp_path):
         "front_door = [('10.0.0.21', {'front_door_users': {'alice': 'alice-key-0123456789abcdef'},"
         " 'front_door_allow_http': True})]\n")
     (tmp_path / "group_data").mkdir()
-    (tmp_path / "group_data" / "all.py").write_text(f"api_host = '0.0.0.0'\napi_key = {KEY!r}\n")
+    (tmp_path / "group_data" / "all.py").write_text(f"api_host = '0.0.0.0'\napi_key = {KEY!r}\n"
+                                                    "backend_key_in_clear = True\n")
     return str(inventory)
 
 

@@ -55,10 +55,10 @@ def test_the_role_comes_from_the_inventory_files_groups_not_the_one_pyinfra_adds
 def mixed(door_data=None, **spark_data):
     """Offline plans of two Sparks and door-1, a service host in front_door and monitoring."""
     spark = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": USERS, "front_door_allow_http": True,
-             **spark_data}
+             "backend_key_in_clear": True, **spark_data}
     hosts = [(name, host_data(**spark, lan_address=f"10.0.0.{n}", **{GROUPS_KEY: ["sparks"]}))
              for n, name in ((1, "spark-1"), (2, "spark-2"))]
-    door = host_data(front_door_users=USERS, front_door_allow_http=True, lan_address="10.0.0.9",
+    door = host_data(front_door_users=USERS, front_door_allow_http=True, lan_address="10.0.0.9", backend_key_in_clear=True,
                      **{GROUPS_KEY: ["front_door", "monitoring"], **(door_data or {})})
     return hosts + [("door-1", door)]
 

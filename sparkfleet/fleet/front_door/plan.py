@@ -41,11 +41,17 @@ class Backend:
     name: str  # the inventory host name, which is HAProxy's server name
     address: str
     port: int
+    tls: bool = False  # the guard serves TLS: the door verifies its certificate names `name` (fleet/pki.py)
 
     @property
     def target(self) -> str:
         """`address:port` of its `server` line (the host's guard)."""
         return haproxy.address(self.address, self.port)
+
+    @property
+    def verifyhost(self) -> str:
+        """What its `server` line adds over TLS: the name the guard's certificate must hold (its inventory name)."""
+        return f" verifyhost {self.name}" if self.tls else ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class FrontDoor:
     chat_routes: tuple[Route, ...] = ()
     left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
     doors: DoorSet | None = None  # the inventory's doors where they share a table or an address (address.py)
+    backend_tls: bool = False  # the guards serve TLS: each server line presents this host's certificate
 
     @property
     def peers(self) -> dict | None:
@@ -125,7 +132,8 @@ class FrontDoor:
             models_answer=self.models_answer(),
             chat_check=serving.http_check("chat", self.settings.served_model_name),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
-            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers)
+            metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers,
+            server_tls=server_tls(self.settings, self.backend_tls))
 
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
@@ -198,6 +206,13 @@ def usage_save_units() -> tuple[str, str]:
                 front_door_unit=paths.FRONT_DOOR_UNIT_NAME, helper=paths.USAGE_SAVE, socket=paths.FRONT_DOOR_SOCKET,
                 snapshot=paths.FRONT_DOOR_USAGE_SNAPSHOT),
             t.get_template("sparkfleet-usage-save.timer.j2").render(interval_s=paths.USAGE_SNAPSHOT_S))
+
+
+def server_tls(s: Settings, tls: bool) -> str:
+    """What every `default-server` line of a door adds where the guards serve TLS: TLS to the guard (its health
+    checks too: HAProxy sends them over the server's own TLS), the guard's chain verified against the fleet CA, and
+    this host's certificate presented as the client's (its key loaded from beside it)."""
+    return f" ssl verify required ca-file {paths.TLS_CA} crt {paths.TLS_HOST_CERT}" if tls else ""
 
 
 def viewer_digest(password: str) -> str:
@@ -287,9 +302,10 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
                  for r in chat_routes if r.served_name in kinds]
     if problems:
         raise SettingsError(problems)
-    return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port) for p in backends),
+    tls = plans[host].backend_tls
+    return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port, tls) for p in backends),
                      keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None,
-                     chat_routes, left_out, doors)
+                     chat_routes, left_out, doors, tls)
 
 
 def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
@@ -380,7 +396,7 @@ def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[
     for p in backends:
         for svc in p.services:
             served = svc.service.served_model_name
-            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, svc.service.api_port))
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, svc.service.api_port, p.backend_tls))
             kinds.setdefault(served, set()).add(svc.kind)
     routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found))
                    for n, (served, found) in enumerate(sorted(hosts.items())))
@@ -416,7 +432,7 @@ def _chat_routes(own: str, plans: dict[str, HostPlan],
         if why:
             left.append((p.name, f"{served}: {why}"))
         else:
-            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, p.settings.api_port))
+            hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, p.settings.api_port, p.backend_tls))
     routes = tuple(Route(f"{CHAT_ROUTE}{n}", served, "chat", tuple(found))
                    for n, (served, found) in enumerate(sorted(hosts.items())))
     return routes, tuple(left)

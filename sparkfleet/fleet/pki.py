@@ -1,0 +1,261 @@
+"""The fleet's certificate authority and the certificates it issues: TLS on every backend hop (the front doors,
+Prometheus and the controller to each host's guard), so the backend key never crosses the LAN in clear.
+
+`sparkfleet init` makes the CA (ECDSA P-256, ten years) beside the secrets, outside the project. The controller
+issues each host's certificate at converge and keeps no state: the host's private key is *derived* from the CA key
+and the host's name (HMAC-SHA256, reduced to a P-256 scalar), so the key file is the same on every converge, and the
+certificate (public) is re-issued only when the host's current one is `wrong` (another CA, another key, a missing
+name, expiring within RENEW_BEFORE). Plain functions: no pyinfra; the only I/O is reading and writing the CA's
+files on the controller.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import ipaddress
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from sparkfleet.contract.monitoring import TLS_EXPIRY_METRIC
+
+CA_DAYS = 3650
+HOST_DAYS = 90  # a host's certificate; re-issued by the converge that finds it within RENEW_BEFORE of its end
+RENEW_BEFORE = dt.timedelta(days=30)
+ALERT_BEFORE_DAYS = 14  # the alert rule (fleet/alerts.py) fires this close to a host certificate's end
+CLIENT_DAYS = 1  # the controller's own client certificate (status, the gates), made in memory per run
+CONTROLLER_NAME = "sparkfleet-controller"
+CA_NAME = "sparkfleet fleet CA"
+MAX_PEM = 64 * 1024  # a host's certificate as read back from the host: data, size-capped
+_CURVE = ec.SECP256R1()
+_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256's group order n
+_LABEL = b"sparkfleet host key v1\0"
+_EKU = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+class PkiError(ValueError):
+    """The fleet CA cannot be used: one line naming the file, the problem and the fix."""
+
+
+def _now(now: dt.datetime | None) -> dt.datetime:
+    return now or dt.datetime.now(dt.timezone.utc)
+
+
+def ca_paths(secrets: Path) -> tuple[Path, Path]:
+    """The fleet CA's certificate and key, beside the secrets file (as project.tls_paths for the door's)."""
+    return secrets.with_suffix(".ca.crt"), secrets.with_suffix(".ca.key")
+
+
+@dataclass(frozen=True)
+class FleetCA:
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> str:
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def new_ca(now: dt.datetime | None = None, days: int = CA_DAYS) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) of a new fleet CA: ECDSA P-256, self-signed, a CA for no intermediate."""
+    now = _now(now)
+    key = ec.generate_private_key(_CURVE)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key).encode()
+
+
+def write_ca(crt: Path, key: Path) -> bool:
+    """Make the fleet CA at (crt, key) unless both exist (kept: the hosts' certificates chain to it); the key 0600
+    from its first byte, both files replaced atomically. True when it made one. One file without the other is
+    refused: a lone key or certificate is someone's, and nothing here overwrites it."""
+    if crt.exists() and key.exists():
+        return False
+    if crt.exists() or key.exists():
+        lone, other = (crt, key) if crt.exists() else (key, crt)
+        raise PkiError(f"the fleet CA has {lone} but not {other}: restore {other}, or move {lone} away to make a "
+                       "new CA (every host's certificate is then re-issued at the next converge)")
+    crt.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    cert_pem, key_pem = new_ca()
+    with tempfile.TemporaryDirectory(dir=crt.parent) as tmp:  # 0700: the key is never readable by others
+        new_key, new_crt = Path(tmp) / "key", Path(tmp) / "crt"
+        fd = os.open(new_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key_pem)
+        new_crt.write_bytes(cert_pem)
+        new_crt.chmod(0o644)
+        new_key.replace(key)
+        new_crt.replace(crt)
+    return True
+
+
+def load_ca(cert_path: str | Path, key_path: str | Path, now: dt.datetime | None = None) -> FleetCA:
+    """The fleet CA from the controller's files, or PkiError: unreadable, not PEM, not a P-256 CA, the key not
+    the certificate's, expired or not yet valid. The error names the files, never their content."""
+    fix = "run `sparkfleet init --force` in the project to make one, or set `fleet_ca_cert`/`fleet_ca_key` to its files"
+    texts = []
+    for setting, path in (("fleet_ca_cert", cert_path), ("fleet_ca_key", key_path)):
+        try:
+            texts.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise PkiError(f"setting `{setting}`: cannot read {path} on the controller ({exc.strerror}): {fix}") \
+                from None
+    try:
+        cert = x509.load_pem_x509_certificate(texts[0])
+    except ValueError:
+        raise PkiError(f"setting `fleet_ca_cert`: {cert_path} is not a PEM certificate: {fix}") from None
+    try:
+        key = serialization.load_pem_private_key(texts[1], password=None)
+    except (ValueError, TypeError):
+        raise PkiError(f"setting `fleet_ca_key`: {key_path} is not an unencrypted PEM private key: {fix}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != _CURVE.name:
+        raise PkiError(f"setting `fleet_ca_key`: {key_path} is not an ECDSA P-256 key: {fix}")
+    if cert.public_key() != key.public_key():
+        raise PkiError(f"settings `fleet_ca_cert` and `fleet_ca_key`: the key {key_path} is not the key of the "
+                       f"certificate {cert_path}: point both at one CA's files")
+    try:
+        ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        ca = False
+    if not ca:
+        raise PkiError(f"setting `fleet_ca_cert`: {cert_path} is not a CA certificate: {fix}")
+    now = _now(now)
+    if cert.not_valid_after_utc <= now:
+        raise PkiError(f"setting `fleet_ca_cert`: the fleet CA {cert_path} expired on "
+                       f"{cert.not_valid_after_utc:%Y-%m-%d}: move its two files away and run `sparkfleet init "
+                       "--force` for a new one (every host's certificate is re-issued at the next converge)")
+    if cert.not_valid_before_utc > now:
+        raise PkiError(f"setting `fleet_ca_cert`: the fleet CA {cert_path} is valid only from "
+                       f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: check the controller's clock")
+    return FleetCA(cert, key)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def host_key(ca: FleetCA, name: str) -> ec.EllipticCurvePrivateKey:
+    """Host `name`'s private key, derived from the CA key (whoever holds it can issue anyway): the same key on
+    every converge, so its file never changes and no controller state keeps it. Two HMAC-SHA256 blocks (512 bits)
+    reduced modulo n-1, plus 1: a scalar in [1, n-1] with negligible bias."""
+    secret = ca.key.private_numbers().private_value.to_bytes(32, "big")
+    wide = b"".join(hmac.new(secret, _LABEL + bytes([i]) + name.encode(), hashlib.sha256).digest() for i in (1, 2))
+    return ec.derive_private_key(int.from_bytes(wide, "big") % (_ORDER - 1) + 1, _CURVE)
+
+
+def host_key_pem(ca: FleetCA, name: str) -> str:
+    return _key_pem(host_key(ca, name))
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def host_names(name: str, address: str) -> tuple[str, ...]:
+    """What a host's certificate names: its inventory name (what the front door verifies: `verifyhost`) and the
+    address the other hosts reach its guard at (its plan's lan_address), once each."""
+    return tuple(dict.fromkeys(n for n in (name, address) if n))
+
+
+def issue(ca: FleetCA, name: str, names: tuple[str, ...], key: ec.EllipticCurvePrivateKey | None = None,
+          now: dt.datetime | None = None, days: int = HOST_DAYS) -> str:
+    """A certificate (PEM) for `name` with these subject alternative names, for server and client alike (the same
+    certificate makes a door or a Prometheus host a client of the guards), signed by the fleet CA, for `days`."""
+    now = _now(now)
+    key = key or host_key(ca, name)
+    not_after = min(now + dt.timedelta(days=days), ca.cert.not_valid_after_utc)  # never past its CA
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca.cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(list(_EKU)), critical=False)
+            .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
+            .sign(ca.key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def wrong(ca: FleetCA, pem: str | None, name: str, names: tuple[str, ...],
+          now: dt.datetime | None = None) -> str | None:
+    """Why host `name`'s current certificate (as read from the host: untrusted text) must be re-issued, or None
+    when it stands: absent, unreadable, not issued by the fleet CA, not for the derived key, lacking a name or a
+    usage, or within RENEW_BEFORE of its end."""
+    if pem is None or not pem.strip():
+        return "absent"
+    if len(pem) > MAX_PEM:
+        return "too large to be a certificate"
+    try:
+        cert = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:
+        return "not a PEM certificate"
+    try:
+        if cert.issuer != ca.cert.subject:
+            raise ValueError
+        cert.verify_directly_issued_by(ca.cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return "not issued by the fleet CA"
+    if cert.public_key() != host_key(ca, name).public_key():
+        return "not for this host's key"
+    try:
+        have = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        have = set()
+    missing = [n for n in names if _general_name(n) not in have]
+    if missing:
+        return f"lacks the name {missing[0]}"
+    try:
+        usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        usages = set()
+    if not set(_EKU) <= usages:
+        return "not for both server and client"
+    now = _now(now)
+    if cert.not_valid_before_utc > now:
+        return "not yet valid"
+    if cert.not_valid_after_utc - now < RENEW_BEFORE:
+        return f"expires {cert.not_valid_after_utc:%Y-%m-%d}"
+    return None
+
+
+def client_pair(ca: FleetCA, now: dt.datetime | None = None) -> tuple[str, str]:
+    """(certificate PEM, key PEM) the controller presents to the guards (status, the gates, bench): a fresh key,
+    CONTROLLER_NAME, one day; kept in memory and in a private temporary directory only (fleet/tls.py)."""
+    key = ec.generate_private_key(_CURVE)
+    return issue(ca, CONTROLLER_NAME, (CONTROLLER_NAME,), key=key, now=now, days=CLIENT_DAYS), _key_pem(key)
+
+
+EXPIRY_METRIC = TLS_EXPIRY_METRIC  # contract/monitoring.py names it
+
+
+def expiry_metric(pem: str) -> str:
+    """The node exporter's textfile (paths.TLS_EXPIRY_TEXTFILE) for the host's certificate in force: when it ends,
+    in seconds since the epoch, which the alert TlsCertificateExpiring (fleet/monitoring.py) compares with time()."""
+    end = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+    return (f"# HELP {EXPIRY_METRIC} when this host's fleet TLS certificate ends (seconds since the epoch)\n"
+            f"# TYPE {EXPIRY_METRIC} gauge\n{EXPIRY_METRIC} {int(end.timestamp())}\n")
