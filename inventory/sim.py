@@ -28,8 +28,10 @@ except FileNotFoundError:
 # The release lock of this fleet (sparkfleet.lock), beside its state: `sim down` and a new engine image remove it.
 _os.environ.setdefault("SPARKFLEET_LOCK", str(_STATE_FILE.parent / "sparkfleet.lock"))
 
-# The fleet CA (sim/fleet/ca.py), made once beside the state: with door-1 (inventory/sim_front_door.py) every hop to
-# a guard is TLS, as in an office `sparkfleet init` made; without a door or monitoring host it changes nothing.
+# The fleet CA (sim/fleet/ca.py), made once beside the state. The sim's own inventories keep the backend hops in
+# plain http (`backend_key_in_clear`: the sim's LAN is this machine's Docker network), so a door's converge and a
+# Spark's agree whichever of them a test runs; inventory/sim_two_doors.py (`make demo`'s last step) turns it off:
+# TLS on every hop to a guard, as in an office `sparkfleet init` made.
 _ca_cert, _ca_key = _runpy.run_path(str(_Path(__file__).resolve().parents[1] / "sim" / "fleet" / "ca.py"))[
     "fleet_ca"](_STATE_FILE.parent)
 
@@ -37,6 +39,7 @@ _common = {
     "ssh_hostname": "127.0.0.1",
     "fleet_ca_cert": _ca_cert,
     "fleet_ca_key": _ca_key,
+    "backend_key_in_clear": True,
     "ssh_user": _state["ssh_user"],
     "ssh_key": _state["ssh_key"],
     "ssh_strict_host_key_checking": "yes",

@@ -5,6 +5,7 @@ Secrets (the users' keys, the api_key) go in headers, files and stdin, never on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -58,12 +59,15 @@ class Fleet:
         self.secrets_path = workdir / "secrets.json"
         self.inventory = str(workdir / "soak_inventory.py")
         self.settings, self.api_urls = {}, {}
-        from sparkfleet.contract.reach import api_url
+        from sparkfleet.fleet.tls import guard_client, hosts_ca
 
+        # the guards as the controller asks them (https with a client certificate where the hops are TLS)
+        self._closing = contextlib.ExitStack()
+        self.guards = self._closing.enter_context(guard_client(hosts_ca(load_hosts(self.base))))
         for name, data in spark_hosts(load_hosts(self.base)):
             soak.check_target(name, self.state)  # the inventory's Sparks are the fleet's, or nothing is touched
             self.settings[name] = parse_settings(name, data)
-            self.api_urls[name] = api_url(name, self.settings[name], data)
+            self.api_urls[name] = self.guards.url(name, self.settings[name], data)
         self.hosts = sorted(self.settings)
         door_settings = [parse_settings(n, d) for n, d in load_hosts(self.base) if n == self.door]
         if not door_settings:
@@ -76,6 +80,10 @@ class Fleet:
                             and parse_settings(n, d).front_door_address == self.address) or [self.door]
         self.lock_path = Path(os.environ.get("SPARKFLEET_LOCK", ROOT / ".sim" / "sparkfleet.lock"))
         self.lock = threading.Lock()
+
+    def close(self) -> None:
+        """The guard client's private directory (its client certificate and key) removed."""
+        self._closing.close()
 
     # --- reaching containers ---
     def engine(self, host: str) -> str:
@@ -163,10 +171,10 @@ class Fleet:
     def engine_answers(self, host: str) -> bool:
         s = self.settings[host]
         try:
-            reply = requests.post(f"{self.api_urls[host]}/v1/chat/completions", timeout=5,
-                                  headers={"Authorization": f"Bearer {s.api_key}"},
-                                  json={"model": s.served_model_name, "max_tokens": 1,
-                                        "messages": [{"role": "user", "content": "soak: serving?"}]})
+            reply = self.guards.session.post(
+                f"{self.api_urls[host]}/v1/chat/completions", timeout=5, headers={"Authorization": f"Bearer {s.api_key}"},
+                json={"model": s.served_model_name, "max_tokens": 1,
+                      "messages": [{"role": "user", "content": "soak: serving?"}]})
             return reply.status_code == 200
         except requests.RequestException:
             return False
@@ -673,6 +681,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
         if rolled:
             notes.append(f"fleet-wide changes ({', '.join(sorted(rolled))}) were put back before the checks")
         fleet.converge_door(inventory=fleet.base)  # the door back on the inventory's own users
+        fleet.close()
         return soak.build_report(log.snapshot(), sorted(results, key=lambda r: r.injected or 0), started=started,
                                  baseline_s=baseline_s, heal_bound=bound, serving_hosts=len(fleet.hosts),
                                  client_timeout_s=soak.CLIENT_TIMEOUT_S, checks=checks, converge_changes=changes,

@@ -77,6 +77,7 @@ def target(args) -> tuple[str, str, str | None, float | None, str | None]:
 
         url, model, key = bench_target(args.target)
         return url, args.model or model, api_key or key, args.roofline, None
+    from sparkfleet.contract import paths
     from sparkfleet.contract.reach import api_url
     from sparkfleet.contract.settings import parse_settings
     from sparkfleet.fleet.inventory import load_hosts, spark_hosts
@@ -87,6 +88,10 @@ def target(args) -> tuple[str, str, str | None, float | None, str | None]:
                                "Spark, or its front door with --front-door")
     name, data = hosts[0]
     s = parse_settings(name, data)
+    if s.fleet_ca_cert and not s.backend_key_in_clear:  # its guard may answer only the fleet's certificates
+        raise bench.BenchError(f"{name}: its guard serves the fleet's TLS only (a client certificate of the fleet CA):"
+                               f" bench its front door with --front-door, or its engine through an SSH tunnel (ssh -L "
+                               f"{s.api_port}:127.0.0.1:{paths.engine_port(s.api_port)} ...) and pass --url")
     url = api_url(name, s, data)
     if url is None:
         raise bench.BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "

@@ -137,7 +137,13 @@ def _free_port() -> int:
 @contextmanager
 def reach(name: str, s: Settings, data: dict):
     """The URL the controller measures a host's API at: status's (contract/reach.py `api_url`), or, where the API
-    listens on loopback only, an SSH forward to it for the measurement's length."""
+    listens on loopback only, an SSH forward to it for the measurement's length. Where the guards may serve TLS
+    only (a fleet CA, the key not sent in clear), an SSH forward to the engine itself on loopback: the engine's speed
+    is what is measured, and the forward carries the key encrypted whatever the guard asks of a client."""
+    if s.fleet_ca_cert and not s.backend_key_in_clear:
+        with forwarded(name, data, paths.engine_port(s.api_port)) as url:
+            yield url
+        return
     url = api_url(name, s, data)
     if url is not None:
         yield url

@@ -19,10 +19,12 @@ def pytest_configure(config):
     run; the worker's wait then goes in slices, so a timer keeps the hub blocked in its loop until the
     receiver's wake-up (gevent wakes a hub from another thread) or the next slice.
     """
+    # patch_all first, as the product's imports do, in a plain run too: an https client made before it (urllib3's
+    # ssl context) recurses in the stdlib's ssl module once a later test imports pyinfra_cli
+    import pyinfra_cli  # noqa: F401
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return
-    import pyinfra_cli  # noqa: F401  (patch_all, as the product's imports do anyway)
     for plugin in config.pluginmanager.get_plugins():
         if type(plugin).__name__ == "WorkerInteractor":  # xdist/remote.py, run by execnet (not imported)
             event = plugin.torun._has_items_event

@@ -29,7 +29,7 @@ FLOATING = "10.0.0.100/24"
 def plans(doors=("door-1", "door-2"), sparks=("spark-1",), door_over=None, **common):
     """Offline plans: `sparks` serving with a LAN API, and `doors` (front_door service hosts) at 10.0.0.1x."""
     base = {"api_host": "0.0.0.0", "api_key": KEY, "front_door_users": {"alice": ALICE, "bob": BOB},
-            "front_door_allow_http": True, **common}
+            "front_door_allow_http": True, "backend_key_in_clear": True, **common}
     hosts = [(name, host_data(**{**base, "lan_address": f"10.0.0.{n}"})) for n, name in enumerate(sparks, 1)]
     hosts += [(name, host_data(**{**base, "lan_address": f"10.0.0.{n}", "_sparkfleet_groups": ["front_door"],
                                   **(door_over or {}).get(name, {})}))

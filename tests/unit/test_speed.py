@@ -168,14 +168,23 @@ def test_an_api_on_loopback_only_is_measured_through_an_ssh_forward(monkeypatch)
     started = []
     monkeypatch.setattr(speed.subprocess, "Popen", lambda command, **kw: started.append(FakeForward(command)) or
                         started[-1])
-    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
+    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000, fleet_ca_cert=None,
+                               backend_key_in_clear=False)
     with speed.reach("spark-1", loopback, {"ssh_user": "admin"}) as url:
         assert url.startswith("http://127.0.0.1:") and started[0].command[-3:] == ["admin", "--", "spark-1"]
         assert started[0].command[started[0].command.index("-L") + 1].endswith(":127.0.0.1:8000")
     assert started[0].terminated  # the forward lasts the measurement only
-    lan = SimpleNamespace(controller_api_url="http://10.0.0.5:8000/", api_is_loopback=False, api_port=8000)
+    lan = SimpleNamespace(controller_api_url="http://10.0.0.5:8000/", api_is_loopback=False, api_port=8000,
+                          fleet_ca_cert=None, backend_key_in_clear=False)
     with speed.reach("spark-1", lan, {}) as url:
         assert url == "http://10.0.0.5:8000" and len(started) == 1  # reached as status reaches it: no forward
+    # a guard that may answer the fleet's certificates only: the engine itself, through the forward
+    tls = SimpleNamespace(**{**vars(lan), "fleet_ca_cert": "/etc/ca.crt"})
+    with speed.reach("spark-1", tls, {}) as url:
+        assert url.startswith("http://127.0.0.1:") and len(started) == 2
+        assert started[1].command[started[1].command.index("-L") + 1].endswith(":127.0.0.1:18000")
+    with speed.reach("spark-1", SimpleNamespace(**{**vars(tls), "backend_key_in_clear": True}), {}) as url:
+        assert url == "http://10.0.0.5:8000" and len(started) == 2  # plain hops on purpose: as before
 
 
 def test_a_forward_that_fails_is_a_reach_error_not_the_engines(monkeypatch):
@@ -184,7 +193,8 @@ def test_a_forward_that_fails_is_a_reach_error_not_the_engines(monkeypatch):
     from sparkfleet.fleet import speed
 
     monkeypatch.setattr(speed.subprocess, "Popen", lambda command, **kw: FakeForward(command, fail=True))
-    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000)
+    loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000, fleet_ca_cert=None,
+                               backend_key_in_clear=False)
     with pytest.raises(speed.ReachError) as raised:
         with speed.reach("spark-1", loopback, {}):
             pass
