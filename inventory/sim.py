@@ -10,8 +10,9 @@ list is a pyinfra group; names starting with "_" are not.
 
 import json as _json
 import os as _os
-import runpy as _runpy
 from pathlib import Path as _Path
+
+from sparkfleet.fleet.pki import write_ca as _write_ca
 
 _SIM = _Path(__file__).resolve().parents[1] / ".sim"
 _FLEET = _os.environ.get("SPARKFLEET_SIM_FLEET", "").strip()
@@ -28,12 +29,12 @@ except FileNotFoundError:
 # The release lock of this fleet (sparkfleet.lock), beside its state: `sim down` and a new engine image remove it.
 _os.environ.setdefault("SPARKFLEET_LOCK", str(_STATE_FILE.parent / "sparkfleet.lock"))
 
-# The fleet CA (sim/fleet/ca.py), made once beside the state. The sim's own inventories keep the backend hops in
-# plain http (`backend_key_in_clear`: the sim's LAN is this machine's Docker network), so a door's converge and a
-# Spark's agree whichever of them a test runs; inventory/sim_two_doors.py (`make demo`'s last step) turns it off:
-# TLS on every hop to a guard, as in an office `sparkfleet init` made.
-_ca_cert, _ca_key = _runpy.run_path(str(_Path(__file__).resolve().parents[1] / "sim" / "fleet" / "ca.py"))[
-    "fleet_ca"](_STATE_FILE.parent)
+# The fleet CA, made once beside the state and kept (its hosts' certificates chain to it), as `sparkfleet init`
+# makes an office's beside its secrets. The sim's own inventories keep the backend hops in plain http
+# (`backend_key_in_clear`: the sim's LAN is this machine's Docker network), so a door's converge and a Spark's agree
+# whichever of them a test runs; inventory/sim_two_doors.py (`make demo`'s last step) turns it off: TLS on every hop.
+_ca_cert, _ca_key = str(_STATE_FILE.parent / "fleet-ca.crt"), str(_STATE_FILE.parent / "fleet-ca.key")
+_write_ca(_Path(_ca_cert), _Path(_ca_key))
 
 _common = {
     "ssh_hostname": "127.0.0.1",
