@@ -172,7 +172,8 @@ class Fleet:
         s = self.settings[host]
         try:
             reply = self.guards.session.post(
-                f"{self.api_urls[host]}/v1/chat/completions", timeout=5, headers={"Authorization": f"Bearer {s.api_key}"},
+                f"{self.api_urls[host]}/v1/chat/completions", timeout=5,
+                headers={"Authorization": f"Bearer {s.api_key}"},
                 json={"model": s.served_model_name, "max_tokens": 1,
                       "messages": [{"role": "user", "content": "soak: serving?"}]})
             return reply.status_code == 200

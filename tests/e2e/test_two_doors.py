@@ -187,7 +187,8 @@ def test_a_door_restarted_mid_run_keeps_every_users_usage(two_doors):
 
     for n in range(3):
         reply = requests.post(f"{url}/v1/chat/completions", timeout=30, headers={"Authorization": f"Bearer {ALICE}"},
-                              json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": f"u{n}"}]})
+                              json={"model": MODEL, "max_tokens": 1,
+                                    "messages": [{"role": "user", "content": f"usage {n}"}]})
         assert reply.status_code == 200
     time.sleep(6)  # the usage snapshot's timer (every 5 s): what is reported is what is on disk
     before = usage_requests(inventory)
