@@ -13,13 +13,13 @@ venv:
 ## Converge three simulated Sparks for real, verify them, show them.
 demo: venv
 	@bash sim/bootstrap.sh
-	$(PY) -m sim up --hosts $(HOSTS)
+	$(PY) -m sim up --hosts $(HOSTS) --service-hosts 2
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
-	.venv/bin/pyinfra -y inventory/sim_front_door.py deploy.py
-	$(PY) -m pytest tests/infra --inventory inventory/sim_front_door.py --limit front_door -q -p no:cacheprovider
-	$(PY) -m tools.bench_front_door inventory/sim_front_door.py --chat
+	.venv/bin/pyinfra -y inventory/sim_two_doors.py deploy.py
+	$(PY) -m pytest tests/infra --inventory inventory/sim_two_doors.py --limit front_door -q -p no:cacheprovider
+	$(PY) -m tools.bench_front_door inventory/sim_two_doors.py --chat
 
 ## Unit tests, then end-to-end tests against the simulated fleets.
 test: venv

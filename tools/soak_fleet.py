@@ -151,9 +151,7 @@ class Fleet:
     def door_url_model(self) -> tuple[str, str, str | None]:
         from sparkfleet.fleet.front_door.commands import bench_target
 
-        url, model, _ = bench_target(self.inventory, SOAK_USERS[0])
-        if self.address:  # clients ask the floating address, whichever door holds it
-            url = f"{url.split('://')[0]}://{self.address.split('/')[0]}:{url.rsplit(':', 1)[1]}"
+        url, model, _ = bench_target(self.inventory, SOAK_USERS[0])  # the floating address of two doors
         plan = self.sparkfleet("plan", self.inventory, "--json", timeout=300)
         embedding = None
         if plan.returncode == 0:

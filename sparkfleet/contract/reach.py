@@ -67,6 +67,15 @@ def front_door_url(name: str, s: Settings, data: dict) -> str:
     return http_url(ssh_address(name, data), s.front_door_port, "https" if s.front_door_tls_cert else "http")
 
 
+def clients_url(name: str, s: Settings, data: dict) -> str:
+    """Where the office's clients reach the front door: the doors' floating address where they share one (whichever
+    door holds it answers), else the door itself as the controller reaches it (`front_door_url`)."""
+    if not s.front_door_address:
+        return front_door_url(name, s, data)
+    ip = str(ipaddress.ip_interface(s.front_door_address).ip)
+    return http_url(ip, s.front_door_port, "https" if s.front_door_tls_cert else "http")
+
+
 def _option_value(value: str) -> str:
     """A value for `ssh -o KEY=VALUE`, which ssh splits on blanks itself: quoted when it holds one."""
     if any(c.isspace() or c in "\"\\'" for c in value):

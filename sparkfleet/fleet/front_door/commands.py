@@ -8,7 +8,7 @@ import time
 
 from sparkfleet.contract import serving
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
-from sparkfleet.contract.reach import front_door_url
+from sparkfleet.contract.reach import clients_url, front_door_url
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet.front_door.holds import controller_name, out_of_rotation
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime, record_command, save_state_command, undrain_command
@@ -137,7 +137,8 @@ def status_rows(door: dict) -> list[tuple[str, str, str]]:
 
 
 def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str]:
-    """(url, served model, a user's key) of the inventory's first front door, for `bench --front-door`."""
+    """(url, served model, a user's key) of the inventory's first front door as clients reach it (the floating
+    address of two doors), for `bench --front-door` and the demo's chat."""
     runtime = FrontDoorRuntime.of(inventory)
     if not runtime.doors:
         raise KeyError(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: add one (see inventory/office_front_door.py)")
@@ -148,5 +149,5 @@ def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str
     user = user or min(s.front_door_users)
     if user not in s.front_door_users:
         raise KeyError(f"{name}: no user {user!r} in front_door_users")
-    return front_door_url(name, s, data), s.served_model_name, s.front_door_users[user].key
+    return clients_url(name, s, data), s.served_model_name, s.front_door_users[user].key
 
