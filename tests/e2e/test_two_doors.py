@@ -199,3 +199,48 @@ def test_a_door_restarted_mid_run_keeps_every_users_usage(two_doors):
     after = usage_requests(inventory)
     assert all(after.get(name, 0) >= count for name, count in before.items()), (before, after)
     assert after["alice"] >= 3
+
+
+def test_no_backend_key_crosses_the_lan_in_clear_and_a_guard_wants_the_fleets_certificate(two_doors, tmp_path):
+    """tcpdump on the sim's LAN (its Docker bridge) through a converge, a status, Prometheus's scrapes and chats
+    through the doors: the backend key never in it, no plain-HTTP request to a guard; and a guard refuses, at the
+    handshake, a LAN host with no fleet certificate."""
+    state, inventory, url = two_doors
+    import requests
+
+    network = subprocess.run(["docker", "network", "inspect", "-f", "{{.Id}}", state["lan"]["network"]],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    pcap = tmp_path / "lan.pcap"
+    capture = subprocess.Popen(["tcpdump", "-i", f"br-{network[:12]}", "-s", "0", "-U", "-w", str(pcap), "tcp"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: pcap.exists(), 10, "tcpdump writes its capture")
+        started = time.monotonic()
+        done = converge(inventory=inventory)
+        assert done.returncode == 0, done.output[-3000:]
+        status = sparkfleet("status", inventory, "--json")
+        assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+        for n in range(3):
+            reply = requests.post(f"{url}/v1/chat/completions", timeout=30,
+                                  headers={"Authorization": f"Bearer {ALICE}"}, json={"model": MODEL, "max_tokens": 4,
+                                        "messages": [{"role": "user", "content": f"capture {n}"}]})
+            assert reply.status_code == 200
+        # Prometheus (door-1) scrapes each guard every scrape interval: at least two rounds in the capture
+        time.sleep(max(0.0, started + 35 - time.monotonic()))
+    finally:
+        capture.terminate()
+        capture.wait(10)
+    # the guards' port (8000 on each Spark): what reached it, as text
+    to_guards = subprocess.run(["tcpdump", "-r", str(pcap), "-A", "-nn",
+                                "tcp dst port 8000 and tcp[tcpflags] & tcp-push != 0"],
+                               capture_output=True, text=True, check=True).stdout
+    assert to_guards, "no traffic to a guard was captured"
+    for plain in ("HTTP/1.1", "Authorization", "authorization"):
+        assert plain not in to_guards, f"{plain!r} sent to a guard in clear"
+    everything = pcap.read_bytes()
+    assert b"sim-key" not in everything  # inventory/sim.py's api_key: the backend key, nowhere on the wire
+    # a LAN host without the fleet's client certificate: refused in the handshake (curl: 35/56), plain http too
+    guard = f"{container('spark-1')}:8000/health"
+    shown = ssh(state, "door-2", f"curl -sk -o /dev/null -w '%{{http_code}}' https://{guard}; echo \" $?\"; "
+                                 f"curl -s -o /dev/null -m 5 http://{guard}; echo $?", check=False).split()
+    assert shown[0] == "000" and shown[1] in ("35", "56") and shown[2] != "0", shown
