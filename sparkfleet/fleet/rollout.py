@@ -227,16 +227,29 @@ def unit_reports(unit: Unit, results: dict[str, HostResult], releases: dict[str,
                        "; ".join(results[h].failed), group, batch) for h in unit]
 
 
+def service_steps(hosts: list[str], shared_doors: set[str]) -> list[list[str]]:
+    """The service hosts' converges in order: the doors that share a floating address one at a time (a change that
+    restarts a door's HAProxy never has them all down at once: keepalived moves the address off the one that is),
+    then the others together."""
+    rest = [h for h in hosts if h not in shared_doors]
+    return [[h] for h in hosts if h in shared_doors] + ([rest] if rest else [])
+
+
 def service_hosts_last(inventory: str, hosts: list[str], data: dict | None = None, log=print) -> list[HostReport]:
     """The service hosts (front doors, monitoring: no release of their own) converged once after every batch:
     their config (users, backends) follows the fleet's. Nothing of theirs is drained or gated."""
     if not hosts:
         return []
     log(f"service hosts: {', '.join(hosts)}")
-    started = time.monotonic()
-    results = run_deploy(inventory, hosts, data)
-    seconds = round(time.monotonic() - started, 1)
-    return [HostReport(h, None, None, judge(r), seconds, "; ".join(r.failed)) for h, r in results.items()]
+    door = FrontDoorRuntime.of(inventory)
+    shared = {name for name, _ in door.doors} if door.address else set()
+    reports = []
+    for step in service_steps(hosts, shared):
+        started = time.monotonic()
+        results = run_deploy(inventory, step, data)
+        seconds = round(time.monotonic() - started, 1)
+        reports += [HostReport(h, None, None, judge(r), seconds, "; ".join(r.failed)) for h, r in results.items()]
+    return reports
 
 
 def needs_rollback(unit: Unit, results: dict[str, HostResult]) -> list[str]:

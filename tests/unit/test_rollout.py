@@ -351,3 +351,11 @@ def test_no_speed_gate_measures_nothing_and_the_report_says_so(monkeypatch, caps
     assert json.loads(capsys.readouterr().out)["speed_gate"] == {"skipped": True, "checks": []}
     common.print_reports(reports, True)  # a rollback's report has no speed gate
     assert "speed_gate" not in json.loads(capsys.readouterr().out)
+
+
+def test_doors_sharing_an_address_are_converged_one_at_a_time_then_the_other_service_hosts_together():
+    from sparkfleet.fleet.rollout import service_steps
+
+    assert service_steps(["door-1", "door-2", "prom"], {"door-1", "door-2"}) == [["door-1"], ["door-2"], ["prom"]]
+    assert service_steps(["door-1", "prom"], set()) == [["door-1", "prom"]]  # one door, or none shared: as before
+    assert service_steps(["door-1", "door-2"], {"door-1", "door-2"}) == [["door-1"], ["door-2"]]
