@@ -85,3 +85,9 @@ def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_
     return render._templates.get_template(UNIT_TEMPLATE).render(
         description=description, config=config, runtime_dir=runtime_dir, state_dir=state_dir,
         save_state=save_state, replay=replay, save_usage=save_usage, memory_max=limits.memory_max)
+
+
+def fleet_tls() -> str:
+    """The options of a TLS hop between fleet hosts (a door to a guard, a door to its peer): TLS, the other end's
+    chain verified against the fleet CA, this host's certificate presented (its key loaded from beside it)."""
+    return f"ssl verify required ca-file {paths.TLS_CA} crt {paths.TLS_HOST_CERT}"

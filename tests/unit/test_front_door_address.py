@@ -230,8 +230,14 @@ def _ask(sock_path: str, command: str) -> str:
 
 
 @needs("haproxy")
-def test_two_doors_share_the_per_user_rate_through_peers(tmp_path):
-    """Requests to one door: the other door's table shows the same rate (and holds the limit)."""
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_two_doors_share_the_per_user_rate_through_peers(tmp_path, tls):
+    """Requests to one door: the other door's table shows the same rate (and holds the limit); where the hops are
+    TLS, the peers link is too (each door's fleet certificate, the other's verified against the fleet CA)."""
+    import dataclasses
+
+    from sparkfleet.fleet import haproxy, pki
+
     engine = Server(make_model(tmp_path / "model"), "--served-model-name", NAME, "--api-key", KEY,
                     SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5")
     found = plans(sparks=("spark-1",), front_door_address=None, front_door_peers_port=_free_port())
@@ -239,6 +245,13 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path):
     ports = {n: _free_port() for n in names}
     peer_ports = {n: _free_port() for n in names}
     doors = fd_address.door_set(names, found)
+    assert doors.peers_server_options is None  # plain hops (backend_key_in_clear): a plain peers link
+    if tls:
+        doors = dataclasses.replace(doors, peers_server_options=haproxy.fleet_tls())
+        ca_cert, ca_key = pki.new_ca()
+        (tmp_path / "ca.crt").write_bytes(ca_cert)
+        (tmp_path / "ca.key").write_bytes(ca_key)
+        ca = pki.load_ca(tmp_path / "ca.crt", tmp_path / "ca.key")
     procs = []
     try:
         for n in names:
@@ -252,8 +265,15 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path):
                      paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{ports[n]}": f"bind 127.0.0.1:{ports[n]}",
                      paths.FRONT_DOOR_USAGE_SNAPSHOT: str(tmp / "usage.snapshot")}
             for m in names:  # each door's peer line on loopback, its own port
-                moved[f"peer {m} 10.0.0.{11 + names.index(m)}:{doors.peers_port}"] = f"peer {m} 127.0.0.1:{peer_ports[m]}"
-            procs.append(start_haproxy(d.config(), tmp, moved))
+                moved[f"peer {m} 10.0.0.{11 + names.index(m)}:{doors.peers_port}"] = \
+                    f"peer {m} 127.0.0.1:{peer_ports[m]}"
+            config = d.config()
+            if tls:
+                assert all(f"default-{kind} {haproxy.fleet_tls()}" in config for kind in ("bind", "server"))
+                (tmp / "host.crt").write_text(pki.issue(ca, n, (n,)))
+                (tmp / "host.crt.key").write_text(pki.host_key_pem(ca, n))
+                moved.update({paths.TLS_CA: str(tmp_path / "ca.crt"), paths.TLS_HOST_CERT: str(tmp / "host.crt")})
+            procs.append(start_haproxy(config, tmp, moved))
         for n in names:
             wait_for(lambda n=n: requests.get(f"http://127.0.0.1:{ports[n]}/health").status_code == 200)
         for _ in range(3):

@@ -48,8 +48,8 @@ class DoorSet:
     preempt: bool
     unicast: bool
     peers_port: int
-    # The hook for TLS on the peers link (the fleet CA, once it lands): options appended to each `peer` line's
-    # `default-server` in the peers section; None: plain TCP between the doors.
+    # TLS on the peers link where the hops are TLS (haproxy.fleet_tls: the fleet CA's certificates both ways), the
+    # peers section's `default-bind` and `default-server`; None: plain TCP between the doors.
     peers_server_options: str | None = None
 
     @property
@@ -119,7 +119,7 @@ def door_set(names: list[str], plans: dict[str, HostPlan]) -> DoorSet | None:
         if len(names) < 2:
             return None
         return DoorSet(tuple(Door(n, plans[n].lan_address) for n in names), None, None, False, False,
-                       first.front_door_peers_port)
+                       first.front_door_peers_port, peers_tls(plans[names[0]]))
     address = ipaddress.IPv4Interface(text)
     for n, p in plans.items():
         own = {p.lan_address, p.settings.api_host, p.settings.lan_address}
@@ -151,7 +151,12 @@ def door_set(names: list[str], plans: dict[str, HostPlan]) -> DoorSet | None:
     if problems:
         raise SettingsError(problems)
     return DoorSet(tuple(Door(n, plans[n].lan_address) for n in names), address, router_id,
-                   first.front_door_address_preempt, first.front_door_vrrp_unicast, port)
+                   first.front_door_address_preempt, first.front_door_vrrp_unicast, port, peers_tls(plans[names[0]]))
+
+
+def peers_tls(plan: HostPlan) -> str | None:
+    """The peers link's TLS options where the fleet's hops are TLS (its plan's backend_tls), else None."""
+    return haproxy.fleet_tls() if plan.backend_tls else None
 
 
 def interface_for(host: str, address: str, ip_json: str) -> str:

@@ -212,7 +212,7 @@ def server_tls(s: Settings, tls: bool) -> str:
     """What every `default-server` line of a door adds where the guards serve TLS: TLS to the guard (its health
     checks too: HAProxy sends them over the server's own TLS), the guard's chain verified against the fleet CA, and
     this host's certificate presented as the client's (its key loaded from beside it)."""
-    return f" ssl verify required ca-file {paths.TLS_CA} crt {paths.TLS_HOST_CERT}" if tls else ""
+    return f" {haproxy.fleet_tls()}" if tls else ""
 
 
 def viewer_digest(password: str) -> str:
