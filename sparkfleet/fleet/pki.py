@@ -250,6 +250,17 @@ def client_pair(ca: FleetCA, now: dt.datetime | None = None) -> tuple[str, str]:
     return issue(ca, CONTROLLER_NAME, (CONTROLLER_NAME,), key=key, now=now, days=CLIENT_DAYS), _key_pem(key)
 
 
+def ends(pem: str | None) -> str | None:
+    """When a host's certificate (as read from the host: untrusted text) ends, as YYYY-MM-DD for `status`; None
+    when there is none or it is not one."""
+    if not pem or not pem.strip() or len(pem) > MAX_PEM:
+        return None
+    try:
+        return f"{x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc:%Y-%m-%d}"
+    except ValueError:
+        return None
+
+
 EXPIRY_METRIC = TLS_EXPIRY_METRIC  # contract/monitoring.py names it
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import requests
 
 from sparkfleet.fleet.metrics import read_metrics
@@ -39,8 +41,8 @@ def asked(url: str, probe: dict, served_name: str, headers: dict, session=None):
     client of the guards (fleet/tls.py `guard_client`), plain requests without one."""
     import requests
 
-    reply = (session or requests).request(probe["method"], url + probe["path"], json=host_module.probe_body(probe, served_name),
-                             headers=headers, timeout=probe["timeout_s"])
+    reply = (session or requests).request(probe["method"], url + probe["path"], headers=headers,
+                                          json=host_module.probe_body(probe, served_name), timeout=probe["timeout_s"])
     try:
         body = reply.json()
     except ValueError:
@@ -216,7 +218,8 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     from pyinfra.facts.deb import DebPackage
     from pyinfra.facts.systemd import SystemdStatus
 
-    from sparkfleet.host.facts import ModelFiles, NvidiaSmi, read_json_object
+    from sparkfleet.fleet.pki import ends
+    from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
     from sparkfleet.contract.shared import host_module
 
@@ -235,7 +238,8 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     facts = {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),
              "release_id": release.get("release_id"), "model_verified": verified,
              "unit_active": bool(units.get(paths.UNIT_NAME)),
-             "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release)}
+             "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release),
+             "certificate_ends": ends(host.get_fact(JsonFile, path=paths.TLS_HOST_CERT))}  # the fleet's TLS
     if group:
         facts["ray_active"] = bool(units.get(paths.RAY_UNIT_NAME))
     if group and group.head == host.name:
@@ -308,11 +312,23 @@ def hidden_problems(row: dict) -> list[str]:
     if f is None:
         return []
     problems = [] if f.get("unit_active") else ["engine unit inactive"]
+    if ending_soon(f.get("certificate_ends")):  # the converge re-issues it 30 days before its end: it did not run
+        problems.append(f"TLS certificate ends {f['certificate_ends']}: converge the host")
     if f.get("model_verified") is False:
         problems.append("model NOT verified")
     problems += [f"service {name} NOT answering ({str(svc['detail'])[:80]})"
                  for name, svc in (f.get("services") or {}).items() if not svc["serving"]]
     return problems
+
+
+def ending_soon(day: str | None, now: float | None = None) -> bool:
+    """A certificate's end (`pki.ends`) within the alert's 14 days (TlsCertificateExpiring)."""
+    import datetime as dt
+
+    if not day:
+        return False
+    end = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc).timestamp()
+    return end - (time.time() if now is None else now) < 14 * 86400
 
 
 def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:

@@ -199,3 +199,22 @@ def test_the_expiry_metric_and_its_alert(ca):
     assert f"{pki.EXPIRY_METRIC} {int(end.timestamp())}\n" in pki.expiry_metric(pem)
     [rule] = [r for r in monitoring.rules(parse_settings("spark-1", host_data())) if r["alert"] == "TlsCertificateExpiring"]
     assert rule["expr"] == f"{pki.EXPIRY_METRIC} - time() < {14 * 86400}"
+
+
+def test_status_reads_a_certificates_end_from_the_hosts_text_and_flags_it_14_days_ahead(tmp_path):
+    import datetime as dt
+
+    from sparkfleet.fleet import pki
+    from sparkfleet.fleet.status import ending_soon
+
+    cert, key = pki.new_ca()
+    (tmp_path / "ca.crt").write_bytes(cert)
+    (tmp_path / "ca.key").write_bytes(key)
+    ca = pki.load_ca(tmp_path / "ca.crt", tmp_path / "ca.key")
+    day = pki.ends(pki.issue(ca, "spark-1", ("spark-1",)))
+    assert day == f"{dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=pki.HOST_DAYS):%Y-%m-%d}"
+    for hostile in (None, "", "not a certificate", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----",
+                    "x" * (pki.MAX_PEM + 1)):
+        assert pki.ends(hostile) is None
+    now = dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc).timestamp()
+    assert ending_soon("2027-01-10", now) and not ending_soon("2027-02-01", now) and not ending_soon(None, now)

@@ -93,6 +93,7 @@ def front_door_status(inventory: str) -> dict | None:
     if not runtime.doors:
         return None
     states = runtime.states()
+    certificates = runtime.certificates()  # each door's fleet certificate, where the hops are TLS
     doors = []
     for name, data in runtime.doors:
         s = parse_settings(name, data)
@@ -102,7 +103,8 @@ def front_door_status(inventory: str) -> dict | None:
                               verify=s.controller_front_door_ca or True).status_code == 200
         except requests.RequestException:
             up = False
-        doors.append({"host": name, "url": url, "up": up and states.get(name) is not None})
+        doors.append({"host": name, "url": url, "up": up and states.get(name) is not None,
+                      "certificate_ends": certificates.get(name)})
     seen = next((s for s in states.values() if s is not None), {})
     backends = [{"host": host, "state": row["state"]} for host, row in sorted(seen.items())]
     # the floating address (two or more doors): which door holds it now (asked of each door: `ip addr`)
@@ -132,7 +134,9 @@ def status_rows(door: dict) -> list[tuple[str, str, str]]:
         address = [("floating address", door["address"], f"[green]held by {literal(door['holder'])}[/]"
                     if door.get("holder") else "[red]held by no door[/]")]
     return (address + [(d["host"], d["url"], ("[green]up[/]" if d["up"] else "[red]DOWN[/]")
-                        + (" (holds the address)" if d["host"] == door.get("holder") else "")) for d in door["doors"]]
+                        + (" (holds the address)" if d["host"] == door.get("holder") else "")
+                        + (f"; certificate until {d['certificate_ends']}" if d.get("certificate_ends") else ""))
+                       for d in door["doors"]]
             + [(f"  {b['host']}", "backend", state(b)) for b in door["backends"]])
 
 

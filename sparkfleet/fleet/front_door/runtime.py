@@ -224,7 +224,7 @@ class FrontDoorRuntime:
     def __init__(self, inventory: str, doors: list[tuple[str, dict]]):
         self.inventory = inventory
         self.doors = doors  # [(host name, merged data)]
-        settings = [parse_settings(name, data) for name, data in doors]
+        self.settings = settings = [parse_settings(name, data) for name, data in doors]
         self.drain_timeout_s = max((s.drain_timeout_s for s in settings), default=0)
         # the floating address the doors share (None: none; the settings refuse doors that disagree)
         self.address = settings[0].front_door_address if settings else None
@@ -311,6 +311,16 @@ class FrontDoorRuntime:
         if step.rejoin:
             self._shell_on(list(step.rejoin), door_address_command(running=True))
             log(f"front door address: keepalived back on {', '.join(step.rejoin)}")
+
+    def certificates(self) -> dict[str, str | None]:
+        """{front door: when its fleet TLS certificate ends (pki.ends), None: none or unreadable}; {} where the hops
+        are plain by setting (no certificate to read: no SSH round trip)."""
+        from sparkfleet.fleet.pki import ends
+
+        if not any(s.fleet_ca_cert and not s.backend_key_in_clear for s in self.settings):
+            return {}
+        found = self._shell(f"cat -- {paths.TLS_HOST_CERT} 2>/dev/null; true")
+        return {door: ends(text) for door, text in found.items()}
 
     def states(self) -> dict[str, dict[str, dict] | None]:
         """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
