@@ -250,7 +250,8 @@ FAULTS: dict[str, FaultSpec] = {
                                    "converge", 150, 420, single_host=False),
     "rollout": FaultSpec("sparkfleet rollout --batch 1 (a new max_model_len), then back", 180, 600,
                          single_host=False),
-    "upgrade": FaultSpec("sparkfleet upgrade --batch 1", 240, 600, single_host=False),
+    "upgrade": FaultSpec("a newer driver published, sparkfleet upgrade --batch 1 (each Spark rebooted in turn), "
+                         "then the old driver back", 240, 600, single_host=False),
     "door-lost": FaultSpec("the front door holding the floating address powered off (its container stopped at "
                            "once), back 60 s later", 90, 240, single_host=False, door=True),
 }
@@ -564,12 +565,17 @@ def usage_problems(samples: Sequence[tuple[float, dict[str, int]]], resets: Sequ
 
 
 def record_problems(before: dict[str, dict], after: dict[str, dict], rolled: set[str]) -> list[str]:
-    """Each host's release record as before, but on hosts a rollout left changed."""
+    """Each host's release record as before. On the `rolled` hosts (a rollout went through them and the soak put it
+    back) the same release serves again; what the record keeps for a rollback (`previous`) is the rollout's."""
     out = []
     for host in sorted(before):
         if host not in after:
             out.append(f"{host}'s release record is gone")
-        elif after[host] != before[host] and host not in rolled:
+        elif host in rolled:
+            if after[host].get("release_id") != before[host].get("release_id"):
+                out.append(f"{host} serves release {after[host].get('release_id')}, not "
+                           f"{before[host].get('release_id')} (every rollout was put back)")
+        elif after[host] != before[host]:
             out.append(f"{host}'s release record changed")
     return out
 

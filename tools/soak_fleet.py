@@ -466,11 +466,20 @@ class Rollout(FleetCommand):
 
 
 class Upgrade(FleetCommand):
+    """A newer stand-in driver published in the sim's DGX OS repository, then `sparkfleet upgrade --batch 1`: each
+    Spark upgraded and rebooted in turn under the load; afterwards every host back on the old driver (the sim's
+    reset: no second reboot cycle)."""
+
+    NEW_DRIVER = "580.95.99"
+
     def inject(self):
+        run([sys.executable, "-m", "sim", "publish-driver", self.NEW_DRIVER], 300, check=True)
         self.fleet.sparkfleet("upgrade", self.fleet.inventory, "--batch", "1", timeout=1800)
 
     def restore(self):
-        pass
+        run([sys.executable, "-m", "sim", "reset-driver"], 600)
+
+    put_back = restore
 
 
 class HubRegistryDown(FleetCommand):
@@ -652,7 +661,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
             put_back(fleet, faults)
         sampler.join(15)
         usage.append((time.monotonic() - started, fleet.usage()))
-        rolled = {f for f in names if not soak.FAULTS[f].single_host}
+        rolled = {f for f in names if not soak.FAULTS[f].single_host and not soak.FAULTS[f].door}
         statuses = {}
         for user, key in keys.items():
             try:
@@ -671,7 +680,8 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
         checks = {"verified": fleet.rehash(),
                   "keys": soak.key_problems(statuses, removed={THROWAWAY}),
                   "usage": soak.usage_problems(usage),
-                  "release records": soak.record_problems(records_before, fleet.records(), rolled=set()),
+                  "release records": soak.record_problems(records_before, fleet.records(),
+                                                          rolled=set(fleet.hosts) if rolled else set()),
                   "lock": soak.lock_problems(lock_before, fleet.lock_bytes(), rolled=False),
                   "secrets": soak.secret_problems(fleet.journals(wall), {"api_key": fleet.api_key or "", **keys})}
         notes = [f"the converge afterwards changed: {host}: {', '.join(ops)}" for host, ops in sorted(changed.items())]

@@ -254,9 +254,13 @@ def test_usage_counters_may_only_fall_across_a_reload_the_soak_made():
 def test_release_records_and_the_lock_unchanged_except_on_rolled_out_hosts():
     before = {"spark-1": {"release_id": "a"}, "spark-2": {"release_id": "a"}}
     assert soak.record_problems(before, before, rolled=set()) == []
-    after = {"spark-1": {"release_id": "b"}, "spark-2": {"release_id": "a"}}
-    assert soak.record_problems(before, after, rolled={"spark-1"}) == []
-    assert soak.record_problems(before, after, rolled=set()) == ["spark-1's release record changed"]
+    # a rollout and back: the same release serves, the record keeps the rollout's release for a rollback
+    back = {"spark-1": {"release_id": "a", "previous": {"release_id": "b"}}, "spark-2": {"release_id": "a"}}
+    assert soak.record_problems(before, back, rolled={"spark-1", "spark-2"}) == []
+    assert soak.record_problems(before, back, rolled=set()) == ["spark-1's release record changed"]
+    after = {"spark-1": {"release_id": "b"}, "spark-2": {"release_id": "a"}}  # left on the rollout's release
+    assert soak.record_problems(before, after, rolled={"spark-1", "spark-2"}) == [
+        "spark-1 serves release b, not a (every rollout was put back)"]
     assert soak.record_problems(before, {"spark-1": {"release_id": "a"}}, rolled=set()) == \
         ["spark-2's release record is gone"]
     assert soak.lock_problems(b"lock", b"lock", rolled=False) == []
