@@ -8,6 +8,7 @@ import pytest
 from sparkfleet.contract import paths
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
 from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
+from sparkfleet.fleet.front_door.address import door_set
 from sparkfleet.fleet.inventory import load_hosts
 
 
@@ -20,7 +21,8 @@ def door(node, request):
         doors = []
     if node.plan.name not in doors:
         pytest.skip(f"{node.plan.name} is not in the group {FRONT_DOOR_GROUP}")
-    return fd_plan.front_door_plan(node.plan.name, request.config._sparkfleet_all_plans)
+    plans = request.config._sparkfleet_all_plans
+    return fd_plan.front_door_plan(node.plan.name, plans, doors=door_set(doors, plans))  # the doors as one set
 
 
 def test_config_and_unit_on_disk_are_the_plans(node, door):
