@@ -74,10 +74,10 @@ class Fleet:
             raise Refused(f"{inventory} has no front door on {self.door}: give inventory/sim_front_door.py")
         self.api_key = door_settings[0].api_key
         # two doors sharing a floating address (inventory/sim_two_doors.py): the load goes to the address
-        self.address = door_settings[0].front_door_address
+        self.floating = door_settings[0].front_door_address
         names = {d["name"] for d in doors}
-        self.doors = sorted(n for n, d in load_hosts(self.base) if n in names and self.address
-                            and parse_settings(n, d).front_door_address == self.address) or [self.door]
+        self.doors = sorted(n for n, d in load_hosts(self.base) if n in names and self.floating
+                            and parse_settings(n, d).front_door_address == self.floating) or [self.door]
         self.lock_path = Path(os.environ.get("SPARKFLEET_LOCK", ROOT / ".sim" / "sparkfleet.lock"))
         self.lock = threading.Lock()
 
@@ -247,7 +247,7 @@ class Fleet:
 
     def holder(self) -> str | None:
         """The door whose interface holds the floating address now."""
-        ip = f"inet {self.address.split('/')[0]}/"
+        ip = f"inet {self.floating.split('/')[0]}/"
         for door in self.doors:
             shown = run(["docker", "exec", soak.check_target(door, self.state), "ip", "-o", "-4", "addr", "show"],
                         20).stdout

@@ -79,6 +79,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
                  daemon_reload=timer.will_change or saving.will_change)
     if address:
         _door_address(doors, plan.name, interface, s.front_door_port, door.tls)
+    else:  # an address the inventory no longer names is held by no door (nothing where a door never had one)
+        managed_unit(name="No floating address: keepalived off", service=paths.DOOR_ADDRESS_UNIT_NAME,
+                     running=False, enabled=False)
     scheme, health = "https" if door.tls else "http", serving.HEALTH  # its /health: 200 once a backend is in
     wait = (f"for i in $(seq {s.health_timeout_s}); do curl -fsSk --max-time {health['timeout_s']} -o /dev/null "
             f"{scheme}://127.0.0.1:{s.front_door_port}{health['path']} && exit 0; sleep 1; done; "

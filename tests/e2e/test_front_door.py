@@ -497,6 +497,19 @@ def test_usage_is_counted_per_user_and_a_user_past_their_rate_gets_429_while_oth
     def client(key: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
 
+    def usage_now() -> tuple[dict, str]:
+        done = sparkfleet("usage", inventory, "--json", timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)["users"], done.stdout
+
+    start, _ = usage_now()  # the door keeps its counts across converges and restarts: earlier tests' are in them
+
+    def grew(found: dict, user: str, field: str, model: str | None = None) -> int:
+        def of(users: dict) -> int:
+            row = users.get(user, {})
+            return (row.get("models", {}).get(model, {}) if model else row).get(field, 0)
+        return of(found) - of(start)
+
     def ask(key: str, n: int, stream: bool = False):
         reply = client(key).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": f"usage question {n}"}], max_tokens=8, stream=stream)
@@ -512,16 +525,19 @@ def test_usage_is_counted_per_user_and_a_user_past_their_rate_gets_429_while_oth
     assert refused.value.response.headers["retry-after"] == "60"
     assert ask(USERS["alice"], 5).usage.completion_tokens  # still served
 
-    proc = sparkfleet("usage", inventory, "--json", timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    found = json.loads(proc.stdout)["users"]
-    assert found["alice"]["requests"] >= 5 and found["bob"]["requests"] >= 3
-    assert found["alice"]["models"][MODEL]["prompt_tokens"] >= sum(r.usage.prompt_tokens for r in alice) > 0
-    assert found["alice"]["completion_tokens"] >= sum(r.usage.completion_tokens for r in alice) > 0
-    assert found["bob"]["completion_tokens"] == sum(r.usage.completion_tokens for r in bob[:2]) > 0  # not the stream
-    assert found["carol"]["requests"] == 4 and found["carol"]["limited"] == 1
+    def reported():  # the door reports what its snapshot holds: written every 5 s (files/sparkfleet-usage-save)
+        users, text = usage_now()
+        return (users, text) if grew(users, "alice", "requests") >= 6 and grew(users, "carol", "limited") else None
+
+    found, shown = wait_until(reported, 30, "the usage snapshot holds every request", step_s=1)
+    assert grew(found, "alice", "requests") >= 5 and grew(found, "bob", "requests") >= 3
+    assert grew(found, "alice", "prompt_tokens", MODEL) >= sum(r.usage.prompt_tokens for r in alice) > 0
+    assert grew(found, "alice", "completion_tokens") >= sum(r.usage.completion_tokens for r in alice) > 0
+    # not the stream
+    assert grew(found, "bob", "completion_tokens") == sum(r.usage.completion_tokens for r in bob[:2]) > 0
+    assert grew(found, "carol", "requests") == 4 and grew(found, "carol", "limited") == 1
     for key in (*USERS.values(), carol, ENGINE_KEY):
-        assert key not in proc.stdout
+        assert key not in shown
     table = sparkfleet("usage", inventory, timeout=120)
     assert table.returncode == 0 and "carol" in table.stdout and MODEL in table.stdout
 

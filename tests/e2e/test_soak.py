@@ -26,6 +26,7 @@ def test_the_short_soak_meets_every_goal_and_leaves_the_fleet_as_it_found_it(doo
     proc = subprocess.run([sys.executable, "-m", "tools.soak", inventory, "--short", "--json", str(report_path),
                            "--plot", str(plot_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(proc.stdout[-6000:])
+    assert report_path.exists(), f"the soak wrote no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     report = json.loads(report_path.read_text())
     failing = {g["name"]: g["detail"] for g in report["goals"] if not g["ok"]}
     assert proc.returncode == 0 and failing == {}, (failing, proc.stderr[-3000:])
