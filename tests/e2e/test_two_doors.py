@@ -108,9 +108,12 @@ def two_doors(sim_fleet, first_converge, tmp_path_factory):
         subprocess.run(["docker", "start", container(door)], capture_output=True, check=False)
     fleet.up(hosts=len(HOSTS), service_hosts=1)
     # the whole inventory: its guards speak plain http again (backend_key_in_clear), as its door will ask them
-    back = converge(inventory=str(ROOT / "inventory/sim_front_door.py"))
-    if back.returncode:  # the next module's fixtures converge what they need themselves
-        print(f"two doors' teardown: the single-door converge failed:\n{back.output[-3000:]}")
+    try:  # the next module's fixtures converge what they need themselves: a failure here is reported, not raised
+        back = converge(inventory=str(ROOT / "inventory/sim_front_door.py"))
+        if back.returncode:
+            print(f"two doors' teardown: the single-door converge failed:\n{back.output[-3000:]}")
+    except AssertionError as exc:
+        print(f"two doors' teardown: {exc}"[:3000])
 
 
 @dataclass
