@@ -134,6 +134,8 @@ KEEPALIVED_UNIT = "keepalived.service"  # Debian's own: masked before the packag
 # files/sparkfleet-usage-save at each reload, stop and every USAGE_SNAPSHOT_S): what a restarted door counts on
 FRONT_DOOR_USAGE_SNAPSHOT = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/usage.snapshot"
 USAGE_SAVE = f"{BIN_DIR}/sparkfleet-usage-save"
+# files/sparkfleet-servers-save: the door's server-state file, before each reload and after a drain or undrain
+SERVERS_SAVE = f"{BIN_DIR}/sparkfleet-servers-save"
 USAGE_SAVE_UNIT = "sparkfleet-usage-save.service"
 USAGE_SAVE_TIMER = "sparkfleet-usage-save.timer"
 USAGE_SNAPSHOT_S = 5

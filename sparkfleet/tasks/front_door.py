@@ -56,6 +56,9 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     # the usage counters' snapshot (a restarted door counts on from it): its writer, run by the unit and a timer
     saver = managed_file(name="Helper sparkfleet-usage-save", src=str(FILES_DIR / "sparkfleet-usage-save"),
                          dest=paths.USAGE_SAVE, mode="0755")
+    # the server-state file's writer (the unit's reload and `sparkfleet drain` run it)
+    managed_file(name="Helper sparkfleet-servers-save", src=str(FILES_DIR / "sparkfleet-servers-save"),
+                 dest=paths.SERVERS_SAVE, mode="0755")
     if door.status_page:  # the status page's viewers (digests of their passwords)
         changes.append(secret_file(name="Front door status page viewers (root-only)",
                                    dest=monitoring.FRONT_DOOR_VIEWERS_MAP, content=door.viewers_map()))

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import requests
@@ -26,6 +25,7 @@ from tools import bench_rollout
 from tests.waiting import wait_until
 
 from .conftest import HOSTS, ROOT, api_port, container, converge, fleet_out_of_step, ssh
+from .paced import Paced
 
 pytestmark = pytest.mark.e2e
 
@@ -127,18 +127,15 @@ def chat(url: str, key: str | None, messages: list, stream: bool, max_tokens: in
         return reply.status_code, body, dict(reply.headers)
 
 
-class Probe:
+class Probe(Paced):
     """Requests at a fixed rate through the front door, each on its own thread: (start, ok, why) per request."""
 
     def __init__(self, url: str, key: str, rate: float = 5.0):
-        self.url, self.key, self.interval = url, key, 1 / rate
+        super().__init__(rate)
+        self.url, self.key = url, key
         self.results: list[tuple[float, bool, str]] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.threads: list[threading.Thread] = []
-        self.runner = threading.Thread(target=self._run, daemon=True)
 
-    def _one(self, n: int, started: float) -> None:
+    def one(self, n: int, started: float) -> None:
         messages = [{"role": "user", "content": f"probe {n}: say something"}]
         try:
             status, _, _ = chat(self.url, self.key, messages, stream=n % 2 == 0)
@@ -147,27 +144,6 @@ class Probe:
             ok, why = False, type(exc).__name__
         with self.lock:
             self.results.append((started, ok, why))
-
-    def _run(self) -> None:
-        n, t0 = 0, time.monotonic()
-        while not self.stop.is_set():
-            thread = threading.Thread(target=self._one, args=(n, time.monotonic()), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-            n += 1
-            time.sleep(max(0.0, t0 + n * self.interval - time.monotonic()))
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-        self.runner.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.runner.join()
-        for thread in self.threads:
-            thread.join(15)
-        self.seconds = time.monotonic() - self.t0
 
     @property
     def failures(self) -> list[tuple[float, bool, str]]:

@@ -8,7 +8,9 @@ comes from the same plan the deploy used (settings + the hub's manifest).
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 
 import pytest
 import testinfra
@@ -66,14 +68,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 class Spark:
-    """One host under test: its plan and a testinfra connection over the inventory's SSH details."""
+    """One host under test: its plan and a testinfra connection over the inventory's SSH details, one SSH
+    connection per host for the whole run (OpenSSH's multiplexing: testinfra asks ControlMaster, which does
+    nothing without a ControlPath; a new handshake per check doubled the suite's time)."""
 
-    def __init__(self, plan, data):
+    def __init__(self, plan, data, socket: str):
         self.plan, self.s = plan, plan.settings
         port = data.get("ssh_port", 22)
         spec = f"ssh://{data.get('ssh_user', 'root')}@{data.get('ssh_hostname', plan.name)}:{port}"
         self.host = testinfra.get_host(spec, ssh_identity_file=data.get("ssh_key"),
-                                       ssh_extra_args=host_key_options(data))
+                                       ssh_extra_args=host_key_options(data),
+                                       controlpath=socket)
 
 
 def host_key_options(data: dict) -> str:
@@ -86,13 +91,16 @@ def host_key_options(data: dict) -> str:
 
 @pytest.fixture(scope="session")
 def _connections():
-    return {}
+    """The hosts' connections, their control sockets in a private directory (short: a socket path has ~100
+    bytes); the masters end ControlPersist (60 s) after the last check."""
+    with tempfile.TemporaryDirectory(prefix="sparkfleet-ssh-") as sockets:
+        yield {"sockets": sockets}
 
 
 def _connected(request, connections: dict) -> Spark:
     plan, data = request.param
     if plan.name not in connections:
-        connections[plan.name] = Spark(plan, data)
+        connections[plan.name] = Spark(plan, data, os.path.join(connections["sockets"], str(len(connections))))
     return connections[plan.name]
 
 

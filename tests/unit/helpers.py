@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import socket
 import time
 from pathlib import Path
 
@@ -26,6 +27,21 @@ STANDIN = ROOT / "sim" / "engine" / "standin_vllm.py"
 FLAGS = ROOT / "sparkfleet" / "release" / "engines" / "vllm-0.33.0.json"
 KEY = "s3cret"  # the stand-in's API key where a test sets one
 DEFAULTS = {k: v for k, v in runpy.run_path(str(ROOT / "group_data/all.py")).items() if not k.startswith("_")}
+
+
+def free_api_port() -> int:
+    """A free loopback port whose engine port (paths.engine_port: +10000) is free too: a guard's pair."""
+    from sparkfleet.contract import paths
+
+    while True:
+        port = free_port()
+        if port <= paths.MAX_API_PORT:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", paths.engine_port(port)))
+                    return port
+                except OSError:
+                    continue
 
 
 def host_data(**overrides):

@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from sparkfleet.contract import paths
 from sparkfleet.fleet.front_door import commands as fd_commands, plan as fd_plan, runtime as fd_runtime
 from sparkfleet.fleet import guard, haproxy
 
-from .helpers import wait_for
+from .helpers import ROOT, wait_for
 from .test_front_door import plans
 
 
@@ -29,6 +30,8 @@ def door_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "FRONT_DOOR_DRAINED", str(tmp_path / "drained"))
     monkeypatch.setattr(paths, "FRONT_DOOR_HOLDS", str(tmp_path / "held"))
     monkeypatch.setattr(paths, "FRONT_DOOR_STATE_FILE", str(tmp_path / "servers.state"))
+    monkeypatch.setattr(paths, "FRONT_DOOR_CONFIG", str(tmp_path / "haproxy.cfg"))  # where start_haproxy writes it
+    monkeypatch.setattr(paths, "SERVERS_SAVE", str(ROOT / "files" / "sparkfleet-servers-save"))
     monkeypatch.setattr(paths, "FRONT_DOOR_SOCKET", str(tmp_path / "admin.sock"))
     monkeypatch.setattr(fd_runtime, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
     bin_dir = tmp_path / "bin"
@@ -133,8 +136,9 @@ def test_the_replay_puts_every_recorded_name_into_maintenance_in_one_line(door_d
 def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_after_a_start(tmp_path):
     unit = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).unit()
     assert f"ExecStartPost=-/bin/sh -c '{fd_runtime.replay_command()}'\n" in unit
-    assert f"ExecReload=-/bin/sh -c '{fd_runtime.save_state_command()}'\n" in unit
-    assert unit.index("ExecReload=/usr/sbin/haproxy -c") < unit.index("ExecReload=-/bin/sh") < unit.index(
+    assert f"ExecReload=-{fd_runtime.save_state_command()}\n" in unit
+    assert f"ExecStartPre=-{fd_runtime.save_state_command()}\n" in unit  # a file saved before meets the config
+    assert unit.index("ExecReload=/usr/sbin/haproxy -c") < unit.index(f"ExecReload=-{paths.SERVERS_SAVE}") < unit.index(
         "ExecReload=/bin/kill -USR2")  # checked, then saved, then reloaded
     if shutil.which("systemd-analyze"):  # systemd itself parses both lines, quotes and all
         (tmp_path / "sparkfleet-front-door.service").write_text(unit)
@@ -143,7 +147,7 @@ def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_
         lines = [n for n, line in enumerate(unit.splitlines(), 1) if line.startswith(("ExecStartPost", "ExecReload"))]
         assert not [n for n in lines if f":{n}:" in checked.stderr], checked.stderr
     guard_unit = guard.guard_plan(plans(**{"spark-a": {}})["spark-a"]).unit()
-    assert "ExecStartPost" not in guard_unit and "servers state" not in guard_unit  # the guard has no drain
+    assert "ExecStartPost" not in guard_unit and paths.SERVERS_SAVE not in guard_unit  # the guard has no drain
 
 
 def test_a_unit_command_systemd_would_rewrite_is_refused():
@@ -294,3 +298,98 @@ def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
     finally:
         proc.terminate()
         proc.wait()
+
+
+@pytest.mark.haproxy
+def test_the_saved_state_keeps_maintenance_but_never_a_servers_old_tls_or_port(door_dir):
+    """HAProxy restores srv_use_ssl and srv_port from its state file over the configuration: a guard switched to
+    TLS got plain HTTP (502, "SSL handshake failure" on the guard) from a door that had saved its state before.
+    What files/sparkfleet-servers-save keeps is the maintenance; TLS and port are the configuration's, at a start
+    (from the file an older sparkfleet saved) and at a reload (from the running HAProxy)."""
+    from .helpers import start_haproxy
+
+    (door_dir / "bin" / "socat").write_text(LIVE_SOCAT.format(python=sys.executable))
+    (door_dir / "bin" / "socat").chmod(0o755)
+    ports = []
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    front, old, new = ports
+
+    def config(server_a: str, server_b: str) -> str:
+        return (f"global\n    stats socket {paths.FRONT_DOOR_SOCKET} mode 600 level admin\n"
+                f"    server-state-file {paths.FRONT_DOOR_STATE_FILE}\n"
+                "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+                "    load-server-state-from-file global\n"
+                f"frontend api\n    bind 127.0.0.1:{front}\n    default_backend engines\n"
+                f"backend engines\n    server spark-a {server_a}\n    server spark-b {server_b}\n")
+
+    def shown() -> dict[str, list[str]]:  # fields: 6 srv_admin_state, 18 srv_port, 20 srv_use_ssl (from 0)
+        asked = subprocess.run(["sh", "-c", fd_runtime.runtime_command("show servers state engines")],
+                               capture_output=True, text=True, timeout=20, check=False)  # none while it starts
+        rows = asked.stdout.splitlines() if asked.returncode == 0 else []
+        return {row.split()[3]: row.split() for row in rows if row[:1].isdigit() and len(row.split()) > 20}
+
+    def started(text: str):
+        proc = start_haproxy(text, door_dir, {})
+        wait_for(lambda: "spark-b" in shown())
+        return proc
+
+    def stopped(proc) -> None:
+        proc.terminate()
+        proc.wait()
+
+    plain, changed = config(f"127.0.0.1:{old}", f"127.0.0.1:{old}"), config(f"127.0.0.1:{new}",
+                                                                              f"127.0.0.1:{old} ssl verify none")
+    proc = started(plain)
+    try:
+        sh(fd_runtime.runtime_command("set server engines/spark-a state maint"))
+        # what an older sparkfleet saved: HAProxy's whole answer (no TLS, the old port)
+        Path(paths.FRONT_DOOR_STATE_FILE).write_text(sh(fd_runtime.runtime_command("show servers state")))
+        stopped(proc)
+        # a converge writes the new configuration (spark-a's guard on another port, spark-b's over TLS), and the
+        # unit's start brings the file to it before HAProxy loads it
+        Path(paths.FRONT_DOOR_CONFIG).write_text(changed)
+        sh(fd_runtime.save_state_command())
+        proc = started(changed)
+        rows = shown()
+        assert rows["spark-a"][6] != "0" and rows["spark-a"][18] == str(new), rows["spark-a"]
+        assert rows["spark-b"][6] == "0" and rows["spark-b"][20] == "1", rows["spark-b"]
+        # a reload back to the plain configuration: saved from the running HAProxy, brought to it the same way
+        Path(paths.FRONT_DOOR_CONFIG).write_text(plain)
+        sh(fd_runtime.save_state_command())
+        stopped(proc)
+        proc = started(plain)
+        rows = shown()
+        assert rows["spark-a"][6] != "0" and rows["spark-a"][18] == str(old), rows["spark-a"]
+        assert rows["spark-b"][20] == "0", rows["spark-b"]
+    finally:
+        stopped(proc)
+
+
+def test_status_asks_each_door_once_for_its_states_certificate_and_the_address(door_dir, monkeypatch):
+    """survey_command in a real shell (a socat that answers `show stat`, a certificate on disk, this machine's
+    own loopback address as the floating one), parsed: one round trip per door says all three."""
+    from sparkfleet.fleet import pki
+
+    (door_dir / "bin" / "socat").write_text(f"#!/bin/sh\ncat > /dev/null\nprintf '%s' '{STAT}'\n")
+    (door_dir / "drained").write_text("spark-2\n")
+    pki.write_ca(door_dir / "ca.crt", door_dir / "ca.key")
+    ca = pki.load_ca(door_dir / "ca.crt", door_dir / "ca.key")
+    (door_dir / "host.crt").write_text(pki.issue(ca, "door-1", ("door-1",)))
+    monkeypatch.setattr(paths, "TLS_HOST_CERT", str(door_dir / "host.crt"))
+    door = Local(("door-1", "door-2"))
+    door.address = "127.0.0.1/8"
+    door.settings = [type("S", (), {"fleet_ca_cert": "ca.crt", "backend_key_in_clear": False})()]
+    survey = door.survey()
+    assert len(door.commands) == 1
+    assert {n: row["state"] for n, row in survey.states["door-1"].items()} == {
+        "spark-1": "in", "spark-2": "drained", "spark-3": "out", "spark-4": "draining", "spark-5": "in"}
+    assert survey.certificates == {d: pki.ends((door_dir / "host.crt").read_text()) for d in ("door-1", "door-2")}
+    assert survey.holder == "door-1" and survey.certificates["door-1"] is not None
+    # a door that did not answer (HAProxy down: the states part fails the command): no states, no certificate
+    answers = {"door-1": None, "door-2": sh(fd_runtime.survey_command(None, tls=False))}
+    parsed = fd_runtime.parse_survey(answers, tls=False)
+    assert parsed.states["door-1"] is None and parsed.states["door-2"]["spark-4"]["state"] == "draining"
+    assert parsed.certificates == {} and parsed.holder is None

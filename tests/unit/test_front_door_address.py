@@ -84,7 +84,7 @@ def test_one_door_without_an_address_is_what_it_was():
     door = fd_plan.front_door_plan("door-1", found, doors=None)
     config = door.config()
     assert "peers" not in config and "localpeer" not in config
-    assert fd_address.handover(["door-1"], None, "door-1") == fd_address.Handover()
+    assert fd_address.handover(["door-1"], (), "door-1") == fd_address.Handover()
 
 
 def test_two_doors_share_the_usage_table_and_the_address():
@@ -100,7 +100,7 @@ def test_two_doors_share_the_usage_table_and_the_address():
 def test_two_doors_without_an_address_still_share_the_table():
     doors = fd_address.door_set(["door-1", "door-2"], plans())
     assert doors.address is None and doors.peers("door-1")["section"] == fd_address.PEERS_SECTION
-    assert fd_address.handover(["door-1"], doors, None) == fd_address.Handover()
+    assert doors.sharing == () and fd_address.handover(["door-1"], doors.sharing, None) == fd_address.Handover()
 
 
 def test_two_groups_claiming_one_address_are_refused():
@@ -202,15 +202,15 @@ def test_the_unit_runs_keepalived_in_the_foreground_on_its_config():
 def test_a_change_of_the_holding_door_hands_the_address_over_and_drains_it_first():
     doors = fd_address.door_set(["door-1", "door-2", "door-3"], plans(doors=("door-1", "door-2", "door-3"),
                                                                       front_door_address=FLOATING))
-    step = fd_address.handover(["spark-1", "door-1"], doors, holder="door-1")
+    step = fd_address.handover(["spark-1", "door-1"], doors.sharing, holder="door-1")
     assert step == fd_address.Handover(release=("door-1",), wait_for=("door-2", "door-3"), drain=("door-1",),
                                        rejoin=("door-1",))
     # a door that does not hold it: its keepalived off during the change (it must not take the address while its
     # HAProxy restarts), nothing to wait for
-    step = fd_address.handover(["door-2"], doors, holder="door-1")
+    step = fd_address.handover(["door-2"], doors.sharing, holder="door-1")
     assert step == fd_address.Handover(release=("door-2",), rejoin=("door-2",))
-    assert fd_address.handover(["spark-1"], doors, holder="door-1") == fd_address.Handover()
-    every = fd_address.handover(["door-1", "door-2", "door-3"], doors, holder="door-1")
+    assert fd_address.handover(["spark-1"], doors.sharing, holder="door-1") == fd_address.Handover()
+    every = fd_address.handover(["door-1", "door-2", "door-3"], doors.sharing, holder="door-1")
     assert every.release == () and "put the doors in different batches" in every.problem
 
 

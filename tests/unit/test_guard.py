@@ -21,7 +21,7 @@ from tests.conftest import free_port
 from tests.tiers import needs
 
 from . import helpers
-from .helpers import KEY, door_files, haproxy_serving, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, door_files, free_api_port, haproxy_serving, host_data, make_model, start_haproxy, wait_for
 from .test_tensor_parallel import hub, pair
 
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -161,25 +161,12 @@ def test_addresses_land_as_one_word():
 
 # --- Debian's HAProxy on loopback ------------------------------------------------------------------
 
-def _api_port() -> int:
-    """A free loopback port whose engine port (+10000) is free too."""
-    while True:
-        port = free_port()
-        if port <= paths.MAX_API_PORT:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", paths.engine_port(port)))
-                    return port
-                except OSError:
-                    continue
-
-
 @pytest.fixture(scope="module")
 @needs("haproxy")
 def guarded(tmp_path_factory):
     """The stand-in engine on 127.0.0.1:<engine port> and the host's guard on 127.0.0.1:<api port>."""
     tmp = tmp_path_factory.mktemp("guard")
-    api_port = _api_port()
+    api_port = free_api_port()
     real = helpers.free_port
     helpers.free_port = lambda: paths.engine_port(api_port)
     try:
@@ -306,7 +293,7 @@ def test_node_metrics_on_the_api_port_only_with_the_backend_key(tmp_path):
 
     exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
-    api_port = _api_port()
+    api_port = free_api_port()
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
     (tmp_path / "key.map").write_text(guard.key_map())

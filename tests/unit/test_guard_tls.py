@@ -24,7 +24,7 @@ from sparkfleet.release.plan import plan_hosts
 from tests.conftest import free_port
 from tests.tiers import needs
 
-from .helpers import KEY, door_files, haproxy_serving, host_data, start_haproxy, wait_for
+from .helpers import KEY, door_files, free_api_port, haproxy_serving, host_data, start_haproxy, wait_for
 from .test_pki import make_ca
 
 USER_KEY = "alice-key-0123456789abcdef"
@@ -62,25 +62,13 @@ class _Engine(BaseHTTPRequestHandler):
         pass
 
 
-def _api_port() -> int:
-    while True:
-        port = free_port()
-        if port <= paths.MAX_API_PORT:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", paths.engine_port(port)))
-                    return port
-                except OSError:
-                    continue
-
-
 @pytest.fixture(scope="module")
 @needs("haproxy")
 def tls_guard(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tlsguard")
     ca_crt, ca_key = make_ca(tmp, "fleet")
     ca = pki.load_ca(ca_crt, ca_key)
-    api_port = _api_port()
+    api_port = free_api_port()
     engine = ThreadingHTTPServer(("127.0.0.1", paths.engine_port(api_port)), _Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)

@@ -168,7 +168,8 @@ def test_status_trusts_the_self_signed_front_door_init_made_and_nothing_else(tmp
     door = host_data(api_key=KEY, api_host="0.0.0.0", front_door_users={"alice": "a" * 24},
                      controller_front_door_url=url,
                      front_door_tls_cert=str(crt), front_door_tls_key=str(key))
-    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "states", lambda self: {"spark-1": {}})
+    monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "survey",
+                        lambda self: fd_runtime.DoorSurvey({"spark-1": {}}, {}, None))
     try:
         up = {}
         for ca in (str(crt), None):

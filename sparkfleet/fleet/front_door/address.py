@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.contract import paths, serving
@@ -55,6 +56,11 @@ class DoorSet:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.doors)
+
+    @property
+    def sharing(self) -> tuple[str, ...]:
+        """The doors that move a floating address between them (`handover`'s): none where there is none."""
+        return self.names if self.address else ()
 
     def priority(self, name: str) -> int:
         return TOP_PRIORITY - self.names.index(name)
@@ -241,16 +247,15 @@ class Handover:
     problem: str | None = None
 
 
-def handover(hosts: list[str], doors: DoorSet | None, holder: str | None) -> Handover:
+def handover(hosts: list[str], doors: Sequence[str], holder: str | None) -> Handover:
     """The one rule: a change of `hosts` that includes doors stops their keepalived first, waits until a door
     outside the change holds the address, and drains the door that held it; afterwards their keepalived starts
-    again. Nothing where there is no floating address or no door among `hosts`."""
-    if doors is None or doors.address is None:
-        return Handover()
-    touched = tuple(d for d in doors.names if d in hosts)
+    again. `doors`: the names of the doors sharing a floating address (DoorSet.sharing; none: nothing to do, as
+    where no door is among `hosts`)."""
+    touched = tuple(d for d in doors if d in hosts)
     if not touched:
         return Handover()
-    rest = tuple(d for d in doors.names if d not in hosts)
+    rest = tuple(d for d in doors if d not in hosts)
     if not rest:
         return Handover(problem=f"every front door ({', '.join(touched)}) is in this change: the address cannot "
                                 "move first; put the doors in different batches")

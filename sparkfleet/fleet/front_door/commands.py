@@ -92,8 +92,8 @@ def front_door_status(inventory: str) -> dict | None:
     runtime = FrontDoorRuntime.of(inventory)
     if not runtime.doors:
         return None
-    states = runtime.states()
-    certificates = runtime.certificates()  # each door's fleet certificate, where the hops are TLS
+    survey = runtime.survey()  # one SSH round trip to each door
+    states, certificates = survey.states, survey.certificates
     doors = []
     for name, data in runtime.doors:
         s = parse_settings(name, data)
@@ -108,7 +108,7 @@ def front_door_status(inventory: str) -> dict | None:
     seen = next((s for s in states.values() if s is not None), {})
     backends = [{"host": host, "state": row["state"]} for host, row in sorted(seen.items())]
     # the floating address (two or more doors): which door holds it now (asked of each door: `ip addr`)
-    holder = runtime.holder() if runtime.address else None
+    holder = survey.holder
     return {"url": doors[0]["url"], "up": all(d["up"] for d in doors) and (holder is not None or not runtime.address),
             "doors": doors, "backends": backends, "address": runtime.address, "holder": holder,
             "out_of_rotation": out_of_rotation(seen, controller_name(), time.time())}

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import csv
 import io
-import ipaddress
 import shlex
 import time
+from dataclasses import dataclass
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP, FRONT_DOOR_PROXY
 from sparkfleet.contract.settings import parse_settings
-from sparkfleet.fleet.front_door.address import Door, DoorSet, Handover, handover
+from sparkfleet.fleet.front_door.address import Handover, handover
 from sparkfleet.fleet.front_door.holds import Hold, controller_name, parse_holds, stale, this_hold
 from sparkfleet.fleet.haproxy import SERVER_NAME
 
@@ -45,9 +45,10 @@ def runtime_command(*commands: str) -> str:
 
 def save_state_command() -> str:
     """Save every server's state into HAProxy's server-state file, which a reload or start loads (a drained
-    backend's maintenance with it); before each reload, and after a drain or undrain."""
-    state = paths.FRONT_DOOR_STATE_FILE
-    return f'umask 077 && echo "show servers state" | {_SOCAT} > {state}.new && mv {state}.new {state}'
+    backend's maintenance with it); before each reload, and after a drain or undrain. Through
+    files/sparkfleet-servers-save: the configuration, not the file, decides each server's TLS and port."""
+    return shlex.join([paths.SERVERS_SAVE, paths.FRONT_DOOR_SOCKET, paths.FRONT_DOOR_CONFIG,
+                       paths.FRONT_DOOR_STATE_FILE])
 
 
 def replay_command() -> str:
@@ -214,6 +215,49 @@ def frontend_sessions(show_stat: str) -> int:
     return 0
 
 
+_CERT_MARK = "@certificate"  # before a door's certificate in one answer (survey)
+_HOLDER_MARK = "@holder"  # before whether it holds the floating address
+_STATES_MARK = "@states"  # before states_command's answer, last: its exit status is the answer's
+
+
+def survey_command(address: str | None, tls: bool) -> str:
+    """What `survey` asks a front door, each part after its mark: its certificate (tls), whether it holds
+    `address` (where there is one), then states_command (a HAProxy that does not answer fails the command)."""
+    parts = []
+    if tls:
+        parts += [f"echo {_CERT_MARK}", f"cat -- {paths.TLS_HOST_CERT} 2>/dev/null"]
+    if address:
+        parts += [f"echo {_HOLDER_MARK}", holder_command(address)]
+    return "; ".join([*parts, f"echo {_STATES_MARK}", states_command()])
+
+
+@dataclass(frozen=True)
+class DoorSurvey:
+    """The doors as `status` shows them. states: {door: {backend: state}} (None: it did not answer);
+    certificates: {door: when its fleet certificate ends (pki.ends; None: none or unreadable)}, {} where the hops
+    are plain; holder: the door holding the floating address (None: none, or no address)."""
+
+    states: dict[str, dict[str, dict] | None]
+    certificates: dict[str, str | None]
+    holder: str | None
+
+
+def parse_survey(answers: dict[str, str | None], tls: bool) -> DoorSurvey:
+    """Each door's answer to survey_command -> a DoorSurvey (a door that did not answer: None, no certificate)."""
+    from sparkfleet.fleet.pki import ends
+
+    states, certificates, held = {}, {}, []
+    for door, text in answers.items():
+        head, _, answer = ("\n" + (text or "")).partition(f"\n{_STATES_MARK}\n")
+        states[door] = None if text is None else door_states(answer)
+        head, _, holding = head.partition(f"\n{_HOLDER_MARK}\n")
+        if tls:
+            certificates[door] = ends(head.partition(f"\n{_CERT_MARK}\n")[2]) if text is not None else None
+        if text is not None and _HELD in holding.split():
+            held.append(door)
+    return DoorSurvey(states, certificates, held[0] if held else None)
+
+
 class FrontDoorRuntime:
     """The front doors of an inventory, driven over SSH: set backends aside and back, read their state.
 
@@ -278,9 +322,7 @@ class FrontDoorRuntime:
         it drained (its own requests finished, up to drain_timeout_s). What `rejoin` undoes afterwards."""
         if not self.address or not any(n in hosts for n, _ in self.doors):
             return Handover()
-        shared = DoorSet(tuple(Door(n, "") for n, _ in self.doors), ipaddress.IPv4Interface(self.address), None,
-                         False, False, 0)
-        step = handover(hosts, shared, self.holder())
+        step = handover(hosts, [n for n, _ in self.doors], self.holder())
         if step.problem:
             log(f"front door address: {step.problem}")
             return step
@@ -312,15 +354,11 @@ class FrontDoorRuntime:
             self._shell_on(list(step.rejoin), door_address_command(running=True))
             log(f"front door address: keepalived back on {', '.join(step.rejoin)}")
 
-    def certificates(self) -> dict[str, str | None]:
-        """{front door: when its fleet TLS certificate ends (pki.ends), None: none or unreadable}; {} where the hops
-        are plain by setting (no certificate to read: no SSH round trip)."""
-        from sparkfleet.fleet.pki import ends
-
-        if not any(s.fleet_ca_cert and not s.backend_key_in_clear for s in self.settings):
-            return {}
-        found = self._shell(f"cat -- {paths.TLS_HOST_CERT} 2>/dev/null; true")
-        return {door: ends(text) for door, text in found.items()}
+    def survey(self) -> DoorSurvey:
+        """What `status` shows of the doors, in one SSH round trip to each: their states (with the drain record),
+        when each one's fleet TLS certificate ends (where the hops are TLS) and which holds the floating address."""
+        tls = any(s.fleet_ca_cert and not s.backend_key_in_clear for s in self.settings)
+        return parse_survey(self._shell(survey_command(self.address, tls)), tls)
 
     def states(self) -> dict[str, dict[str, dict] | None]:
         """{front door: {backend: state}} (None: that front door did not answer), its drain record read with it."""
