@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,12 +177,20 @@ def hub(sim_fleet):
     return sim_fleet["hub"]["controller_url"]
 
 
+# one SSH connection per host for the worker's run (OpenSSH's multiplexing): a handshake per command cost the
+# 2-core CI machine more than the commands; a master whose host rebooted or stopped ends (EOF, or 3 missed
+# keep-alives) and the next command starts a new one
+_SSH_SOCKETS = tempfile.mkdtemp(prefix="sparkfleet-e2e-ssh-")
+_SSH_SHARED = ["-o", "ControlMaster=auto", "-o", f"ControlPath={_SSH_SOCKETS}/%C", "-o", "ControlPersist=60",
+               "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
+
+
 def ssh(state: dict, host: str, command: str, check: bool = True) -> str:
     """Run a command on a simulated host over real SSH, as an operator would."""
     port = next(h["ssh_port"] for h in [*state["hosts"], *state.get("service_hosts", [])] if h["name"] == host)
     proc = subprocess.run(
         ["ssh", "-i", state["ssh_key"], "-p", str(port), "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", *_SSH_SHARED, "root@127.0.0.1", command],
         capture_output=True, text=True, timeout=120,
     )
     if check and proc.returncode != 0:
