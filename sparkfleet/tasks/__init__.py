@@ -22,7 +22,7 @@ from sparkfleet.fleet.inventory import plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.container_toolkit import container_toolkit
-from sparkfleet.tasks.front_door import front_door
+from sparkfleet.tasks.front_door import front_door, no_front_door
 from sparkfleet.tasks.guard import guard
 from sparkfleet.tasks.health import health
 from sparkfleet.tasks.model import model
@@ -65,6 +65,8 @@ def spark(plan: HostPlan) -> None:
         node_metrics(plan)
     if FRONT_DOOR in host.groups:
         front_door(plan, plans(state))
+    else:
+        no_front_door()
     if MONITORING in host.groups:
         monitoring(plan, plans(state), monitored)
 
@@ -83,6 +85,8 @@ def service_host(plan: HostPlan) -> None:
     guard(plan)
     if FRONT_DOOR in host.groups:
         front_door(plan, plans(state))
+    else:
+        no_front_door()
     if MONITORING in host.groups:
         monitoring(plan, plans(state), monitored_groups(state))
 

@@ -21,9 +21,10 @@ from sparkfleet.fleet.front_door.runtime import put_back_command
 from sparkfleet.fleet.inventory import DeployRefused
 from sparkfleet.host.facts import Ipv4Networks, JsonFile
 from sparkfleet.host.state import fact
-from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
+from sparkfleet.host.managed import managed_absent, managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.service import unit_removed
 from sparkfleet.tasks.tls import host_tls
 from sparkfleet.contract.settings import SettingsError
 
@@ -112,3 +113,23 @@ def _door_address(doors, name: str, interface: str, front_door_port: int, tls: b
     managed_unit(name="Floating address: keepalived running", service=paths.DOOR_ADDRESS_UNIT_NAME, running=True,
                  enabled=True, restarted=unit.will_change, reloaded=conf.will_change and not unit.will_change,
                  daemon_reload=unit.will_change)
+
+
+# what a door leaves on its host, which a host outside the group front_door does not keep (its state directory,
+# which holds no secret, aside)
+DOOR_UNITS = (paths.DOOR_ADDRESS_UNIT_NAME, paths.USAGE_SAVE_TIMER, paths.USAGE_SAVE_UNIT, paths.FRONT_DOOR_UNIT_NAME)
+DOOR_FILES = (paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP, paths.FRONT_DOOR_LIMITS_MAP,
+              paths.FRONT_DOOR_TLS_PEM, monitoring.FRONT_DOOR_VIEWERS_MAP, paths.FRONT_DOOR_CONFIG,
+              paths.FRONT_DOOR_USAGE_LUA, paths.DOOR_ADDRESS_CONFIG)
+
+
+@deploy("No front door")
+def no_front_door():
+    """A host outside the group front_door runs no door: one it ran before (the inventory moved the door
+    elsewhere) is stopped and its units removed, and so are its files with the users' keys and the engines' key.
+    On a host that never ran one, nothing runs (what it would check is in the host's one read)."""
+    why = "this host is not in the group front_door"
+    for unit in DOOR_UNITS:
+        unit_removed(unit, paths.unit_path(unit), why)
+    for path in DOOR_FILES:
+        managed_absent(name=f"{path} removed ({why})", path=path)

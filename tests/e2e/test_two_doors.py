@@ -37,10 +37,10 @@ def write_inventory(tmp_path) -> str:
     return str(path)
 
 
-def holder(state: dict) -> str | None:
+def holder(state: dict, doors: tuple[str, ...] = DOORS) -> str | None:
     """The door whose interface holds the floating address now (asked inside each door's container)."""
     ip = str(ipaddress.ip_interface(state["lan"]["floating_address"]).ip)
-    for door in DOORS:
+    for door in doors:
         shown = subprocess.run(["docker", "exec", container(door), "ip", "-o", "-4", "addr", "show"],
                                capture_output=True, text=True, check=False).stdout
         if f"inet {ip}/" in shown:

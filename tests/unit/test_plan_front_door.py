@@ -179,3 +179,16 @@ def test_status_trusts_the_self_signed_front_door_init_made_and_nothing_else(tmp
     finally:
         server.shutdown()
     assert up == {str(crt): True, None: False}
+
+
+def test_a_host_leaving_the_group_front_door_keeps_none_of_a_doors_files_or_units():
+    """Every file the contract puts in the door's directory (the users' keys, the engines' key among them) and every
+    unit of a door is what `no_front_door` removes from a host outside the group."""
+    from sparkfleet.contract import monitoring, paths
+    from sparkfleet.tasks.front_door import DOOR_FILES, DOOR_UNITS
+
+    in_door_dir = {value for module in (paths, monitoring) for name, value in vars(module).items()
+                   if name.isupper() and isinstance(value, str) and value.startswith(paths.FRONT_DOOR_DIR + "/")}
+    assert in_door_dir and in_door_dir == set(DOOR_FILES)
+    assert set(DOOR_UNITS) == {paths.FRONT_DOOR_UNIT_NAME, paths.DOOR_ADDRESS_UNIT_NAME, paths.USAGE_SAVE_UNIT,
+                               paths.USAGE_SAVE_TIMER}

@@ -106,7 +106,7 @@ def test_stage_results_are_frozen_and_named():
 
 
 STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door",
-          "node_metrics", "monitoring", "service_preflight")
+          "no_front_door", "node_metrics", "monitoring", "service_preflight")
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
     assert calls["service"]["model_result"] is results["model"]
     for stage in ("health", "watchdog"):
         assert calls[stage] == {"plan": plan, "model_result": results["model"], "service_result": results["service"]}
-    assert ("front_door" in calls) == ("front_door" in groups)
+    assert ("front_door" in calls) == ("front_door" in groups) != ("no_front_door" in calls)  # a door, or none left
     if "front_door" in calls:
         assert calls["front_door"] == {"plan": plan, "plans": {"spark-1": plan}}
     assert ("own operation" in calls) == (deploy_file == "examples/my_deploy.py")
