@@ -368,6 +368,54 @@ def test_the_saved_state_keeps_maintenance_but_never_a_servers_old_tls_or_port(d
         stopped(proc)
 
 
+@pytest.mark.haproxy
+def test_a_restarted_door_sends_to_a_hosts_address_now_never_the_one_in_its_state_file(door_dir):
+    """Seen on the demo fleet: the Sparks came back from a restart with new addresses, and door-1 kept sending to
+    the old ones (one was now spark-3's, another door-1's own) because its state file named them and the servers
+    took `init-addr last` first: no backend in for 15 minutes. The name's address now wins; the last one is kept
+    only for a name that does not resolve at the start. The servers' init-addr is the door's template's."""
+    from .helpers import start_haproxy
+    import re
+
+    init_addr = re.search(r"init-addr (\S+)", fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).config())
+    (door_dir / "bin" / "socat").write_text(LIVE_SOCAT.format(python=sys.executable))
+    (door_dir / "bin" / "socat").chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        front = s.getsockname()[1]
+    Path(paths.FRONT_DOOR_CONFIG).write_text(
+        f"global\n    stats socket {paths.FRONT_DOOR_SOCKET} mode 600 level admin\n"
+        f"    server-state-file {paths.FRONT_DOOR_STATE_FILE}\n"
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+        "    load-server-state-from-file global\n"
+        f"frontend api\n    bind 127.0.0.1:{front}\n    default_backend engines\n"
+        f"backend engines\n    default-server init-addr {init_addr.group(1)}\n"
+        "    server spark-a localhost:8000\n    server spark-b sparkfleet-test-unresolvable.invalid:8000\n")
+    # what the door saved before the restart: both hosts at addresses they no longer have, spark-a in maintenance
+    Path(paths.FRONT_DOOR_STATE_FILE).write_text(
+        "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
+        "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "
+        "srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord\n"
+        "3 engines 1 spark-a 127.0.0.9 2 1 1 1 5 1 0 0 0 0 0 0 localhost 8000 -\n"
+        "3 engines 2 spark-b 127.0.0.8 2 0 1 1 5 1 0 0 0 0 0 0 sparkfleet-test-unresolvable.invalid 8000 -\n")
+    sh(fd_runtime.save_state_command())  # what the unit's start runs first
+    proc = start_haproxy(Path(paths.FRONT_DOOR_CONFIG).read_text(), door_dir, {})
+    try:
+        def shown() -> dict[str, list[str]]:
+            asked = subprocess.run(["sh", "-c", fd_runtime.runtime_command("show servers state engines")],
+                                   capture_output=True, text=True, timeout=20, check=False)
+            rows = asked.stdout.splitlines() if asked.returncode == 0 else []
+            return {row.split()[3]: row.split() for row in rows if row[:1].isdigit() and len(row.split()) > 5}
+
+        wait_for(lambda: "spark-b" in shown())
+        rows = shown()
+        assert rows["spark-a"][4] == "127.0.0.1" and rows["spark-a"][6] != "0", rows["spark-a"]  # still in maintenance
+        assert rows["spark-b"][4] == "127.0.0.8", rows["spark-b"]  # no answer for its name: the last address
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def test_status_asks_each_door_once_for_its_states_certificate_and_the_address(door_dir, monkeypatch):
     """survey_command in a real shell (a socat that answers `show stat`, a certificate on disk, this machine's
     own loopback address as the floating one), parsed: one round trip per door says all three."""
