@@ -13,7 +13,9 @@ import struct
 import subprocess
 import sys
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import openai
@@ -138,6 +140,39 @@ def env(**extra) -> dict:
 def run_to_exit(*args, timeout=15, **env_extra) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(STANDIN), "--flags-file", str(FLAGS), *args],
                           capture_output=True, text=True, timeout=timeout, env=env(**env_extra))
+
+
+class Recorder:
+    """An HTTP server on loopback (`port`: 0 for a free one) that answers every GET and POST 200 with `body` as
+    JSON and records each request as (method, path, headers, body): a stand-in engine behind a guard, or a process
+    squatting on a port."""
+
+    def __init__(self, body: dict, port: int = 0):
+        seen = self.seen = []
+        payload = json.dumps(body).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class Server:

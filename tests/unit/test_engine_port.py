@@ -25,7 +25,7 @@ import pytest
 from sparkfleet.contract.shared import host_module as hm
 from sparkfleet.contract.serving import serving_file
 from sparkfleet.contract.settings import parse_settings
-from tests.unit.helpers import host_data
+from tests.unit.helpers import Recorder, host_data
 from tests.unit.test_watchdog import CFG, quick, wd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,39 +140,15 @@ def test_an_unreadable_proc_fails_closed(tmp_path):
     assert not ok and why.startswith("cannot read the listeners of port 18000")
 
 
-class Squatter:
+class Squatter(Recorder):
     """A process outside any container that took the port first: answers /health 200 and records every request."""
 
     def __init__(self):
-        seen = self.seen = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length)))
-                body = json.dumps({"object": "list", "data": [{"id": "sim-qwen", "object": "model"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__({"object": "list", "data": [{"id": "sim-qwen", "object": "model"}]})
 
     def keys_seen(self):
         return [(m, p) for m, p, headers, body in self.seen
                 if any(k.lower() == "authorization" for k in headers) or KEY.encode() in body]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

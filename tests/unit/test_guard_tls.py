@@ -8,8 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import ssl
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -24,7 +22,8 @@ from sparkfleet.release.plan import plan_hosts
 from tests.conftest import free_port
 from tests.tiers import needs
 
-from .helpers import KEY, door_files, free_api_port, haproxy_serving, host_data, start_haproxy, wait_for
+from .helpers import (KEY, Recorder, door_files, free_api_port, haproxy_serving, host_data, start_haproxy,
+                      wait_for)
 from .test_pki import make_ca
 
 USER_KEY = "alice-key-0123456789abcdef"
@@ -43,25 +42,6 @@ def _one_ssl_context_class():
     urllib3_ssl.SSLContext = kept
 
 
-class _Engine(BaseHTTPRequestHandler):
-    """Stands in for the engine on loopback: 200 and the path to any request."""
-
-    def _answer(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 @needs("haproxy")
 def tls_guard(tmp_path_factory):
@@ -69,8 +49,7 @@ def tls_guard(tmp_path_factory):
     ca_crt, ca_key = make_ca(tmp, "fleet")
     ca = pki.load_ca(ca_crt, ca_key)
     api_port = free_api_port()
-    engine = ThreadingHTTPServer(("127.0.0.1", paths.engine_port(api_port)), _Engine)
-    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    engine = Recorder({"ok": True}, paths.engine_port(api_port))  # the engine behind the guard
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     p.backend_tls = True
     guard = gd.guard_plan(p)
@@ -87,7 +66,7 @@ def tls_guard(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait()
-        engine.shutdown()
+        engine.close()
 
 
 def _handshake(port: int, ca: pki.FleetCA, tmp, cert_key: tuple[str, str] | None) -> str:
