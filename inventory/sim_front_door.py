@@ -19,15 +19,28 @@ if not _doors:
     raise RuntimeError("the simulated fleet has no service host door-1: recreate it (`python -m sim down; "
                        "python -m sim up`)")
 _door_host = _doors[0]
-_published = _subprocess.run(["docker", "port", _door_host["container"], "8080/tcp"],
-                             capture_output=True, text=True, check=False).stdout.split()
-if not _published:
-    raise RuntimeError(f"{_door_host['name']} publishes no port 8080: recreate the simulated fleet "
+_POWERED_OFF = "http://127.0.0.1:1"  # where nothing listens: the controller's requests fail as to a host that is off
+
+
+def _published(container: str) -> str:
+    """Where this machine reaches a door's own port 8080: the sim publishes it on a free 127.0.0.1 port at each
+    start (`docker port` says which). A stopped door (a powered-off host) publishes none: the inventory still loads
+    (status, usage and the soak read it while a door is lost), and what asks that door fails to connect."""
+    found = _subprocess.run(["docker", "port", container, "8080/tcp"], capture_output=True, text=True,
+                            check=False).stdout.split()
+    if found:
+        return f"http://{found[0]}"
+    running = _subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container], capture_output=True,
+                              text=True, check=False).stdout.strip()
+    if running == "false":
+        return _POWERED_OFF
+    raise RuntimeError(f"{container} publishes no port 8080: recreate the simulated fleet "
                        "(`python -m sim down; python -m sim up`)")
+
 
 _door = {
     "front_door_users": {"demo": "demo-user-key-0123456789", "guest": "guest-user-key-0123456789"},
-    "controller_front_door_url": f"http://{_published[0]}",
+    "controller_front_door_url": _published(_door_host["container"]),
     "drain_timeout_s": 30,
     "front_door_allow_http": True,  # the sim's LAN is this machine's Docker network
 }

@@ -11,7 +11,6 @@ Prometheus stays on door-1 (inventory/sim_front_door.py).
 """
 
 import runpy as _runpy
-import subprocess as _subprocess
 from pathlib import Path as _Path
 
 _one = _runpy.run_path(str(_Path(__file__).resolve().parent / "sim_front_door.py"))
@@ -21,15 +20,7 @@ if len(_doors) < 2 or "lan" not in _state:
     raise RuntimeError("the simulated fleet has one service host: bring up two (`python -m sim up --service-hosts 2`)")
 _tls = {"backend_key_in_clear": False}  # every hop to a guard TLS, the key never in clear (inventory/sim.py's CA)
 _door_data = {**_one["front_door"][0][1], **_tls, "front_door_address": _state["lan"]["floating_address"]}
-
-
-def _published(container: str) -> str:
-    """Where this machine reaches the door's own port 8080 (`status` and `usage` ask each door itself)."""
-    found = _subprocess.run(["docker", "port", container, "8080/tcp"], capture_output=True, text=True,
-                            check=False).stdout.split()
-    if not found:
-        raise RuntimeError(f"{container} publishes no port 8080: recreate the simulated fleet")
-    return f"http://{found[0]}"
+_published = _one["_published"]  # each door's own port 8080 (`status` and `usage` ask each door)
 
 
 sparks = [(_name, {**_data, **_tls}) for _name, _data in _one["sparks"]]

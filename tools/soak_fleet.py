@@ -73,6 +73,7 @@ class Fleet:
         if not door_settings:
             raise Refused(f"{inventory} has no front door on {self.door}: give inventory/sim_front_door.py")
         self.api_key = door_settings[0].api_key
+        self.user_key = None  # a soak user's, once added (run_soak): what door_answers asks with
         # two doors sharing a floating address (inventory/sim_two_doors.py): the load goes to the address
         self.floating = door_settings[0].front_door_address
         names = {d["name"] for d in doors}
@@ -256,10 +257,11 @@ class Fleet:
         return None
 
     def door_answers(self, url: str) -> bool:
-        """A one-token chat through `url` answers 200 (the door's own check of serving)."""
+        """A one-token chat through `url` with a soak user's key answers 200 (a door takes users' keys, never the
+        backend key: with that one it answers 401 to every chat)."""
         try:
             return requests.post(f"{url}/v1/chat/completions", timeout=5,
-                                 headers={"Authorization": f"Bearer {self.api_key}"},
+                                 headers={"Authorization": f"Bearer {self.user_key}"},
                                  json={"model": self.settings[self.hosts[0]].served_model_name, "max_tokens": 1,
                                        "messages": [{"role": "user", "content": "soak: serving?"}]}).status_code == 200
         except requests.RequestException:
@@ -623,19 +625,24 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
         keys = {user: fleet.add_user(user) for user in (*SOAK_USERS, THROWAWAY)}
         fleet.converge_door(whole=True)
         url, model, embedding = fleet.door_url_model()
-        fleet.url = url
+        fleet.url, fleet.user_key = url, keys[SOAK_USERS[0]]
         records_before, lock_before = fleet.records(), fleet.lock_bytes()
         setting = fleet.settings[fleet.hosts[0]]
         bound = soak.heal_bound_s(setting.watchdog_interval_s, setting.watchdog_failures, START_S)
-        log, faults, results, usage = soak.RequestLog(), [], [], []
+        log, faults, results, usage, missed = soak.RequestLog(), [], [], [], []
         load = soak.Load(url, model, {u: keys[u] for u in SOAK_USERS}, log, workers=workers,
                          embedding_model=embedding)
         started, wall = time.monotonic(), time.time()
         stop = threading.Event()
 
+        from sparkfleet.fleet.inventory import InventoryError  # pyinfra's CLI with it: imported where used
+
         def sample_usage():
             while not stop.wait(10):
-                usage.append((time.monotonic() - started, fleet.usage()))
+                try:
+                    usage.append((time.monotonic() - started, fleet.usage()))
+                except InventoryError as exc:  # a sample missed, never the sampler: the note counts them
+                    missed.append(str(exc))
 
         sampler = threading.Thread(target=sample_usage, daemon=True)
         sampler.start()
@@ -689,6 +696,8 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
             notes.append(f"not run ({', '.join(skipped)}): the inventory has one front door")
         if rolled:
             notes.append(f"fleet-wide changes ({', '.join(sorted(rolled))}) were put back before the checks")
+        if missed:
+            notes.append(f"{len(missed)} usage sample(s) missed (the inventory did not load), the first: {missed[0]}")
         fleet.converge_door(inventory=fleet.base)  # the door back on the inventory's own users
         fleet.close()
         return soak.build_report(log.snapshot(), sorted(results, key=lambda r: r.injected or 0), started=started,
