@@ -4,14 +4,15 @@
 #     haproxy: the unit tests run the real guard and front door on loopback; keepalived: its config checked by
 #     the real one (keepalived -t); tcpdump: the e2e capture of the LAN (no key in clear); prometheus (promtool) and
 #     prometheus-node-exporter: the scrape config, the alert rules and the status page are checked by the real
-#     ones; chromium: the status page's screenshot, in the unit and the e2e tests),
+#     ones; chromium: the status page's screenshot, in the unit and the e2e tests; socat: the usage snapshot's
+#     writer (files/sparkfleet-usage-save) asks a real door's admin socket with it, as on a door host),
 #  2. start dockerd in the background when `docker info` does not answer,
 #     and wait until it does.
 # Idempotent: on a ready machine it changes nothing and returns in well
 # under a second.  Must run as root (CI and the dev machines are root).
 set -euo pipefail
 
-PACKAGES=(docker.io debootstrap gnupg dpkg-dev openssh-client ca-certificates iptables haproxy keepalived tcpdump prometheus prometheus-node-exporter chromium)
+PACKAGES=(docker.io debootstrap gnupg dpkg-dev openssh-client ca-certificates iptables haproxy keepalived tcpdump prometheus prometheus-node-exporter chromium socat)
 LOG=${SPARKFLEET_DOCKERD_LOG:-/var/log/sparkfleet-dockerd.log}
 WAIT_S=${SPARKFLEET_DOCKERD_WAIT_S:-90}
 
