@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from sparkfleet.contract import engines
+from sparkfleet.contract import engines, paths
 from sparkfleet.contract.shared import host_module
 
 # engine.env's API key variables: each engine's own (contract/engines.py `key_var`), which the helpers and the
@@ -48,14 +48,18 @@ def host_memory_bytes(host_memory_gb: float) -> int:
     return int(host_memory_gb * 1e9)
 
 
-def memory_plan(budget: float, memory_bytes: int, shares: dict[str, tuple[str, float]]) -> dict:
-    """The host's one memory plan: the budget, each engine's unit, share and bytes (by name: "chat", each
-    service), their sum and whether it fits. The planner refuses one that does not fit, `plan` prints it, the
-    release record keeps it, and sparkfleet-memcheck reads it from paths.MEMORY_PLAN (read_memory_plan)."""
-    total, fits = within_budget([share for _, share in shares.values()], budget)
+def memory_plan(budget: float, memory_bytes: int, shares: dict[str, tuple[str, float, int]], wait_s: int) -> dict:
+    """The host's one memory plan: the budget, each engine's unit, share, bytes and loopback port (by name: "chat",
+    each service), their sum and whether it fits, and the order its engines start in. The planner refuses one that
+    does not fit, `plan` prints it, and sparkfleet-memcheck reads it from paths.MEMORY_PLAN (read_memory_plan):
+    a unit's start waits up to `wait_s` for each engine before it in `start.order` that is loading to answer
+    (start_before), so two engines never race for the unified memory."""
+    total, fits = within_budget([share for _, share, _ in shares.values()], budget)
     return {"budget": budget, "total": total, "fits": fits,
-            "shares": {name: {"unit": unit, "share": share, "bytes": int(share * memory_bytes)}
-                       for name, (unit, share) in shares.items()}}
+            "shares": {name: {"unit": unit, "share": share, "bytes": int(share * memory_bytes), "engine_port": port}
+                       for name, (unit, share, port) in shares.items()},
+            "start": {"order": [unit for unit, _, _ in shares.values()], "wait_s": wait_s,
+                      "serving": paths.SERVING_FILE}}
 
 
 def memory_plan_json(plan: dict) -> str:

@@ -218,8 +218,9 @@ class HostPlan:
 
     @property
     def memory_plan(self) -> dict:
-        """The host's one memory plan: the chat's share and every service's, against gpu_memory_budget."""
-        return memory_plan(self.settings, {svc.name: svc.service.gpu_memory_utilization for svc in self.services})
+        """The host's one memory plan: the chat's share and every service's, against gpu_memory_budget, and the
+        order they start in."""
+        return memory_plan(self.settings, {svc.name: svc.service for svc in self.services})
 
     def render_unit(self) -> str:
         if not self.runs_engine:

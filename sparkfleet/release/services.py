@@ -175,11 +175,13 @@ def min_share(report: FitReport) -> float:
     return math.ceil(need / report.memory_bytes * 100) / 100
 
 
-def memory_plan(s: Settings, shares: dict[str, float]) -> dict:
-    """The host's one memory plan (contract/formats.py): the chat's share and each service's, by unit."""
-    rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization),
-            **{name: (paths.service_unit(name), share) for name, share in shares.items()}}
-    return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows)
+def memory_plan(s: Settings, services: dict[str, Service]) -> dict:
+    """The host's one memory plan (contract/formats.py): the chat's share and each service's, by unit, in the
+    order they start (the chat model first; each waits for the one before to answer, up to health_timeout_s)."""
+    rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization, paths.engine_port(s.api_port)),
+            **{name: (paths.service_unit(name), svc.gpu_memory_utilization, paths.engine_port(svc.api_port))
+               for name, svc in services.items()}}
+    return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows, s.health_timeout_s)
 
 
 def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:
@@ -241,7 +243,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
             problems.append(f"{where}: {refusal} (its share: services[{name!r}].gpu_memory_utilization)")
         plans.append(plan)
     problems += port_problems(host, s, {p.name: p.service.api_port for p in plans})
-    memory = memory_plan(s, {p.name: p.service.gpu_memory_utilization for p in plans})
+    memory = memory_plan(s, {p.name: p.service for p in plans})
     if not memory["fits"]:
         memory_bytes = host_memory_bytes(s.host_memory_gb)
         problems.append(oversubscribed(host, s, memory, {p.name: min_share(p.fit(memory_bytes)) for p in plans}))

@@ -91,7 +91,7 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
                  dest=paths.RELEASE_FILE, mode="0644")
     services_pruned(name="Units of services dropped from the settings stopped and removed",
                     keep=[svc.unit for svc in plan.services])
-    managed_file(name="Memory plan (every engine unit's share, the budget)",
+    managed_file(name="Memory plan (every engine unit's share, the budget, the order they start in)",
                  content=memory_plan_json(plan.memory_plan), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
     fetches = model_result.fetched.will_change  # the chat model's (the RAG services' are small)

@@ -143,6 +143,24 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
         assert healed.changed[HOST] == ["Service | Service rerank (reranker, port 8002) enabled and running",
                                         "Health gate | Qwen3-Reranker-0.6B answers on port 8002"], healed.changed
         assert status_of_services(rag) == (0, {"embed": True, "rerank": True})
+
+        # a boot starts every unit at once: the engines load one at a time, each after the one before answers
+        chat_units = " ".join(("sparkfleet-vllm.service", *UNITS))
+        answered = [float(t) for t in ssh(state, HOST, (
+            f"systemctl stop {chat_units} && systemctl start --no-block {chat_units} && "
+            "for port in 18000 18001; do "
+            "until curl -sf -o /dev/null http://127.0.0.1:$port/health; do sleep 0.2; done; date +%s.%N; done"),
+            ).split()]
+        wait_until(lambda: status_of_services(rag) == (0, {"embed": True, "rerank": True}), 300, "both serving")
+        started = [float(t) for t in ssh(state, HOST, "for c in vllm vllm-embed vllm-rerank; do "
+                                                      "date -d \"$(docker inspect -f '{{.State.StartedAt}}' $c)\" "
+                                                      "+%s.%N; done").split()]
+        print(f"engines started at +0, +{started[1] - started[0]:.1f} s, +{started[2] - started[0]:.1f} s; "
+              f"the chat answered at +{answered[0] - started[0]:.1f} s, embed at +{answered[1] - started[0]:.1f} s")
+        assert started[1] >= answered[0] - 0.5, (started, answered)  # embed's container after the chat answered
+        assert started[2] >= answered[1] - 0.5, (started, answered)  # rerank's after embed answered
+        assert "waited" in ssh(state, HOST, "journalctl -u sparkfleet-vllm-rerank.service -n 30 --no-pager")
+        chat_started = started_at(state, HOST)  # dropping the services below leaves the chat model running
     finally:
         back = converge()
     assert back.returncode == 0 and not any(back.failed.values()), back.output[-5000:]

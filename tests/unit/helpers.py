@@ -143,19 +143,20 @@ def run_to_exit(*args, timeout=15, **env_extra) -> subprocess.CompletedProcess:
 
 
 class Recorder:
-    """An HTTP server on loopback (`port`: 0 for a free one) that answers every GET and POST 200 with `body` as
-    JSON and records each request as (method, path, headers, body): a stand-in engine behind a guard, or a process
-    squatting on a port."""
+    """An HTTP server on loopback (`port`: 0 for a free one) that answers every GET and POST 200 (after the
+    `statuses` given, one a request: an engine still loading) with `body` as JSON and records each request as
+    (method, path, headers, body): a stand-in engine behind a guard, or a process squatting on a port."""
 
-    def __init__(self, body: dict, port: int = 0):
+    def __init__(self, body: dict, port: int = 0, statuses: tuple[int, ...] = ()):
         seen = self.seen = []
         payload = json.dumps(body).encode()
+        first = list(statuses)
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length)))
-                self.send_response(200)
+                self.send_response(first.pop(0) if first else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()

@@ -1,10 +1,12 @@
 """files/sparkfleet-memcheck, the real helper, against a memory plan the planner wrote: it reads that shape and
 applies the planner's own budget rule. It runs in a private mount namespace where /proc/meminfo and
-/proc/sys/vm/drop_caches are files of the test (no page cache of this machine is dropped) and `systemctl` is a
-stand-in naming which units are active; it skips where `unshare -rm` is not allowed."""
+/proc/sys/vm/drop_caches are files of the test (no page cache of this machine is dropped), the helper's own
+/proc/<pid>/cgroup names the unit it starts for, and `systemctl` is a stand-in naming which units are active or
+activating; it skips where `unshare -rm` is not allowed."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -12,9 +14,11 @@ import sys
 import pytest
 
 from sparkfleet import FILES_DIR
+from sparkfleet.contract import serving
 from sparkfleet.contract.formats import memory_plan_json
+from sparkfleet.contract.shared import host_module
 from sparkfleet.release.plan import plan_hosts
-from tests.unit.helpers import host_data
+from tests.unit.helpers import Recorder, host_data
 
 MEMCHECK = FILES_DIR / "sparkfleet-memcheck"
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -23,13 +27,18 @@ MEMINFO = "MemTotal:       125000000 kB\nMemFree:        117187500 kB\nMemAvaila
 SYSTEMCTL = """#!/bin/sh
 [ "$1" = is-active ] || exit 1
 shift
-for unit in "$@"; do case " $ACTIVE " in *" $unit "*) echo active;; *) echo inactive;; esac; done
+for unit in "$@"; do
+    case " $ACTIVE " in *" $unit "*) echo active; continue;; esac
+    case " $ACTIVATING " in *" $unit "*) echo activating;; *) echo inactive;; esac
+done
 """
+CHAT, EMBED, RERANK = "sparkfleet-vllm.service", "sparkfleet-vllm-embed.service", "sparkfleet-vllm-rerank.service"
 
 
 @pytest.fixture
 def memcheck(tmp_path):
-    """Runs the helper as a unit's ExecStartPre would: (share, active units) -> (exit status, stdout, stderr)."""
+    """Runs the helper as a unit's ExecStartPre would: (share, active units; the unit it runs in, units
+    activating, a plan of other settings) -> (exit status, stdout, stderr)."""
     (tmp_path / "meminfo").write_text(MEMINFO)
     (tmp_path / "drop_caches").write_text("")
     (tmp_path / "bin").mkdir()
@@ -40,14 +49,22 @@ def memcheck(tmp_path):
     if probe.returncode:
         pytest.skip("unshare -rm (a private mount namespace) is not allowed here")
     plan_file = tmp_path / "memory.json"
-    plan_file.write_text(memory_plan_json(plan_hosts([("spark-a", host_data(services=RAG))])[0].memory_plan))
 
-    def run(share: str, *active: str) -> tuple[int, str, str]:
+    def run(share: str, *active: str, unit: str = "", activating: tuple[str, ...] = (), wait_s: int = 60,
+            **settings) -> tuple[int, str, str]:
+        host_plan = plan_hosts([("spark-a", host_data(services=RAG, **settings))])[0]
+        memory = host_plan.memory_plan  # as the converge writes it, the serving file moved beside it
+        (tmp_path / "serving.json").write_text(serving.serving_file(host_plan.settings))
+        memory["start"].update(wait_s=wait_s, serving=str(tmp_path / "serving.json"))
+        plan_file.write_text(memory_plan_json(memory))
+        (tmp_path / "cgroup").write_text(f"0::/system.slice/{unit or 'ssh.service'}\n")
         inner = (f"mount --bind {tmp_path}/meminfo /proc/meminfo && "
                  f"mount --bind {tmp_path}/drop_caches /proc/sys/vm/drop_caches && "
+                 f"mount --bind {tmp_path}/cgroup /proc/$$/cgroup && "
                  f"exec {shlex.quote(sys.executable)} {MEMCHECK} {share} {plan_file}")
         proc = subprocess.run(["unshare", "-rm", "sh", "-c", inner], capture_output=True, text=True, check=False,
-                              env={"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "ACTIVE": " ".join(active)})
+                              env={"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "ACTIVE": " ".join(active),
+                                   "ACTIVATING": " ".join(activating)})
         return proc.returncode, proc.stdout, proc.stderr
 
     return run
@@ -78,3 +95,54 @@ def test_short_memory_fails_with_one_line_naming_the_running_units(memcheck):
         "sparkfleet-memcheck: MemAvailable 111.8 GiB < budget 113.2 GiB (gpu_memory_utilization 0.95 x MemTotal "
         "119.2 GiB); running: no other sparkfleet engine: stop other models or containers, or lower "
         "gpu_memory_utilization"]
+
+
+# --- one engine loads at a time: a unit waits for the engines before it in the plan's start order ----------------
+
+
+def test_a_service_waits_until_the_chat_model_loading_before_it_answers(memcheck):
+    """The chat engine running but still loading (its /health answers 503 twice): the embedding service's start
+    waits until it answers, then checks its memory."""
+    engine = Recorder({}, statuses=(503, 503))
+    try:
+        rc, out, err = memcheck("0.03", CHAT, unit=EMBED, api_port=engine.port - 10000)
+    finally:
+        engine.close()
+    assert (rc, err) == (0, ""), err
+    assert [path for _, path, _, _ in engine.seen] == ["/health"] * 3  # asked until it answered
+    waited, checked = out.splitlines()
+    assert waited.startswith(f"sparkfleet-memcheck: {EMBED} waited ") and waited.endswith(
+        f" s for {CHAT} to answer (engines load one at a time)"), waited
+    assert checked.startswith("sparkfleet-memcheck: MemAvailable "), checked
+
+
+def test_a_unit_still_starting_before_it_is_waited_for_and_one_stopped_is_not(memcheck):
+    """rerank starts after the chat model and embed: embed activating (its pre-start steps) is waited for until the
+    wait ends, the chat model, stopped, is not; past the wait the unit starts anyway and the memory check decides."""
+    rc, out, err = memcheck("0.03", unit=RERANK, activating=(EMBED,), wait_s=3)
+    assert (rc, err.splitlines()) == (0, [
+        f"sparkfleet-memcheck: {EMBED} still loading after 3 s: starting {RERANK} anyway (the memory check decides)"])
+    assert out.startswith("sparkfleet-memcheck: MemAvailable ") and "waited" not in out
+
+
+def test_the_first_engine_waits_for_none_and_a_unit_outside_the_plan_neither(memcheck):
+    """The chat model starts first: services starting beside it do not hold it back; neither does an older unit's
+    check (a unit the plan does not name)."""
+    for unit in (CHAT, "sparkfleet-vllm-old.service"):
+        rc, out, err = memcheck("0.03", activating=(EMBED, RERANK), unit=unit, wait_s=30)
+        assert (rc, err, "waited" in out) == (0, "", False), (unit, out, err)
+
+
+def test_start_before_and_own_unit_read_the_plan_and_the_cgroup(tmp_path):
+    memory = plan_hosts([("spark-a", host_data(services=RAG))])[0].memory_plan
+    path = tmp_path / "memory.json"
+    path.write_text(memory_plan_json(memory))
+    assert host_module.start_before(path, RERANK) == ([(CHAT, 18000), (EMBED, 18001)], 900.0,
+                                                      "/etc/sparkfleet/serving.json")
+    assert host_module.start_before(path, CHAT)[0] == []
+    del memory["start"]  # an older release's plan: no order, nobody waits
+    path.write_text(json.dumps(memory))
+    assert host_module.start_before(path, RERANK) == ([], 0, None)
+    assert host_module.own_unit(f"0::/system.slice/{EMBED}\n") == EMBED
+    assert host_module.own_unit(f"12:pids:/system.slice/{EMBED}\n1:name=systemd:/system.slice/{EMBED}\n") == EMBED
+    assert host_module.own_unit("0::/user.slice/user-0.slice/session-1.scope\n") is None

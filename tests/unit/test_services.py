@@ -64,9 +64,15 @@ def test_the_default_rag_host_memory_plan():
     """chat 0.88 + embed 0.03 + rerank 0.03 = 0.94 of the budget 0.95; each service's fit in its 3.84 GB."""
     p = plan(services=RAG)
     assert p.memory_plan == {"budget": 0.95, "total": 0.94, "fits": True, "shares": {
-        "chat": {"unit": "sparkfleet-vllm.service", "share": 0.88, "bytes": 112_640_000_000},
-        "embed": {"unit": "sparkfleet-vllm-embed.service", "share": 0.03, "bytes": 3_840_000_000},
-        "rerank": {"unit": "sparkfleet-vllm-rerank.service", "share": 0.03, "bytes": 3_840_000_000}}}
+        "chat": {"unit": "sparkfleet-vllm.service", "share": 0.88, "bytes": 112_640_000_000, "engine_port": 18000},
+        "embed": {"unit": "sparkfleet-vllm-embed.service", "share": 0.03, "bytes": 3_840_000_000,
+                  "engine_port": 18001},
+        "rerank": {"unit": "sparkfleet-vllm-rerank.service", "share": 0.03, "bytes": 3_840_000_000,
+                   "engine_port": 18002}},
+        # the chat model first, then the services as the settings list them; each waits for the ones before
+        "start": {"order": ["sparkfleet-vllm.service", "sparkfleet-vllm-embed.service",
+                            "sparkfleet-vllm-rerank.service"],
+                  "wait_s": 900, "serving": "/etc/sparkfleet/serving.json"}}
     fit = p.services[0].fit(128 * 10**9)
     # 3,840,000,000 - weights 1,191,586,416 - reserve 1,073,741,824 = 1,574,671,760 of KV cache;
     # 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114,688 bytes/token: 13,730 tokens.
