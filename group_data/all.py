@@ -78,6 +78,10 @@ allow_unauthenticated_api = False  # True: accept a LAN api_host without api_key
 controller_api_url = None  # where the controller reaches the API (status, bench); None = (ssh_hostname or name):api_port
 max_model_len = 262144  # --max-model-len; refused above the model's maximum and where it cannot fit
 gpu_memory_utilization = 0.88  # --gpu-memory-utilization; also the unit's pre-start memory check
+# vLLM --kv-cache-memory-bytes: a fixed KV cache in bytes instead of what the share leaves after the weights; the
+# share (gpu_memory_utilization, the memory plan's) is then derived: weights + reserve + this. Engines that share a
+# Spark plan in bytes and start the same every time (unified memory's free figure moves); a service entry takes it too
+kv_cache_memory_bytes = None
 enable_prefix_caching = True  # --enable-prefix-caching (False: --no-enable-prefix-caching)
 enable_auto_tool_choice = True  # --enable-auto-tool-choice (needs tool_call_parser)
 tool_call_parser = "qwen3_coder"  # --tool-call-parser

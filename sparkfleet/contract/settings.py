@@ -301,6 +301,7 @@ class Service(BaseModel):
     served_model_name: ServedName | None = None
     api_port: int | None = Field(default=None, ge=1, le=65535)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=2**20, le=2**50)
     max_model_len: int | None = Field(default=None, gt=0)
     hf_overrides: dict[Name, JsonValue] | None = None  # vLLM's --hf-overrides: config.json keys, as JSON
     extra_engine_args: list[Text] = []
@@ -363,6 +364,7 @@ class Settings(_EngineVersions):
     controller_api_url: Url | None
     max_model_len: int = Field(gt=0)
     gpu_memory_utilization: float = Field(gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(ge=2**20, le=2**50)
     enable_prefix_caching: bool
     enable_auto_tool_choice: bool
     tool_call_parser: Name | None

@@ -35,6 +35,7 @@ Public API: :func:`fit_report` -> :class:`FitReport`, :func:`check_fit`,
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from sparkfleet.model.config import mtp_layers
@@ -657,6 +658,13 @@ def sparks_needed_problem(report: FitReport) -> str | None:
             f"{report.gpu_memory_utilization:g} ({what}, budget {_gib(report.budget_bytes)} per Spark, "
             f"max_model_len={report.max_model_len}): needs {needed} "
             f"Sparks: set tensor_parallel_hosts with {needed} hosts and tensor_parallel_size = {needed}")
+
+
+def fixed_kv_share(weights_bytes: int, reserve_bytes: int, kv_bytes: int, memory_bytes: int) -> float:
+    """The gpu_memory_utilization of an engine with a fixed KV cache (vLLM's --kv-cache-memory-bytes): its weights,
+    its reserve and that cache, rounded up to 1/10,000 of the host (12.8 MB of a Spark), so the memory plan and
+    vLLM's own start check ask for what it will hold, not a share picked by hand."""
+    return math.ceil((weights_bytes + reserve_bytes + kv_bytes) / memory_bytes * 10_000) / 10_000
 
 
 def check_fit(report: FitReport) -> str | None:

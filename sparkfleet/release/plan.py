@@ -19,9 +19,11 @@ from sparkfleet.contract.reach import http_url, lan_address
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
+    RESERVE_BYTES,
     FitReport,
     check_fit,
     fit_report,
+    fixed_kv_share,
 )
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import catalogue, known_model
@@ -29,7 +31,7 @@ from sparkfleet.release import render
 from sparkfleet.release.engines import Engine, engine_for, engine_problems, gguf_entry, is_gguf_model
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
-from sparkfleet.release.services import ServicePlan, memory_plan, plan_services
+from sparkfleet.release.services import ServicePlan, kv_too_big, memory_plan, plan_services
 from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
 
 ENV_DIGEST_LABEL = b"sparkfleet engine_env release digest\0"
@@ -399,6 +401,7 @@ def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
 def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
           hub_error: str | None, resolve: Resolver | None = None,
           known_weight_bytes: int | None = None) -> tuple[HostPlan, list[str]]:
+    s, found_kv = fixed_kv(name, s, manifest.weight_bytes if manifest else known_weight_bytes)
     unreadable = config_problem(config, s.model_repo) if config is not None else None
     config = None if unreadable else config
     shape = model_shape(config) if config else None
@@ -420,7 +423,23 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
         problems.append(f"{name}: {refusal}")
     plan.services, found = plan_services(name, s, lambda model_dir, port: docker_options(s, model_dir, port),
                                          resolve)
-    return plan, problems + found
+    return plan, found_kv + problems + found
+
+
+def fixed_kv(name: str, s: Settings, weights_bytes: int | None) -> tuple[Settings, list[str]]:
+    """The settings with gpu_memory_utilization taken from a fixed KV cache (kv_cache_memory_bytes: the weights,
+    the reserve and that cache), and the problems; unchanged without one, or while the weights are unknown (the
+    plan without the hub or a recipe says so)."""
+    if s.kv_cache_memory_bytes is None or weights_bytes is None:
+        return s, []
+    if s.tensor_parallel_size > 1:
+        return s, [f"{name}: kv_cache_memory_bytes with tensor_parallel_size {s.tensor_parallel_size}: a fixed KV "
+                   f"cache is planned on one Spark only: set kv_cache_memory_bytes = None (gpu_memory_utilization "
+                   f"sizes each member's cache)"]
+    share = fixed_kv_share(weights_bytes, RESERVE_BYTES, s.kv_cache_memory_bytes, host_memory_bytes(s.host_memory_gb))
+    if share > 1:
+        return s, [kv_too_big(name, s.kv_cache_memory_bytes, weights_bytes, share)]
+    return s.model_copy(update={"gpu_memory_utilization": share}), []
 
 
 def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,

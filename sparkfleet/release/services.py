@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sparkfleet.contract import formats, paths, serving
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.model.config import config_problem, model_shape
-from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report
+from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report, fixed_kv_share
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import Recipe, recipe
 from sparkfleet.release.engine import ADMIN_FLAGS, SECRET_FLAGS, flag_table, surface_problems
@@ -32,7 +32,8 @@ KINDS = tuple(POOLING_ARGS)
 # vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
 SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
                  "port": "`api_port`", "max_model_len": "`max_model_len`",
-                 "gpu_memory_utilization": "`gpu_memory_utilization`", "runner": "the recipe's kind",
+                 "gpu_memory_utilization": "`gpu_memory_utilization`",
+                 "kv_cache_memory_bytes": "`kv_cache_memory_bytes`", "runner": "the recipe's kind",
                  "convert": "the recipe's kind", "hf_overrides": "`hf_overrides`"}
 # A 0.6B pooling model's activations and CUDA graphs take far less than the chat model's 3 GiB reserve.
 SERVICE_RESERVE_BYTES = 1 * GIB
@@ -131,6 +132,8 @@ def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> li
     """`vllm serve MODEL_DIR ...` of one service: the host's listen address, the service's own port and share."""
     args = [model_dir, "--served-model-name", service.served_model_name, "--host", paths.ENGINE_HOST,
             "--port", str(paths.engine_port(service.api_port)), "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}"]
+    if service.kv_cache_memory_bytes:
+        args += ["--kv-cache-memory-bytes", str(service.kv_cache_memory_bytes)]
     if service.max_model_len:
         args += ["--max-model-len", str(service.max_model_len)]
     args += POOLING_ARGS[kind]
@@ -166,6 +169,12 @@ def args_problems(where: str, s: Settings, service: Service, args: list[str]) ->
         named = "--" + flag.removeprefix("--").replace("_", "-")
         return named in SECRET_FLAGS or named in ADMIN_FLAGS or table.flags[flag].get("dest") in SERVICE_DESTS
     return problems + [f"{where}: extra_engine_args: {p}" for p in table.unreviewed(service.extra_engine_args, refused)]
+
+
+def kv_too_big(where: str, kv_bytes: int, weights_bytes: int, share: float) -> str:
+    """The refusal of a fixed KV cache that, with its model's weights and reserve, is more than the host."""
+    return (f"{where}: kv_cache_memory_bytes {kv_bytes:,} beside the weights ({weights_bytes / 1e9:.1f} GB) and the "
+            f"reserve needs {share:g} of the host's memory (host_memory_gb): lower kv_cache_memory_bytes")
 
 
 def min_share(report: FitReport) -> float:
@@ -227,9 +236,16 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
             plan.manifest, plan.config, plan.hub_error = resolve(
                 s.model_copy(update={"model_repo": service.model_repo, "model_revision": service.model_revision,
                                   "model_files": None}))
+        where = f"{host}: service {name!r}"
+        if service.kv_cache_memory_bytes:  # its share is what the fixed cache, the weights and the reserve take
+            share = fixed_kv_share(plan.weight_bytes, SERVICE_RESERVE_BYTES, service.kv_cache_memory_bytes,
+                                   host_memory_bytes(s.host_memory_gb))
+            if share > 1:
+                problems.append(kv_too_big(where, service.kv_cache_memory_bytes, plan.weight_bytes, share))
+                continue
+            service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
         plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
         plan.docker_options = docker_options(plan.model_dir, service.api_port)
-        where = f"{host}: service {name!r}"
         problems += args_problems(where, s, service, plan.engine_args)
         unreadable = plan.config is not None and config_problem(plan.config, service.model_repo)
         if unreadable:

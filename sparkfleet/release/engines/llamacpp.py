@@ -95,6 +95,8 @@ class LlamaCpp(Engine):
                                          "limit_mm_per_prompt = None"),
                  "attention_backend": (s.attention_backend, "llama-server has no such choice (flash attention: "
                                        "-fa in extra_engine_args): set attention_backend = None"),
+                 "kv_cache_memory_bytes": (s.kv_cache_memory_bytes, "llama-server's KV cache is its context: set "
+                                           "max_model_len (its -c) and kv_cache_memory_bytes = None"),
                  "kv_cache_dtype": (s.kv_cache_dtype if s.kv_cache_dtype != "auto" else None,
                                     "llama-server names its cache types otherwise (-ctk/-ctv in extra_engine_args): "
                                     "set kv_cache_dtype = \"auto\"")}

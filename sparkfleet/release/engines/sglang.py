@@ -81,6 +81,10 @@ class SGLang(Engine):
                   ("--kv-cache-dtype", s.kv_cache_dtype if s.kv_cache_dtype != "auto" else None, "kv_cache_dtype")]
         problems = [f"{name}: {p}" for flag, value, setting in checks if value
                     for p in [table.value_problem(flag, value, setting)] if p]
+        if s.kv_cache_memory_bytes:
+            problems.append(f"{name}: kv_cache_memory_bytes={s.kv_cache_memory_bytes}: sparkfleet plans a fixed KV "
+                            f"cache for vLLM only (SGLang sizes its pool from gpu_memory_utilization's share): set "
+                            f"kv_cache_memory_bytes = None, or engine = \"vllm\"")
         if s.speculative_method:
             problems.append(f"{name}: speculative_method={s.speculative_method!r}: sparkfleet drives MTP drafting "
                             f"through vLLM only: remove speculative_method and num_speculative_tokens, or set "

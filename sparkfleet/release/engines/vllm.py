@@ -31,6 +31,7 @@ ADMIN_FLAGS = {
 OWNED_DESTS = {
     "model": "model_repo", "served_model_name": "served_model_name", "host": "api_host", "port": "api_port",
     "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
     "enable_prefix_caching": "enable_prefix_caching", "enable_auto_tool_choice": "enable_auto_tool_choice",
     "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
     "attention_backend": "attention_backend", "limit_mm_per_prompt": "limit_mm_per_prompt",
@@ -53,6 +54,7 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
         "--port", str(paths.engine_port(s.api_port)),
         "--max-model-len", str(s.max_model_len),
         "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
+        *(["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)] if s.kv_cache_memory_bytes else []),
         "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
     if s.enable_auto_tool_choice:
