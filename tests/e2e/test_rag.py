@@ -159,7 +159,8 @@ def test_chat_embeddings_and_rerank_on_one_spark(converged_fleet, tmp_path):
               f"the chat answered at +{answered[0] - started[0]:.1f} s, embed at +{answered[1] - started[0]:.1f} s")
         assert started[1] >= answered[0] - 0.5, (started, answered)  # embed's container after the chat answered
         assert started[2] >= answered[1] - 0.5, (started, answered)  # rerank's after embed answered
-        assert "waited" in ssh(state, HOST, "journalctl -u sparkfleet-vllm-rerank.service -n 30 --no-pager")
+        journal = ssh(state, HOST, f"journalctl -u {UNITS[1]} --no-pager | grep sparkfleet-memcheck")
+        assert f"{UNITS[1]} waited " in journal, journal  # the journal says how long the start waited
         chat_started = started_at(state, HOST)  # dropping the services below leaves the chat model running
     finally:
         back = converge()
