@@ -515,7 +515,7 @@ def user_set(data: dict[str, Any]) -> dict[str, Any]:
             and (k in named or k not in base or v != base[k])}
 
 
-def _recipe_settings(host_name: str, name: Any, model_repo: Any = None) -> dict[str, Any]:
+def recipe_settings(host_name: str, name: Any, model_repo: Any = None) -> dict[str, Any]:
     """The chat recipe's settings; a name that is not a string is left to the `recipe` type to refuse.
 
     The model-specific settings (parsers, attention backend, multimodal limits, speculative decoding, served
@@ -560,12 +560,12 @@ def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
     """Build one host's Settings, or raise SettingsError.
 
     Precedence, lowest first: group_data/all.py's defaults < the chosen recipe's settings (made neutral where
-    the user's model_repo is another model: `_recipe_settings`) < what the user set (see `user_set`) in the
+    the user's model_repo is another model: `recipe_settings`) < what the user set (see `user_set`) in the
     inventory, a group's data or `--data`.
     """
     _check_ssh_hostname(host_name, data)
     own = user_set(data)
-    chosen = _recipe_settings(host_name, own.get("recipe", defaults().get("recipe")), own.get("model_repo"))
+    chosen = recipe_settings(host_name, own.get("recipe", defaults().get("recipe")), own.get("model_repo"))
     try:
         return Settings(**{**defaults(), **chosen, **own})
     except ValidationError as exc:

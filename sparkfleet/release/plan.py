@@ -401,7 +401,9 @@ def _resolve(s: Settings) -> tuple[Manifest | None, dict | None, str | None]:
 def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None,
           hub_error: str | None, resolve: Resolver | None = None,
           known_weight_bytes: int | None = None) -> tuple[HostPlan, list[str]]:
-    s, found_kv = fixed_kv(name, s, manifest.weight_bytes if manifest else known_weight_bytes)
+    known = known_model(s.model_repo)  # the check of the settings alone: the recipe's weights size the cache's share
+    s, found_kv = fixed_kv(name, s, manifest.weight_bytes if manifest else known_weight_bytes or (known and
+                                                                                                   known.weight_bytes))
     unreadable = config_problem(config, s.model_repo) if config is not None else None
     config = None if unreadable else config
     shape = model_shape(config) if config else None
@@ -422,16 +424,23 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     if refusal:
         problems.append(f"{name}: {refusal}")
     plan.services, found = plan_services(name, s, lambda model_dir, port: docker_options(s, model_dir, port),
-                                         resolve)
+                                         resolve, chat_service_problems)
     return plan, found_kv + problems + found
+
+
+def chat_service_problems(where: str, s: Settings, config: dict | None, args: list[str]) -> list[str]:
+    """A chat model beside the host's, checked as the host's own is (its model's limits, its engine's flags)."""
+    return release_problems(where, s, model_shape(config) if config else None, args, False)
 
 
 def fixed_kv(name: str, s: Settings, weights_bytes: int | None) -> tuple[Settings, list[str]]:
     """The settings with gpu_memory_utilization taken from a fixed KV cache (kv_cache_memory_bytes: the weights,
-    the reserve and that cache), and the problems; unchanged without one, or while the weights are unknown (the
-    plan without the hub or a recipe says so)."""
-    if s.kv_cache_memory_bytes is None or weights_bytes is None:
+    the reserve and that cache), and the problems; unchanged without one. While the weights are unknown (the
+    check of the settings alone, before the hub is asked) the share counts the cache and the reserve only, so
+    that check never refuses a plan the weights would let through."""
+    if s.kv_cache_memory_bytes is None:
         return s, []
+    weights_bytes = weights_bytes or 0
     if s.tensor_parallel_size > 1:
         return s, [f"{name}: kv_cache_memory_bytes with tensor_parallel_size {s.tensor_parallel_size}: a fixed KV "
                    f"cache is planned on one Spark only: set kv_cache_memory_bytes = None (gpu_memory_utilization "

@@ -1,9 +1,12 @@
-"""RAG services beside the chat model: pooling models (embeddings, rerank) in their own vLLM units and ports.
+"""Models beside the host's chat model, each in its own vLLM unit and port: RAG services (pooling models:
+embeddings, rerank) and other chat models.
 
-A host's `services` setting names each service and its recipe (recipes/<name>.toml, kind "embedding" or
-"reranker"); an entry's keys override the recipe's [settings]. Everything here is pure planning: the
-merged settings, the engine arguments, the fit of each service in its share, and ONE memory plan per
-host: the chat model's and every service's gpu_memory_utilization must sum within gpu_memory_budget.
+A host's `services` setting names each service and its recipe (recipes/<name>.toml, kind "embedding",
+"reranker" or "chat"); an entry's keys override the recipe's [settings]. A chat service is a release of its
+own, planned like the host's chat model from the defaults, its recipe and the entry (never the host's own
+model's parsers or flags), in the host's engine and image. Everything here is pure planning: the merged
+settings, the engine arguments, the fit of each service in its share, and ONE memory plan per host: the chat
+model's and every service's gpu_memory_utilization must sum within gpu_memory_budget.
 """
 
 from __future__ import annotations
@@ -15,20 +18,28 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from sparkfleet.contract import formats, paths, serving
+from sparkfleet.contract import engines, formats, paths, serving
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.model.config import config_problem, model_shape
 from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report, fixed_kv_share
 from sparkfleet.model.manifest import Manifest, model_dir
-from sparkfleet.contract.recipes import Recipe, recipe
+from sparkfleet.contract.recipes import MODEL_SPECIFIC, Recipe, catalogue, recipe
+from sparkfleet.model.fit import RESERVE_BYTES
 from sparkfleet.release.engine import ADMIN_FLAGS, SECRET_FLAGS, flag_table, surface_problems
-from sparkfleet.contract.settings import Service, Settings
+from sparkfleet.release.engines import engine_for
+from sparkfleet.contract.settings import Service, Settings, SettingsError, defaults, recipe_settings
 
 # How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
 # model by itself, so `--runner auto` would generate; `--convert embed` makes it an embedding model. The
 # reranker's recipe loads it as Qwen3ForSequenceClassification (hf_overrides), a pooling model already.
 POOLING_ARGS = {"embedding": ("--runner", "pooling", "--convert", "embed"), "reranker": ("--runner", "pooling")}
 KINDS = tuple(POOLING_ARGS)
+CHAT = "chat"
+SERVICE_KINDS = (*KINDS, CHAT)
+# A chat service's own keys: what any chat recipe or an entry sets about its model, reset to the defaults before
+# its recipe applies, so none of the host's own model's parsers, limits or flags reach it. The engine, its image and
+# version, and the fleet's settings (keys, ports of the host, paths, watchdog) are the host's.
+HOST_ENGINE_KEYS = ("engine", "engine_image", *engines.VERSION_SETTINGS)
 # vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
 SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
                  "port": "`api_port`", "max_model_len": "`max_model_len`",
@@ -59,10 +70,17 @@ class ServicePlan:
     hub_error: str | None = None
     engine_args: list[str] = field(default_factory=list)
     docker_options: list[str] = field(default_factory=list)
+    settings: Settings | None = None  # a chat service's own settings (its release's), None for a pooling one
 
     @property
     def kind(self) -> str:
         return self.recipe.kind
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What the engine holds beside its weights and KV cache: a chat model's activations and CUDA graphs,
+        or a small pooling model's."""
+        return RESERVE_BYTES if self.kind == CHAT else SERVICE_RESERVE_BYTES
 
     @property
     def unit(self) -> str:
@@ -88,7 +106,8 @@ class ServicePlan:
         max_len = self.service.max_model_len or model_shape(config).max_position_embeddings
         return fit_report(config, self.weight_bytes, memory_bytes=memory_bytes,
                           gpu_memory_utilization=self.service.gpu_memory_utilization, max_model_len=max_len,
-                          reserve_bytes=SERVICE_RESERVE_BYTES)
+                          kv_cache_dtype=self.settings.kv_cache_dtype if self.settings else "auto",
+                          reserve_bytes=self.reserve_bytes)
 
     def identity(self) -> dict:
         """What makes this service's part of the release: same inputs, same release id."""
@@ -105,27 +124,74 @@ class ServicePlan:
                 "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args}
 
 
-def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | None, list[str]]:
-    """(recipe, the entry over the recipe's settings, problems) of one service."""
+def model_keys() -> set[str]:
+    """Every key a chat recipe or a service entry sets about its model (MODEL_SPECIFIC, each chat recipe's
+    [settings], the entry's), less the host's engine keys."""
+    keys = {*MODEL_SPECIFIC, *Service.model_fields, "model_files", "max_num_seqs", "kv_cache_dtype",
+            *(key for r in catalogue().values() if r.kind == CHAT for key in r.settings)}
+    return keys - set(HOST_ENGINE_KEYS) - {"recipe", "hf_overrides"}
+
+
+def chat_settings(where: str, s: Settings, chosen: Recipe, entry: Service) -> tuple[Settings | None, list[str]]:
+    """A chat service's own settings: the host's, with every model key at its default, then the recipe's
+    (parse_settings' own precedence), then the entry's; its engine and image are the host's."""
+    engine = chosen.engine
+    if engine != s.engine or engine != engines.VLLM.name:
+        return None, [f"{where}: recipe {chosen.name!r} runs on engine {engine!r}; a chat model beside the host's "
+                      f"runs in the host's vLLM image (engine {s.engine!r}, engine_image {s.engine_image!r}): "
+                      f"choose a vLLM recipe, or give the model a host of its own"]
+    if entry.hf_overrides:
+        return None, [f"{where}: hf_overrides is a pooling service's key (a chat model takes its config as the "
+                      f"hub has it): remove it"]
+    keys = model_keys()
+    own = entry.model_dump(exclude_unset=True, exclude={"recipe", "hf_overrides"})
+    try:
+        chosen_settings = recipe_settings(where, chosen.name, own.get("model_repo"))
+    except SettingsError as exc:
+        return None, exc.problems
+    layers = [{key: value for key, value in s.model_dump().items() if key not in keys},
+              {key: value for key, value in defaults().items() if key in keys},
+              {key: value for key, value in chosen_settings.items() if key not in HOST_ENGINE_KEYS},
+              own, {"recipe": chosen.name, "services": {}}]
+    try:
+        return Settings(**{key: value for layer in layers for key, value in layer.items()}), []
+    except ValidationError as exc:
+        return None, [f"{where}: `{'.'.join(map(str, err['loc']))}` from recipe {chosen.name!r} or the entry is "
+                      f"invalid: {err['msg']}" for err in exc.errors()]
+
+
+def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | None, list[str],
+                                                       Settings | None]:
+    """(recipe, the entry over the recipe's settings, problems, a chat service's own settings) of one service."""
     entry = s.services[name]
     where = f"{host}: service {name!r} (setting `services`)"
     try:
         chosen = recipe(entry.recipe)
     except ValueError as exc:
-        return None, None, [f"{where}: {exc}"]
-    if chosen.kind not in KINDS:
+        return None, None, [f"{where}: {exc}"], None
+    if chosen.kind not in SERVICE_KINDS:
         return None, None, [f"{where}: recipe {chosen.name!r} is a {chosen.kind} recipe; a service serves "
-                            f"one of kind {' or '.join(KINDS)}"]
+                            f"one of kind {' or '.join(SERVICE_KINDS)}"], None
+    own = None
+    if chosen.kind == CHAT:
+        own, found = chat_settings(where, s, chosen, entry)
+        if not own:
+            return None, None, found, None
+        if entry.api_port is None:
+            return None, None, [f"{where}: set `api_port` (a chat recipe has none: the host's is its own "
+                                f"model's)"], None
+    fields = ({key: getattr(own, key) for key in Service.model_fields if key in Settings.model_fields}
+              if own else chosen.settings)
     try:
-        service = Service(**{**chosen.settings, **entry.model_dump(exclude_unset=True), "recipe": chosen.name})
+        service = Service(**{**fields, **entry.model_dump(exclude_unset=True), "recipe": chosen.name})
     except ValidationError as exc:
         return None, None, [f"{where}: `{'.'.join(map(str, err['loc']))}` from recipe {chosen.name!r} or the "
-                            f"entry is invalid: {err['msg']}" for err in exc.errors()]
+                            f"entry is invalid: {err['msg']}" for err in exc.errors()], None
     missing = [key for key in REQUIRED if getattr(service, key) is None]
     if missing:
         return None, None, [f"{where}: set {', '.join(f'`{k}`' for k in missing)} (recipe {chosen.name!r} "
-                            f"does not)"]
-    return chosen, service, []
+                            f"does not)"], None
+    return chosen, service, [], own
 
 
 def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> list[str]:
@@ -219,34 +285,42 @@ def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:
 
 
 Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]
+# A chat service's release checked as the host's chat model's is (release/plan.py release_problems)
+ChatProblems = Callable[[str, Settings, "dict | None", list[str]], list[str]]
 
 
 def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], list[str]],
-                  resolve: Resolver | None = None) -> tuple[list[ServicePlan], list[str]]:
+                  resolve: Resolver | None = None,
+                  chat_problems: ChatProblems | None = None) -> tuple[list[ServicePlan], list[str]]:
     """Each service of a host planned (its model asked of `resolve` when given), and every problem found:
     settings, flags, ports, each service's fit in its share and the host's memory plan."""
     plans, problems = [], []
     for name in s.services:
-        chosen, service, found = merged(host, name, s)
+        chosen, service, found, own = merged(host, name, s)
         problems += found
         if not service:
             continue
-        plan = ServicePlan(name, chosen, service, s.model_root)
+        plan = ServicePlan(name, chosen, service, s.model_root, settings=own)
         if resolve:
-            plan.manifest, plan.config, plan.hub_error = resolve(
-                s.model_copy(update={"model_repo": service.model_repo, "model_revision": service.model_revision,
-                                  "model_files": None}))
+            plan.manifest, plan.config, plan.hub_error = resolve(own or s.model_copy(update={
+                "model_repo": service.model_repo, "model_revision": service.model_revision, "model_files": None}))
         where = f"{host}: service {name!r}"
         if service.kv_cache_memory_bytes:  # its share is what the fixed cache, the weights and the reserve take
-            share = fixed_kv_share(plan.weight_bytes, SERVICE_RESERVE_BYTES, service.kv_cache_memory_bytes,
+            share = fixed_kv_share(plan.weight_bytes, plan.reserve_bytes, service.kv_cache_memory_bytes,
                                    host_memory_bytes(s.host_memory_gb))
             if share > 1:
                 problems.append(kv_too_big(where, service.kv_cache_memory_bytes, plan.weight_bytes, share))
                 continue
             service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
-        plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
+            own = plan.settings = own and own.model_copy(update={"gpu_memory_utilization": share})
         plan.docker_options = docker_options(plan.model_dir, service.api_port)
-        problems += args_problems(where, s, service, plan.engine_args)
+        if own:  # a chat model: its engine's own arguments and checks, as the host's chat model's
+            plan.engine_args = engine_for(own).args(own, plan.model_dir, None)
+            problems += (chat_problems or (lambda *_: []))(where, own, plan.config or chosen.model.config,
+                                                            plan.engine_args)
+        else:
+            plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
+            problems += args_problems(where, s, service, plan.engine_args)
         unreadable = plan.config is not None and config_problem(plan.config, service.model_repo)
         if unreadable:
             problems.append(f"{where}: {unreadable}")

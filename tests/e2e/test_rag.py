@@ -206,3 +206,43 @@ def test_a_rag_release_failing_its_gate_is_rolled_back_with_the_services_previou
         back = converge()
     assert back.returncode == 0 and not any(back.failed.values()), back.output[-5000:]
     assert installed_services(state, HOST) == ""
+
+
+def test_a_second_chat_model_on_one_spark_answers_through_the_front_door_by_name(converged_fleet, tmp_path):
+    """spark-1 serves the chat model and, in its own unit and port, a second chat model (a release of its own): both
+    answer through the front door by name, /v1/models lists both, a converge after changes nothing, and dropping it
+    leaves the first model running."""
+    from .test_front_door import USERS, deploy, door_inventory, door_port
+
+    second = {"recipe": "qwen3.5-35b-a3b-fp8", "served_model_name": "Qwen3.5-35B-A3B-long", "api_port": 8003,
+              "kv_cache_memory_bytes": 2**31, "max_model_len": 32768}
+    base = door_inventory(tmp_path, "door", USERS)
+    two = str(tmp_path / "two.py")
+    with open(two, "w") as out:
+        out.write(f"import runpy\n_d = runpy.run_path({base!r})\n"
+                  f"sparks = [(n, {{**d, **({{'services': {{'long': {second!r}}}}} if n == {HOST!r} else {{}})}})"
+                  f" for n, d in _d['sparks']]\nfront_door = _d['front_door']\nmonitoring = _d['monitoring']\n")
+    chat_started = started_at(converged_fleet, HOST)
+    try:
+        first = converge(inventory=two)
+        assert first.returncode == 0 and not any(first.failed.values()), first.output[-5000:]
+        assert started_at(converged_fleet, HOST) == chat_started  # the first model kept running
+        client = OpenAI(base_url=f"http://127.0.0.1:{door_port()}/v1", api_key=USERS["alice"])
+        listed = sorted(m.id for m in client.models.list().data)
+        assert listed == ["Qwen3.5-35B-A3B", "Qwen3.5-35B-A3B-long"], listed
+        for model in listed:
+            reply = client.chat.completions.create(model=model, max_tokens=8,
+                                                   messages=[{"role": "user", "content": "hello"}])
+            assert reply.model == model and reply.usage.completion_tokens > 0, reply
+        served = ssh(converged_fleet, HOST, "docker inspect -f '{{.Args}}' vllm-long")
+        assert "--served-model-name Qwen3.5-35B-A3B-long" in served and "--port 18003" in served, served
+        assert f"--kv-cache-memory-bytes {2**31}" in served, served
+        assert "--reasoning-parser qwen3" in served  # its recipe's own, not inherited: the recipe sets it too
+        again = converge(inventory=two)
+        assert again.returncode == 0, again.output[-5000:]
+        assert not any(again.changed.values()), again.changed  # the Sparks and the door
+    finally:
+        back = deploy(base)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    assert installed_services(converged_fleet, HOST) == ""
+    assert started_at(converged_fleet, HOST) == chat_started

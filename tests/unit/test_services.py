@@ -106,9 +106,10 @@ def test_service_ports_must_not_collide():
 @pytest.mark.parametrize("entry,expected", [
     ({"recipe": "qwen3-embeding-0.6b"}, "spark-a: service 'embed' (setting `services`): no recipe named "
                                         "'qwen3-embeding-0.6b'; the catalogue has: "),
-    ({"recipe": "qwen3.5-35b-a3b-fp8"}, "spark-a: service 'embed' (setting `services`): recipe "
-                                        "'qwen3.5-35b-a3b-fp8' is a chat recipe; a service serves one of kind "
-                                        "embedding or reranker"),
+    ({"recipe": "qwen3.5-35b-a3b-fp8"}, "spark-a: service 'embed' (setting `services`): set `api_port` (a chat "
+                                        "recipe has none: the host's is its own model's)"),
+    ({"recipe": "qwen3-8b-gguf", "api_port": 8003}, "spark-a: service 'embed' (setting `services`): recipe "
+     "'qwen3-8b-gguf' runs on engine 'llamacpp'; a chat model beside the host's runs in the host's vLLM image"),
     ({"recipe": "qwen3-embedding-0.6b", "extra_engine_args": ["--runner", "generate"]},
      "spark-a: service 'embed': extra_engine_args: `--runner` is set by sparkfleet from the recipe's kind"),
     ({"recipe": "qwen3-embedding-0.6b", "extra_engine_args": ["--no-such-flag"]},

@@ -106,10 +106,11 @@ class FrontDoor:
                              *(r.served_name for r in self.routes)}))
 
     def models_answer(self) -> str | None:
-        """What the door itself answers to GET /v1/models where it routes more than one chat model (the OpenAI
-        list of every served name: no one engine knows the others'), as HAProxy's quoted string; None where one
-        chat model's engines answer it, as before."""
-        if not self.chat_routes:
+        """What the door itself answers to GET /v1/models where it routes more than one model (the OpenAI list of
+        every served name: the other chat models', a chat model's or a RAG service's beside it on a Spark; no one
+        engine knows the others'), as HAProxy's quoted string; None where one model's engines answer it, as
+        before."""
+        if len(self.served_names) < 2:
             return None
         data = [{"id": name, "object": "model", "owned_by": "sparkfleet"} for name in self.served_names]
         return "'" + json.dumps({"object": "list", "data": data}, separators=(",", ":")) + "'"  # tokens: no quote
