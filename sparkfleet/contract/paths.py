@@ -39,6 +39,11 @@ def service_unit(name: str) -> str:
     return f"sparkfleet-vllm-{name}.service"
 
 
+def service_watchdog_state(name: str) -> str:
+    """The watchdog's state of the service `name` (WATCHDOG_STATE is the chat model's)."""
+    return f"{STATE_DIR}/watchdog-{name}.json"
+
+
 def service_container(name: str) -> str:
     """The container of the RAG service `name` (its unit runs it)."""
     return f"vllm-{name}"

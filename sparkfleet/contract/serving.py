@@ -60,10 +60,20 @@ def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
     return probe["method"], probe["path"], json.dumps(host_module.probe_body(probe, served_name), separators=(",", ":"))
 
 
-def watchdog_config(s: Settings) -> dict:
-    """The engine the host's watchdog keeps serving and its rules, from the settings: no secret (the key stays
-    in engine.env, under `api_key_var`, the engine's own variable: None where it reads none)."""
-    return {
+def watchdog_service(name: str, kind: str, served_name: str, api_port: int) -> dict:
+    """One more engine the watchdog keeps serving beside the chat model (a service in its own vLLM unit), under the
+    same rules, with its own state."""
+    return {"name": name, "unit": paths.service_unit(name), "container": paths.service_container(name),
+            "port": paths.engine_port(api_port), "kind": kind, "served_name": served_name,
+            "state_file": paths.service_watchdog_state(name),
+            "silent_listener_frozen": engines.descriptor(engines.VLLM.name).silent_listener_frozen}
+
+
+def watchdog_config(s: Settings, services: list[dict] = ()) -> dict:
+    """The engines the host's watchdog keeps serving and its rules, from the settings: no secret (the key stays
+    in engine.env, under `api_key_var`, the engine's own variable: None where it reads none). `services`
+    (watchdog_service each) only where the host has some, so a single model's file stays as it was."""
+    return {**({"services": list(services)} if services else {}),
         "api_key_var": engines.descriptor(s.engine).key_var,
         "silent_listener_frozen": engines.descriptor(s.engine).silent_listener_frozen,
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
@@ -75,6 +85,6 @@ def watchdog_config(s: Settings) -> dict:
     }
 
 
-def serving_file(s: Settings) -> str:
+def serving_file(s: Settings, services: list[dict] = ()) -> str:
     """paths.SERVING_FILE's text: the watchdog's settings and, under "probes", every probe."""
-    return json.dumps({**watchdog_config(s), "probes": probes()}, indent=1, sort_keys=True) + "\n"
+    return json.dumps({**watchdog_config(s, services), "probes": probes()}, indent=1, sort_keys=True) + "\n"

@@ -16,6 +16,7 @@ from sparkfleet.contract import engines, paths
 from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.contract.monitoring import SERVICE_ROLE, backend_hop, is_service_host
 from sparkfleet.contract.reach import http_url, lan_address
+from sparkfleet.contract.serving import watchdog_service
 from sparkfleet.model.config import ModelShape, config_problem, model_shape
 from sparkfleet.model.fit import (
     REFERENCE_DECODE_TOKENS_PER_S,
@@ -214,6 +215,12 @@ class HostPlan:
         return [*GPU_OPTIONS[self.settings.gpu_device_mode], "--ipc", "host", "--network", "host", "--shm-size", "1g",
                 *env, "--volume", f"{paths.RAY_DIR}:/tmp/ray", *_ray_token_volume(),
                 "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--entrypoint", "ray"]
+
+    @property
+    def watched_services(self) -> list[dict]:
+        """The serving file's engines beside the chat model (contract/serving.py watchdog_service)."""
+        return [watchdog_service(svc.name, svc.kind, svc.service.served_model_name, svc.service.api_port)
+                for svc in self.services]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
         return render.service_unit(self, svc)

@@ -220,7 +220,8 @@ def test_a_second_chat_model_on_one_spark_answers_through_the_front_door_by_name
     two = str(tmp_path / "two.py")
     with open(two, "w") as out:
         out.write(f"import runpy\n_d = runpy.run_path({base!r})\n"
-                  f"sparks = [(n, {{**d, **({{'services': {{'long': {second!r}}}}} if n == {HOST!r} else {{}})}})"
+                  f"sparks = [(n, {{**d, **({{'services': {{'long': {second!r}}}, 'watchdog_interval_s': 5}}"
+                  f" if n == {HOST!r} else {{}})}})"
                   f" for n, d in _d['sparks']]\nfront_door = _d['front_door']\nmonitoring = _d['monitoring']\n")
     chat_started = started_at(converged_fleet, HOST)
     try:
@@ -241,6 +242,16 @@ def test_a_second_chat_model_on_one_spark_answers_through_the_front_door_by_name
         again = converge(inventory=two)
         assert again.returncode == 0, again.output[-5000:]
         assert not any(again.changed.values()), again.changed  # the Sparks and the door
+
+        # the second model frozen: the watchdog restarts it alone (a probe every 5 s here), no command
+        frozen_at = ssh(converged_fleet, HOST,
+                        "docker inspect -f '{{.State.StartedAt}}' vllm-long; docker pause vllm-long")
+        wait_until(lambda: ssh(converged_fleet, HOST, "docker inspect -f '{{.State.StartedAt}}' vllm-long",
+                               check=False) not in ("", frozen_at), 120, "the watchdog restarted vllm-long")
+        wait_until(lambda: client.chat.completions.create(model="Qwen3.5-35B-A3B-long", max_tokens=8, messages=[
+            {"role": "user", "content": "back?"}]).usage.completion_tokens > 0, 120, "the second model answers again",
+            ignore=(Exception,))
+        assert started_at(converged_fleet, HOST) == chat_started  # the first model was never touched
     finally:
         back = deploy(base)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]

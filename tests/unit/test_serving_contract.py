@@ -109,8 +109,11 @@ def test_the_serving_file_is_the_contract_and_the_settings():
     assert written == {**serving.watchdog_config(SETTINGS), "probes": serving.probes()}
     assert set(serving.KINDS) <= set(written["probes"]) and {"health", "models", "tool_call"} <= set(written["probes"])
     assert all(probe["answer"] in hm.ANSWERS for probe in written["probes"].values())
-    # the watchdog reads every key written, no more
-    assert set(wd.KEYS) | set(wd.OPTIONAL_KEYS) == set(serving.watchdog_config(SETTINGS))
+    # the watchdog reads every key written, no more (a host with services: each one's keys too)
+    service = serving.watchdog_service("embed", "embedding", "E", 8001)
+    assert set(wd.KEYS) | set(wd.OPTIONAL_KEYS) == set(serving.watchdog_config(SETTINGS, [service]))
+    assert set(wd.SERVICE_KEYS) == set(service)
+    assert "services" not in serving.watchdog_config(SETTINGS)  # a single model's file stays as it was
 
 
 def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, capsys):

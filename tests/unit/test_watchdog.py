@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from sparkfleet.host.serving import (
     watchdog_cell,
     watchdog_summary,
 )
-from sparkfleet.contract.serving import serving_file, watchdog_config
+from sparkfleet.contract.serving import serving_file, watchdog_config, watchdog_service
 from sparkfleet.contract.settings import SettingsError, parse_settings
 from tests.unit.helpers import KEY, Server, host_data, make_model
 from tests.unit.test_hostile_values import gated_hub  # noqa: F401  (a fixture: the hub a token opens)
@@ -345,3 +347,39 @@ def test_a_failed_unit_reads_as_failed_in_the_batched_state():
     units = parse_state(lines)["units"]
     assert units["sparkfleet-vllm.service"] == {"running": False, "enabled": True, "failed": True}
     assert units["sparkfleet-watchdog.timer"] == {"running": True, "enabled": True, "failed": False}
+
+
+def test_each_service_is_kept_serving_under_the_same_rules_with_its_own_state(tmp_path, monkeypatch):
+    """A tick watches the chat model, then every engine of "services": a service that stopped answering is
+    restarted after `failures` ticks (its own unit and container), one a person stopped (inactive) never, and the
+    chat model's state is not touched by either."""
+    services = [{**watchdog_service(name, kind, name.upper(), port), "state_file": str(tmp_path / f"{name}.json")}
+                for name, kind, port in (("coder", "chat", 8003), ("embed", "embedding", 8001))]
+    config = tmp_path / "serving.json"
+    config.write_text(json.dumps({**json.loads(serving_file(parse_settings("spark-1", host_data()),
+                                                            services)), "state_file": str(tmp_path / "chat.json")}))
+    units = {"sparkfleet-vllm.service": UP, "sparkfleet-vllm-coder.service": UP,
+             "sparkfleet-vllm-embed.service": {**UP, "active": "inactive", "sub": "dead"}}
+    answers = {"vllm": OK, "vllm-coder": HUNG, "vllm-embed": HUNG}
+    restarted = []
+    monkeypatch.setattr(wd, "unit_info", lambda unit: units[unit])
+    monkeypatch.setattr(wd, "probe", lambda cfg, earlier=None: dict(answers[cfg["container"]]))
+    monkeypatch.setattr(wd, "restart", lambda cfg: restarted.append((cfg["unit"], cfg["container"])) or
+                        subprocess.CompletedProcess([], 0, "", ""))
+    monkeypatch.setattr(sys, "argv", ["sparkfleet-watchdog", "--config", str(config)])
+    (tmp_path / "coder.json").write_text(json.dumps(ANSWERED))  # it answered since its start: a hang counts
+    for _ in range(CFG["failures"]):
+        assert wd.main() == 0
+    assert restarted == [("sparkfleet-vllm-coder.service", "vllm-coder")]
+    states = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("chat", "coder", "embed")}
+    assert (states["chat"]["last_action"], states["coder"]["last_action"], states["embed"]["last_action"]) == (
+        "ok", "restart", "stopped")
+    assert states["coder"]["restarts_total"] == 1 and "restarts_total" not in states["chat"]
+
+
+def test_a_malformed_services_list_stops_the_watchdog_with_one_line(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "serving.json"
+    config.write_text(json.dumps({**CFG, "services": [{"name": "x", "unit": "u"}]}))
+    monkeypatch.setattr(sys, "argv", ["sparkfleet-watchdog", "--config", str(config)])
+    assert wd.main() == 2
+    assert '"services" is not a list of engines' in capsys.readouterr().err
