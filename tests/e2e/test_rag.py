@@ -242,6 +242,10 @@ def test_a_second_chat_model_on_one_spark_answers_through_the_front_door_by_name
         again = converge(inventory=two)
         assert again.returncode == 0, again.output[-5000:]
         assert not any(again.changed.values()), again.changed  # the Sparks and the door
+        infra = subprocess.run([sys.executable, "-m", "pytest", "tests/infra/test_services.py", "--inventory", two,
+                                "--limit", HOST, "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=600)
+        assert infra.returncode == 0 and "5 passed" in infra.stdout, infra.stdout[-3000:]  # the suite, per model
 
         # the second model frozen: the watchdog restarts it alone (a probe every 5 s here), no command
         frozen_at = ssh(converged_fleet, HOST,

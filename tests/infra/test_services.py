@@ -1,4 +1,5 @@
-"""A converged Spark's RAG services (the `services` setting): each unit, port, verified model and answer.
+"""A converged Spark's services (the `services` setting: RAG models, other chat models): each unit, port, verified
+model and answer.
 A host without services passes trivially; one with a service left over from an older setting fails."""
 
 import json
@@ -37,7 +38,7 @@ def test_each_service_model_has_the_manifest_hashes(spark):
 
 
 def test_each_service_answers_its_request(spark):
-    """The health gate's own check on the host: embeddings through the openai client, or /v1/rerank."""
+    """The health gate's own check on the host: a chat, embeddings through the openai client, or /v1/rerank."""
     runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     for svc in spark.plan.services:
         out = spark.host.check_output(
@@ -46,4 +47,6 @@ def test_each_service_answers_its_request(spark):
             f"--env-file {paths.ENGINE_ENV} --container {svc.container}")
         report = json.loads(out.splitlines()[-1])
         assert report["models"] == [svc.service.served_model_name]
-        assert report.get("embedding_dims") or len(report.get("rerank", [])) == 2, report
+        answered = {"embedding": report.get("embedding_dims"), "reranker": len(report.get("rerank", [])) == 2,
+                    "chat": (report.get("usage") or {}).get("completion_tokens")}
+        assert answered[svc.kind], (svc.kind, report)
