@@ -267,7 +267,8 @@ def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) 
     return (f"{host}: the host's GPU memory is oversubscribed: gpu_memory_utilization shares sum to "
             f"{plan['total']:g} > gpu_memory_budget {s.gpu_memory_budget:g}: {shares}. What fits: {fits}; "
             f"beside the services' {services:g} the chat gets <= {round(s.gpu_memory_budget - services, 6):g} "
-            f"(gpu_memory_utilization); lower a share or move a service to another host")
+            f"(gpu_memory_utilization); lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set) "
+            f"or move a service to another host")
 
 
 def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:
