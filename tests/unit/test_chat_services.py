@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet.contract.settings import SettingsError
 from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 from tests.unit.helpers import host_data
 from tests.unit.test_front_door import NAME, plans
-from tests.unit.test_services import fake_resolver
+from tests.unit.test_kv_budget import flag
+from tests.unit.test_services import fake_resolver, plan, refused
 
 GIB = 1024**3
 CODER = {"recipe": "qwen3-coder-30b-a3b-fp8", "api_port": 8003, "kv_cache_memory_bytes": 8 * GIB,
          "max_model_len": 65536}
 CODER_NAME = "Qwen3-Coder-30B-A3B-Instruct"
-
-
-def plan(**data):
-    return plan_hosts([("spark-a", host_data(**data))])[0]
-
-
-def refused(**data) -> list[str]:
-    with pytest.raises(SettingsError) as caught:
-        plan(**data)
-    return caught.value.problems
-
-
-def flag(args: list[str], name: str) -> str | None:
-    return args[args.index(name) + 1] if name in args else None
 
 
 def test_a_coding_model_beside_the_chat_model_gets_its_own_release_unit_and_share():

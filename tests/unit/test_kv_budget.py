@@ -10,28 +10,17 @@ import math
 import pytest
 
 from sparkfleet.contract.recipes import known_model
-from sparkfleet.contract.settings import SettingsError
 from sparkfleet.model.fit import RESERVE_BYTES
-from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.services import SERVICE_RESERVE_BYTES
-from tests.unit.helpers import host_data
+from tests.unit.test_services import plan, refused
 
 GIB = 1024**3
 CHAT_WEIGHTS = known_model("Qwen/Qwen3.5-35B-A3B-FP8").weight_bytes
 EMBED_WEIGHTS = known_model("Qwen/Qwen3-Embedding-0.6B").weight_bytes
 
 
-def plan(**data):
-    return plan_hosts([("spark-a", host_data(**data))])[0]
-
-
-def refused(**data) -> list[str]:
-    with pytest.raises(SettingsError) as caught:
-        plan(**data)
-    return caught.value.problems
-
-
 def flag(args: list[str], name: str) -> str | None:
+    """The value after `name` in an argument list (None: the flag is not there)."""
     return args[args.index(name) + 1] if name in args else None
 
 
