@@ -32,7 +32,7 @@ from sparkfleet.release import render
 from sparkfleet.release.engines import Engine, engine_for, engine_problems, gguf_entry, is_gguf_model
 from sparkfleet.release.group import TensorParallelGroup, plan_groups
 from sparkfleet.release.image import ImagePin, offline_image
-from sparkfleet.release.services import ServicePlan, kv_too_big, memory_plan, plan_services
+from sparkfleet.release.services import ServicePlan, kv_too_big, memory_plan, plan_services, sized_by
 from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
 
 ENV_DIGEST_LABEL = b"sparkfleet engine_env release digest\0"
@@ -429,7 +429,7 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)
         refusal = f"{exc} ({s.model_repo})"
     if refusal:
-        problems.append(f"{name}: {refusal}")
+        problems.append(f"{name}: {sized_by(refusal, bool(s.kv_cache_memory_bytes))}")
     plan.services, found = plan_services(name, s, lambda model_dir, port: docker_options(s, model_dir, port),
                                          resolve, chat_service_problems)
     return plan, found_kv + problems + found

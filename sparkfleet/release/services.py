@@ -237,6 +237,12 @@ def args_problems(where: str, s: Settings, service: Service, args: list[str]) ->
     return problems + [f"{where}: extra_engine_args: {p}" for p in table.unreviewed(service.extra_engine_args, refused)]
 
 
+def sized_by(refusal: str, kv_fixed: bool) -> str:
+    """The fit's refusal naming the setting that sizes the cache: a fixed cache grows with kv_cache_memory_bytes
+    (its share follows), not with gpu_memory_utilization."""
+    return refusal.replace("raise gpu_memory_utilization", "raise kv_cache_memory_bytes") if kv_fixed else refusal
+
+
 def kv_too_big(where: str, kv_bytes: int, weights_bytes: int, share: float) -> str:
     """The refusal of a fixed KV cache that, with its model's weights and reserve, is more than the host."""
     return (f"{where}: kv_cache_memory_bytes {kv_bytes:,} beside the weights ({weights_bytes / 1e9:.1f} GB) and the "
@@ -331,7 +337,9 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
         except ValueError as exc:  # a key the fit needs is missing (config.json lacks ...)
             refusal = f"{exc} ({service.model_repo})"
         if refusal:
-            problems.append(f"{where}: {refusal} (its share: services[{name!r}].gpu_memory_utilization)")
+            setting = "kv_cache_memory_bytes" if service.kv_cache_memory_bytes else "gpu_memory_utilization"
+            problems.append(f"{where}: {sized_by(refusal, bool(service.kv_cache_memory_bytes))} "
+                            f"(its share: services[{name!r}].{setting})")
         plans.append(plan)
     problems += port_problems(host, s, {p.name: p.service.api_port for p in plans})
     memory = memory_plan(s, {p.name: p.service for p in plans})

@@ -81,7 +81,17 @@ def test_a_chat_model_named_like_a_rag_service_is_refused():
     service = {"services": {"embed": {"recipe": "qwen3-embedding-0.6b", "served_model_name": SGLANG}}}
     with pytest.raises(SettingsError) as exc:
         fd_plan.front_door_plan("spark-1", plans(**{**FLEET, "spark-1": service}))
-    assert any(f"{SGLANG!r} is served by a chat engine (spark-2) and a RAG service" in p for p in exc.value.problems)
+    assert any(f"{SGLANG!r} is served by a chat engine (spark-2) and a service" in p for p in exc.value.problems)
+
+
+def test_a_service_named_like_the_doors_own_model_is_refused():
+    """A second chat model on spark-1 under the fleet's default name: the door could not tell them apart."""
+    twin = {"services": {"twin": {"recipe": "qwen3.5-35b-a3b-fp8", "api_port": 8003, "served_model_name": NAME,
+                                  "gpu_memory_utilization": 0.4}}, "gpu_memory_utilization": 0.5}
+    with pytest.raises(SettingsError) as exc:
+        fd_plan.front_door_plan("spark-1", plans(**{**FLEET, "spark-1": twin}))
+    assert any(f"{NAME!r} is this front door's own model and a service's (spark-1): give the service its own "
+               "served_model_name" in p for p in exc.value.problems), exc.value.problems
 
 
 # --- HAProxy itself, on loopback: a chat naming each model reaches its host ------------------------------

@@ -90,3 +90,14 @@ def test_without_the_setting_a_release_plans_byte_identical_to_before():
     assert (after.engine_args, after.release_id, after.render_unit()) == (before.engine_args, before.release_id,
                                                                            before.render_unit())
     assert flag(before.engine_args, "--gpu-memory-utilization") == "0.88"
+
+
+def test_a_fixed_cache_too_small_for_one_sequence_names_the_setting_that_grows_it():
+    """The fit's refusal of a cache that holds no sequence of max_model_len: raise kv_cache_memory_bytes (the
+    share follows it), not gpu_memory_utilization, which it overrides."""
+    [line] = refused(kv_cache_memory_bytes=2**30)
+    assert line.startswith("spark-a: max_model_len=262144 needs ") and "raise kv_cache_memory_bytes" in line, line
+    assert "gpu_memory_utilization" not in line, line
+    problems = refused(services={"embed": {"recipe": "qwen3-embedding-0.6b", "kv_cache_memory_bytes": 2**20,
+                                           "max_model_len": 32768}})
+    assert any(p.endswith("(its share: services['embed'].kv_cache_memory_bytes)") for p in problems), problems

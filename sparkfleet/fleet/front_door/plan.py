@@ -299,8 +299,11 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
                  f"({' and '.join(sorted(k))}): give each kind its own served_model_name"
                  for served, k in kinds.items() if len(k) > 1]
     problems += [f"{host}: {r.served_name!r} is served by a chat engine ({', '.join(b.name for b in r.backends)}) "
-                 "and a RAG service behind this front door: give each its own served_model_name"
+                 "and a service behind this front door: give each its own served_model_name"
                  for r in chat_routes if r.served_name in kinds]
+    problems += [f"{host}: {r.served_name!r} is this front door's own model and a service's "
+                 f"({', '.join(b.name for b in r.backends)}): give the service its own served_model_name"
+                 for r in routes if r.served_name == s.served_model_name]
     if problems:
         raise SettingsError(problems)
     tls = plans[host].backend_tls
