@@ -383,6 +383,51 @@ def start_before(path, unit: str) -> tuple[list[tuple[str, int]], float, str | N
         return [], 0, None
 
 
+def on_demand_units(path) -> tuple[dict[str, str], str | None]:
+    """({unit: its guard's listener} of the memory plan's on-demand engines (rows with "on_demand"), the guard's
+    stats socket that says when each was last asked); ({}, None) for a plan without any, or one that is absent or
+    not the planner's shape."""
+    try:
+        plan = json.loads(Path(path).read_text())
+        units = {str(row["unit"]): f"service_{name}" for name, row in plan["shares"].items() if row.get("on_demand")}
+        return units, (str(plan["guard_stats"]) if units else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
+
+
+def last_requests(stat_csv: str) -> dict[str, float | None]:
+    """{listener: seconds since its engine's last request (None: none since the guard started)} from the guard's
+    `show stat` (HAProxy's CSV: its own header names the columns; lastsess -1 or empty is none)."""
+    lines = stat_csv.strip().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    header = lines[0][2:].split(",")
+    found = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))
+        if row.get("svname") == "engine" and row.get("pxname"):
+            seconds = row.get("lastsess", "")
+            found[row["pxname"]] = float(seconds) if seconds.isdigit() else None
+    return found
+
+
+def ask_stats(socket_path: str, timeout: float = 5) -> str:
+    """The guard's `show stat` through its stats socket ("" when it cannot be asked)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(socket_path)
+            sock.sendall(b"show stat\n")
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def own_unit(cgroup_text: str) -> str | None:
     """The systemd service a process runs in, from its /proc/<pid>/cgroup (v2 `0::/system.slice/x.service`, v1's
     name=systemd line): an ExecStartPre runs in its unit's cgroup."""
@@ -700,6 +745,9 @@ def _main(argv) -> None:
     """`sparkfleet_host.py DIR`: what testinfra compares with the manifest. `sparkfleet_host.py env-keep|env-restore
     LIVE KEPT FABRIC,NAMES [SERVING]`: a rollback's edit of the engine env, with no secret on the command line
     (the API key's variable from the serving file SERVING: serving_file_key_vars)."""
+    if argv[:1] == ["last-requests"] and len(argv) == 2:  # status: each on-demand model's last request
+        print(json.dumps(last_requests(ask_stats(argv[1]))))
+        return
     if argv[:1] in (["env-keep"], ["env-restore"]) and len(argv) in (4, 5):
         edit, fabric = keep_env if argv[0] == "env-keep" else restore_env, set(filter(None, argv[3].split(",")))
         key_vars = serving_file_key_vars(argv[4]) if len(argv) == 5 else LEGACY_KEY_VARS

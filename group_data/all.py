@@ -111,6 +111,11 @@ allow_trust_remote_code = False  # True: --trust-remote-code where the recipe sa
 # the recipe's [settings] may be overridden per service (api_port, gpu_memory_utilization, max_model_len, ...)
 services = {}  # the pooling models this host serves beside its chat model, by name
 gpu_memory_budget = 0.95  # the chat's gpu_memory_utilization + every service's must sum within this (OS keeps 6 GB)
+# a service with on_demand = True is started by the first request naming it and stopped after this long without one
+# (an entry's own on_demand_idle_s wins); it must fit beside every always-on engine, not beside the other on-demand
+# ones: the least recently used of those is stopped first (docs/several-models.md)
+on_demand_idle_s = 900
+on_demand_max_waiting = 32  # requests a stopped on-demand model holds while it starts (and then at once); 503 past it
 
 # --- Planning: what the fit and speed estimates assume about a host ----------
 host_memory_gb = 128  # a Spark's unified memory

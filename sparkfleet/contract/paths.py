@@ -39,6 +39,21 @@ def service_unit(name: str) -> str:
     return f"sparkfleet-vllm-{name}.service"
 
 
+# An on-demand service (docs/several-models.md): systemd listens for it on ON_DEMAND_HOST at its engine's port (the
+# guard forwards there), starts its proxy on the first connection, and the proxy requires (so starts) its engine unit.
+# The names are not SERVICE_UNIT's: a proxy is never taken for a service.
+ON_DEMAND_HOST = "127.0.0.2"
+ON_DEMAND_UNIT = re.compile(r"sparkfleet-ondemand-([a-z][a-z0-9-]{0,30})\.(socket|service)")
+
+
+def on_demand_socket(name: str) -> str:
+    return f"sparkfleet-ondemand-{name}.socket"
+
+
+def on_demand_proxy(name: str) -> str:
+    return f"sparkfleet-ondemand-{name}.service"
+
+
 def service_watchdog_state(name: str) -> str:
     """The watchdog's state of the service `name` (WATCHDOG_STATE is the chat model's)."""
     return f"{STATE_DIR}/watchdog-{name}.json"
@@ -80,6 +95,8 @@ RUNTIME_DIR = f"{LIB_DIR}/runtime"  # the hub and openai clients, shipped from t
 NEWEST_RUNTIME_COMMAND = f"ls -dt {RUNTIME_DIR}/runtime-*/ 2>/dev/null | head -1 | sed 's:/*$::'"
 HOST_MODULE = f"{BIN_DIR}/{MODULE_FILE.name}"  # the helpers' stdlib module: its own commands edit the env files
 MEMCHECK = f"{BIN_DIR}/sparkfleet-memcheck"  # a vLLM unit's pre-start memory check
+ON_DEMAND_HELPER = f"{BIN_DIR}/sparkfleet-on-demand"  # an on-demand proxy's wait for its engine's answer
+SOCKET_PROXYD = "/usr/lib/systemd/systemd-socket-proxyd"  # systemd's own (Debian and Ubuntu ship it there)
 WATCHDOG = f"{BIN_DIR}/sparkfleet-watchdog"
 WATCHDOG_STATE = f"{STATE_DIR}/watchdog.json"
 WATCHDOG_UNIT = "sparkfleet-watchdog.service"
@@ -150,6 +167,8 @@ GUARD_DIR = f"{CONFIG_DIR}/guard"
 GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
 GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
+# the guard's read-only stats (a host with on-demand services only): each one's last request, for the start check
+GUARD_STATS_SOCKET = f"/run/{GUARD_RUNTIME_NAME}/stats.sock"
 # TLS on every backend hop (fleet/pki.py): the fleet CA's certificate and the host's own, issued by the controller
 # at converge; HAProxy loads `<crt>.key` beside a certificate by itself (ssl-load-extra-files, "all" by default)
 TLS_DIR = f"{CONFIG_DIR}/tls"

@@ -60,13 +60,15 @@ def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
     return probe["method"], probe["path"], json.dumps(host_module.probe_body(probe, served_name), separators=(",", ":"))
 
 
-def watchdog_service(name: str, kind: str, served_name: str, api_port: int) -> dict:
+def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_demand: bool = False) -> dict:
     """One more engine the watchdog keeps serving beside the chat model (a service in its own vLLM unit), under the
-    same rules, with its own state."""
+    same rules, with its own state. An on-demand one is probed on its engine's own port (never its socket, which
+    would start it), and its stop is its idle time's, not a failure."""
     return {"name": name, "unit": paths.service_unit(name), "container": paths.service_container(name),
             "port": paths.engine_port(api_port), "kind": kind, "served_name": served_name,
             "state_file": paths.service_watchdog_state(name),
-            "silent_listener_frozen": engines.descriptor(engines.VLLM.name).silent_listener_frozen}
+            "silent_listener_frozen": engines.descriptor(engines.VLLM.name).silent_listener_frozen,
+            **({"on_demand": True} if on_demand else {})}
 
 
 def watchdog_config(s: Settings, services: list[dict] = ()) -> dict:

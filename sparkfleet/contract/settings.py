@@ -305,6 +305,9 @@ class Service(BaseModel):
     max_model_len: int | None = Field(default=None, gt=0)
     hf_overrides: dict[Name, JsonValue] | None = None  # vLLM's --hf-overrides: config.json keys, as JSON
     extra_engine_args: list[Text] = []
+    # started by the first request that names it, stopped after on_demand_idle_s without one (docs/several-models.md)
+    on_demand: bool = False
+    on_demand_idle_s: int | None = Field(default=None, ge=10, le=7 * 86400)
 
 
 # Each engine's version setting (contract/engines.py `version_setting`: vllm_version, sglang_version, ...), the
@@ -389,6 +392,8 @@ class Settings(_EngineVersions):
 
     services: dict[ServiceName, Service]
     gpu_memory_budget: float = Field(gt=0, le=1)
+    on_demand_idle_s: int = Field(ge=10, le=7 * 86400)
+    on_demand_max_waiting: int = Field(ge=1, le=4096)
 
     host_memory_gb: float = Field(gt=0)
     memory_bandwidth_gbs: float = Field(gt=0)

@@ -9,6 +9,7 @@ anything else is 404 before the engine is asked, and no body is read before that
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from sparkfleet.fleet import haproxy
@@ -32,6 +33,7 @@ class Listener:
     engine: str
     paths: tuple[str, ...]
     node_metrics: bool = False  # also answers NODE_METRICS_PATH (the node exporter on loopback): the first one
+    on_demand: dict | None = None  # an on-demand model: {"served_name", "max_waiting", "wait_s"} (its socket's hold)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ class Guard:
 
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
+        stats = paths.GUARD_STATS_SOCKET if any(l.on_demand for l in self.listeners) else None
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners, tls=tls,
+                              stats=stats, on_demand_errors=on_demand_errors,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
                               key_user=KEY_USER, node_metrics=monitoring.NODE_METRICS_PATH,
                               node_exporter=haproxy.address(paths.ENGINE_HOST, monitoring.NODE_EXPORTER_PORT))
@@ -55,6 +59,18 @@ class Guard:
         return haproxy.unit(f"guard of {self.host}'s engines", paths.GUARD_CONFIG, paths.GUARD_RUNTIME_NAME, LIMITS)
 
 
+def on_demand_errors(served_name: str, wait_s: int) -> dict[int, str]:
+    """What a client of an on-demand model reads when its start fails (502), outlasts the hold (504), or the hold is
+    full (503), in the OpenAI API's error shape."""
+    def error(code: int, message: str) -> str:
+        return "'" + json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "code": code}},
+                                separators=(",", ":")) + "'"
+    return {502: error(502, f"model {served_name} did not start: see `sparkfleet status`"),
+            503: error(503, f"model {served_name} is starting and holds as many requests as it may: retry shortly"),
+            504: error(504, f"model {served_name} did not answer within {wait_s} s of its start: see `sparkfleet "
+                            f"status`")}
+
+
 def guard_plan(plan: HostPlan) -> Guard | None:
     """The guard of one host: the chat engine (a single host or a group's head; a worker runs no engine API)
     and each RAG service. None when the host runs no engine at all. Its first listener, the API port, also
@@ -64,16 +80,20 @@ def guard_plan(plan: HostPlan) -> Guard | None:
     Raises SettingsError when api_host is not an address HAProxy can bind (the settings grammar already
     refuses one; this is where it lands)."""
     s = plan.settings
-    engines = ([("chat", "chat", s.api_port)] if plan.runs_engine else []) + [
-        (f"service_{svc.name}", svc.kind, svc.service.api_port) for svc in plan.services]
+    engines = ([("chat", "chat", s.api_port, None)] if plan.runs_engine else []) + [
+        (f"service_{svc.name}", svc.kind, svc.service.api_port, svc) for svc in plan.services]
     if not engines:
         return None
     try:
         listeners = tuple(
             Listener(name, kind, haproxy.address(s.api_host, port),
-                     haproxy.address(paths.ENGINE_HOST, paths.engine_port(port)),
-                     (*haproxy.API_PATHS[kind], haproxy.METRICS), n == 0)
-            for n, (name, kind, port) in enumerate(engines))
+                     haproxy.address(paths.ON_DEMAND_HOST if svc and svc.on_demand else paths.ENGINE_HOST,
+                                     paths.engine_port(port)),
+                     (*haproxy.API_PATHS[kind], haproxy.METRICS), n == 0,
+                     {"served_name": haproxy.token(svc.service.served_model_name, "served_model_name"),
+                      "max_waiting": s.on_demand_max_waiting, "wait_s": s.health_timeout_s}
+                     if svc and svc.on_demand else None)
+            for n, (name, kind, port, svc) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
     return Guard(plan.name, listeners, s.api_key, plan.backend_tls)

@@ -56,7 +56,10 @@ def targets(plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[Tar
             if s.api_key is None:
                 problems.append(f"{name}: setting `api_key` is missing: Prometheus asks the engines with it")
             try:
-                found += [Target(m.JOB_ENGINE, name, haproxy.address(address, port), svc) for svc, port in engines]
+                # an on-demand model's /metrics is not scraped: a scrape every few seconds would keep it from idling
+                on_demand = {svc.name for svc in p.services if svc.on_demand}
+                found += [Target(m.JOB_ENGINE, name, haproxy.address(address, port), svc) for svc, port in engines
+                          if svc not in on_demand]
                 found.append(Target(m.JOB_NODE, name, haproxy.address(address, engines[0][1])))  # the guard's first
             except ValueError as exc:
                 problems.append(f"{name}: lan_address (or ssh_hostname, or the host's name): {exc}: "

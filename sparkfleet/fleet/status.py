@@ -274,20 +274,57 @@ def services_status(host, release: dict) -> dict:
 
     found = {}
     for name, svc in sorted((release.get("services") or {}).items()):
+        row = {"kind": svc.get("kind"), "port": svc.get("api_port"), "share": svc.get("gpu_memory_utilization")}
+        if isinstance(svc.get("on_demand"), dict):
+            row.update(on_demand_status(host, name, svc))
+            if row["state"] != "running":  # idle-stopped, starting or broken: asking it would start it
+                found[name] = row
+                continue
         try:
             probe = host.get_fact(ServiceProbe, port=int(svc["api_port"]), served_name=str(svc["served_model_name"]),
                                   kind=str(svc["kind"]), container=str(svc["container"]))
         except (KeyError, TypeError, ValueError):
             probe = {"serving": False, "detail": "unreadable entry in the release record"}
-        found[name] = {"kind": svc.get("kind"), "port": svc.get("api_port"), **probe}
+        found[name] = {**row, **probe}
     return found
+
+
+def on_demand_status(host, name: str, svc: dict) -> dict:
+    """An on-demand model's state from its units: idle-stopped (its socket listens; not a problem), starting,
+    running (then probed like any service), or a problem (its socket down, its last start failed); and the seconds
+    since its last request (the guard's stats)."""
+    from sparkfleet.host.services import OnDemandState
+
+    found = host.get_fact(OnDemandState, unit=paths.service_unit(name), socket=paths.on_demand_socket(name))
+    last = found["last"].get(f"service_{name}")
+    row = {"on_demand": True, "last_request_s": last if isinstance(last, (int, float)) else None}
+    if found["socket"] != "active":
+        return {**row, "state": "down", "serving": False,
+                "detail": f"its socket {paths.on_demand_socket(name)} is {found['socket']}: converge the host"}
+    if found["engine"] == "failed":
+        return {**row, "state": "failed", "serving": False,
+                "detail": f"its last start failed: journalctl -u {paths.service_unit(name)}"}
+    state = {"active": "running", "activating": "starting"}.get(found["engine"], "idle-stopped")
+    return {**row, "state": state, "serving": True, "detail": ""}
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "none since the guard started"
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
 
 def services_cell(services: dict) -> str:
     """The `status` table's services column: each service, its port, and whether it answers."""
-    return ", ".join(literal(f"{name}:{svc['port']} ") + (
-        "answers" if svc["serving"] else f"[red]NOT answering[/] ({literal(str(svc['detail'])[:80])})")
-        for name, svc in services.items()) or "-"
+    def cell(name: str, svc: dict) -> str:
+        head = literal(f"{name}:{svc['port']} ")
+        if not svc["serving"]:
+            return head + f"[red]NOT answering[/] ({literal(str(svc['detail'])[:80])})"
+        if not svc.get("on_demand"):
+            return head + "answers"
+        state = "answers" if svc["state"] == "running" else svc["state"]
+        return head + f"{state} (on demand, share {svc.get('share')}, last request {ago(svc['last_request_s'])})"
+    return ", ".join(cell(name, svc) for name, svc in services.items()) or "-"
 
 
 WIDE_COLUMNS = ("host", "engine", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog",

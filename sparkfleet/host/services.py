@@ -26,11 +26,18 @@ _SERVICE_UNIT = paths.SERVICE_UNIT
 @only_on_drift
 @operation()
 def services_pruned(keep: list[str]):
-    """Units of services no longer in the settings: stopped, disabled, their unit file and container gone."""
-    stale = [unit for unit in unit_files(host) if _SERVICE_UNIT.fullmatch(unit) and unit not in keep]
-    if not stale:
+    """Units of services no longer in the settings: stopped, disabled, their unit file and container gone; the
+    socket and proxy of a service no longer on demand (or gone) first, so no request starts it again."""
+    files = unit_files(host)
+    stale = [unit for unit in files if _SERVICE_UNIT.fullmatch(unit) and unit not in keep]
+    # sockets before proxies (sorted: "service" < "socket", so reversed)
+    stale_on_demand = sorted((u for u in files if paths.ON_DEMAND_UNIT.fullmatch(u) and u not in keep), reverse=True)
+    if not stale and not stale_on_demand:
         host.noop("no dropped service")
         return
+    for unit in stale_on_demand:
+        yield f"systemctl disable --now {unit} || true"
+        yield f"rm -f {paths.unit_path(unit)}"
     for unit in stale:
         container = paths.service_container(_SERVICE_UNIT.fullmatch(unit).group(1))
         yield f"systemctl disable --now {unit} || true"
@@ -59,6 +66,25 @@ class ServiceProbe(FactBase[dict]):
         return {"serving": serving, "detail": detail[-300:], "report": report if isinstance(report, dict) else None}
 
 
+class OnDemandState(FactBase[dict]):
+    """An on-demand model's units (its engine's and its socket's ActiveState) and the seconds since each on-demand
+    model's last request, from the guard's stats (the host module's `last-requests`)."""
+
+    def command(self, unit: str, socket: str):
+        return (f"systemctl is-active {shlex.quote(unit)} {shlex.quote(socket)}; "
+                f"python3 {paths.HOST_MODULE} last-requests {paths.GUARD_STATS_SOCKET} "
+                f"2>/dev/null || echo '{{}}'")
+
+    def process(self, output):
+        """{"engine": its ActiveState, "socket": the socket's, "last": {listener: seconds or None}}."""
+        try:
+            last = json.loads(output[2]) if len(output) > 2 else {}
+        except ValueError:
+            last = {}
+        return {"engine": output[0] if output else "unknown", "socket": output[1] if len(output) > 1 else "unknown",
+                "last": last if isinstance(last, dict) else {}}
+
+
 class UnitStarting(FactBase[bool]):
     """The unit is starting (its ExecStartPre or the image pull): wait for it, never restart it."""
 
@@ -82,3 +108,10 @@ def service_serving(unit: str, served_name: str, kind: str, port: int, timeout_s
                             "systemctl reset-failed", unit, "2>/dev/null;", "systemctl restart", unit)
     yield from health_gate._inner(served_name=served_name, port=port, tools=False,
                                   timeout_s=timeout_s, runtime=runtime, container=container, kind=kind, unit=unit)
+
+
+@operation(is_idempotent=False)
+def on_demand_started(proxy: str):
+    """An on-demand model started through its proxy, as its first request would start it: systemctl returns once
+    its engine answers (the proxy's own wait), or fails with the engine's unit."""
+    yield StringCommand("systemctl", "start", QuoteString(proxy))

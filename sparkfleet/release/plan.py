@@ -219,11 +219,17 @@ class HostPlan:
     @property
     def watched_services(self) -> list[dict]:
         """The serving file's engines beside the chat model (contract/serving.py watchdog_service)."""
-        return [watchdog_service(svc.name, svc.kind, svc.service.served_model_name, svc.service.api_port)
-                for svc in self.services]
+        return [watchdog_service(svc.name, svc.kind, svc.service.served_model_name, svc.service.api_port,
+                                 svc.on_demand) for svc in self.services]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
         return render.service_unit(self, svc)
+
+    def render_on_demand_socket(self, svc: ServicePlan) -> str:
+        return render.on_demand_socket(self, svc)
+
+    def render_on_demand_proxy(self, svc: ServicePlan) -> str:
+        return render.on_demand_proxy(self, svc)
 
     @property
     def memory_plan(self) -> dict:

@@ -54,8 +54,9 @@ def _lines(args: list[str]) -> list[str]:
 
 
 def _engine_unit(plan, served_name: str, share: float, container: str, docker_options: list[str],
-                 args: list[str], description: str = "vLLM OpenAI-compatible server") -> str:
+                 args: list[str], description: str = "vLLM OpenAI-compatible server", on_demand: bool = False) -> str:
     return _templates.get_template("sparkfleet-vllm.service.j2").render(
+        on_demand=on_demand,
         s=plan.settings,
         description=description,
         served_name=served_name,
@@ -84,7 +85,25 @@ def service_unit(plan, svc) -> str:
     """A service's unit (sparkfleet-vllm-<name>.service): always vLLM (pooling models), its env file and memory
     check."""
     return _engine_unit(plan, svc.service.served_model_name, svc.service.gpu_memory_utilization, svc.container,
-                        svc.docker_options, svc.engine_args)
+                        svc.docker_options, svc.engine_args, on_demand=svc.on_demand)
+
+
+def on_demand_socket(plan, svc) -> str:
+    """An on-demand service's socket unit: systemd listens where the guard forwards, and starts the proxy."""
+    return _templates.get_template("sparkfleet-ondemand.socket.j2").render(
+        served_name=svc.service.served_model_name, host=paths.ON_DEMAND_HOST,
+        port=paths.engine_port(svc.service.api_port), proxy=svc.proxy, backlog=plan.settings.on_demand_max_waiting)
+
+
+def on_demand_proxy(plan, svc) -> str:
+    """An on-demand service's proxy unit: it requires the engine's unit (so starts it), waits for it to answer,
+    then forwards each connection; it exits after the idle time, and the engine's unit, unneeded, stops."""
+    s = plan.settings
+    return _templates.get_template("sparkfleet-ondemand-proxy.service.j2").render(
+        served_name=svc.service.served_model_name, engine_unit=svc.unit, socket=svc.socket,
+        idle_s=svc.service.on_demand_idle_s or s.on_demand_idle_s, wait_s=s.health_timeout_s,
+        helper=paths.ON_DEMAND_HELPER, proxyd=paths.SOCKET_PROXYD, serving=paths.SERVING_FILE,
+        engine=f"{paths.ENGINE_HOST}:{paths.engine_port(svc.service.api_port)}")
 
 
 def share_unit(s, lan_address: str) -> str:

@@ -87,6 +87,20 @@ class ServicePlan:
         return paths.service_unit(self.name)
 
     @property
+    def on_demand(self) -> bool:
+        return self.service.on_demand
+
+    @property
+    def socket(self) -> str:
+        """An on-demand service's socket unit (systemd listens for it: paths.ON_DEMAND_HOST)."""
+        return paths.on_demand_socket(self.name)
+
+    @property
+    def proxy(self) -> str:
+        """An on-demand service's proxy unit (the socket starts it; it requires the engine's unit)."""
+        return paths.on_demand_proxy(self.name)
+
+    @property
     def container(self) -> str:
         return container_name(self.name)
 
@@ -113,7 +127,8 @@ class ServicePlan:
         """What makes this service's part of the release: same inputs, same release id."""
         return {"name": self.name, "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin,
                                              self.manifest.digest] if self.manifest else None,
-                "args": self.engine_args, "docker": self.docker_options}
+                "args": self.engine_args, "docker": self.docker_options,
+                **({"on_demand": True} if self.on_demand else {})}
 
     def record(self) -> dict:
         """This service in /etc/sparkfleet/release.json: what status, testinfra and a rollback read."""
@@ -121,7 +136,8 @@ class ServicePlan:
                 "model_dir": self.model_dir, "manifest": self.manifest.summary() if self.manifest else None,
                 "served_model_name": self.service.served_model_name, "api_port": self.service.api_port,
                 "endpoint": serving.REQUESTS[self.kind]["path"],  # what the probe asks: contract/serving.py
-                "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args}
+                "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args,
+                **({"on_demand": {"socket": self.socket, "proxy": self.proxy}} if self.on_demand else {})}
 
 
 def model_keys() -> set[str]:
@@ -129,7 +145,7 @@ def model_keys() -> set[str]:
     [settings], the entry's), less the host's engine keys."""
     keys = {*MODEL_SPECIFIC, *Service.model_fields, "model_files", "max_num_seqs", "kv_cache_dtype",
             *(key for r in catalogue().values() if r.kind == CHAT for key in r.settings)}
-    return keys - set(HOST_ENGINE_KEYS) - {"recipe", "hf_overrides"}
+    return keys - set(HOST_ENGINE_KEYS) - {"recipe", "hf_overrides", "on_demand_idle_s"}  # the last: the host's
 
 
 def chat_settings(where: str, s: Settings, chosen: Recipe, entry: Service) -> tuple[Settings | None, list[str]]:
@@ -144,7 +160,7 @@ def chat_settings(where: str, s: Settings, chosen: Recipe, entry: Service) -> tu
         return None, [f"{where}: hf_overrides is a pooling service's key (a chat model takes its config as the "
                       f"hub has it): remove it"]
     keys = model_keys()
-    own = entry.model_dump(exclude_unset=True, exclude={"recipe", "hf_overrides"})
+    own = entry.model_dump(exclude_unset=True, exclude={"recipe", "hf_overrides", "on_demand"})
     try:
         chosen_settings = recipe_settings(where, chosen.name, own.get("model_repo"))
     except SettingsError as exc:
@@ -187,6 +203,9 @@ def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | 
     except ValidationError as exc:
         return None, None, [f"{where}: `{'.'.join(map(str, err['loc']))}` from recipe {chosen.name!r} or the "
                             f"entry is invalid: {err['msg']}" for err in exc.errors()], None
+    if entry.on_demand_idle_s is not None and not service.on_demand:
+        return None, None, [f"{where}: on_demand_idle_s is set but the service is always on: set `on_demand` "
+                            f"to true, or remove on_demand_idle_s"], None
     missing = [key for key in REQUIRED if getattr(service, key) is None]
     if missing:
         return None, None, [f"{where}: set {', '.join(f'`{k}`' for k in missing)} (recipe {chosen.name!r} "
@@ -262,19 +281,24 @@ def memory_plan(s: Settings, services: dict[str, Service]) -> dict:
     rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization, paths.engine_port(s.api_port)),
             **{name: (paths.service_unit(name), svc.gpu_memory_utilization, paths.engine_port(svc.api_port))
                for name, svc in services.items()}}
-    return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows, s.health_timeout_s)
+    return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows, s.health_timeout_s,
+                               frozenset(name for name, svc in services.items() if svc.on_demand))
 
 
 def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:
     """The refusal of an oversubscribed host: every share, and the numbers that fit."""
-    shares = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)" for name, row in plan["shares"].items())
+    shares = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB){' on demand' * bool(row.get('on_demand'))}"
+                       for name, row in plan["shares"].items())
     services = round(plan["total"] - s.gpu_memory_utilization, 6)
     fits = ", ".join(f"{name} needs >= {need:g}" for name, need in needs.items())
-    return (f"{host}: the host's GPU memory is oversubscribed: gpu_memory_utilization shares sum to "
+    summed = ("the always-on shares and the largest on-demand one sum to"
+              if any(row.get("on_demand") for row in plan["shares"].values())
+              else "gpu_memory_utilization shares sum to")
+    return (f"{host}: the host's GPU memory is oversubscribed: {summed} "
             f"{plan['total']:g} > gpu_memory_budget {s.gpu_memory_budget:g}: {shares}. What fits: {fits}; "
             f"beside the services' {services:g} the chat gets <= {round(s.gpu_memory_budget - services, 6):g} "
-            f"(gpu_memory_utilization); lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set) "
-            f"or move a service to another host")
+            f"(gpu_memory_utilization); lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set)"
+            f", mark a rarely used service on_demand, or move a service to another host")
 
 
 def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:

@@ -15,7 +15,8 @@ from sparkfleet.host.operations import (
     record_health_gate,
 )
 from sparkfleet.host.run import ModelResult, ServiceResult
-from sparkfleet.host.services import service_serving
+from sparkfleet.host.state import unit_state
+from sparkfleet.host.services import on_demand_started, service_serving
 
 
 def gate(served_name: str, port: int, tools: bool, timeout_s: int, runtime: str, container: str, **op_args):
@@ -60,6 +61,12 @@ def health(plan, *, model_result: ModelResult, service_result: ServiceResult):
     if plan.group:
         ray_gate(plan)
     for svc in plan.services:
+        if svc.on_demand and service_result.services_started[svc.name].will_change:
+            # a changed on-demand model is started through its proxy (as its first request would) and gated; it
+            # stops again after its idle time
+            on_demand_started(name=f"Service {svc.name} on demand: started once to prove it serves", proxy=svc.proxy)
+        elif svc.on_demand and not unit_state(host, svc.unit)["running"]:
+            continue  # idle-stopped: its socket listens (the service stage), and asking it would start it
         if service_result.services_started[svc.name].will_change:
             gate(svc.service.served_model_name, svc.service.api_port, False, s.health_timeout_s, runtime,
                  svc.container, kind=svc.kind, unit=svc.unit)

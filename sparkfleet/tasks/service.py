@@ -69,6 +69,23 @@ def engine_image(plan: HostPlan) -> None:
                  archive=s.engine_image_archive)
 
 
+def on_demand(plan: HostPlan, svc, changed: bool, daemon_reload: bool):
+    """An on-demand service: its socket listening and enabled, its proxy in place, its engine's unit never enabled
+    (the socket starts it). A change stops a running engine (the health gate starts the new one through its proxy).
+    Returns the engine's operation: its change means the gate must wake it."""
+    proxy = managed_file(name=f"Service {svc.name}: proxy unit {svc.proxy}", content=plan.render_on_demand_proxy(svc),
+                         dest=paths.unit_path(svc.proxy), mode="0644")
+    socket = managed_file(name=f"Service {svc.name}: socket unit {svc.socket}",
+                          content=plan.render_on_demand_socket(svc), dest=paths.unit_path(svc.socket), mode="0644")
+    reload = daemon_reload or proxy.will_change or socket.will_change
+    engine = managed_unit(name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) on demand: started by "
+                          f"its first request, not at boot", service=svc.unit, enabled=False,
+                          running=False if changed or proxy.will_change else None, daemon_reload=reload)
+    managed_unit(name=f"Service {svc.name}: {svc.socket} listening", service=svc.socket, running=True, enabled=True,
+                 restarted=socket.will_change)
+    return engine
+
+
 @deploy("Service")
 def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> ServiceResult:
     """Returns the service operation (its change means a (re)start; None on a worker, which runs no engine), the
@@ -90,7 +107,8 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     managed_file(name="Release record", content=json.dumps(record, indent=2) + "\n",
                  dest=paths.RELEASE_FILE, mode="0644")
     services_pruned(name="Units of services dropped from the settings stopped and removed",
-                    keep=[svc.unit for svc in plan.services])
+                    keep=[unit for svc in plan.services
+                          for unit in ((svc.unit, svc.socket, svc.proxy) if svc.on_demand else (svc.unit,))])
     managed_file(name="Memory plan (every engine unit's share, the budget, the order they start in)",
                  content=memory_plan_json(plan.memory_plan), dest=paths.MEMORY_PLAN, mode="0644")
     ray_restarted = ray_node(plan)
@@ -115,10 +133,13 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
                                 mode="0644")
         start_limit_cleared(name=f"Service {svc.name}: start limit of a failed unit reset", unit=svc.unit)
         fetched = model_result.services_fetched.get(svc.name)
+        changed = svc_unit.will_change or env.will_change or bool(fetched and fetched.will_change)
+        if svc.on_demand:
+            services_started[svc.name] = on_demand(plan, svc, changed, daemon_reload=svc_unit.will_change)
+            continue
         services_started[svc.name] = managed_unit(
             name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) enabled and running",
-            service=svc.unit, running=True, enabled=True, daemon_reload=svc_unit.will_change,
-            restarted=svc_unit.will_change or env.will_change or bool(fetched and fetched.will_change),
+            service=svc.unit, running=True, enabled=True, daemon_reload=svc_unit.will_change, restarted=changed,
         )
     return ServiceResult(started=started, keep=record["model_history"] + record.get("service_model_dirs", []),
                          services_started=services_started)

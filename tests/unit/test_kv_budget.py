@@ -50,7 +50,8 @@ def test_an_overcommitted_host_is_refused_naming_every_engines_bytes():
     [line] = problems
     assert line.startswith("spark-a: the host's GPU memory is oversubscribed: gpu_memory_utilization shares sum to ")
     assert "chat 0." in line and "embed 0." in line and " GB)" in line
-    assert "lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set) or move a service" in line
+    assert ("lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set), mark a rarely used "
+            "service on_demand, or move a service") in line
 
 
 def test_a_cache_larger_than_the_host_is_refused_in_one_line():

@@ -25,6 +25,7 @@ RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-
 # 128 GB total, 120 GB available: the chat's 0.88 (112.6 GB) fits, 0.95 (121.6 GB) does not
 MEMINFO = "MemTotal:       125000000 kB\nMemFree:        117187500 kB\nMemAvailable:   117187500 kB\n"
 SYSTEMCTL = """#!/bin/sh
+if [ "$1" = stop ]; then echo "$2" >> "$STOPPED"; exit 0; fi
 [ "$1" = is-active ] || exit 1
 shift
 for unit in "$@"; do
@@ -51,11 +52,13 @@ def memcheck(tmp_path):
     plan_file = tmp_path / "memory.json"
 
     def run(share: str, *active: str, unit: str = "", activating: tuple[str, ...] = (), wait_s: int = 60,
-            **settings) -> tuple[int, str, str]:
-        host_plan = plan_hosts([("spark-a", host_data(services=RAG, **settings))])[0]
+            stats: str | None = None, **settings) -> tuple[int, str, str]:
+        host_plan = plan_hosts([("spark-a", host_data(**{"services": RAG, **settings}))])[0]
         memory = host_plan.memory_plan  # as the converge writes it, the serving file moved beside it
         (tmp_path / "serving.json").write_text(serving.serving_file(host_plan.settings))
         memory["start"].update(wait_s=wait_s, serving=str(tmp_path / "serving.json"))
+        if stats:
+            memory["guard_stats"] = stats
         plan_file.write_text(memory_plan_json(memory))
         (tmp_path / "cgroup").write_text(f"0::/system.slice/{unit or 'ssh.service'}\n")
         inner = (f"mount --bind {tmp_path}/meminfo /proc/meminfo && "
@@ -64,6 +67,7 @@ def memcheck(tmp_path):
                  f"exec {shlex.quote(sys.executable)} {MEMCHECK} {share} {plan_file}")
         proc = subprocess.run(["unshare", "-rm", "sh", "-c", inner], capture_output=True, text=True, check=False,
                               env={"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "ACTIVE": " ".join(active),
+                                   "STOPPED": str(tmp_path / "stopped"),
                                    "ACTIVATING": " ".join(activating)})
         return proc.returncode, proc.stdout, proc.stderr
 
@@ -146,3 +150,76 @@ def test_start_before_and_own_unit_read_the_plan_and_the_cgroup(tmp_path):
     assert host_module.own_unit(f"0::/system.slice/{EMBED}\n") == EMBED
     assert host_module.own_unit(f"12:pids:/system.slice/{EMBED}\n1:name=systemd:/system.slice/{EMBED}\n") == EMBED
     assert host_module.own_unit("0::/user.slice/user-0.slice/session-1.scope\n") is None
+
+
+# --- on-demand models: the least recently used one makes room, an always-on one never ---------------------------
+
+ON_DEMAND = {"embed": {"recipe": "qwen3-embedding-0.6b", "gpu_memory_utilization": 0.2, "on_demand": True},
+             "embed-b": {"recipe": "qwen3-embedding-0.6b", "gpu_memory_utilization": 0.2, "on_demand": True,
+                         "api_port": 8005, "served_model_name": "embed-b"},
+             "rerank": {"recipe": "qwen3-reranker-0.6b", "gpu_memory_utilization": 0.2, "on_demand": True}}
+EMBED_B = "sparkfleet-vllm-embed-b.service"
+
+
+class GuardStats:
+    """The guard's stats socket: `show stat` answered with each listener's seconds since its last request."""
+
+    def __init__(self, path, lastsess: dict[str, int]):
+        import socket
+        import threading
+
+        header = "# pxname,svname,qcur,scur,lastsess,status,"
+        rows = [f"{name},engine,0,0,{seconds},no check," for name, seconds in lastsess.items()]
+        reply = "\n".join([header, *rows, "stats,FRONTEND,,,,OPEN,"]).encode() + b"\n\n"
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen()
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(100)
+                    conn.sendall(reply)
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("lastsess, stopped", [
+    ({"service_embed": 300, "service_embed-b": 5}, EMBED),   # embed asked 5 min ago, embed-b 5 s ago
+    ({"service_embed": 3, "service_embed-b": -1}, EMBED_B),  # embed-b never asked since the guard started
+])
+def test_an_on_demand_start_stops_the_least_recently_used_on_demand_engine_and_no_always_on_one(
+        memcheck, tmp_path, lastsess, stopped):
+    """rerank starting on demand beside the chat model (0.5) and two on-demand engines (0.2 each): 1.1 > 0.95, so one
+    of those is stopped, the one whose last request is oldest; the chat model is never a candidate."""
+    stats = GuardStats(tmp_path / "stats.sock", lastsess)
+    try:
+        rc, out, err = memcheck("0.2", CHAT, EMBED, EMBED_B, unit=RERANK, stats=str(tmp_path / "stats.sock"),
+                                gpu_memory_utilization=0.5, services=ON_DEMAND, wait_s=0)
+    finally:
+        stats.close()
+    assert rc == 0 and "does not fit" not in err, err  # (no engine answers here: the start order's wait is 0)
+    assert (tmp_path / "stopped").read_text().split() == [stopped]
+    assert out.splitlines()[0] == (f"sparkfleet-memcheck: stopping {stopped} (on demand, the least recently used) "
+                                   f"to make room for {RERANK}")
+
+
+def test_an_always_on_engine_is_never_stopped_for_an_on_demand_one(memcheck, tmp_path):
+    """The running engines are all always-on (a plan a person edited by hand, or a share raised since): the start
+    fails naming them, and nothing is stopped."""
+    rc, out, err = memcheck("0.5", CHAT, "sparkfleet-vllm-rerank.service", unit=EMBED, gpu_memory_utilization=0.5,
+                            services={**RAG, "embed": {**RAG["embed"], "on_demand": True,
+                                                       "gpu_memory_utilization": 0.4}}, wait_s=0)
+    assert rc == 1 and "does not fit" in err and not (tmp_path / "stopped").exists()
+
+
+def test_last_requests_reads_haproxys_own_header():
+    csv = "# pxname,svname,lastsess,qcur\nservice_a,engine,12,0\nservice_b,engine,-1,0\nchat,FRONTEND,,\n"
+    assert host_module.last_requests(csv) == {"service_a": 12.0, "service_b": None}
+    assert host_module.last_requests("") == {} and host_module.last_requests("garbage") == {}

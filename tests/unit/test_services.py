@@ -86,8 +86,8 @@ def test_an_oversubscribed_host_is_refused_with_every_share_and_what_fits():
         "spark-a: the host's GPU memory is oversubscribed: gpu_memory_utilization shares sum to 1.41 > "
         "gpu_memory_budget 0.95: chat 0.88 (112.6 GB), embed 0.5 (64.0 GB), rerank 0.03 (3.8 GB). What fits: "
         "embed needs >= 0.03, rerank needs >= 0.03; beside the services' 0.53 the chat gets <= 0.42 "
-        "(gpu_memory_utilization); lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set) or "
-        "move a service to another host"]
+        "(gpu_memory_utilization); lower a share (gpu_memory_utilization, or kv_cache_memory_bytes where set), "
+        "mark a rarely used service on_demand, or move a service to another host"]
 
 
 def test_a_share_too_small_for_its_model_is_refused_with_the_context_that_fits():

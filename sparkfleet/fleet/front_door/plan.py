@@ -64,6 +64,7 @@ class Route:
     served_name: str
     kind: str
     backends: tuple[Backend, ...]
+    on_demand: bool = False  # started by its first request on some host: its guard answers the check itself
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -73,7 +74,10 @@ class Route:
     @property
     def check(self) -> tuple[str, str, str]:
         """(method, uri, body) of its health check: its kind's probe (contract/serving.py), as the watchdog and
-        the converge's probe ask it."""
+        the converge's probe ask it. An on-demand model's is its guard's /health, which the guard answers without
+        asking the engine: a check every few seconds would keep it from ever idling (or start it)."""
+        if self.on_demand:
+            return "GET", serving.HEALTH["path"], ""
         return serving.http_check(self.kind, self.served_name)
 
 
@@ -397,12 +401,15 @@ def _routes(backends: list[HostPlan]) -> tuple[tuple[Route, ...], dict[str, set[
     and the kinds seen under each served name (one route serves one kind)."""
     hosts: dict[str, list[Backend]] = {}
     kinds: dict[str, set[str]] = {}
+    on_demand: set[str] = set()
     for p in backends:
         for svc in p.services:
             served = svc.service.served_model_name
             hosts.setdefault(served, []).append(Backend(p.name, p.lan_address, svc.service.api_port, p.backend_tls))
             kinds.setdefault(served, set()).add(svc.kind)
-    routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found))
+            if svc.on_demand:
+                on_demand.add(served)
+    routes = tuple(Route(f"model_{n}", served, min(kinds[served]), tuple(found), served in on_demand)
                    for n, (served, found) in enumerate(sorted(hosts.items())))
     return routes, kinds
 
