@@ -105,6 +105,7 @@ def parse_state(lines: list[str]) -> dict:
             unit["failed"] = value == "failed"
         elif unit is not None and key == "UnitFileState":
             unit["enabled"] = value in ENABLED
+            unit["linked"] = value == "enabled"  # a link to it in a .wants directory (not only "static")
     for path, digest in hashes.items():
         if path in files and files[path]["type"] == "file":
             files[path]["sha256"] = digest

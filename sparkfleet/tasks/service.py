@@ -78,8 +78,10 @@ def on_demand(plan: HostPlan, svc, changed: bool, daemon_reload: bool):
     socket = managed_file(name=f"Service {svc.name}: socket unit {svc.socket}",
                           content=plan.render_on_demand_socket(svc), dest=paths.unit_path(svc.socket), mode="0644")
     reload = daemon_reload or proxy.will_change or socket.will_change
+    # its unit has no [Install]: "static", unless an always-on release linked it to start at boot
+    linked = unit_state(host, svc.unit).get("linked", False)
     engine = managed_unit(name=f"Service {svc.name} ({svc.kind}, port {svc.service.api_port}) on demand: started by "
-                          f"its first request, not at boot", service=svc.unit, enabled=False,
+                          f"its first request, not at boot", service=svc.unit, enabled=False if linked else None,
                           running=False if changed or proxy.will_change else None, daemon_reload=reload)
     managed_unit(name=f"Service {svc.name}: {svc.socket} listening", service=svc.socket, running=True, enabled=True,
                  restarted=socket.will_change)
