@@ -343,10 +343,14 @@ def test_the_serving_check_is_the_gate_a_rollout_reads_when_nothing_changed():
 def test_a_failed_unit_reads_as_failed_in_the_batched_state():
     lines = ["U Id=sparkfleet-vllm.service", "U ActiveState=failed", "U SubState=failed", "U UnitFileState=enabled",
              "U ", "U Id=sparkfleet-watchdog.timer", "U ActiveState=active", "U SubState=waiting",
-             "U UnitFileState=enabled"]
+             "U UnitFileState=enabled", "U ", "U Id=sparkfleet-vllm-long.service", "U ActiveState=inactive",
+             "U SubState=dead", "U UnitFileState=static"]
     units = parse_state(lines)["units"]
-    assert units["sparkfleet-vllm.service"] == {"running": False, "enabled": True, "failed": True}
-    assert units["sparkfleet-watchdog.timer"] == {"running": True, "enabled": True, "failed": False}
+    assert units["sparkfleet-vllm.service"] == {"running": False, "enabled": True, "failed": True, "linked": True}
+    assert units["sparkfleet-watchdog.timer"] == {"running": True, "enabled": True, "failed": False, "linked": True}
+    # an on-demand engine's unit has no [Install]: enabled as pyinfra counts it, linked to start at boot it is not
+    assert units["sparkfleet-vllm-long.service"] == {"running": False, "enabled": True, "failed": False,
+                                                     "linked": False}
 
 
 def test_each_service_is_kept_serving_under_the_same_rules_with_its_own_state(tmp_path, monkeypatch):
