@@ -162,7 +162,8 @@ def engine_layer(s: Settings, engine: str, chosen: Recipe, recipe_keys: dict) ->
     holds the host's image)."""
     if engine == s.engine:
         return {}
-    own = {key: value for key, value in recipe_keys.items() if key in HOST_ENGINE_KEYS} if chosen.engine == engine else {}
+    same = chosen.engine == engine  # the recipe's image and version are its engine's only
+    own = {key: value for key, value in recipe_keys.items() if key in HOST_ENGINE_KEYS and same}
     return {"engine": engine, "engine_image": ENGINE_CLASSES[engine].image, **own}
 
 
