@@ -108,8 +108,10 @@ allow_trust_remote_code = False  # True: --trust-remote-code where the recipe sa
 
 # --- RAG services beside the chat model: each its own vLLM unit, port and model ---------------
 # e.g. {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}; any key of
-# the recipe's [settings] may be overridden per service (api_port, gpu_memory_utilization, max_model_len, ...)
-services = {}  # the pooling models this host serves beside its chat model, by name
+# the recipe's [settings] may be overridden per service (api_port, gpu_memory_utilization, max_model_len, ...);
+# a chat recipe's service may run on its own engine and image (a llama.cpp model beside vLLM: engine_image,
+# llamacpp_version, model_files; docs/rag.md)
+services = {}  # the pooling and other chat models this host serves beside its chat model, by name
 gpu_memory_budget = 0.95  # the chat's gpu_memory_utilization + every service's must sum within this (OS keeps 6 GB)
 # a service with on_demand = True is started by the first request naming it and stopped after this long without one
 # (an entry's own on_demand_idle_s wins); it must fit beside every always-on engine, not beside the other on-demand

@@ -25,15 +25,18 @@ parse_env = host_module.parse_env
 within_budget = host_module.within_budget
 
 
-def engine_env(api_key: str | None, env: dict[str, str], key_var: str | None = DEFAULT_KEY_VAR) -> str:
+def engine_env(api_key: str | None, env: dict[str, str], key_var: str | None = DEFAULT_KEY_VAR,
+               also: tuple[str, ...] = ()) -> str:
     """engine.env: the API key when one is set and the engine reads one (under `key_var`, the name it reads; None:
-    no key line), then every other variable by name (case-insensitively)."""
-    if key_var is not None and key_var not in API_KEY_VARS:
-        raise ValueError(f"{key_var} is not an engine's API key variable ({', '.join(API_KEY_VARS)})")
+    no key line; then under `also`, the names the host's services' other engines read: they share this file), then
+    every other variable by name (case-insensitively)."""
+    for var in (key_var, *also):
+        if var is not None and var not in API_KEY_VARS:
+            raise ValueError(f"{var} is not an engine's API key variable ({', '.join(API_KEY_VARS)})")
     for var in API_KEY_VARS:
         if var in env:
             raise ValueError(f"{var} is written from the `api_key` setting, not from the environment")
-    head = {key_var: api_key} if api_key and key_var else {}
+    head = {var: api_key for var in (key_var, *also) if var} if api_key else {}
     by_name = dict(sorted(env.items(), key=lambda item: item[0].lower()))  # the order the old template wrote
     return host_module.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
 

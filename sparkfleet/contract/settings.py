@@ -286,11 +286,17 @@ ServiceName = Annotated[str, _grammar(r"[a-z][a-z0-9-]{0,30}", "a service name: 
                                                               "starting with a letter, at most 31 characters")]
 
 
-class Service(BaseModel):
-    """One pooling model beside the chat model (embeddings, rerank): a service entry over its recipe's settings.
+# A service entry's engine versions (vllm_version, llamacpp_version, ...): a chat service on an engine of its own.
+_ServiceVersions = create_model("_ServiceVersions", **{name: (Version | None, None) for name in VERSION_SETTINGS})
+
+
+class Service(_ServiceVersions):
+    """One model beside the chat model (embeddings, rerank, another chat model): a service entry over its
+    recipe's settings.
 
     Each key left out comes from the recipe (`recipes/<recipe>.toml`, [settings]); the planner merges the two
-    and checks the result, so only `recipe` is required here.
+    and checks the result, so only `recipe` is required here. The engine keys (`engine`, `engine_image`, its
+    version, `model_files`) are a chat service's: one of another engine or image than the host's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, hide_input_in_errors=True)
@@ -308,6 +314,9 @@ class Service(BaseModel):
     # started by the first request that names it, stopped after on_demand_idle_s without one (docs/several-models.md)
     on_demand: bool = False
     on_demand_idle_s: int | None = Field(default=None, ge=10, le=7 * 86400)
+    engine: Literal[ENGINES] | None = None
+    engine_image: ImageRef | None = None
+    model_files: list[FileGlob] | None = None
 
 
 # Each engine's version setting (contract/engines.py `version_setting`: vllm_version, sglang_version, ...), the

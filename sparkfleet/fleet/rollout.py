@@ -297,7 +297,9 @@ def holds_what_it_needs(plan, installed: dict) -> bool:
     services = installed.get("services") if isinstance(installed.get("services"), dict) else {}
     have = {installed.get("model_dir"), *(svc.get("model_dir") for svc in services.values() if isinstance(svc, dict))}
     want = {plan.model_dir, *(svc.model_dir for svc in plan.services)}
-    return bool(installed) and want <= have and plan.engine_ref == installed.get("image")
+    images = {installed.get("image"), *(svc.get("image") for svc in services.values() if isinstance(svc, dict))}
+    wanted = {plan.engine_ref, *(svc.engine_ref for svc in plan.services if svc.image)}  # a service's own too
+    return bool(installed) and want <= have and wanted <= images
 
 
 def not_reached(unit: Unit, releases: dict[str, tuple[str | None, str | None]], number: int | None,

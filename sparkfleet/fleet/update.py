@@ -46,6 +46,8 @@ def _unresolved(plans: list[HostPlan]) -> list[str]:
         found += [f"{p.name}: {p.hub_error}"] if p.manifest is None else []
         found += [f"{p.name}: {p.image_error}"] if p.image_pin is None else []
         found += [f"{p.name}: service {svc.name!r}: {svc.hub_error}" for svc in p.services if not svc.manifest]
+        found += [f"{p.name}: service {svc.name!r}: {svc.image_error}" for svc in p.services
+                  if svc.image and not svc.image_pin]
     return [clean(line) for line in found]
 
 

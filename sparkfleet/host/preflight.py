@@ -37,14 +37,15 @@ class HostFacts:
     kernel: str | None = None  # `uname -r`
 
 
-def converge_reads(model_root: str, engine_ref: str, front_door: bool = False) -> dict:
+def converge_reads(model_root: str, engine_ref: str, front_door: bool = False, service_refs: tuple = ()) -> dict:
     """What the stages read from a host that needs nothing (the batched state, daemon.json, the toolkit's keyring,
-    the engine image, the model directories; on a front door its hold record): read with preflight's facts, in
-    its one round trip, and held until an operation changes the host (state.fact)."""
+    the engine image and the services' own images, the model directories; on a front door its hold record): read
+    with preflight's facts, in its one round trip, and held until an operation changes the host (state.fact)."""
     return {"model root": (PathState, {"path": model_root}),
             "daemon.json": (JsonFile, {"path": paths.DAEMON_JSON}),
             "keyring": (KeyringKeys, {"path": paths.TOOLKIT_KEYRING}),
             "engine image": image_read(engine_ref),
+            **{f"service image {ref}": image_read(ref) for ref in service_refs},
             "model dirs": (ModelDirs, {"model_root": model_root}), **service_reads(front_door)}
 
 

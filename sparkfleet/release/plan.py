@@ -253,7 +253,12 @@ class HostPlan:
         return render.share_unit(self.settings, self.lan_address)
 
     def render_engine_env(self) -> str:
-        return render.engine_env(self.settings, self.group.env(self.name) if self.group else {}, self.engine.key_var)
+        """engine.env, which every engine container of the host reads: the key under each of their engines' names
+        (a llama.cpp service beside vLLM reads LLAMA_API_KEY)."""
+        also = tuple(dict.fromkeys(svc.engine.key_var for svc in self.services
+                                   if svc.engine.key_var not in (None, self.engine.key_var)))
+        return render.engine_env(self.settings, self.group.env(self.name) if self.group else {}, self.engine.key_var,
+                                 also)
 
     def render_hub_env(self) -> str:
         return render.hub_env(self.settings)
@@ -335,6 +340,7 @@ class HostPlan:
             "ray_unit": self.render_ray_unit() if self.group else None,
             "ray_env": self.ray_env if self.group else None,
             "services": [{"name": svc.name, **svc.record(), "hub_error": svc.hub_error,
+                          **({"image_unknown": svc.image_error} if svc.image else {}),
                           "fit": svc.fit(host_memory_bytes(self.settings.host_memory_gb)).to_dict(),
                           "docker_options": svc.docker_options, "unit_text": self.render_service_unit(svc)}
                          for svc in self.services],
@@ -441,9 +447,10 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
     return plan, found_kv + problems + found
 
 
-def chat_service_problems(where: str, s: Settings, config: dict | None, args: list[str]) -> list[str]:
+def chat_service_problems(where: str, s: Settings, config: dict | None, args: list[str],
+                          gguf: bool | None) -> list[str]:
     """A chat model beside the host's, checked as the host's own is (its model's limits, its engine's flags)."""
-    return release_problems(where, s, model_shape(config) if config else None, args, False)
+    return release_problems(where, s, model_shape(config) if config else None, args, gguf)
 
 
 def fixed_kv(name: str, s: Settings, weights_bytes: int | None) -> tuple[Settings, list[str]]:
@@ -506,6 +513,9 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
         plan.lan_address = lan_address(name, dict(hosts)[name], s)
         plan.group = groups.get(name)
         plan.image_pin, plan.image_error = (resolve_image or offline_image)(s)
+        for svc in plan.services:  # a chat service of its own image: pinned as the host's is (the lock holds both)
+            if svc.image:
+                svc.image_pin, svc.image_error = (resolve_image or offline_image)(svc.settings)
         problems += found
         plans.append(plan)
     if problems:

@@ -54,7 +54,8 @@ def _lines(args: list[str]) -> list[str]:
 
 
 def _engine_unit(plan, served_name: str, share: float, container: str, docker_options: list[str],
-                 args: list[str], description: str = "vLLM OpenAI-compatible server", on_demand: bool = False) -> str:
+                 args: list[str], description: str = "vLLM OpenAI-compatible server", image: str | None = None,
+                 on_demand: bool = False) -> str:
     return _templates.get_template("sparkfleet-vllm.service.j2").render(
         on_demand=on_demand,
         s=plan.settings,
@@ -62,7 +63,7 @@ def _engine_unit(plan, served_name: str, share: float, container: str, docker_op
         served_name=served_name,
         share=share,
         container=container,
-        image=plan.engine_ref,
+        image=image or plan.engine_ref,
         release_id=plan.chat_release_id or "unresolved",
         release_file=paths.RELEASE_FILE,
         memcheck=paths.MEMCHECK,
@@ -82,10 +83,11 @@ def unit(plan) -> str:
 
 
 def service_unit(plan, svc) -> str:
-    """A service's unit (sparkfleet-vllm-<name>.service): always vLLM (pooling models), its env file and memory
-    check."""
+    """A service's unit (sparkfleet-vllm-<name>.service): its engine (vLLM for a pooling model, a chat service's
+    own), its image (the host's, or a chat service's own pinned one), the host's env file and memory check."""
     return _engine_unit(plan, svc.service.served_model_name, svc.service.gpu_memory_utilization, svc.container,
-                        svc.docker_options, svc.engine_args, on_demand=svc.on_demand)
+                        svc.docker_options, svc.engine_args, svc.engine.description, svc.engine_ref,
+                        on_demand=svc.on_demand)
 
 
 def on_demand_socket(plan, svc) -> str:
@@ -130,10 +132,12 @@ def ray_unit(plan) -> str:
     )
 
 
-def engine_env(s, fabric: dict[str, str], key_var: str | None = formats.DEFAULT_KEY_VAR) -> str:
-    """The engine containers' environment file (contract/formats.py): the API key under the engine's name for it,
-    a member's fabric variables, then engine_env (settings refuse an engine_env key that sparkfleet derives)."""
-    return formats.engine_env(s.api_key, {**fabric, **s.engine_env}, key_var)
+def engine_env(s, fabric: dict[str, str], key_var: str | None = formats.DEFAULT_KEY_VAR,
+               also: tuple[str, ...] = ()) -> str:
+    """The engine containers' environment file (contract/formats.py): the API key under the engine's name for it
+    (and under `also`, its services' other engines' names), a member's fabric variables, then engine_env (settings
+    refuse an engine_env key that sparkfleet derives)."""
+    return formats.engine_env(s.api_key, {**fabric, **s.engine_env}, key_var, also)
 
 
 def hub_env(s) -> str:

@@ -1,10 +1,11 @@
-"""Models beside the host's chat model, each in its own vLLM unit and port: RAG services (pooling models:
+"""Models beside the host's chat model, each in its own engine unit and port: RAG services (pooling models:
 embeddings, rerank) and other chat models.
 
 A host's `services` setting names each service and its recipe (recipes/<name>.toml, kind "embedding",
 "reranker" or "chat"); an entry's keys override the recipe's [settings]. A chat service is a release of its
 own, planned like the host's chat model from the defaults, its recipe and the entry (never the host's own
-model's parsers or flags), in the host's engine and image. Everything here is pure planning: the merged
+model's parsers or flags), in the host's engine and image unless its recipe or entry names another (a llama.cpp
+model beside a vLLM one: its own image, pinned like the host's). Everything here is pure planning: the merged
 settings, the engine arguments, the fit of each service in its share, and ONE memory plan per host: the chat
 model's and every service's gpu_memory_utilization must sum within gpu_memory_budget.
 """
@@ -26,7 +27,8 @@ from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import MODEL_SPECIFIC, Recipe, catalogue, recipe
 from sparkfleet.model.fit import RESERVE_BYTES
 from sparkfleet.release.engine import ADMIN_FLAGS, SECRET_FLAGS, flag_table, surface_problems
-from sparkfleet.release.engines import engine_for
+from sparkfleet.release.engines import ENGINE_CLASSES, Engine, engine_for, gguf_entry, is_gguf_model
+from sparkfleet.release.image import ImagePin
 from sparkfleet.contract.settings import Service, Settings, SettingsError, defaults, recipe_settings
 
 # How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
@@ -38,8 +40,14 @@ CHAT = "chat"
 SERVICE_KINDS = (*KINDS, CHAT)
 # A chat service's own keys: what any chat recipe or an entry sets about its model, reset to the defaults before
 # its recipe applies, so none of the host's own model's parsers, limits or flags reach it. The engine, its image and
-# version, and the fleet's settings (keys, ports of the host, paths, watchdog) are the host's.
+# version are the host's unless the recipe's engine differs or the entry names them; the fleet's settings (keys,
+# ports of the host, paths, watchdog) are the host's.
 HOST_ENGINE_KEYS = ("engine", "engine_image", *engines.VERSION_SETTINGS)
+# A pooling service runs in the host's vLLM image on its whole repository: these keys are a chat service's only.
+CHAT_ONLY_KEYS = (*HOST_ENGINE_KEYS, "model_files")
+# The engines a chat service may run on: those that read the API key from the host's engine.env (the descriptor's
+# key_var), which the service's container shares. SGLang reads none (release/engines/sglang.py).
+SERVICE_ENGINES = tuple(d.name for d in engines.DESCRIPTORS.values() if d.key_var)
 # vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
 SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
                  "port": "`api_port`", "max_model_len": "`max_model_len`",
@@ -71,10 +79,24 @@ class ServicePlan:
     engine_args: list[str] = field(default_factory=list)
     docker_options: list[str] = field(default_factory=list)
     settings: Settings | None = None  # a chat service's own settings (its release's), None for a pooling one
+    image: str | None = None  # its own engine_image (another than the host's); None: it runs the host's image
+    image_pin: ImagePin | None = None  # that image pinned by content; None: unknown (image_error says why)
+    image_error: str | None = None
+
+    @property
+    def engine_ref(self) -> str | None:
+        """What its unit runs when its image is its own: the pinned reference, the tag only in a plan that could
+        not pin it (deploy refuses such a plan); None: the host's image (HostPlan.engine_ref)."""
+        return self.image_pin.ref if self.image_pin else self.image
 
     @property
     def kind(self) -> str:
         return self.recipe.kind
+
+    @property
+    def engine(self) -> Engine:
+        """Its engine (release/engines/): a chat service's own, vLLM for a pooling model."""
+        return ENGINE_CLASSES[self.settings.engine if self.settings else engines.VLLM.name]
 
     @property
     def reserve_bytes(self) -> int:
@@ -128,6 +150,7 @@ class ServicePlan:
         return {"name": self.name, "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin,
                                              self.manifest.digest] if self.manifest else None,
                 "args": self.engine_args, "docker": self.docker_options,
+                **({"image": self.engine_ref} if self.image else {}),  # its digest: a new one is a new release
                 **({"on_demand": True} if self.on_demand else {})}
 
     def record(self) -> dict:
@@ -137,6 +160,7 @@ class ServicePlan:
                 "served_model_name": self.service.served_model_name, "api_port": self.service.api_port,
                 "endpoint": serving.REQUESTS[self.kind]["path"],  # what the probe asks: contract/serving.py
                 "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args,
+                **({"engine": self.settings.engine, "image": self.engine_ref} if self.image else {}),
                 **({"on_demand": {"socket": self.socket, "proxy": self.proxy}} if self.on_demand else {})}
 
 
@@ -148,14 +172,30 @@ def model_keys() -> set[str]:
     return keys - set(HOST_ENGINE_KEYS) - {"recipe", "hf_overrides", "on_demand_idle_s"}  # the last: the host's
 
 
+def engine_layer(s: Settings, engine: str, chosen: Recipe, recipe_keys: dict) -> dict:
+    """A chat service's engine keys under its entry's: none on the host's engine (its image and version stay the
+    host's); on another, that engine's image and the recipe's engine keys, and no image archive (the host's archive
+    holds the host's image)."""
+    if engine == s.engine:
+        return {}
+    same = chosen.engine == engine  # the recipe's image and version are its engine's only
+    own = {key: value for key, value in recipe_keys.items() if key in HOST_ENGINE_KEYS and same}
+    return {"engine": engine, "engine_image": ENGINE_CLASSES[engine].image, **own}
+
+
 def chat_settings(where: str, s: Settings, chosen: Recipe, entry: Service) -> tuple[Settings | None, list[str]]:
     """A chat service's own settings: the host's, with every model key at its default, then the recipe's
-    (parse_settings' own precedence), then the entry's; its engine and image are the host's."""
-    engine = chosen.engine
-    if engine != s.engine or engine != engines.VLLM.name:
-        return None, [f"{where}: recipe {chosen.name!r} runs on engine {engine!r}; a chat model beside the host's "
-                      f"runs in the host's vLLM image (engine {s.engine!r}, engine_image {s.engine_image!r}): "
-                      f"choose a vLLM recipe, or give the model a host of its own"]
+    (parse_settings' own precedence), then the entry's. Its engine, image and version are the host's unless its
+    recipe's engine differs (a llama.cpp model beside a vLLM one: then the recipe's) or the entry names them."""
+    engine = entry.engine or chosen.engine
+    if engine not in SERVICE_ENGINES:
+        return None, [f"{where}: recipe {chosen.name!r} or the entry runs it on engine {engine!r}, which reads no API "
+                      f"key from the host's engine.env: a chat service runs on "
+                      f"{engines.names(tuple(map(engines.descriptor, SERVICE_ENGINES)))}: choose such a recipe or "
+                      f"`engine`, or give the model a host of its own"]
+    if engine != s.engine and (s.tensor_parallel_hosts or s.tensor_parallel_size > 1):
+        return None, [f"{where}: engine {engine!r} beside a tensor-parallel model: the group's GPUs serve its one "
+                      f"engine: give the model a host outside tensor_parallel_hosts, or use engine {s.engine!r}"]
     if entry.hf_overrides:
         return None, [f"{where}: hf_overrides is a pooling service's key (a chat model takes its config as the "
                       f"hub has it): remove it"]
@@ -168,9 +208,12 @@ def chat_settings(where: str, s: Settings, chosen: Recipe, entry: Service) -> tu
     layers = [{key: value for key, value in s.model_dump().items() if key not in keys},
               {key: value for key, value in defaults().items() if key in keys},
               {key: value for key, value in chosen_settings.items() if key not in HOST_ENGINE_KEYS},
-              own, {"recipe": chosen.name, "services": {}}]
+              engine_layer(s, engine, chosen, chosen_settings), own, {"recipe": chosen.name, "services": {}}]
+    merged_layers = {key: value for layer in layers for key, value in layer.items()}
+    if merged_layers["engine_image"] != s.engine_image:  # the host's archive holds the host's image, not this one
+        merged_layers["engine_image_archive"] = None
     try:
-        return Settings(**{key: value for layer in layers for key, value in layer.items()}), []
+        return Settings(**merged_layers), []
     except ValidationError as exc:
         return None, [f"{where}: `{'.'.join(map(str, err['loc']))}` from recipe {chosen.name!r} or the entry is "
                       f"invalid: {err['msg']}" for err in exc.errors()]
@@ -188,6 +231,12 @@ def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | 
     if chosen.kind not in SERVICE_KINDS:
         return None, None, [f"{where}: recipe {chosen.name!r} is a {chosen.kind} recipe; a service serves "
                             f"one of kind {' or '.join(SERVICE_KINDS)}"], None
+    chat_only = [key for key in CHAT_ONLY_KEYS if key in entry.model_fields_set]
+    if chosen.kind != CHAT and chat_only:
+        keys = f"{', '.join(f'`{k}`' for k in chat_only)} {'are' if len(chat_only) > 1 else 'is'}"
+        return None, None, [f"{where}: {keys} only a chat service's (this {chosen.kind} service runs in the host's "
+                            f"vLLM image, on its whole repository): remove {'them' if len(chat_only) > 1 else 'it'}"
+                            ], None
     own = None
     if chosen.kind == CHAT:
         own, found = chat_settings(where, s, chosen, entry)
@@ -316,8 +365,33 @@ def port_problems(host: str, s: Settings, ports: dict[str, int]) -> list[str]:
 
 
 Resolver = Callable[[Settings], "tuple[Manifest | None, dict | None, str | None]"]
-# A chat service's release checked as the host's chat model's is (release/plan.py release_problems)
-ChatProblems = Callable[[str, Settings, "dict | None", list[str]], list[str]]
+# A chat service's release checked as the host's chat model's is (release/plan.py release_problems); the last
+# argument: its model is a GGUF one (None: unknown offline)
+ChatProblems = Callable[[str, Settings, "dict | None", list[str], "bool | None"], list[str]]
+
+
+def context_share(plan: ServicePlan, memory_bytes: int) -> float | None:
+    """The share of a llama.cpp chat service whose entry sets none: llama-server holds its weights and a KV cache
+    of exactly its context (-c max_model_len), so it asks what those and the reserve take (as a fixed KV cache
+    does), not its recipe's share of a whole Spark. None when the fit cannot be computed (its check names why)."""
+    try:
+        report = plan.fit(memory_bytes)
+    except ValueError:
+        return None
+    kv_bytes = report.max_model_len * report.kv_bytes_per_token
+    return fixed_kv_share(plan.weight_bytes, plan.reserve_bytes, kv_bytes, memory_bytes)
+
+
+def chat_args(where: str, plan: ServicePlan) -> tuple[list[str], bool | None, list[str]]:
+    """(a chat service's arguments by its own engine, whether its model is GGUF, the problems): the .gguf file
+    llama.cpp loads from its manifest (or offline its model_files), as the host's own model's."""
+    own = plan.settings
+    files = [f.path for f in plan.manifest.files] if plan.manifest else None
+    try:
+        entry, problems = gguf_entry(own, files), []
+    except ValueError as exc:  # the files hold several GGUF models
+        entry, problems = None, [f"{where}: {exc}"]
+    return engine_for(own).args(own, plan.model_dir, entry), is_gguf_model(own, files), problems
 
 
 def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], list[str]],
@@ -328,10 +402,12 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
     plans, problems = [], []
     for name in s.services:
         chosen, service, found, own = merged(host, name, s)
+        entry_keys = s.services[name].model_fields_set
         problems += found
         if not service:
             continue
-        plan = ServicePlan(name, chosen, service, s.model_root, settings=own)
+        plan = ServicePlan(name, chosen, service, s.model_root, settings=own,
+                           image=own.engine_image if own and own.engine_image != s.engine_image else None)
         if resolve:
             plan.manifest, plan.config, plan.hub_error = resolve(own or s.model_copy(update={
                 "model_repo": service.model_repo, "model_revision": service.model_revision, "model_files": None}))
@@ -344,11 +420,16 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
                 continue
             service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
             own = plan.settings = own and own.model_copy(update={"gpu_memory_utilization": share})
+        elif (own and own.engine == engines.LLAMACPP.name and "gpu_memory_utilization" not in entry_keys
+              and (share := context_share(plan, host_memory_bytes(s.host_memory_gb)))):
+            service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
+            own = plan.settings = own.model_copy(update={"gpu_memory_utilization": share})
         plan.docker_options = docker_options(plan.model_dir, service.api_port)
-        if own:  # a chat model: its engine's own arguments and checks, as the host's chat model's
-            plan.engine_args = engine_for(own).args(own, plan.model_dir, None)
-            problems += (chat_problems or (lambda *_: []))(where, own, plan.config or chosen.model.config,
-                                                            plan.engine_args)
+        if own:  # a chat model: its engine's own arguments, options and checks, as the host's chat model's
+            plan.docker_options += engine_for(own).docker_options(own)
+            plan.engine_args, gguf, found = chat_args(where, plan)
+            problems += found + (chat_problems or (lambda *_: []))(where, own, plan.config or chosen.model.config,
+                                                                    plan.engine_args, gguf)
         else:
             plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
             problems += args_problems(where, s, service, plan.engine_args)
@@ -386,7 +467,8 @@ def plan_rows(plan) -> list[tuple[str, str]]:
         fit = svc.fit(host_memory_bytes(plan.settings.host_memory_gb))
         source = "the hub's manifest" if svc.manifest else f"recipe {svc.recipe.name}, offline"
         rows.append((f"service {svc.name}", (
-            f"{svc.kind} {svc.service.served_model_name} on port {svc.service.api_port} ({svc.unit}); share "
+            f"{svc.kind} {svc.service.served_model_name} on port {svc.service.api_port} ({svc.unit}"
+            f"{f', {svc.engine.label} from {literal(svc.engine_ref)}' if svc.image else ''}); share "
             f"{svc.service.gpu_memory_utilization:g}: weights {fit.weights_bytes / gib:.2f} GiB ({source}) + reserve "
             f"{fit.reserve_bytes / gib:.1f} + KV {fit.kv_memory_bytes / gib:.2f} GiB at {fit.kv_bytes_per_token:,} "
             f"B/token: largest context {fit.largest_context:,} (max_model_len {fit.max_model_len:,}); "

@@ -62,7 +62,8 @@ def read_host(target, plan: HostPlan) -> tuple[HostFacts, list[str]]:
             "free_bytes": (FreeBytes, {"path": s.model_root}), "docker": (DockerState, {}),
             "python": (PythonVersion, {}), "release": (JsonFile, {"path": RELEASE_FILE}),
             **{f"model {i}": (ModelFiles, {"model_dir": d, "record": VERIFIED_RECORD}) for i, d in enumerate(models)},
-            **converge_reads(s.model_root, plan.engine_ref, front_door=FRONT_DOOR in target.groups),
+            **converge_reads(s.model_root, plan.engine_ref, front_door=FRONT_DOOR in target.groups,
+                             service_refs=tuple(svc.engine_ref for svc in plan.services if svc.image)),
         })  # one round trip
         model_state, chat_bytes = files_to_fetch(got["model 0"], plan.manifest)
         service_bytes = sum(files_to_fetch(got[f"model {i}"], svc.manifest)[1]

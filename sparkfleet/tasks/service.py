@@ -67,6 +67,17 @@ def engine_image(plan: HostPlan) -> None:
     image_pinned(name=f"Engine image {s.engine_image} as {plan.engine_ref} ({source} if missing, then checked)",
                  image=s.engine_image, ref=plan.engine_ref, digest=plan.image_pin.digest,
                  archive=s.engine_image_archive)
+    service_images(plan)
+
+
+def service_images(plan: HostPlan) -> None:
+    """Each chat service's own engine image (another than the host's) present with its pinned digest, pulled as
+    the host's is, before its unit starts."""
+    for svc in plan.services:
+        if svc.image:
+            image_pinned(name=f"Service {svc.name}: engine image {svc.image} as {svc.engine_ref} (pulled by digest "
+                              f"if missing, then checked)", image=svc.image, ref=svc.engine_ref,
+                         digest=svc.image_pin.digest)
 
 
 def on_demand(plan: HostPlan, svc, changed: bool, daemon_reload: bool):

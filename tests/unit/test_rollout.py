@@ -130,7 +130,7 @@ def test_a_host_that_holds_what_its_new_release_needs_is_not_staged():
     from types import SimpleNamespace
 
     plan = SimpleNamespace(model_dir="/m/qwen-abc", engine_ref="reg/vllm@sha256:1",
-                           services=[SimpleNamespace(model_dir="/m/embed-1")])
+                           services=[SimpleNamespace(model_dir="/m/embed-1", image=None)])
     installed = {"model_dir": "/m/qwen-abc", "image": "reg/vllm@sha256:1",
                  "services": {"embed": {"model_dir": "/m/embed-1"}}}
     assert rollout_module.holds_what_it_needs(plan, installed)  # new arguments only: nothing to fetch or pull
@@ -138,6 +138,13 @@ def test_a_host_that_holds_what_its_new_release_needs_is_not_staged():
     assert not rollout_module.holds_what_it_needs(plan, {**installed, "image": "reg/vllm@sha256:2"})  # a new image
     assert not rollout_module.holds_what_it_needs(plan, {**installed, "services": {}})  # a new service's model
     assert not rollout_module.holds_what_it_needs(plan, {**installed, "services": ["/m/embed-1"]})  # not a record
+    llama = SimpleNamespace(model_dir="/m/gguf-1", image="reg/llama:b1", engine_ref="reg/llama@sha256:3")
+    both = SimpleNamespace(**{**vars(plan), "services": [*plan.services, llama]})
+    services = {**installed["services"], "llama": {"model_dir": "/m/gguf-1", "image": "reg/llama@sha256:3"}}
+    assert rollout_module.holds_what_it_needs(both, {**installed, "services": services})
+    # a chat service's own image, new: staged (pulled while the host serves)
+    assert not rollout_module.holds_what_it_needs(both, {**installed, "services": {
+        **services, "llama": {"model_dir": "/m/gguf-1", "image": "reg/llama@sha256:2"}}})
     assert not rollout_module.holds_what_it_needs(plan, {})  # no record (a new or unreachable host)
     assert rollout_module.to_stage(["a", "b", "c"], RELEASES, prepared={"a"}) == ["c"]
     pair = {"b": ("b", "d"), "d": ("b", "d")}  # one member holding it is not enough: the group stages whole

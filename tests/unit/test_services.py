@@ -109,8 +109,10 @@ def test_service_ports_must_not_collide():
                                         "'qwen3-embeding-0.6b'; the catalogue has: "),
     ({"recipe": "qwen3.5-35b-a3b-fp8"}, "spark-a: service 'embed' (setting `services`): set `api_port` (a chat "
                                         "recipe has none: the host's is its own model's)"),
-    ({"recipe": "qwen3-8b-gguf", "api_port": 8003}, "spark-a: service 'embed' (setting `services`): recipe "
-     "'qwen3-8b-gguf' runs on engine 'llamacpp'; a chat model beside the host's runs in the host's vLLM image"),
+    ({"recipe": "qwen3.5-35b-a3b-fp8-sglang", "api_port": 8003}, "spark-a: service 'embed' (setting `services`): "
+     "recipe 'qwen3.5-35b-a3b-fp8-sglang' or the entry runs it on engine 'sglang', which reads no API key from the "
+     "host's engine.env: a chat service runs on engine = \"vllm\" or engine = \"llamacpp\": choose such a recipe "
+     "or `engine`, or give the model a host of its own"),
     ({"recipe": "qwen3-embedding-0.6b", "extra_engine_args": ["--runner", "generate"]},
      "spark-a: service 'embed': extra_engine_args: `--runner` is set by sparkfleet from the recipe's kind"),
     ({"recipe": "qwen3-embedding-0.6b", "extra_engine_args": ["--no-such-flag"]},
