@@ -461,8 +461,12 @@ def plan_rows(plan) -> list[tuple[str, str]]:
         return []
     memory, gib = plan.memory_plan, 1024**3
     shares = " + ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)"
-                        for name, row in memory["shares"].items())
-    rows = [("memory plan", f"{shares} = {memory['total']:g} of gpu_memory_budget {memory['budget']:g}")]
+                        for name, row in memory["shares"].items() if not row.get("on_demand"))
+    on_demand = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)"
+                          for name, row in memory["shares"].items() if row.get("on_demand"))
+    rows = [("memory plan", f"{shares}{f'; on demand, one at a time beside them: {on_demand}' if on_demand else ''}"
+                            f" = {memory['total']:g}{' at most' * bool(on_demand)} of gpu_memory_budget "
+                            f"{memory['budget']:g}")]
     for svc in plan.services:
         fit = svc.fit(host_memory_bytes(plan.settings.host_memory_gb))
         source = "the hub's manifest" if svc.manifest else f"recipe {svc.recipe.name}, offline"

@@ -15,14 +15,30 @@ def test_no_unit_of_a_dropped_service_is_left(spark):
 
 
 def test_each_service_unit_is_the_plans_and_runs(spark):
+    """An always-on service's unit runs, enabled; an on-demand one's socket listens, enabled, beside its proxy."""
     for svc in spark.plan.services:
         assert spark.host.file(f"/etc/systemd/system/{svc.unit}").content_string == spark.plan.render_service_unit(svc)
+        if svc.on_demand:
+            for unit, text in ((svc.socket, spark.plan.render_on_demand_socket(svc)),
+                               (svc.proxy, spark.plan.render_on_demand_proxy(svc))):
+                assert spark.host.file(f"/etc/systemd/system/{unit}").content_string == text, unit
+            socket = spark.host.service(svc.socket)
+            assert socket.is_enabled and socket.is_running, svc.socket
+            continue
         service = spark.host.service(svc.unit)
         assert service.is_enabled and service.is_running, svc.unit
 
 
+def wake(spark, svc) -> None:
+    """An on-demand service started through its proxy, as its first request would: systemctl returns once it
+    answers (it idles out again after its idle time)."""
+    if svc.on_demand:
+        spark.host.check_output(f"systemctl start {svc.proxy}")
+
+
 def test_each_service_listens_on_its_own_port(spark):
     for svc in spark.plan.services:
+        wake(spark, svc)
         assert spark.host.socket(f"tcp://{spark.s.api_host}:{svc.service.api_port}").is_listening, svc.name
         engine_port = paths.engine_port(svc.service.api_port)
         assert spark.host.socket(f"tcp://{paths.ENGINE_HOST}:{engine_port}").is_listening, svc.name
@@ -41,6 +57,7 @@ def test_each_service_answers_its_request(spark):
     """The health gate's own check on the host: a chat, embeddings through the openai client, or /v1/rerank."""
     runtime = spark.host.check_output(paths.NEWEST_RUNTIME_COMMAND)
     for svc in spark.plan.services:
+        wake(spark, svc)
         out = spark.host.check_output(
             f"PYTHONPATH={runtime} python3 {paths.BIN_DIR}/sparkfleet-health --serving {paths.SERVING_FILE} --port {paths.engine_port(svc.service.api_port)} "
             f"--served-name {shlex.quote(svc.service.served_model_name)} --kind {svc.kind} --timeout 30 "
