@@ -110,8 +110,14 @@ def service_serving(unit: str, served_name: str, kind: str, port: int, timeout_s
                                   timeout_s=timeout_s, runtime=runtime, container=container, kind=kind, unit=unit)
 
 
+def wake_command(api_port: int, wait_s: int) -> StringCommand:
+    """An on-demand model asked through its socket, as its first request would ask it, until it answers: its proxy
+    exits when idle only once a connection has come and gone (a proxy started by hand never would)."""
+    return StringCommand("python3", paths.ON_DEMAND_HELPER, "wait",
+                         f"{paths.ON_DEMAND_HOST}:{paths.engine_port(api_port)}", str(wait_s), paths.SERVING_FILE)
+
+
 @operation(is_idempotent=False)
-def on_demand_started(proxy: str):
-    """An on-demand model started through its proxy, as its first request would start it: systemctl returns once
-    its engine answers (the proxy's own wait), or fails with the engine's unit."""
-    yield StringCommand("systemctl", "start", QuoteString(proxy))
+def on_demand_started(api_port: int, wait_s: int):
+    """An on-demand model started through its socket (its proxy, then its engine), as its first request would."""
+    yield wake_command(api_port, wait_s)

@@ -64,7 +64,8 @@ def health(plan, *, model_result: ModelResult, service_result: ServiceResult):
         if svc.on_demand and service_result.services_started[svc.name].will_change:
             # a changed on-demand model is started through its proxy (as its first request would) and gated; it
             # stops again after its idle time
-            on_demand_started(name=f"Service {svc.name} on demand: started once to prove it serves", proxy=svc.proxy)
+            on_demand_started(name=f"Service {svc.name} on demand: started once through its socket to prove it serves",
+                              api_port=svc.service.api_port, wait_s=s.health_timeout_s)
         elif svc.on_demand and not unit_state(host, svc.unit)["running"]:
             continue  # idle-stopped: its socket listens (the service stage), and asking it would start it
         if service_result.services_started[svc.name].will_change:

@@ -7,6 +7,7 @@ import shlex
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.shared import host_module
+from sparkfleet.host.services import wake_command
 
 
 def test_no_unit_of_a_dropped_service_is_left(spark):
@@ -30,10 +31,10 @@ def test_each_service_unit_is_the_plans_and_runs(spark):
 
 
 def wake(spark, svc) -> None:
-    """An on-demand service started through its proxy, as its first request would: systemctl returns once it
-    answers (it idles out again after its idle time)."""
+    """An on-demand service asked through its socket until it answers, as its first request would start it (it idles
+    out again after its idle time)."""
     if svc.on_demand:
-        spark.host.check_output(f"systemctl start {svc.proxy}")
+        spark.host.check_output(wake_command(svc.service.api_port, spark.s.health_timeout_s).get_raw_value())
 
 
 def test_each_service_listens_on_its_own_port(spark):

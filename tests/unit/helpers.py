@@ -304,3 +304,34 @@ class RecordingDoor(NoAddress):
 
     def ready(self, hosts, log):
         self.calls.append(("ready", list(hosts)))
+
+
+class Replier:
+    """A listening socket answering each connection with the same bytes, from a thread: once `ready()` (at once
+    unless `held`), as a loaded engine or a stats socket would; connections before that wait in its backlog.
+    `served` counts the answers."""
+
+    def __init__(self, sock, reply: bytes, held: bool = False):
+        self.sock, self.reply, self.served = sock, reply, 0
+        self._go = threading.Event()
+        if not held:
+            self._go.set()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def ready(self):
+        self._go.set()
+
+    def _serve(self):
+        self._go.wait()
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+                self.served += 1
+
+    def close(self):
+        self.sock.close()

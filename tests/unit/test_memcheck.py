@@ -18,7 +18,7 @@ from sparkfleet.contract import serving
 from sparkfleet.contract.formats import memory_plan_json
 from sparkfleet.contract.shared import host_module
 from sparkfleet.release.plan import plan_hosts
-from tests.unit.helpers import Recorder, host_data
+from tests.unit.helpers import Recorder, Replier, host_data
 
 MEMCHECK = FILES_DIR / "sparkfleet-memcheck"
 RAG = {"embed": {"recipe": "qwen3-embedding-0.6b"}, "rerank": {"recipe": "qwen3-reranker-0.6b"}}
@@ -161,33 +161,16 @@ ON_DEMAND = {"embed": {"recipe": "qwen3-embedding-0.6b", "gpu_memory_utilization
 EMBED_B = "sparkfleet-vllm-embed-b.service"
 
 
-class GuardStats:
+def guard_stats(path, lastsess: dict[str, int]) -> Replier:
     """The guard's stats socket: `show stat` answered with each listener's seconds since its last request."""
+    import socket
 
-    def __init__(self, path, lastsess: dict[str, int]):
-        import socket
-        import threading
-
-        header = "# pxname,svname,qcur,scur,lastsess,status,"
-        rows = [f"{name},engine,0,0,{seconds},no check," for name, seconds in lastsess.items()]
-        reply = "\n".join([header, *rows, "stats,FRONTEND,,,,OPEN,"]).encode() + b"\n\n"
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(str(path))
-        self.sock.listen()
-
-        def serve():
-            while True:
-                try:
-                    conn, _ = self.sock.accept()
-                except OSError:
-                    return
-                with conn:
-                    conn.recv(100)
-                    conn.sendall(reply)
-        threading.Thread(target=serve, daemon=True).start()
-
-    def close(self):
-        self.sock.close()
+    header = "# pxname,svname,qcur,scur,lastsess,status,"
+    rows = [f"{name},engine,0,0,{seconds},no check," for name, seconds in lastsess.items()]
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.listen()
+    return Replier(sock, "\n".join([header, *rows, "stats,FRONTEND,,,,OPEN,"]).encode() + b"\n\n")
 
 
 @pytest.mark.parametrize("lastsess, stopped", [
@@ -198,7 +181,7 @@ def test_an_on_demand_start_stops_the_least_recently_used_on_demand_engine_and_n
         memcheck, tmp_path, lastsess, stopped):
     """rerank starting on demand beside the chat model (0.5) and two on-demand engines (0.2 each): 1.1 > 0.95, so one
     of those is stopped, the one whose last request is oldest; the chat model is never a candidate."""
-    stats = GuardStats(tmp_path / "stats.sock", lastsess)
+    stats = guard_stats(tmp_path / "stats.sock", lastsess)
     try:
         rc, out, err = memcheck("0.2", CHAT, EMBED, EMBED_B, unit=RERANK, stats=str(tmp_path / "stats.sock"),
                                 gpu_memory_utilization=0.5, services=ON_DEMAND, wait_s=0)

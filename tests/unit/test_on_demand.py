@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +18,7 @@ from sparkfleet.fleet import guard as gd
 from sparkfleet.fleet.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 from tests.tiers import needs
-from tests.unit.helpers import KEY, free_api_port, haproxy_serving, host_data
+from tests.unit.helpers import KEY, Replier, free_api_port, haproxy_serving, host_data
 from tests.unit.test_chat_services import CODER, CODER_NAME
 from tests.unit.test_front_door import plans
 from tests.unit.test_services import fake_resolver, plan, refused
@@ -132,37 +131,13 @@ def test_the_front_door_lists_an_on_demand_model_and_checks_it_without_starting_
 
 # --- Debian's HAProxy on loopback: the hold and its cap ------------------------------------------
 
-class Starting:
-    """An on-demand model's socket while its engine starts: connections are taken into the backlog, none is
-    answered until `ready()`; then each is answered 200, as the loaded engine would."""
-
-    def __init__(self, port: int):
-        self.sock = socket.create_server((paths.ON_DEMAND_HOST, port), backlog=64)
-        self.served = 0
-        self._go = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def ready(self):
-        self._go.set()
-
-    def _serve(self):
-        self._go.wait()
-        self.sock.settimeout(5)
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                body = b'{"ok": true}'
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                self.served += 1
-
-    def close(self):
-        self.sock.close()
+def starting(port: int) -> Replier:
+    """An on-demand model's socket while its engine starts: connections wait in the backlog, none is answered until
+    `ready()`; then each is answered 200, as the loaded engine would."""
+    body = b'{"ok": true}'
+    return Replier(socket.create_server((paths.ON_DEMAND_HOST, port), backlog=64),
+                   b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body), held=True)
 
 
 @needs("haproxy")
@@ -174,14 +149,14 @@ def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_p
         resolve=False)
     guard = gd.guard_plan(host)
     (tmp_path / "key.map").write_text(guard.key_map())
-    starting = Starting(paths.engine_port(api_port))
+    engine = starting(paths.engine_port(api_port))
     moved = {paths.GUARD_DIR: str(tmp_path), f"/run/{paths.GUARD_RUNTIME_NAME}": str(tmp_path)}
     url = f"http://127.0.0.1:{api_port}"
     try:
         with haproxy_serving(guard.config(), tmp_path, moved, url):
             # /health is the guard's own answer: the door's checks never start the model
             assert requests.get(f"{url}/health", timeout=5).json() == {"status": "on demand"}
-            assert starting.served == 0
+            assert engine.served == 0
 
             def ask(_):
                 return requests.post(f"{url}/v1/embeddings", json={"model": "m", "input": "x"},
@@ -193,8 +168,8 @@ def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_p
                 assert over.status_code == 503
                 assert "holds as many requests as it may" in over.json()["error"]["message"]
                 assert not any(f.done() for f in held)  # the others are still held
-                starting.ready()
+                engine.ready()
                 assert [f.result().status_code for f in held] == [200] * 4
-            assert starting.served == 4
+            assert engine.served == 4
     finally:
-        starting.close()
+        engine.close()
