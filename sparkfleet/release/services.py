@@ -336,8 +336,8 @@ def memory_plan(s: Settings, services: dict[str, Service]) -> dict:
 
 def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:
     """The refusal of an oversubscribed host: every share, and the numbers that fit."""
-    shares = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB){' on demand' * bool(row.get('on_demand'))}"
-                       for name, row in plan["shares"].items())
+    shares = ", ".join(f"{name} {row['share']:g} ({row['bytes'] / 1e9:.1f} GB)"
+                       f"{' on demand' * bool(row.get('on_demand'))}" for name, row in plan["shares"].items())
     services = round(plan["total"] - s.gpu_memory_utilization, 6)
     fits = ", ".join(f"{name} needs >= {need:g}" for name, need in needs.items())
     summed = ("the always-on shares and the largest on-demand one sum to"

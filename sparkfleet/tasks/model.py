@@ -23,7 +23,8 @@ from sparkfleet.host.run import ModelResult
 from sparkfleet.contract.shared import MODULE_FILE
 from sparkfleet.release.plan import HostPlan
 
-HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-on-demand", "sparkfleet-share")
+HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-on-demand",
+                "sparkfleet-share")
 
 
 @deploy("Model")

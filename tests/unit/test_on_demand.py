@@ -94,7 +94,8 @@ def test_marking_a_service_on_demand_is_a_new_release_of_it():
 
 @pytest.mark.parametrize("entry, setting, why", [
     ({"on_demand": "sometimes"}, "services['embed']['on_demand']", "boolean"),
-    ({"on_demand": True, "on_demand_idle_s": 5}, "services['embed']['on_demand_idle_s']", "greater than or equal to 10"),
+    ({"on_demand": True, "on_demand_idle_s": 5}, "services['embed']['on_demand_idle_s']",
+     "greater than or equal to 10"),
     ({"on_demand": True, "on_demand_idle_s": "600; rm -rf /"}, "services['embed']['on_demand_idle_s']", "integer"),
 ])
 def test_hostile_on_demand_entries_are_refused_naming_the_key(entry, setting, why):
