@@ -9,12 +9,13 @@ import time
 
 from openai import OpenAI
 
+from sim import fleet
 from tests.e2e.conftest import converge, sparkfleet, ssh, started_at
 from tests.waiting import wait_until
 
 HOST = "spark-1"
 IDLE_S = 20
-LOAD_S = 3  # the vLLM stand-in's configured load time (SIM_LOAD_DELAY_S)
+LOAD_S = 3  # the vLLM stand-in's load time (its knob: the host's knob file wins over SIM_LOAD_DELAY_S)
 
 
 def active(state: dict, *units: str) -> list[str]:
@@ -42,12 +43,12 @@ def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_pat
         several.write_text(
             f"import runpy\n_d = runpy.run_path({base!r})\n"
             f"_own = {{'services': {services!r}, 'gpu_memory_utilization': 0.4, 'watchdog_interval_s': 5}}\n"
-            f"sparks = [(n, {{**d, **_own, 'engine_env': {{**d.get('engine_env', {{}}), 'SIM_LOAD_DELAY_S': "
-            f"'{LOAD_S}'}}}} if n == {HOST!r} else d) for n, d in _d['sparks']]\n"
+            f"sparks = [(n, {{**d, **_own}} if n == {HOST!r} else d) for n, d in _d['sparks']]\n"
             "front_door = _d['front_door']\nmonitoring = _d['monitoring']\n")
         return str(several)
 
     inventory = write(services)
+    fleet.set_engine(HOST, load_delay_s=LOAD_S)
     try:
         first = converge(inventory=inventory)
         assert first.returncode == 0 and not any(first.failed.values()), first.output[-5000:]
@@ -104,16 +105,17 @@ def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_pat
         assert states["long"] == states["short"] == ("idle-stopped", True), states
         assert row["ssh"]["services"]["long"]["last_request_s"] is not None
 
-        again = converge(inventory=inventory)
-        assert again.returncode == 0 and not any(again.changed.values()), again.changed
-        assert active(converged_fleet, "sparkfleet-vllm-short", "sparkfleet-vllm-long") == ["inactive", "inactive"]
-
-        # a new release of one model (its context) touches no other engine
-        changed = converge(inventory=write({**services, "short": {**services["short"], "max_model_len": 2048}}))
+        # a new release of one model (its context) touches no other engine, and a converge after it changes nothing
+        services["short"]["max_model_len"] = 2048
+        changed = converge(inventory=write(services))
         assert changed.returncode == 0 and not any(changed.failed.values()), changed.output[-5000:]
         assert (started_at(converged_fleet, HOST), ssh(converged_fleet, HOST, "docker inspect -f "
                 "'{{.State.StartedAt}}' vllm-llama")) == always
+        assert active(converged_fleet, "sparkfleet-vllm-long") == ["inactive"]  # idle-stopped, left so
+        again = converge(inventory=inventory)
+        assert again.returncode == 0 and not any(again.changed.values()), again.changed
     finally:
+        fleet.set_engine(HOST, load_delay_s=2)  # the stand-in's default
         back = deploy(base)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     assert ssh(converged_fleet, HOST, "ls /etc/systemd/system | grep -c '^sparkfleet-ondemand-' || true") == "0"
