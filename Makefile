@@ -17,9 +17,12 @@ demo: venv
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
-	.venv/bin/pyinfra -y inventory/sim_two_doors.py deploy.py
-	$(PY) -m pytest tests/infra --inventory inventory/sim_two_doors.py --limit front_door -q -p no:cacheprovider
-	$(PY) -m tools.bench_front_door inventory/sim_two_doors.py --chat
+	$(PY) -m sim chat-ui
+	.venv/bin/pyinfra -y inventory/sim_chat_ui.py deploy.py
+	$(PY) -m pytest tests/infra --inventory inventory/sim_chat_ui.py --limit front_door -q -p no:cacheprovider
+	$(PY) -m pytest tests/infra/test_chat_ui.py --inventory inventory/sim_chat_ui.py --limit chat_ui -q -p no:cacheprovider
+	$(PY) -m tools.bench_front_door inventory/sim_chat_ui.py --chat
+	@echo "Colleagues sign in at $$($(PY) -m sim sign-in-url) with their own key (demo's: demo-user-key-0123456789)"
 
 ## Unit tests, then end-to-end tests against the simulated fleets.
 test: venv

@@ -711,7 +711,10 @@ class Plan:
                     raise HTTPError(400, error_body(
                         '"auto" tool choice requires --enable-auto-tool-choice and '
                         "--tool-call-parser to be set"))
-                self.tool = tools[0]
+                # as a model does: a tool is called, then its result is answered in words (an agent's loop ends)
+                messages = body.get("messages") or []
+                answered = isinstance(messages[-1], dict) and messages[-1].get("role") == "tool" if messages else False
+                self.tool = None if answered else tools[0]
             else:
                 if isinstance(tool_choice, dict):
                     wanted = (tool_choice.get("function") or {}).get("name")

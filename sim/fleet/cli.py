@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
     sub.add_parser("start-services", help="start it again")
     sub.add_parser("build", help="build the images only")
+    sub.add_parser("chat-ui", help="build Open WebUI's image from its PyPI release (minutes, ~3 GB; `up` never does) "
+                                   "and push it into the registry; prints its pinned reference")
+    sub.add_parser("sign-in-url", help="where a browser here reaches the chat UI (inventory/sim_chat_ui.py)")
 
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -159,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             fleet.stop_services()
         elif args.cmd == "start-services":
             fleet.start_services()
+        elif args.cmd == "chat-ui":
+            print(fleet.chat_ui_image())
+        elif args.cmd == "sign-in-url":
+            print(fleet.sign_in_url())
         elif args.cmd == "build":
             from . import apt_repo, images
             fleet.bootstrap()
@@ -167,6 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.cmd not in ("status", "set-gpu", "engine", "fabric", "driver"):
+    if args.cmd not in ("status", "set-gpu", "engine", "fabric", "driver", "sign-in-url"):
         print(f"({args.cmd}: {time.monotonic() - t0:.1f}s)", file=sys.stderr)
     return 0

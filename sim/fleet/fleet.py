@@ -322,6 +322,35 @@ def _push_image(registry_port: int, repo: str, tag: str, name: str) -> None:
 
 # --------------------------------------------------------------------------- hosts
 
+def chat_ui_image() -> str:
+    """Open WebUI's sim image (built from its PyPI release when missing: minutes, ~3 GB) pushed into the registry;
+    the reference a host pulls, pinned by its digest. Only what uses a chat UI asks: `up` never builds it."""
+    state = load_state()
+    with _build_lock():
+        images.ensure_chat_ui()
+    port = int(state["registry"]["controller"].rsplit(":", 1)[1])
+    _push_image(port, images.CHAT_UI_REPO, images.CHAT_UI_TAG, images.CHAT_UI_IMAGE)
+    url = f"http://127.0.0.1:{port}/v2/{images.CHAT_UI_REPO}/manifests/{images.CHAT_UI_TAG}"
+    req = urllib.request.Request(url, method="HEAD",
+                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        digest = r.headers["Docker-Content-Digest"]
+    return f"{images.CHAT_UI_IMAGE}@{digest}"
+
+
+def sign_in_url(port: int = 3000) -> str:
+    """Where a browser on this machine reaches the chat UI (over the Docker bridge): the doors' floating address
+    where two doors share it (inventory/sim_chat_ui.py), else door-1's own address."""
+    state = load_state()
+    if len(state.get("service_hosts") or []) > 1 and "lan" in state:
+        return f"http://{state['lan']['floating_address'].split('/')[0]}:{port}/"
+    info = _inspect(state["service_hosts"][0]["container"]) if state.get("service_hosts") else None
+    if not info:
+        raise SimError("the simulated fleet has no door: `python -m sim up --service-hosts 2`")
+    address = next(iter(info["NetworkSettings"]["Networks"].values()))["IPAddress"]
+    return f"http://{address}:{port}/"
+
+
 def _host_config_hash(name: str, image_hash: str, ssh_port: int, api_port: int) -> str:
     return sha256_bytes("host-v2", name, image_hash, str(ssh_port), str(api_port), json.dumps(SYSTEMD_FLAGS),
                         str(fabric_address(name)), json.dumps(FABRIC, sort_keys=True))

@@ -14,6 +14,9 @@ skipped when an image with that name and hash exists.
   SGLANG_IMAGE                   FROM ENGINE_IMAGE (its layer shared: no extra pull): the stand-in in SGLang's mode,
                                  `python3 -m sglang.launch_server` (no entrypoint, as SGLang's images)
   LLAMACPP_IMAGE                 one-layer import of a Debian sid rootfs: the real llama-server (CPU backends)
+  CHAT_UI_IMAGE                  one-layer import: rootfs with python3 + the genuine Open WebUI release from its
+                                 PyPI wheel and every pinned dependency (torch: the CPU build); ~3 GB, built only
+                                 when a test or `python -m sim chat-ui` asks for it, never by `build`/`up`
 
 The services image carries the hub's GGUF repository, generated here on the controller (gguf + numpy).
 """
@@ -54,6 +57,19 @@ LLAMACPP_BUILD = "11669"
 LLAMACPP_REPO, LLAMACPP_TAG = "ggml-org/llama.cpp", f"server-cuda-b{LLAMACPP_BUILD}"
 LLAMACPP_IMAGE = f"{REGISTRY_HOST}/{LLAMACPP_REPO}:{LLAMACPP_TAG}"
 LLAMACPP_ENTRYPOINT = ["/usr/bin/llama-server"]
+# Open WebUI: its official image (ghcr.io/open-webui/open-webui) cannot be pulled here, so the sim builds one from
+# the same release's PyPI wheel, laid out as the official image runs it (WORKDIR /app/backend, data in ./data).
+CHAT_UI_VERSION = "0.12.4"
+CHAT_UI_REPO, CHAT_UI_TAG = "open-webui/open-webui", f"v{CHAT_UI_VERSION}"
+CHAT_UI_IMAGE = f"{REGISTRY_HOST}/{CHAT_UI_REPO}:{CHAT_UI_TAG}"
+# torch: the CPU build (what the official image carries; pip's default on x86_64 is a CUDA build of several GB)
+# async-timeout: redis needs it below Python 3.11.3 (bookworm's 3.11.2), a marker pip judges by the controller's
+CHAT_UI_PIP = ["torch==2.13.0", f"open-webui=={CHAT_UI_VERSION}", "async-timeout==5.0.1"]
+CHAT_UI_CHANGES = ["WORKDIR /app/backend", "ENV DATA_DIR=/app/backend/data", "ENV PYTHONUNBUFFERED=1",
+                   # the wheel's built frontend (the official image's is /app/build, its default)
+                   f"ENV FRONTEND_BUILD_DIR=/{rootfs.SITE_DIR}/open_webui/frontend",
+                   'CMD ["python3", "-m", "uvicorn", "open_webui.main:app", "--host", "0.0.0.0", "--port", "8080"]',
+                   "EXPOSE 8080"]
 # What `up` pushes into the sim registry: (repository, tag, local image name).
 REGISTRY_IMAGES = [(ENGINE_REPO, ENGINE_TAG, ENGINE_IMAGE), (SGLANG_REPO, SGLANG_TAG, SGLANG_IMAGE),
                    (LLAMACPP_REPO, LLAMACPP_TAG, LLAMACPP_IMAGE)]
@@ -297,6 +313,19 @@ def ensure_llamacpp() -> str:
             raise SimError(f"Debian sid's llama-server is build {build}, the sim expects {LLAMACPP_BUILD}: set "
                            f"LLAMACPP_BUILD in sim/fleet/images.py (and add that build's flag table)")
         log(f"built {LLAMACPP_IMAGE} (llama.cpp build {build}) in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_chat_ui() -> str:
+    """The Open WebUI image, from its PyPI release (minutes the first time; the pip tarball is cached)."""
+    key = rootfs.rootfs_key(rootfs.ENGINE_PACKAGES)
+    h = sha256_bytes("chat-ui-v1", key, rootfs.pip_key(CHAT_UI_PIP), json.dumps(CHAT_UI_CHANGES))
+    if image_hash(CHAT_UI_IMAGE) != h:
+        t0 = time.monotonic()
+        tars = [rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES), rootfs.pip_tarball("chat-ui", CHAT_UI_PIP)]
+        _import(CHAT_UI_IMAGE, tars, h, changes=CHAT_UI_CHANGES,
+                extra={"app/backend/data/.sim": (b"the data directory: sparkfleet mounts the host's over it\n", 0o644)})
+        log(f"built {CHAT_UI_IMAGE} in {time.monotonic() - t0:.0f}s")
     return h
 
 

@@ -161,6 +161,21 @@ SERVERS_SAVE = f"{BIN_DIR}/sparkfleet-servers-save"
 USAGE_SAVE_UNIT = "sparkfleet-usage-save.service"
 USAGE_SAVE_TIMER = "sparkfleet-usage-save.timer"
 USAGE_SNAPSHOT_S = 5
+# The chat UI (Open WebUI, on the host of the inventory group chat_ui): its container on loopback, its data on the
+# host (chats, settings: SQLite), the copies of its database kept at each version change, its 0600 settings file
+CHAT_UI_GROUP = "chat_ui"
+CHAT_UI_UNIT_NAME = "sparkfleet-chat-ui.service"
+CHAT_UI_UNIT_PATH = unit_path(CHAT_UI_UNIT_NAME)
+CHAT_UI_CONTAINER = "sparkfleet-chat-ui"
+CHAT_UI_DIR = f"{STATE_DIR}/chat-ui"
+CHAT_UI_DATA = f"{CHAT_UI_DIR}/data"  # the image's /app/backend/data
+CHAT_UI_BACKUPS = f"{CHAT_UI_DIR}/backups"  # webui.db.<image digest>: the database as that version left it
+CHAT_UI_ENV = f"{CONFIG_DIR}/chat-ui.env"  # 0600: its secrets and settings, read by its shell, never `docker inspect`ed
+# the door's secrets HAProxy reads before its config (`setenv`: the chat UI's signing secret), 0600
+FRONT_DOOR_SECRETS = f"{CONFIG_DIR}/front-door/secrets.cfg"
+FRONT_DOOR_CHAT_UI_USERS = f"{CONFIG_DIR}/front-door/chat-ui-users.map"  # "<email> <user>": who a signed token names
+FRONT_DOOR_LOGIN_PAGE = f"{CONFIG_DIR}/front-door/login.html"
+
 GUARD_UNIT_NAME = "sparkfleet-guard.service"
 GUARD_UNIT_PATH = unit_path(GUARD_UNIT_NAME)
 GUARD_DIR = f"{CONFIG_DIR}/guard"

@@ -439,6 +439,10 @@ class Settings(_EngineVersions):
     front_door_vrrp_unicast: bool
     front_door_vrrp_router_id: int | None = Field(ge=1, le=255)
     front_door_peers_port: int = Field(ge=1, le=65535)
+    # The chat UI (Open WebUI) on the host of the group chat_ui, reached only through the front doors
+    chat_ui_image: ImageRef
+    chat_ui_port: int = Field(ge=1, le=65535)
+    chat_ui_host_port: int = Field(ge=1, le=65535)
     rollout_max_regression: float = Field(ge=0, lt=1)
     monitoring_port: int = Field(ge=1, le=65535)
     monitoring_retention: Annotated[Text, _grammar(r"[1-9][0-9]{0,5}(h|d|w|y)", "a retention: a number and h, d, "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sparkfleet.fleet import haproxy
+from sparkfleet.fleet import chat_ui, haproxy
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -42,12 +42,13 @@ class Guard:
     listeners: tuple[Listener, ...]
     api_key: str | None
     tls: bool = False  # TLS only, a client certificate of the fleet CA required (the fleet has a backend hop)
+    chat_ui: dict | None = None  # the chat UI on this host: {"bind", "local", "header"} (fleet/chat_ui.py)
 
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
         stats = paths.GUARD_STATS_SOCKET if any(l.on_demand for l in self.listeners) else None
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners, tls=tls,
-                              stats=stats, on_demand_errors=on_demand_errors,
+                              stats=stats, on_demand_errors=on_demand_errors, chat_ui=self.chat_ui,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
                               key_user=KEY_USER, node_metrics=monitoring.NODE_METRICS_PATH,
                               node_exporter=haproxy.address(paths.ENGINE_HOST, monitoring.NODE_EXPORTER_PORT))
@@ -71,7 +72,15 @@ def on_demand_errors(served_name: str, wait_s: int) -> dict[int, str]:
                             f"status`")}
 
 
-def guard_plan(plan: HostPlan) -> Guard | None:
+def chat_ui_listener(plan: HostPlan) -> dict:
+    """What the guard of the chat UI's host adds: its LAN port, Open WebUI on loopback, the door's header."""
+    s = plan.settings
+    return {"bind": haproxy.address(s.api_host, s.chat_ui_host_port),
+            "local": haproxy.address(paths.ENGINE_HOST, paths.engine_port(s.chat_ui_host_port)),
+            "header": chat_ui.DOOR_HEADER}
+
+
+def guard_plan(plan: HostPlan, runs_chat_ui: bool = False) -> Guard | None:
     """The guard of one host: the chat engine (a single host or a group's head; a worker runs no engine API)
     and each RAG service. None when the host runs no engine at all. Its first listener, the API port, also
     answers the node exporter's metrics (503 until the node_metrics stage runs one): the same guard with or
@@ -96,4 +105,5 @@ def guard_plan(plan: HostPlan) -> Guard | None:
             for n, (name, kind, port, svc) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
-    return Guard(plan.name, listeners, s.api_key, plan.backend_tls)
+    return Guard(plan.name, listeners, s.api_key, plan.backend_tls,
+                 chat_ui_listener(plan) if runs_chat_ui and s.api_key else None)

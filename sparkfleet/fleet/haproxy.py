@@ -72,19 +72,22 @@ def config(template: str, limits: Limits, **values) -> str:
 
 
 def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_dir: str | None = None,
-         save_state: str | None = None, replay: str | None = None, save_usage: str | None = None) -> str:
+         save_state: str | None = None, replay: str | None = None, save_usage: str | None = None,
+         secrets: str | None = None) -> str:
     """The systemd unit of one HAProxy (front door or guard): checked config, reload without drops, sandboxed.
 
     `save_state` (run before each reload) and `replay` (run once it serves after a start) are shell lines for
     `sh -c '...'`: no single quote, and no `$`, `%` or backslash, which systemd would expand itself; `save_usage`
-    (before each reload and at a stop) is a command line of the same characters.
+    (before each reload and at a stop) is a command line of the same characters. `secrets`: a 0600 config file
+    read before the config (its `setenv` lines), at every check, start and reload.
     """
     for line in (save_state, replay, save_usage):
         if line and set(line) & set("'$%\\"):
             raise ValueError(f"unit command {line!r} holds a character systemd or sh -c '...' would change")
     return render._templates.get_template(UNIT_TEMPLATE).render(
         description=description, config=config, runtime_dir=runtime_dir, state_dir=state_dir,
-        save_state=save_state, replay=replay, save_usage=save_usage, memory_max=limits.memory_max)
+        save_state=save_state, replay=replay, save_usage=save_usage, memory_max=limits.memory_max,
+        secrets=f"-f {secrets} " if secrets else "")
 
 
 def fleet_tls() -> str:

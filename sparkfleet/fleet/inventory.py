@@ -174,6 +174,32 @@ def plans(state) -> dict[str, HostPlan]:
     return run.once("plans", "inventory", plan_inventory)
 
 
+def chat_ui_of(state) -> tuple:
+    """The inventory's chat UI (fleet/chat_ui.py, None without a group chat_ui) and its image pinned from the
+    project's lock (asked of the registry, and added, only the first time), once per run."""
+    from sparkfleet.contract.paths import CHAT_UI_GROUP
+    from sparkfleet.fleet.chat_ui import chat_ui_plan
+
+    run = run_of(state)
+
+    def resolve():
+        names = [h.name for h in state.inventory.get_group(CHAT_UI_GROUP, [])]
+        ui = chat_ui_plan(names, plans(state))
+        if ui is None:
+            return None, None
+        s = ui.settings.model_copy(update={"engine_image": ui.settings.chat_ui_image, "engine_image_archive": None})
+        with locked(hub_resolver, image_resolver) as locking:
+            pin, error = locking.image(s)
+        if pin is None:
+            raise SettingsError([f"{ui.host}: setting `chat_ui_image`: {error}"])
+        return ui, pin
+
+    try:
+        return run.once("chat_ui", "inventory", resolve)
+    except SettingsError as exc:
+        raise DeployRefused(f"invalid chat UI settings; no host was changed:\n{exc}") from None
+
+
 def plan_for(state, host) -> HostPlan:
     """This host's plan, from the run's one validation of the whole inventory (`plans`)."""
     try:

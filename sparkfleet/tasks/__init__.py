@@ -18,9 +18,10 @@ from pyinfra import host, state
 from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.fleet.inventory import plan_for, plans
+from sparkfleet.fleet.inventory import chat_ui_of, plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.chat_ui import chat_ui, no_chat_ui
 from sparkfleet.tasks.container_toolkit import container_toolkit
 from sparkfleet.tasks.front_door import front_door, no_front_door
 from sparkfleet.tasks.guard import guard
@@ -69,6 +70,12 @@ def spark(plan: HostPlan) -> None:
         no_front_door()
     if MONITORING in host.groups:
         monitoring(plan, plans(state), monitored)
+    ui, pin = chat_ui_of(state)
+    if ui is not None and ui.host == plan.name:
+        doors = [p for name, p in plans(state).items() if FRONT_DOOR in state.inventory.get_host(name).groups]
+        chat_ui(plan, doors, ui, pin)
+    else:
+        no_chat_ui()
 
 
 def monitored_groups(state) -> dict[str, set[str]]:

@@ -18,7 +18,7 @@ from sparkfleet.fleet.front_door.address import door_set, interface_for, keepali
 from sparkfleet.fleet.front_door.holds import controller_name, stale_holds
 from sparkfleet.fleet.front_door.plan import front_door_plan, usage_save_units
 from sparkfleet.fleet.front_door.runtime import put_back_command
-from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.fleet.inventory import DeployRefused, chat_ui_of
 from sparkfleet.host.facts import Ipv4Networks, JsonFile
 from sparkfleet.host.state import fact
 from sparkfleet.host.managed import managed_absent, managed_directory, managed_file, managed_packages, managed_unit
@@ -34,7 +34,8 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     try:
         names = [h.name for h in host.state.inventory.get_group(monitoring.FRONT_DOOR_GROUP, [])]
         doors = door_set(names, plans)
-        door = front_door_plan(plan.name, plans, monitoring.GROUP in host.groups, doors)
+        ui, _ = chat_ui_of(host.state)
+        door = front_door_plan(plan.name, plans, monitoring.GROUP in host.groups, doors, ui)
         address = doors.address if doors else None
         # the interface whose network holds the floating address, asked of the host before any change
         interface = interface_for(plan.name, str(address), fact(host, Ipv4Networks)) if address else None
@@ -60,6 +61,18 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
     # the server-state file's writer (the unit's reload and `sparkfleet drain` run it)
     managed_file(name="Helper sparkfleet-servers-save", src=str(FILES_DIR / "sparkfleet-servers-save"),
                  dest=paths.SERVERS_SAVE, mode="0755")
+    if door.chat_ui:  # who a token the chat UI signed may name, its signing secret, the sign-in page
+        changes += [
+            secret_file(name="Front door chat UI's accounts (root-only)", dest=paths.FRONT_DOOR_CHAT_UI_USERS,
+                        content=door.chat_ui_users_map()),
+            secret_file(name="Front door secrets (root-only)", dest=paths.FRONT_DOOR_SECRETS,
+                        content=door.secrets_config()),
+            managed_file(name="Front door sign-in page", src=str(FILES_DIR / "chat-ui-login.html"),
+                         dest=paths.FRONT_DOOR_LOGIN_PAGE, mode="0644"),
+        ]
+    else:
+        for path in CHAT_UI_FILES:
+            managed_absent(name=f"{path} removed (no chat UI)", path=path)
     if door.status_page:  # the status page's viewers (digests of their passwords)
         changes.append(secret_file(name="Front door status page viewers (root-only)",
                                    dest=monitoring.FRONT_DOOR_VIEWERS_MAP, content=door.viewers_map()))
@@ -118,7 +131,8 @@ def _door_address(doors, name: str, interface: str, front_door_port: int, tls: b
 # what a door leaves on its host, which a host outside the group front_door does not keep (its state directory,
 # which holds no secret, aside)
 DOOR_UNITS = (paths.DOOR_ADDRESS_UNIT_NAME, paths.USAGE_SAVE_TIMER, paths.USAGE_SAVE_UNIT, paths.FRONT_DOOR_UNIT_NAME)
-DOOR_FILES = (paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP, paths.FRONT_DOOR_LIMITS_MAP,
+CHAT_UI_FILES = (paths.FRONT_DOOR_CHAT_UI_USERS, paths.FRONT_DOOR_SECRETS, paths.FRONT_DOOR_LOGIN_PAGE)
+DOOR_FILES = (*CHAT_UI_FILES, paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP, paths.FRONT_DOOR_LIMITS_MAP,
               paths.FRONT_DOOR_TLS_PEM, monitoring.FRONT_DOOR_VIEWERS_MAP, paths.FRONT_DOOR_CONFIG,
               paths.FRONT_DOOR_USAGE_LUA, paths.DOOR_ADDRESS_CONFIG)
 

@@ -7,6 +7,7 @@ node_metrics stage runs one), with or without a monitoring host: adding one chan
 changed unit is a restart. A host that runs no engine (a tensor-parallel worker) has its guard off.
 """
 
+from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkfleet.contract import paths
@@ -22,7 +23,7 @@ from sparkfleet.contract.settings import SettingsError
 @deploy("Guard")
 def guard(plan: HostPlan):
     try:
-        wanted = guard_plan(plan)
+        wanted = guard_plan(plan, runs_chat_ui=paths.CHAT_UI_GROUP in host.groups)
     except SettingsError as exc:
         raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
     managed_packages(name="HAProxy installed", packages=["haproxy"])

@@ -145,3 +145,16 @@ def container_sees_the_gpu(spark: Spark, container: str) -> None:
     """The GPU inside a running container, not just on the host (a daemon-reload or a stale CDI spec loses it)."""
     listed = spark.host.run(f"docker exec {shlex.quote(container)} nvidia-smi -L")
     assert listed.rc == 0 and listed.stdout.startswith("GPU 0: "), (container, listed.stdout, listed.stderr)
+
+
+def chat_ui_of(config):
+    """The inventory's chat UI (fleet/chat_ui.py), or None without a group chat_ui."""
+    from sparkfleet.contract.paths import CHAT_UI_GROUP
+    from sparkfleet.fleet.chat_ui import chat_ui_plan
+
+    _plans(config)
+    try:
+        names = [name for name, _ in load_hosts(config.getoption("--inventory"), CHAT_UI_GROUP)]
+    except KeyError:
+        names = []
+    return chat_ui_plan(names, config._sparkfleet_all_plans)

@@ -11,6 +11,8 @@ from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
 from sparkfleet.fleet.front_door.address import door_set
 from sparkfleet.fleet.inventory import load_hosts
 
+from .conftest import chat_ui_of
+
 
 @pytest.fixture
 def door(node, request):
@@ -22,7 +24,8 @@ def door(node, request):
     if node.plan.name not in doors:
         pytest.skip(f"{node.plan.name} is not in the group {FRONT_DOOR_GROUP}")
     plans = request.config._sparkfleet_all_plans
-    return fd_plan.front_door_plan(node.plan.name, plans, doors=door_set(doors, plans))  # the doors as one set
+    return fd_plan.front_door_plan(node.plan.name, plans, doors=door_set(doors, plans),  # the doors as one set
+                                   ui=chat_ui_of(request.config))
 
 
 def test_config_and_unit_on_disk_are_the_plans(node, door):

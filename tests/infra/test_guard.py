@@ -7,10 +7,13 @@ import pytest
 from sparkfleet.contract import paths
 from sparkfleet.fleet import guard as gd
 
+from .conftest import chat_ui_of
+
 
 @pytest.fixture
-def guard(spark):
-    planned = gd.guard_plan(spark.plan)
+def guard(spark, request):
+    ui = chat_ui_of(request.config)
+    planned = gd.guard_plan(spark.plan, runs_chat_ui=ui is not None and ui.host == spark.plan.name)
     if planned is None:
         pytest.skip(f"{spark.plan.name} runs no engine: no guard")
     return planned

@@ -107,6 +107,18 @@ def test_tool_call_with_auto_tool_choice(server):
     assert json.loads(call.function.arguments) == {"city": "sim"}
 
 
+def test_after_a_tool_result_auto_answers_in_words(server):
+    """As a model does: an agent's loop (Open WebUI's built-in tools) ends once the tool answered."""
+    first = server.client().chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "weather in Paris?"}], tools=TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+    messages = [{"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    r = server.client().chat.completions.create(model=NAME, messages=messages, tools=TOOLS, max_tokens=4)
+    assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls  # words, up to max_tokens
+
+
 def test_tool_call_without_auto_tool_choice_is_400(plain_server):
     with pytest.raises(openai.BadRequestError) as e:
         plain_server.client().chat.completions.create(

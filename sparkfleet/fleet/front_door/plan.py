@@ -22,7 +22,8 @@ from pathlib import Path
 from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import haproxy
+from sparkfleet.fleet import chat_ui, haproxy
+from sparkfleet.fleet.chat_ui import ChatUi
 from sparkfleet.fleet.front_door.address import DoorSet, door_set
 from sparkfleet.fleet.front_door.runtime import BACKEND, CHAT_ROUTE, replay_command, save_state_command
 from sparkfleet.release.plan import HostPlan
@@ -97,6 +98,7 @@ class FrontDoor:
     left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
     doors: DoorSet | None = None  # the inventory's doors where they share a table or an address (address.py)
     backend_tls: bool = False  # the guards serve TLS: each server line presents this host's certificate
+    chat_ui: ChatUi | None = None  # the inventory's chat UI, which this door lets people into (fleet/chat_ui.py)
 
     @property
     def peers(self) -> dict | None:
@@ -138,7 +140,29 @@ class FrontDoor:
             chat_check=serving.http_check("chat", self.settings.served_model_name),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
             metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers,
-            server_tls=server_tls(self.settings, self.backend_tls))
+            server_tls=server_tls(self.settings, self.backend_tls), chat_ui=self.chat_ui_config())
+
+    def chat_ui_config(self) -> dict | None:
+        """What the config's chat UI blocks name (its frontend, the API's token check), else None."""
+        ui = self.chat_ui
+        if ui is None:
+            return None
+        return {"host": ui.host, "port": self.settings.chat_ui_port, "target": ui.target,
+                "verifyhost": f" verifyhost {ui.host}" if ui.tls else "", "ui_user": chat_ui.UI_USER,
+                "jwt_header": chat_ui.JWT_HEADER, "jwt_key": f'"${{{chat_ui.JWT_ENV}}}"',
+                "users_map": paths.FRONT_DOOR_CHAT_UI_USERS, "email_header": chat_ui.EMAIL_HEADER,
+                "name_header": chat_ui.NAME_HEADER, "role_header": chat_ui.ROLE_HEADER,
+                "door_header": chat_ui.DOOR_HEADER, "domain": chat_ui.EMAIL_DOMAIN, "cookie": chat_ui.COOKIE,
+                "login": chat_ui.LOGIN_PATH, "logout": chat_ui.LOGOUT_PATH, "page": paths.FRONT_DOOR_LOGIN_PAGE,
+                "health": chat_ui.HEALTH}
+
+    def chat_ui_users_map(self) -> str:
+        """Who a token Open WebUI signed may name: the door's users, by their accounts' addresses."""
+        return chat_ui.users_map(list(self.settings.front_door_users))
+
+    def secrets_config(self) -> str | None:
+        """The 0600 file HAProxy reads before the config (the chat UI's signing secret), else None."""
+        return chat_ui.door_secrets(self.api_key) if self.chat_ui else None
 
     def usage(self) -> dict:
         """What the config's usage and fair-share blocks name: the Lua file, the stick table, the metrics path,
@@ -165,7 +189,9 @@ class FrontDoor:
                        for name, password in sorted(self.settings.front_door_viewers.items()))
 
     def users_map(self) -> str:
-        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_keys.items()))
+        """"<key> <user>" lines; with a chat UI, its own key too (under a name no user can have)."""
+        ui = f"{chat_ui.ui_key(self.api_key)} {chat_ui.UI_USER}\n" if self.chat_ui else ""
+        return "".join(f"{key} {name}\n" for name, key in sorted(self.settings.front_door_keys.items())) + ui
 
     def limits_map(self) -> str:
         """Each user's limits, "<name> <requests a minute>:<at once>" (0: none), as the fair-share block reads
@@ -194,7 +220,8 @@ class FrontDoor:
     def unit(self) -> str:
         return haproxy.unit(f"front door of {self.settings.served_model_name}", paths.FRONT_DOOR_CONFIG,
                             paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
-                            save_state=save_state_command(), replay=replay_command(), save_usage=usage_save_command())
+                            save_state=save_state_command(), replay=replay_command(), save_usage=usage_save_command(),
+                            secrets=paths.FRONT_DOOR_SECRETS if self.chat_ui else None)
 
 
 def usage_save_command() -> str:
@@ -226,7 +253,7 @@ def viewer_digest(password: str) -> str:
 
 
 def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool = False,
-                    doors: DoorSet | None = None) -> FrontDoor:
+                    doors: DoorSet | None = None, ui: ChatUi | None = None) -> FrontDoor:
     """The front door on `host`: the backends are every host serving the same served_model_name; of a
     tensor-parallel group only its head (the one API the group serves; a worker runs no engine API). Where `host`
     is also a monitoring host and has viewers, the door offers the status page.
@@ -308,12 +335,17 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
     problems += [f"{host}: {r.served_name!r} is this front door's own model and a service's "
                  f"({', '.join(b.name for b in r.backends)}): give the service its own served_model_name"
                  for r in routes if r.served_name == s.served_model_name]
+    if ui:
+        problems += chat_ui.door_problems(host, s, ui)
+        if ui.settings.api_key not in keys:
+            problems.append(f"{host}: the chat UI's host {ui.host} has another `api_key` than this door's engines: "
+                            "set one api_key for them all")
     if problems:
         raise SettingsError(problems)
     tls = plans[host].backend_tls
     return FrontDoor(host, s, tuple(Backend(p.name, p.lan_address, p.settings.api_port, tls) for p in backends),
                      keys.pop(), routes, s.monitoring_port if monitoring_host and viewers else None,
-                     chat_routes, left_out, doors, tls)
+                     chat_routes, left_out, doors, tls, ui)
 
 
 def planned_front_doors(names: list[str], plans: dict[str, HostPlan],

@@ -1,0 +1,246 @@
+"""Colleagues chat in a browser (issue 39), on the simulated fleet: the genuine Open WebUI release (built from its
+PyPI wheel into the sim's registry: `python -m sim chat-ui`) on spark-1, behind door-1's port 3000, driven by
+Debian's headless Chromium through Selenium. Its users are an office's: a 0600 secrets file that `sparkfleet users`
+edits. The module leaves the fleet as inventory/sim_front_door.py has it (no chat UI running; its data kept).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+
+import pytest
+import requests
+
+from sparkfleet.contract import paths
+from sparkfleet.fleet import chat_ui
+from sparkfleet.fleet.users import read_secrets, write_secrets
+from tests.waiting import wait_until
+
+from .conftest import ROOT, container, converge, ssh, sparkfleet
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chromium]
+
+UI_HOST, DOOR = "spark-1", "door-1"
+IMAGE = "sparkfleet-registry:5000/open-webui/open-webui:v0.12.4"  # `python -m sim chat-ui` pushes it
+SIGN_IN_S = 90  # a first page load: Open WebUI's frontend bundle and its first account, on a shared 2-core box
+
+
+def write_inventory(directory, secrets) -> str:
+    """inventory/sim_front_door.py (the session's fleet: one door) with the chat UI on spark-1 and its users read
+    from `secrets`, as `sparkfleet init` writes an office's (inventory/sim_chat_ui.py is the demo's: two doors)."""
+    path = directory / "chat_office.py"
+    path.write_text(
+        "import runpy\nfrom sparkfleet.fleet.users import read_secrets\n"
+        f"SPARKFLEET_SECRETS = {str(secrets)!r}\n"
+        f"_one = runpy.run_path({str(ROOT / 'inventory/sim_front_door.py')!r})\n"
+        "_ui = {'front_door_users': read_secrets(SPARKFLEET_SECRETS)['users'],\n"
+        f"       'chat_ui_image': {IMAGE!r}}}\n"
+        "sparks = [(n, {**d, **_ui}) for n, d in _one['sparks']]\n"
+        "front_door = [(n, {**d, **_ui}) for n, d in _one['front_door']]\n"
+        f"monitoring = _one['monitoring']\nchat_ui = [{UI_HOST!r}]\n")
+    return str(path)
+
+
+def door_address() -> str:
+    """door-1's address on the sim's network, which this machine reaches over the Docker bridge."""
+    out = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                          container(DOOR)], capture_output=True, text=True, check=True).stdout.split()
+    return out[0]
+
+
+@pytest.fixture(scope="module")
+def office(sim_fleet, first_converge, tmp_path_factory):
+    """The fleet converged with the chat UI; (state, inventory, secrets file, the sign-in URL)."""
+    from sim import fleet
+
+    fleet.chat_ui_image()  # built (minutes, the first time) and pushed; a later call finds both done
+    tmp = tmp_path_factory.mktemp("chat_ui")
+    secrets = tmp / "keys" / "office.json"
+    secrets.parent.mkdir(mode=0o700)
+    write_secrets(secrets, {"api_key": "sim-key", "users": {}})
+    inventory = write_inventory(tmp, secrets)
+    for name in ("alice", "bob"):
+        assert sparkfleet("users", "add", inventory, name).returncode == 0
+    assert sparkfleet("users", "limit", inventory, "alice", "--requests-per-minute", "3").returncode == 0
+    done = converge(inventory=inventory)
+    assert done.returncode == 0, done.output[-4000:]
+    url = f"http://{door_address()}:{3000}"
+    wait_until(lambda: requests.get(f"{url}{chat_ui.LOGIN_PATH}", timeout=5).status_code == 200, 60,
+               "door-1 serves the sign-in page", ignore=(requests.RequestException,))
+    yield fleet.load_state(), inventory, secrets, url
+    try:  # the next module's fixtures converge what they need themselves: a failure here is reported, not raised
+        back = converge(inventory=str(ROOT / "inventory/sim_front_door.py"))
+        if back.returncode:
+            print(f"chat UI's teardown: the converge without it failed:\n{back.output[-3000:]}")
+    except AssertionError as exc:
+        print(f"chat UI's teardown: {exc}"[:3000])
+
+
+def key_of(secrets, name: str) -> str:
+    value = read_secrets(secrets)["users"][name]
+    return value if isinstance(value, str) else value["key"]
+
+
+class Browser:
+    """Debian's Chromium, headless, driven by Selenium: one person's browser."""
+
+    def __init__(self, url: str):
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = "/usr/bin/chromium"
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--window-size=1400,900"):
+            options.add_argument(flag)
+        self.url = url
+        self.driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+    def sign_in(self, key: str) -> bool:
+        """The door's page, the key typed and sent; True once Open WebUI's chat box is there, False when the page
+        stays (the door refused the key)."""
+        from selenium.webdriver.common.by import By
+
+        self.driver.get(self.url + "/")
+        assert self.driver.current_url.endswith(chat_ui.LOGIN_PATH), self.driver.current_url
+        self.driver.find_element(By.ID, "key").send_keys(key)
+        self.driver.find_element(By.ID, "sign-in").click()
+        deadline = time.monotonic() + SIGN_IN_S
+        while time.monotonic() < deadline:
+            if self.driver.current_url.endswith(chat_ui.LOGIN_PATH) and self.driver.find_elements(By.ID, "key"):
+                return False
+            if self.driver.find_elements(By.ID, "chat-input"):
+                return True
+            time.sleep(0.5)
+        raise AssertionError(f"neither the chat nor the sign-in page after {SIGN_IN_S}s: {self.driver.current_url}")
+
+    def models(self) -> str:
+        return self.driver.page_source
+
+    def ask(self, text: str, timeout: float = 60) -> str:
+        """A message typed and sent; the answer's text once it stops growing (streamed)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.common.keys import Keys
+
+        before = len(self.driver.find_elements(By.CSS_SELECTOR, ".chat-assistant"))
+        box = self.driver.find_element(By.ID, "chat-input")
+        box.send_keys(text)
+        box.send_keys(Keys.ENTER)
+        deadline, last, steady = time.monotonic() + timeout, None, 0
+        while time.monotonic() < deadline:
+            answers = self.driver.find_elements(By.CSS_SELECTOR, ".chat-assistant")
+            now = answers[-1].text if len(answers) > before else None
+            steady = steady + 1 if now and now == last else 0
+            if steady >= 4:
+                return now
+            last = now
+            time.sleep(0.5)
+        raise AssertionError(f"no settled answer to {text!r} within {timeout}s (last: {last!r})")
+
+    def new_chat(self) -> None:
+        self.driver.get(self.url + "/")
+
+    def close(self) -> None:
+        self.driver.quit()
+
+
+def usage(inventory: str) -> dict[str, int]:
+    proc = sparkfleet("usage", inventory, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {name: row["requests"] for name, row in json.loads(proc.stdout)["users"].items()}
+
+
+def test_alice_chats_in_a_browser_as_herself_counted_and_limited_while_bob_keeps_chatting(office):
+    state, inventory, secrets, url = office
+    before = usage(inventory)
+    alice, bob = Browser(url), Browser(url)
+    try:
+        assert alice.sign_in(key_of(secrets, "alice"))
+        assert "Qwen3.5-35B-A3B" in alice.models()  # the fleet's model in the picker, by its served name
+        answer = alice.ask("Say hello to the office")
+        assert answer and "error" not in answer.lower() and "too many" not in answer, answer
+        alice.driver.save_screenshot(str(ROOT / "docs" / "chat-ui.png"))
+        wait_until(lambda: usage(inventory).get("alice", 0) > before.get("alice", 0), 30,
+                   "alice's request in `sparkfleet usage`", explain=lambda: repr(usage(inventory)))
+        # 3 a minute: past them, the door's message in her chat; bob is not held back by it
+        refused = [alice.ask(f"question {n}") for n in range(3)]
+        assert any("too many requests a minute" in a for a in refused), refused
+        assert bob.sign_in(key_of(secrets, "bob"))
+        answer = bob.ask("And hello from bob")
+        assert answer and "too many" not in answer and "error" not in answer.lower(), answer
+    finally:
+        alice.close()
+        bob.close()
+
+
+def bobs_chats(url: str, key: str) -> list[str]:
+    """Bob's chats' messages, through the door with his key (the door's cookie) and Open WebUI's own session."""
+    with requests.Session() as s:
+        s.cookies.set(chat_ui.COOKIE, key)
+        token = s.post(f"{url}/api/v1/auths/signin", json={"email": "", "password": ""}, timeout=30).json()["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        listed = s.get(f"{url}/api/v1/chats/", headers=headers, timeout=30).json()
+        return [json.dumps(s.get(f"{url}/api/v1/chats/{c['id']}", headers=headers, timeout=30).json())
+                for c in listed]
+
+
+def test_a_removed_user_cannot_sign_in_and_bobs_chats_survive_a_restart_and_a_converge(office):
+    state, inventory, secrets, url = office
+    marker = f"remember {uuid.uuid4().hex[:8]}"
+    bob = Browser(url)
+    try:
+        assert bob.sign_in(key_of(secrets, "bob"))
+        bob.ask(marker)
+    finally:
+        bob.close()
+    alice_key = key_of(secrets, "alice")
+    assert sparkfleet("users", "remove", inventory, "alice").returncode == 0
+    try:
+        done = converge("--limit", DOOR, inventory=inventory)
+        assert done.returncode == 0, done.output[-4000:]
+        alice = Browser(url)
+        try:
+            assert not alice.sign_in(alice_key)
+        finally:
+            alice.close()
+        # bob's chat after the UI's host restarts (a reboot: the unit starts at boot) and a converge
+        from sim import fleet
+
+        fleet.reboot(UI_HOST)
+        wait_until(lambda: ssh(state, UI_HOST, f"systemctl is-active {paths.CHAT_UI_UNIT_NAME}",
+                               check=False).strip() == "active", 300, "the chat UI is back after the reboot")
+        wait_until(lambda: requests.get(f"{url}{chat_ui.LOGIN_PATH}", timeout=5).ok, 60, "the door")
+        wait_until(lambda: any(marker in c for c in bobs_chats(url, key_of(secrets, "bob"))), 300,
+                   "bob's chat after the reboot", ignore=(requests.RequestException, ValueError, KeyError, TypeError))
+        again = converge(inventory=inventory)
+        assert again.returncode == 0, again.output[-4000:]
+        assert any(marker in c for c in bobs_chats(url, key_of(secrets, "bob")))
+    finally:  # alice back for the other tests (a new key: `users add`)
+        sparkfleet("users", "add", inventory, "alice")
+        sparkfleet("users", "limit", inventory, "alice", "--requests-per-minute", "3")
+        converge("--limit", DOOR, inventory=inventory)
+
+
+def test_the_ui_is_reached_only_through_the_door_and_a_forged_identity_is_refused(office):
+    state, inventory, secrets, url = office
+    from sparkfleet.contract.paths import engine_port  # where Open WebUI listens on its host's loopback
+
+    # from another simulated host: Open WebUI's own port is loopback-only, its guard wants a door's key
+    direct = ssh(state, "spark-2", f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 "
+                                   f"http://{container(UI_HOST)}:{engine_port(8095)}/api/version", check=False)
+    assert direct.strip() in ("000", ""), direct  # nothing listens there beyond loopback
+    guarded = ssh(state, "spark-2", "curl -s -o /dev/null -w '%{http_code}' --max-time 5 "
+                                    f"-H '{chat_ui.EMAIL_HEADER}: bob@{chat_ui.EMAIL_DOMAIN}' "
+                                    f"http://{container(UI_HOST)}:8095/api/v1/chats/", check=False)
+    assert guarded.strip() == "401", guarded
+    # the door's API with a forged identity token and no valid signature
+    forged = requests.post(
+        f"http://{door_address()}:8080/v1/chat/completions", timeout=30,
+        headers={"Authorization": f"Bearer {chat_ui.ui_key('sim-key')}",
+                 chat_ui.JWT_HEADER: "eyJhbGciOiJIUzI1NiJ9.eyJlbWFpbCI6ImJvYkBzcGFya2ZsZWV0LmludmFsaWQifQ.AAAA"},
+        json={"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert forged.status_code == 401, forged.text

@@ -1,0 +1,286 @@
+"""The chat UI (fleet/chat_ui.py): its plan refuses what cannot work, its files hold their secrets only where they
+must, and the real HAProxy, on the generated configs, lets a person in by their own key only, counts and limits
+Open WebUI's requests as the person its signed token names, and refuses a forged, expired or unsigned one."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import base64
+import hashlib
+import hmac
+import json
+
+import pytest
+import requests
+
+from sparkfleet.contract import paths
+from sparkfleet.contract.settings import SettingsError
+from sparkfleet.fleet import chat_ui, guard
+from sparkfleet.fleet.front_door import plan as fd_plan
+
+from tests.tiers import needs
+from .helpers import KEY, ROOT, Recorder, Server, door_files, make_model, wait_for
+from .test_front_door import NAME, plans
+
+ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
+
+
+def ui_plans(**over):
+    users = {"alice": {"key": ALICE, "requests_per_minute": 2}, "bob": BOB}
+    return plans(**{"spark-a": {"front_door_users": users, **over}, "spark-b": {"front_door_users": users, **over}})
+
+
+# --- the plan: refused before any host is touched -------------------------------------------------------------
+
+def test_one_spark_runs_it_and_its_door_port_and_host_port_are_checked():
+    ps = ui_plans()
+    ui = chat_ui.chat_ui_plan(["spark-b"], ps)
+    assert (ui.host, ui.address, ui.local_port) == ("spark-b", "10.0.0.2", paths.engine_port(8095))
+    assert chat_ui.chat_ui_plan([], ps) is None
+    with pytest.raises(SettingsError, match="one host runs the chat UI"):
+        chat_ui.chat_ui_plan(["spark-a", "spark-b"], ps)
+    with pytest.raises(SettingsError, match="`chat_ui_host_port` = 8000 collides with api_port"):
+        chat_ui.chat_ui_plan(["spark-b"], ui_plans(chat_ui_host_port=8000))
+    with pytest.raises(SettingsError, match="`chat_ui_port` = 8080 is `front_door_port` too"):
+        fd_plan.front_door_plan("spark-a", ui_plans(chat_ui_port=8080), ui=ui)
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("chat_ui_image", "ghcr.io/open-webui/open-webui:v1; rm -rf /"),
+    ("chat_ui_image", "--privileged"),
+    ("chat_ui_image", "x\nExecStartPre=/bin/sh"),
+    ("chat_ui_port", 0), ("chat_ui_port", 70000), ("chat_ui_port", "3000; x"),
+    ("chat_ui_host_port", -1), ("chat_ui_host_port", "8095 -p 1"), ("chat_ui_host_port", 80.5),
+])
+def test_hostile_chat_ui_settings_are_refused_naming_the_setting(setting, value):
+    with pytest.raises(SettingsError, match=setting):
+        plans(**{"spark-a": {setting: value}})
+
+
+def test_two_users_one_account_apart_only_by_case_are_refused():
+    users = {"alice": ALICE, "Alice": BOB}
+    with pytest.raises(SettingsError, match="differ only in case"):
+        chat_ui.chat_ui_plan(["spark-a"], plans(**{"spark-a": {"front_door_users": users}}))
+
+
+def test_secrets_are_only_in_the_0600_files_never_in_a_config_or_unit():
+    ps = ui_plans()
+    ui = chat_ui.chat_ui_plan(["spark-b"], ps)
+    door = fd_plan.front_door_plan("spark-a", ps, ui=ui)
+    secrets = {chat_ui.ui_key(KEY), chat_ui.jwt_secret(KEY), chat_ui.derived(KEY, "session"), KEY, ALICE, BOB}
+    public = [door.config(), door.unit(), chat_ui.unit(ui, "r/x@sha256:" + "a" * 64),
+              guard.guard_plan(ps["spark-b"], runs_chat_ui=True).config()]
+    assert not [s for s in secrets for text in public if s in text]
+    env = chat_ui.env_file(ui, chat_ui.api_url([ps["spark-a"]]), NAME)
+    assert chat_ui.jwt_secret(KEY) in env and chat_ui.ui_key(KEY) in env and KEY not in env.split("\n")
+    assert chat_ui.jwt_secret(KEY) in door.secrets_config()
+    assert f"{chat_ui.ui_key(KEY)} {chat_ui.UI_USER}\n" in door.users_map()
+    # a new api_key renews every derived secret
+    assert chat_ui.ui_key("another-key") != chat_ui.ui_key(KEY)
+
+
+def test_without_a_chat_ui_the_door_and_its_unit_are_as_before():
+    door = fd_plan.front_door_plan("spark-a", ui_plans())
+    assert "chat_ui" not in door.config() and "secrets.cfg" not in door.unit()
+    assert chat_ui.UI_USER not in door.users_map() and door.secrets_config() is None
+    assert "chat_ui" not in guard.guard_plan(ui_plans()["spark-a"]).config()
+
+
+def test_a_version_change_keeps_the_database_and_a_rollback_puts_its_copy_back():
+    old, new = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    assert chat_ui.version_change_command(None, new) is None
+    assert chat_ui.version_change_command(new, new) is None
+    line = chat_ui.version_change_command(old, new)
+    db, backups = f"{paths.CHAT_UI_DATA}/webui.db", paths.CHAT_UI_BACKUPS
+    assert f"cp -p {db} {backups}/webui.db.{'1' * 16}" in line
+    assert f"if [ -f {backups}/webui.db.{'2' * 16} ]; then cp -p {backups}/webui.db.{'2' * 16} {db}" in line
+    assert line.index("systemctl stop") < line.index("cp -p")
+
+
+def test_the_version_change_runs_as_a_shell_line_on_real_files(tmp_path):
+    """The line itself, in sh, on a data directory moved under tmp_path (systemctl stubbed): the old version's
+    database kept, the new version's own copy back in place."""
+    old, new = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    data, backups = tmp_path / "data", tmp_path / "backups"
+    data.mkdir()
+    (data / "webui.db").write_text("chats on version 2")
+    line = chat_ui.version_change_command(new, old).replace(paths.CHAT_UI_DATA, str(data)).replace(
+        paths.CHAT_UI_BACKUPS, str(backups)).replace("systemctl stop", "true")
+    subprocess.run(["sh", "-c", line], check=True)
+    assert (backups / f"webui.db.{'2' * 16}").read_text() == "chats on version 2"
+    (backups / f"webui.db.{'1' * 16}").write_text("chats on version 1")
+    subprocess.run(["sh", "-c", line], check=True)  # back to 1 again: its copy in place, 2's kept
+    assert (data / "webui.db").read_text() == "chats on version 1"
+
+
+# --- the real HAProxy --------------------------------------------------------------------------------------------
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(configs: list[Path]) -> subprocess.Popen:
+    args = [a for c in configs for a in ("-f", str(c))]
+    check = subprocess.run(["haproxy", "-c", *args], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return subprocess.Popen(["haproxy", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _runnable(config: str, moved: dict[str, str]) -> str:
+    for old, new in moved.items():
+        config = config.replace(old, new)
+    return "\n".join(line for line in config.splitlines()
+                     if line.split()[:1] not in (["user"], ["group"], ["chroot"])) + "\n"
+
+
+@pytest.fixture(scope="module")
+@needs("haproxy")
+def door(tmp_path_factory):
+    """A door with a chat UI in front of a loopback stand-in engine; its chat UI server is a recorder."""
+    tmp = tmp_path_factory.mktemp("chat-ui")
+    engine = Server(make_model(tmp / "model"), "--served-model-name", NAME, "--api-key", KEY,
+                    SIM_TOKENS_PER_S="200", SIM_FIRST_TOKEN_DELAY_MS="5")
+    ui_server = Recorder({})
+    api, page = _port(), _port()
+    ps = ui_plans(lan_address="127.0.0.1", front_door_port=api, chat_ui_port=page)
+    ui = chat_ui.chat_ui_plan(["spark-b"], ps)
+    ui = chat_ui.ChatUi(ui.host, "127.0.0.1", ui.settings.model_copy(update={"chat_ui_host_port": ui_server.port}))
+    planned = fd_plan.front_door_plan("spark-a", ps, ui=ui)
+    planned = fd_plan.FrontDoor(planned.host, planned.settings, (fd_plan.Backend("spark-a", "127.0.0.1", engine.port),),
+                                planned.api_key, chat_ui=ui)
+    door_files(planned, tmp)
+    (tmp / Path(paths.FRONT_DOOR_CHAT_UI_USERS).name).write_text(planned.chat_ui_users_map())
+    (tmp / Path(paths.FRONT_DOOR_LOGIN_PAGE).name).write_text((ROOT / "files" / "chat-ui-login.html").read_text())
+    (tmp / "secrets.cfg").write_text(planned.secrets_config())
+    moved = {paths.FRONT_DOOR_DIR: str(tmp), paths.FRONT_DOOR_SOCKET: str(tmp / "admin.sock"),
+             paths.FRONT_DOOR_STATE_FILE: str(tmp / "state"), f"bind :{api}": f"bind 127.0.0.1:{api}",
+             f"bind :{page}": f"bind 127.0.0.1:{page}", paths.FRONT_DOOR_USAGE_SNAPSHOT: str(tmp / "usage.snapshot")}
+    (tmp / "haproxy.cfg").write_text(_runnable(planned.config(), moved))
+    proc = _start([tmp / "secrets.cfg", tmp / "haproxy.cfg"])
+    try:
+        wait_for(lambda: requests.get(f"http://127.0.0.1:{api}/health", timeout=1).status_code == 200)
+        yield {"api": f"http://127.0.0.1:{api}", "page": f"http://127.0.0.1:{page}", "ui": ui_server}
+    finally:
+        proc.terminate()
+        proc.wait()
+        engine.stop()
+        ui_server.close()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def mint(payload: dict, secret: str | None, alg: str = "HS256") -> str:
+    """A JWT as Open WebUI mints its forwarded one (PyJWT, HS256); alg "none": unsigned."""
+    head = _b64(json.dumps({"alg": alg, "typ": "JWT"}).encode()) + "." + _b64(json.dumps(payload).encode())
+    sig = hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest() if secret else b""
+    return head + "." + _b64(sig)
+
+
+def token(email: str, secret: str = "", expires_in: int = 300) -> str:
+    now = int(time.time())
+    return mint({"sub": "1", "email": email, "name": email, "role": "user", "iss": "open-webui", "iat": now,
+                 "exp": now + expires_in}, secret or chat_ui.jwt_secret(KEY))
+
+
+def ask(door, jwt_value: str | None, path="/v1/chat/completions", key: str | None = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key or chat_ui.ui_key(KEY)}"}
+    if jwt_value is not None:
+        headers[chat_ui.JWT_HEADER] = jwt_value
+    if path == "/v1/models":
+        return requests.get(door["api"] + path, headers=headers, timeout=30)
+    return requests.post(door["api"] + path, headers=headers, timeout=30,
+                         json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+
+def test_the_ui_asks_as_the_person_its_token_names_and_their_limit_holds(door):
+    assert ask(door, token("bob@sparkfleet.invalid")).status_code == 200
+    answers = [ask(door, token("alice@sparkfleet.invalid")).status_code for _ in range(4)]
+    assert answers[:2] == [200, 200] and 429 in answers[2:], answers  # alice: 2 a minute
+    assert ask(door, token("bob@sparkfleet.invalid")).status_code == 200  # bob keeps chatting
+
+
+@pytest.mark.parametrize("why, value", [
+    ("no token", None),
+    ("signed with another secret", token("bob@sparkfleet.invalid", secret="x" * 43)),
+    ("expired", token("bob@sparkfleet.invalid", expires_in=-5)),
+    ("a name that is no user (removed)", token("mallory@sparkfleet.invalid")),
+    ("unsigned (alg none)", mint({"email": "bob@sparkfleet.invalid", "exp": int(time.time()) + 300}, None, "none")),
+    ("garbage", "not.a.token"),
+])
+def test_the_ui_key_without_a_valid_token_reaches_no_model(door, why, value):
+    assert ask(door, value).status_code == 401, why
+
+
+def test_the_ui_key_lists_the_models_and_a_users_key_cannot_borrow_a_token(door):
+    assert ask(door, None, "/v1/models").status_code == 200
+    # bob's own key with a token naming alice: bob's request (counted as bob), never alice's
+    assert ask(door, token("alice@sparkfleet.invalid"), key=BOB).status_code == 200
+
+
+def test_a_browser_signs_in_with_its_key_and_reaches_the_ui_as_itself(door):
+    page, ui = door["page"], door["ui"]
+    first = requests.get(page + "/", headers={"Accept": "text/html"}, allow_redirects=False, timeout=5)
+    assert first.status_code == 303 and first.headers["Location"] == chat_ui.LOGIN_PATH
+    assert requests.get(page + "/api/config", timeout=5).status_code == 401
+    assert "Your key" in requests.get(page + chat_ui.LOGIN_PATH, timeout=5).text
+    wrong = requests.post(page + chat_ui.LOGIN_PATH, data={"key": "wrong-key-0123456789"}, allow_redirects=False,
+                          timeout=5)
+    assert wrong.status_code == 401 and "Set-Cookie" not in wrong.headers
+    ui_key = requests.post(page + chat_ui.LOGIN_PATH, data={"key": chat_ui.ui_key(KEY)}, allow_redirects=False,
+                           timeout=5)
+    assert ui_key.status_code == 401  # the UI's own key is nobody's login
+    signed = requests.post(page + chat_ui.LOGIN_PATH, data={"key": ALICE}, allow_redirects=False, timeout=5)
+    assert signed.status_code == 303 and signed.headers["Location"] == "/"
+    cookie = signed.headers["Set-Cookie"]
+    assert cookie.startswith(f"{chat_ui.COOKIE}={ALICE};") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    ui.seen.clear()
+    forged = {chat_ui.EMAIL_HEADER: "bob@sparkfleet.invalid", chat_ui.NAME_HEADER: "bob",
+              chat_ui.ROLE_HEADER: "admin", chat_ui.DOOR_HEADER: "Bearer guess",
+              "Cookie": f"token=owui-session; {chat_ui.COOKIE}={ALICE}; theme=dark"}
+    assert requests.get(page + "/api/chats", headers=forged, timeout=5).status_code == 200
+    seen = {k.lower(): v for k, v in ui.seen[-1][2].items()}
+    assert seen[chat_ui.EMAIL_HEADER.lower()] == "alice@sparkfleet.invalid"
+    assert (seen[chat_ui.NAME_HEADER.lower()], seen[chat_ui.ROLE_HEADER.lower()]) == ("alice", "user")
+    assert seen[chat_ui.DOOR_HEADER.lower()] == f"Bearer {KEY}"  # the door's, not the client's
+    assert ALICE not in seen["cookie"] and "token=owui-session" in seen["cookie"] and "theme=dark" in seen["cookie"]
+
+
+def test_a_key_that_is_no_longer_a_user_opens_nothing(door):
+    gone = {"Cookie": f"{chat_ui.COOKIE}=mallory-key-0123456789abc", "Accept": "text/html"}
+    answer = requests.get(door["page"] + "/", headers=gone, allow_redirects=False, timeout=5)
+    assert answer.status_code == 303 and answer.headers["Location"] == chat_ui.LOGIN_PATH
+
+
+@needs("haproxy")
+def test_the_guard_lets_only_a_door_reach_the_ui(tmp_path):
+    ui_server = Recorder({})
+    port = _port()
+    plan = ui_plans(chat_ui_host_port=port, api_host="127.0.0.1")["spark-b"]
+    g = guard.guard_plan(plan, runs_chat_ui=True)
+    (tmp_path / Path(paths.GUARD_KEY_MAP).name).write_text(g.key_map())
+    moved = {paths.GUARD_DIR: str(tmp_path), paths.GUARD_STATS_SOCKET: str(tmp_path / "stats.sock"),
+             f"127.0.0.1:{paths.engine_port(port)}": f"127.0.0.1:{ui_server.port}"}
+    config = _runnable(g.config(), moved)
+    config = "\n".join(line for line in config.splitlines() if line.strip() != "bind 127.0.0.1:8000")
+    (tmp_path / "guard.cfg").write_text(config + "\n")
+    proc = _start([tmp_path / "guard.cfg"])
+    try:
+        url = f"http://127.0.0.1:{port}/api/chats"
+        wait_for(lambda: requests.get(url, timeout=1).status_code == 401)
+        impersonating = {chat_ui.EMAIL_HEADER: "alice@sparkfleet.invalid", chat_ui.DOOR_HEADER: "Bearer guess"}
+        assert requests.get(url, headers=impersonating, timeout=5).status_code == 401
+        assert not ui_server.seen
+        assert requests.get(url, headers={chat_ui.DOOR_HEADER: f"Bearer {KEY}"}, timeout=5).status_code == 200
+        assert chat_ui.DOOR_HEADER.lower() not in {k.lower() for k in ui_server.seen[-1][2]}
+    finally:
+        proc.terminate()
+        proc.wait()
+        ui_server.close()
