@@ -327,9 +327,10 @@ def chat_ui_image() -> str:
     the reference a host pulls, pinned by its digest. Only what uses a chat UI asks: `up` never builds it."""
     state = load_state()
     with _build_lock():
-        images.ensure_chat_ui()
+        images.ensure_chat_ui_next(images.ensure_chat_ui())
     port = int(state["registry"]["controller"].rsplit(":", 1)[1])
     _push_image(port, images.CHAT_UI_REPO, images.CHAT_UI_TAG, images.CHAT_UI_IMAGE)
+    _push_image(port, images.CHAT_UI_REPO, images.CHAT_UI_NEXT_TAG, images.CHAT_UI_NEXT_IMAGE)
     url = f"http://127.0.0.1:{port}/v2/{images.CHAT_UI_REPO}/manifests/{images.CHAT_UI_TAG}"
     req = urllib.request.Request(url, method="HEAD",
                                  headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})

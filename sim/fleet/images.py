@@ -62,6 +62,11 @@ LLAMACPP_ENTRYPOINT = ["/usr/bin/llama-server"]
 CHAT_UI_VERSION = "0.12.4"
 CHAT_UI_REPO, CHAT_UI_TAG = "open-webui/open-webui", f"v{CHAT_UI_VERSION}"
 CHAT_UI_IMAGE = f"{REGISTRY_HOST}/{CHAT_UI_REPO}:{CHAT_UI_TAG}"
+# A second "version" for a version change and its rollback: the same release under another tag and image id (a label
+# of its own; no layer more). It proves what sparkfleet does around a version change (the database kept, put back),
+# not Open WebUI's own migrations between two releases.
+CHAT_UI_NEXT_TAG = f"{CHAT_UI_TAG}-next"
+CHAT_UI_NEXT_IMAGE = f"{REGISTRY_HOST}/{CHAT_UI_REPO}:{CHAT_UI_NEXT_TAG}"
 # torch: the CPU build (what the official image carries; pip's default on x86_64 is a CUDA build of several GB)
 # async-timeout: redis needs it below Python 3.11.3 (bookworm's 3.11.2), a marker pip judges by the controller's
 CHAT_UI_PIP = ["torch==2.13.0", f"open-webui=={CHAT_UI_VERSION}", "async-timeout==5.0.1"]
@@ -326,6 +331,16 @@ def ensure_chat_ui() -> str:
         _import(CHAT_UI_IMAGE, tars, h, changes=CHAT_UI_CHANGES,
                 extra={"app/backend/data/.sim": (b"the data directory: sparkfleet mounts the host's over it\n", 0o644)})
         log(f"built {CHAT_UI_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return h
+
+
+def ensure_chat_ui_next(base_hash: str) -> str:
+    """CHAT_UI_NEXT_IMAGE: CHAT_UI_IMAGE with a label of its own (seconds: no layer is added)."""
+    h = sha256_bytes("chat-ui-next-v1", base_hash)
+    if image_hash(CHAT_UI_NEXT_IMAGE) != h:
+        with tempfile.TemporaryDirectory(dir=SIM_DIR) as d:
+            (Path(d) / "Dockerfile").write_text('ARG BASE\nFROM ${BASE}\nLABEL sparkfleet.sim.chat-ui=next\n')
+            _build(CHAT_UI_NEXT_IMAGE, Path(d), h, CHAT_UI_IMAGE)
     return h
 
 

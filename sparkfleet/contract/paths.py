@@ -170,6 +170,7 @@ CHAT_UI_CONTAINER = "sparkfleet-chat-ui"
 CHAT_UI_DIR = f"{STATE_DIR}/chat-ui"
 CHAT_UI_DATA = f"{CHAT_UI_DIR}/data"  # the image's /app/backend/data
 CHAT_UI_BACKUPS = f"{CHAT_UI_DIR}/backups"  # webui.db.<image digest>: the database as that version left it
+CHAT_UI_DOOR_CA = f"{CONFIG_DIR}/chat-ui-door-ca.pem"  # what Open WebUI trusts for the door's https (public)
 CHAT_UI_ENV = f"{CONFIG_DIR}/chat-ui.env"  # 0600: its secrets and settings, read by its shell, never `docker inspect`ed
 # the door's secrets HAProxy reads before its config (`setenv`: the chat UI's signing secret), 0600
 FRONT_DOOR_SECRETS = f"{CONFIG_DIR}/front-door/secrets.cfg"

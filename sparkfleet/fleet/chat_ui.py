@@ -49,6 +49,7 @@ LOGIN_PATH, LOGOUT_PATH = "/sparkfleet/login", "/sparkfleet/logout"
 HEALTH = "/health"  # Open WebUI's own
 IMAGE_DATA = "/app/backend/data"  # where the official image keeps its data
 ENV_IN_CONTAINER = "/run/sparkfleet-chat-ui.env"
+CA_IN_CONTAINER = "/run/sparkfleet-chat-ui-door-ca.pem"
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,27 @@ def door_secrets(api_key: str) -> str:
             f"    setenv {JWT_ENV} {jwt_secret(api_key)}\n")
 
 
-def api_url(door_plans: list[HostPlan]) -> str:
-    """Where Open WebUI asks the models: the doors' shared address, else the first door, on its API port."""
+@dataclass(frozen=True)
+class DoorEndpoint:
+    """Where Open WebUI asks the models, and the certificate it trusts there (a PEM on the controller), if any."""
+
+    url: str
+    ca: str | None = None
+
+
+def door_endpoint(door_plans: list[HostPlan]) -> DoorEndpoint:
+    """The doors' shared address, else the first door, on its API port; over https, the door's
+    `controller_front_door_ca` (`sparkfleet init` sets it to the door's own self-signed certificate) is what Open
+    WebUI trusts, or, unset, the image's own CAs (a certificate of a public CA)."""
     first = door_plans[0]
     s = first.settings
     address = s.front_door_address.split("/")[0] if s.front_door_address else first.lan_address
-    scheme = "https" if s.front_door_tls_cert else "http"
-    return f"{http_url(address, s.front_door_port, scheme)}/v1"
+    tls = bool(s.front_door_tls_cert)
+    return DoorEndpoint(f"{http_url(address, s.front_door_port, 'https' if tls else 'http')}/v1",
+                        s.controller_front_door_ca if tls else None)
 
 
-def env_file(ui: ChatUi, door_url: str, default_model: str) -> str:
+def env_file(ui: ChatUi, door: DoorEndpoint, default_model: str) -> str:
     """Open WebUI's settings and secrets as its shell reads them (`set -a; . FILE`): every value one quoted word.
     Its config is read from here at every start (no persistent config), sign-up off, accounts by the door's
     header only, no calls home, no background generations (each would be a request counted as the person's)."""
@@ -166,7 +178,7 @@ def env_file(ui: ChatUi, door_url: str, default_model: str) -> str:
         "WEBUI_AUTH_TRUSTED_ROLE_HEADER": ROLE_HEADER,
         "ENABLE_OLLAMA_API": "False",
         "ENABLE_OPENAI_API": "True",
-        "OPENAI_API_BASE_URLS": door_url,
+        "OPENAI_API_BASE_URLS": door.url,
         "OPENAI_API_KEYS": ui_key(s.api_key),
         "ENABLE_FORWARD_USER_INFO_HEADERS": "True",
         "FORWARD_USER_INFO_HEADER_JWT_SECRET": jwt_secret(s.api_key),
@@ -185,18 +197,21 @@ def env_file(ui: ChatUi, door_url: str, default_model: str) -> str:
         "SCARF_NO_ANALYTICS": "true",
         "DO_NOT_TRACK": "true",
     }
+    if door.ca:  # the door's certificate, for its https (aiohttp reads SSL_CERT_FILE, requests its own variable)
+        values |= {"SSL_CERT_FILE": CA_IN_CONTAINER, "REQUESTS_CA_BUNDLE": CA_IN_CONTAINER}
     lines = [f"{k}={shlex.quote(v)}" for k, v in values.items()]
     head = "# Managed by sparkfleet: Open WebUI's settings (0600; its secrets are here only)\n"
     return head + "\n".join(lines) + "\n"
 
 
-def unit(ui: ChatUi, image_ref: str) -> str:
+def unit(ui: ChatUi, image_ref: str, door_ca: bool = False) -> str:
     """The chat UI's systemd unit: its container on the host's network, bound to loopback, its data on the host."""
     command = (f"set -a; . {ENV_IN_CONTAINER}; set +a; exec python3 -m uvicorn open_webui.main:app "
                f"--host 127.0.0.1 --port {ui.local_port} --forwarded-allow-ips 127.0.0.1")
     return render._templates.get_template("sparkfleet-chat-ui.service.j2").render(
         image=image_ref, container=paths.CHAT_UI_CONTAINER, data=paths.CHAT_UI_DATA, image_data=IMAGE_DATA,
-        env=paths.CHAT_UI_ENV, env_in_container=ENV_IN_CONTAINER, command=shlex.quote(command), q=shlex.quote)
+        env=paths.CHAT_UI_ENV, env_in_container=ENV_IN_CONTAINER, command=shlex.quote(command), q=shlex.quote,
+        door_ca=f"{paths.CHAT_UI_DOOR_CA}:{CA_IN_CONTAINER}:ro" if door_ca else None)
 
 
 def version_change_command(old_digest: str | None, new_digest: str) -> str | None:
@@ -207,6 +222,8 @@ def version_change_command(old_digest: str | None, new_digest: str) -> str | Non
         return None
     db, backups = f"{paths.CHAT_UI_DATA}/webui.db", paths.CHAT_UI_BACKUPS
     old, new = (f"{backups}/webui.db.{d.removeprefix('sha256:')[:16]}" for d in (old_digest, new_digest))
+    # SQLite's online backup: what its write-ahead log holds is in the copy too (a plain cp of webui.db misses it)
+    backup = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))"
     return (f"systemctl stop {paths.CHAT_UI_UNIT_NAME} && mkdir -p -m 0700 {backups} && "
-            f"if [ -f {db} ]; then cp -p {db} {old}; fi && "
-            f"if [ -f {new} ]; then cp -p {new} {db}; fi")
+            f"if [ -f {db} ]; then rm -f {old} && python3 -c {shlex.quote(backup)} {db} {old}; fi && "
+            f"if [ -f {new} ]; then rm -f {db}-wal {db}-shm && cp -p {new} {db}; fi")

@@ -33,21 +33,26 @@ def chat_ui(plan: HostPlan, doors: list[HostPlan], ui: ChatUi, pin: ImagePin):
     managed_directory(name="Chat UI directory (root-only)", path=paths.CHAT_UI_DIR, mode="0700")
     managed_directory(name="Chat UI data (chats and settings; kept across versions)", path=paths.CHAT_UI_DATA,
                       mode="0700")
+    door = ui_rules.door_endpoint(doors)
     env = secret_file(name="Chat UI settings and secrets (root-only)", dest=paths.CHAT_UI_ENV,
-                      content=ui_rules.env_file(ui, ui_rules.api_url(doors), plan.settings.served_model_name))
+                      content=ui_rules.env_file(ui, door, plan.settings.served_model_name))
+    ca = (managed_file(name="The door's certificate, which the chat UI trusts", src=door.ca,
+                       dest=paths.CHAT_UI_DOOR_CA, mode="0644") if door.ca else
+          managed_absent(name=f"{paths.CHAT_UI_DOOR_CA} absent (the door's certificate: none needed)",
+                         path=paths.CHAT_UI_DOOR_CA))
     record = _json(fact(host, JsonFile, path=IMAGE_RECORD))
     move = ui_rules.version_change_command(record.get("digest"), pin.digest)
     if move:
         server.shell(name=f"Chat UI's database kept before its version changes ({paths.CHAT_UI_BACKUPS})",
                      commands=[move])
-    unit = managed_file(name="Chat UI unit", content=ui_rules.unit(ui, pin.ref), dest=paths.CHAT_UI_UNIT_PATH,
-                        mode="0644")
+    unit = managed_file(name="Chat UI unit", content=ui_rules.unit(ui, pin.ref, door_ca=bool(door.ca)),
+                        dest=paths.CHAT_UI_UNIT_PATH, mode="0644")
     started = managed_unit(name="Chat UI enabled and running", service=paths.CHAT_UI_UNIT_NAME, running=True,
-                           enabled=True, restarted=unit.will_change or env.will_change,
+                           enabled=True, restarted=unit.will_change or env.will_change or ca.will_change,
                            daemon_reload=unit.will_change)
     managed_file(name="Chat UI's image recorded", content=json.dumps({"digest": pin.digest, "ref": pin.ref}) + "\n",
                  dest=IMAGE_RECORD, mode="0644")
-    if started.will_change or unit.will_change or env.will_change:
+    if started.will_change or unit.will_change or env.will_change or ca.will_change:
         url = f"http://127.0.0.1:{ui.local_port}{ui_rules.HEALTH}"
         server.shell(name=f"Chat UI answers on loopback port {ui.local_port}", commands=[
             f"for i in $(seq {START_WAIT_S}); do curl -fs --max-time 5 -o /dev/null {url} && exit 0; sleep 1; done; "
@@ -61,7 +66,8 @@ def no_chat_ui():
     removed. Its data directory stays (people's chats: an office removes it by hand, or moves it)."""
     why = f"this host is not in the group {paths.CHAT_UI_GROUP}"
     unit_removed(paths.CHAT_UI_UNIT_NAME, paths.CHAT_UI_UNIT_PATH, why)
-    managed_absent(name=f"{paths.CHAT_UI_ENV} removed ({why})", path=paths.CHAT_UI_ENV)
+    for path in (paths.CHAT_UI_ENV, paths.CHAT_UI_DOOR_CA):
+        managed_absent(name=f"{path} removed ({why})", path=path)
 
 
 def _json(text: str | None) -> dict:

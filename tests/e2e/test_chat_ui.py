@@ -7,6 +7,7 @@ edits. The module leaves the fleet as inventory/sim_front_door.py has it (no cha
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -25,19 +26,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chromium]
 
 UI_HOST, DOOR = "spark-1", "door-1"
 IMAGE = "sparkfleet-registry:5000/open-webui/open-webui:v0.12.4"  # `python -m sim chat-ui` pushes it
+NEXT = f"{IMAGE}-next"  # the same release under another tag and image id: a version change (sim/fleet/images.py)
 SIGN_IN_S = 90  # a first page load: Open WebUI's frontend bundle and its first account, on a shared 2-core box
 
 
-def write_inventory(directory, secrets) -> str:
+def write_inventory(directory, secrets, image: str = IMAGE, name: str = "chat_office.py") -> str:
     """inventory/sim_front_door.py (the session's fleet: one door) with the chat UI on spark-1 and its users read
     from `secrets`, as `sparkfleet init` writes an office's (inventory/sim_chat_ui.py is the demo's: two doors)."""
-    path = directory / "chat_office.py"
+    path = directory / name
     path.write_text(
         "import runpy\nfrom sparkfleet.fleet.users import read_secrets\n"
         f"SPARKFLEET_SECRETS = {str(secrets)!r}\n"
         f"_one = runpy.run_path({str(ROOT / 'inventory/sim_front_door.py')!r})\n"
         "_ui = {'front_door_users': read_secrets(SPARKFLEET_SECRETS)['users'],\n"
-        f"       'chat_ui_image': {IMAGE!r}}}\n"
+        f"       'chat_ui_image': {image!r}}}\n"
         "sparks = [(n, {**d, **_ui}) for n, d in _one['sparks']]\n"
         "front_door = [(n, {**d, **_ui}) for n, d in _one['front_door']]\n"
         f"monitoring = _one['monitoring']\nchat_ui = [{UI_HOST!r}]\n")
@@ -123,6 +125,7 @@ class Browser:
 
     def ask(self, text: str, timeout: float = 60) -> str:
         """A message typed and sent; the answer's text once it stops growing (streamed)."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.by import By
         from selenium.webdriver.common.keys import Keys
 
@@ -132,8 +135,11 @@ class Browser:
         box.send_keys(Keys.ENTER)
         deadline, last, steady = time.monotonic() + timeout, None, 0
         while time.monotonic() < deadline:
-            answers = self.driver.find_elements(By.CSS_SELECTOR, ".chat-assistant")
-            now = answers[-1].text if len(answers) > before else None
+            try:  # the page re-renders the answer while it streams: an element read may be gone a moment later
+                answers = self.driver.find_elements(By.CSS_SELECTOR, ".chat-assistant")
+                now = answers[-1].text if len(answers) > before else None
+            except StaleElementReferenceException:
+                now = None
             steady = steady + 1 if now and now == last else 0
             if steady >= 4:
                 return now
@@ -154,7 +160,7 @@ def usage(inventory: str) -> dict[str, int]:
     return {name: row["requests"] for name, row in json.loads(proc.stdout)["users"].items()}
 
 
-def test_alice_chats_in_a_browser_as_herself_counted_and_limited_while_bob_keeps_chatting(office):
+def test_alice_chats_in_a_browser_as_herself_counted_and_limited_while_bob_keeps_chatting(office, tmp_path):
     state, inventory, secrets, url = office
     before = usage(inventory)
     alice, bob = Browser(url), Browser(url)
@@ -163,7 +169,9 @@ def test_alice_chats_in_a_browser_as_herself_counted_and_limited_while_bob_keeps
         assert "Qwen3.5-35B-A3B" in alice.models()  # the fleet's model in the picker, by its served name
         answer = alice.ask("Say hello to the office")
         assert answer and "error" not in answer.lower() and "too many" not in answer, answer
-        alice.driver.save_screenshot(str(ROOT / "docs" / "chat-ui.png"))
+        # docs/chat-ui.png is this picture (SPARKFLEET_DOCS_SHOTS=1 writes it there)
+        shot = ROOT / "docs" / "chat-ui.png" if os.environ.get("SPARKFLEET_DOCS_SHOTS") else tmp_path / "chat.png"
+        assert alice.driver.save_screenshot(str(shot))
         wait_until(lambda: usage(inventory).get("alice", 0) > before.get("alice", 0), 30,
                    "alice's request in `sparkfleet usage`", explain=lambda: repr(usage(inventory)))
         # 3 a minute: past them, the door's message in her chat; bob is not held back by it
@@ -188,15 +196,21 @@ def bobs_chats(url: str, key: str) -> list[str]:
                 for c in listed]
 
 
-def test_a_removed_user_cannot_sign_in_and_bobs_chats_survive_a_restart_and_a_converge(office):
-    state, inventory, secrets, url = office
-    marker = f"remember {uuid.uuid4().hex[:8]}"
+def bob_says(url: str, secrets, what: str) -> str:
+    """bob, in his browser, starts a chat with a message of its own; the message."""
+    marker = f"{what} {uuid.uuid4().hex[:8]}"
     bob = Browser(url)
     try:
         assert bob.sign_in(key_of(secrets, "bob"))
         bob.ask(marker)
     finally:
         bob.close()
+    return marker
+
+
+def test_a_removed_user_cannot_sign_in_and_bobs_chats_survive_a_restart_and_a_converge(office):
+    state, inventory, secrets, url = office
+    marker = bob_says(url, secrets, "remember")
     alice_key = key_of(secrets, "alice")
     assert sparkfleet("users", "remove", inventory, "alice").returncode == 0
     try:
@@ -244,3 +258,28 @@ def test_the_ui_is_reached_only_through_the_door_and_a_forged_identity_is_refuse
                  chat_ui.JWT_HEADER: "eyJhbGciOiJIUzI1NiJ9.eyJlbWFpbCI6ImJvYkBzcGFya2ZsZWV0LmludmFsaWQifQ.AAAA"},
         json={"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert forged.status_code == 401, forged.text
+
+
+def running_image(state) -> str:
+    return ssh(state, UI_HOST, f"docker inspect -f '{{{{.Image}}}}' {paths.CHAT_UI_CONTAINER}").strip()
+
+
+def test_a_version_change_keeps_bobs_chats_and_a_rollback_restores_the_previous_version_with_them(office, tmp_path):
+    state, inventory, secrets, url = office
+    marker = bob_says(url, secrets, "before the upgrade")
+    before = running_image(state)
+    upgraded = write_inventory(tmp_path, secrets, NEXT, "next_office.py")
+    try:
+        done = converge("--limit", UI_HOST, inventory=upgraded)
+        assert done.returncode == 0, done.output[-4000:]
+        assert running_image(state) != before
+        kept = ssh(state, UI_HOST, f"ls {paths.CHAT_UI_BACKUPS}").split()
+        assert kept, "no copy of the database kept before the version change"
+        wait_until(lambda: any(marker in c for c in bobs_chats(url, key_of(secrets, "bob"))), 120,
+                   "bob's chat on the new version", ignore=(requests.RequestException, ValueError, KeyError, TypeError))
+    finally:  # the rollback: the previous version, with its database as it left it
+        back = converge("--limit", UI_HOST, inventory=inventory)
+    assert back.returncode == 0, back.output[-4000:]
+    assert running_image(state) == before
+    wait_until(lambda: any(marker in c for c in bobs_chats(url, key_of(secrets, "bob"))), 120,
+               "bob's chat after the rollback", ignore=(requests.RequestException, ValueError, KeyError, TypeError))

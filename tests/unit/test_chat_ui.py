@@ -5,11 +5,13 @@ Open WebUI's requests as the person its signed token names, and refuses a forged
 from __future__ import annotations
 
 import socket
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -75,12 +77,31 @@ def test_secrets_are_only_in_the_0600_files_never_in_a_config_or_unit():
     public = [door.config(), door.unit(), chat_ui.unit(ui, "r/x@sha256:" + "a" * 64),
               guard.guard_plan(ps["spark-b"], runs_chat_ui=True).config()]
     assert not [s for s in secrets for text in public if s in text]
-    env = chat_ui.env_file(ui, chat_ui.api_url([ps["spark-a"]]), NAME)
+    env = chat_ui.env_file(ui, chat_ui.door_endpoint([ps["spark-a"]]), NAME)
     assert chat_ui.jwt_secret(KEY) in env and chat_ui.ui_key(KEY) in env and KEY not in env.split("\n")
     assert chat_ui.jwt_secret(KEY) in door.secrets_config()
     assert f"{chat_ui.ui_key(KEY)} {chat_ui.UI_USER}\n" in door.users_map()
     # a new api_key renews every derived secret
     assert chat_ui.ui_key("another-key") != chat_ui.ui_key(KEY)
+
+
+def test_over_https_open_webui_trusts_the_doors_certificate_from_a_file_it_mounts(tmp_path):
+    cert = tmp_path / "door.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "door.key").write_text("key")
+    tls = {"front_door_tls_cert": str(cert), "front_door_tls_key": str(tmp_path / "door.key"),
+           "controller_front_door_ca": str(cert)}
+    ps = ui_plans(**tls)
+    ui = chat_ui.chat_ui_plan(["spark-b"], ps)
+    door = chat_ui.door_endpoint([ps["spark-a"]])
+    assert door == chat_ui.DoorEndpoint("https://10.0.0.1:8080/v1", str(cert))
+    env = chat_ui.env_file(ui, door, NAME)
+    assert f"SSL_CERT_FILE={chat_ui.CA_IN_CONTAINER}" in env and f"REQUESTS_CA_BUNDLE={chat_ui.CA_IN_CONTAINER}" in env
+    assert f"--volume {paths.CHAT_UI_DOOR_CA}:{chat_ui.CA_IN_CONTAINER}:ro" in chat_ui.unit(ui, "r/x:1", door_ca=True)
+    plain = chat_ui.door_endpoint([ui_plans()["spark-a"]])
+    assert plain == chat_ui.DoorEndpoint("http://10.0.0.1:8080/v1")
+    assert "SSL_CERT_FILE" not in chat_ui.env_file(ui, plain, NAME)
+    assert paths.CHAT_UI_DOOR_CA not in chat_ui.unit(ui, "r/x:1")
 
 
 def test_without_a_chat_ui_the_door_and_its_unit_are_as_before():
@@ -95,26 +116,43 @@ def test_a_version_change_keeps_the_database_and_a_rollback_puts_its_copy_back()
     assert chat_ui.version_change_command(None, new) is None
     assert chat_ui.version_change_command(new, new) is None
     line = chat_ui.version_change_command(old, new)
-    db, backups = f"{paths.CHAT_UI_DATA}/webui.db", paths.CHAT_UI_BACKUPS
-    assert f"cp -p {db} {backups}/webui.db.{'1' * 16}" in line
-    assert f"if [ -f {backups}/webui.db.{'2' * 16} ]; then cp -p {backups}/webui.db.{'2' * 16} {db}" in line
-    assert line.index("systemctl stop") < line.index("cp -p")
+    assert line.index("systemctl stop") < line.index("backup") < line.index(f"webui.db.{'2' * 16}")
 
 
-def test_the_version_change_runs_as_a_shell_line_on_real_files(tmp_path):
-    """The line itself, in sh, on a data directory moved under tmp_path (systemctl stubbed): the old version's
-    database kept, the new version's own copy back in place."""
-    old, new = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+def _chats(db: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return [row[0] for row in c.execute("SELECT text FROM chat ORDER BY rowid")]
+
+
+def test_the_version_change_keeps_what_sqlites_log_holds_and_a_rollback_puts_that_copy_back(tmp_path):
+    """The line itself, in sh, on a data directory moved under tmp_path (systemctl stubbed), with Open WebUI's
+    SQLite in write-ahead-log mode and its last chat still in the log only (its connection open, as a stopped
+    container's may leave it): the copy holds it."""
+    one, two = "sha256:" + "1" * 64, "sha256:" + "2" * 64
     data, backups = tmp_path / "data", tmp_path / "backups"
     data.mkdir()
-    (data / "webui.db").write_text("chats on version 2")
-    line = chat_ui.version_change_command(new, old).replace(paths.CHAT_UI_DATA, str(data)).replace(
-        paths.CHAT_UI_BACKUPS, str(backups)).replace("systemctl stop", "true")
-    subprocess.run(["sh", "-c", line], check=True)
-    assert (backups / f"webui.db.{'2' * 16}").read_text() == "chats on version 2"
-    (backups / f"webui.db.{'1' * 16}").write_text("chats on version 1")
-    subprocess.run(["sh", "-c", line], check=True)  # back to 1 again: its copy in place, 2's kept
-    assert (data / "webui.db").read_text() == "chats on version 1"
+    db = data / "webui.db"
+    writer = sqlite3.connect(db)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE chat (text)")
+    writer.execute("INSERT INTO chat VALUES ('bob: on version 1')")
+    writer.commit()
+    assert (data / "webui.db-wal").stat().st_size > 0  # the chat is in the log, not yet in webui.db
+
+    def run(line: str) -> None:
+        line = line.replace(paths.CHAT_UI_DATA, str(data)).replace(paths.CHAT_UI_BACKUPS, str(backups))
+        subprocess.run(["sh", "-c", line.replace("systemctl stop", "true")], check=True)
+
+    run(chat_ui.version_change_command(one, two))  # the upgrade
+    writer.close()
+    assert _chats(backups / f"webui.db.{'1' * 16}") == ["bob: on version 1"]
+    with contextlib.closing(sqlite3.connect(db)) as c:  # the newer version's own chat (it is stopped after)
+        c.execute("INSERT INTO chat VALUES ('bob: on version 2')")
+        c.commit()
+    run(chat_ui.version_change_command(two, one))  # the rollback
+    assert _chats(db) == ["bob: on version 1"]
+    assert _chats(backups / f"webui.db.{'2' * 16}") == ["bob: on version 1", "bob: on version 2"]  # kept
 
 
 # --- the real HAProxy --------------------------------------------------------------------------------------------
