@@ -42,16 +42,18 @@ def _plans(config):
 
 
 # fixture -> the hosts it is given: the Sparks, every host (a front door may be either), a group's members, the
-# service hosts (front door, monitoring: no GPU, no engine)
-CHOSEN = {"spark": lambda plan: not plan.is_service, "node": lambda plan: True, "member": lambda plan: plan.group,
-          "service_host": lambda plan: plan.is_service}
-OPTIONAL = ("member", "service_host")  # a fleet without any: their checks are deselected
+# service hosts (front door, monitoring: no GPU, no engine), the chat UI's host
+CHOSEN = {"spark": lambda plan, ui: not plan.is_service, "node": lambda plan, ui: True,
+          "member": lambda plan, ui: plan.group, "service_host": lambda plan, ui: plan.is_service,
+          "chat_ui_host": lambda plan, ui: ui is not None and ui.host == plan.name}
+OPTIONAL = ("member", "service_host", "chat_ui_host")  # a fleet without any: their checks are deselected
 
 
 def pytest_generate_tests(metafunc):
     for name, chosen in CHOSEN.items():
         if name in metafunc.fixturenames:
-            hosts = [(plan, data) for plan, data in _plans(metafunc.config) if chosen(plan)]
+            ui = chat_ui_of(metafunc.config) if name == "chat_ui_host" else None
+            hosts = [(plan, data) for plan, data in _plans(metafunc.config) if chosen(plan, ui)]
             if hosts or name not in OPTIONAL:
                 metafunc.parametrize(name, hosts, ids=[plan.name for plan, _ in hosts], indirect=True)
             return
@@ -124,6 +126,12 @@ def node(request, _connections):
 @pytest.fixture
 def service_host(request, _connections):
     """A service host (only service hosts are given)."""
+    return _connected(request, _connections)
+
+
+@pytest.fixture
+def chat_ui_host(request, _connections):
+    """The host of the group chat_ui (only it is given)."""
     return _connected(request, _connections)
 
 
