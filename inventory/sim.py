@@ -12,7 +12,7 @@ import json as _json
 import os as _os
 from pathlib import Path as _Path
 
-from sparkfleet.fleet.pki import write_ca as _write_ca
+from sparkfleet.roles.pki import write_ca as _write_ca
 
 _SIM = _Path(__file__).resolve().parents[1] / ".sim"
 _FLEET = _os.environ.get("SPARKFLEET_SIM_FLEET", "").strip()

@@ -20,7 +20,7 @@ import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent pa
 import requests
 
 from sparkfleet.fleet.front_door.commands import bench_target
-from sparkfleet.fleet.inventory import load_hosts, spark_hosts
+from sparkfleet.controller.inventory import load_hosts, spark_hosts
 from sparkfleet.contract.reach import api_url
 from sparkfleet.contract.settings import parse_settings
 

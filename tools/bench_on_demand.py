@@ -21,7 +21,7 @@ import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent pa
 from sparkfleet.contract.recipes import recipe
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet.front_door.commands import bench_target
-from sparkfleet.fleet.inventory import load_hosts, spark_hosts
+from sparkfleet.controller.inventory import load_hosts, spark_hosts
 from tools.bench_front_door import ttft_ms
 
 

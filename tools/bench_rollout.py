@@ -101,7 +101,7 @@ class DoorWatch:
 
 
 def show_stat(container: str) -> Callable[[], str]:
-    from sparkfleet.fleet.front_door.runtime import runtime_command
+    from sparkfleet.roles.front_door.records import runtime_command
 
     return lambda: host_shell(container, runtime_command("show stat"))
 

@@ -47,7 +47,7 @@ class Fleet:
         from sim.fleet.fleet import load_state
 
         from sparkfleet.contract.settings import parse_settings
-        from sparkfleet.fleet.inventory import load_hosts, spark_hosts
+        from sparkfleet.controller.inventory import load_hosts, spark_hosts
 
         self.base = str(Path(inventory).resolve())
         self.state = load_state()
@@ -59,7 +59,8 @@ class Fleet:
         self.secrets_path = workdir / "secrets.json"
         self.inventory = str(workdir / "soak_inventory.py")
         self.settings, self.api_urls = {}, {}
-        from sparkfleet.fleet.tls import guard_client, hosts_ca
+        from sparkfleet.fleet.tls import guard_client
+        from sparkfleet.roles.pki import hosts_ca
 
         # the guards as the controller asks them (https with a client certificate where the hops are TLS)
         self._closing = contextlib.ExitStack()
@@ -162,7 +163,8 @@ class Fleet:
 
     # --- probes ---
     def door_states(self) -> dict[str, str]:
-        from sparkfleet.fleet.front_door.runtime import backend_states, runtime_command
+        from sparkfleet.fleet.front_door.runtime import backend_states
+        from sparkfleet.roles.front_door.records import runtime_command
 
         shown = self.sh(self.door, runtime_command("show stat"), timeout=20).stdout
         return {host: row["state"] for host, row in backend_states(shown).items()}
@@ -635,7 +637,7 @@ def run_soak(inventory: str, names: Sequence[str], run_s: float, baseline_s: flo
         started, wall = time.monotonic(), time.time()
         stop = threading.Event()
 
-        from sparkfleet.fleet.inventory import InventoryError  # pyinfra's CLI with it: imported where used
+        from sparkfleet.controller.inventory import InventoryError  # pyinfra's CLI with it: imported where used
 
         def sample_usage():
             while not stop.wait(10):

@@ -80,7 +80,7 @@ def target(args) -> tuple[str, str, str | None, float | None, str | None]:
     from sparkfleet.contract import paths
     from sparkfleet.contract.reach import api_url
     from sparkfleet.contract.settings import parse_settings
-    from sparkfleet.fleet.inventory import load_hosts, spark_hosts
+    from sparkfleet.controller.inventory import load_hosts, spark_hosts
 
     hosts = spark_hosts(load_hosts(args.target, args.limit))
     if not hosts:

@@ -78,7 +78,7 @@ def refusal(exc: BaseException, code: int = INVALID) -> Refused:
     if isinstance(exc, Refused):
         return exc
     from sparkfleet.contract.settings import SettingsError
-    from sparkfleet.fleet.inventory import InventoryError
+    from sparkfleet.controller.inventory import InventoryError
     from sparkfleet.release.lock import LockError
 
     if isinstance(exc, SettingsError) and not isinstance(exc, (InventoryError, LockError)):

@@ -19,7 +19,7 @@ def arguments(parser) -> None:
 
 def run(args) -> int:
     from sparkfleet.controller.copy import ControllerCopyError, controller_copy
-    from sparkfleet.fleet.inventory import load_hosts, locked_plans, spark_hosts
+    from sparkfleet.controller.inventory import load_hosts, locked_plans, spark_hosts
 
     with common.refusing():
         plans = locked_plans(spark_hosts(load_hosts(args.inventory, args.limit)), images=False)

@@ -18,7 +18,7 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
     from sparkfleet.fleet.project import collect_host_keys, host_key_lines, host_key_targets
 
     with common.refusing():

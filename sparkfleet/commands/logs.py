@@ -28,7 +28,7 @@ def arguments(parser) -> None:
 
 def run(args) -> int:
     from sparkfleet.contract.settings import parse_settings
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
     from sparkfleet.fleet.logs import LogsError, logs_argv, pick_host
 
     with common.refusing(LogsError):

@@ -23,9 +23,9 @@ def arguments(parser) -> None:
 def run(args) -> int:
     from rich.syntax import Syntax
 
-    from sparkfleet.fleet.front_door.plan import door_rows, door_summary
-    from sparkfleet.fleet.inventory import load_hosts, locked_plans, with_data
-    from sparkfleet.fleet.tls import plans_ca
+    from sparkfleet.roles.front_door.plan import door_rows, door_summary
+    from sparkfleet.controller.inventory import load_hosts, locked_plans, with_data
+    from sparkfleet.roles.pki import plans_ca
     from sparkfleet.release.plan import plan_hosts
     from sparkfleet.release.services import plan_rows
     from sparkfleet.tables import console, literal, print_table
@@ -107,7 +107,7 @@ def topology(plans) -> list[dict]:
 def service_roles(args, name: str) -> str:
     """What a service host serves, in words: its groups (front door, monitoring), no engine."""
     from sparkfleet.contract.settings import GROUPS_KEY
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
 
     groups = dict(load_hosts(args.inventory, name))[name].get(GROUPS_KEY, [])
     return f"{', '.join(g for g in groups if g != 'all')}: no GPU, model or engine; its own preflight"
@@ -117,8 +117,8 @@ def front_doors(args, plans) -> list:
     """The front doors among the planned hosts (group `front_door`), as the front door stage builds them: from
     the whole inventory's plans (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
     from sparkfleet.contract import monitoring
-    from sparkfleet.fleet.front_door.plan import planned_front_doors
-    from sparkfleet.fleet.inventory import group_hosts, load_hosts, with_data
+    from sparkfleet.roles.front_door.plan import planned_front_doors
+    from sparkfleet.controller.inventory import group_hosts, load_hosts, with_data
     from sparkfleet.release.plan import plan_hosts
 
     planned = {p.name: p for p in plans}

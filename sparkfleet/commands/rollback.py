@@ -18,7 +18,7 @@ def arguments(parser) -> None:
 def run(args) -> int:
     from sparkfleet.fleet.converge import run_deploy
     from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
-    from sparkfleet.fleet.inventory import spark_hosts
+    from sparkfleet.controller.inventory import spark_hosts
     from sparkfleet.fleet.rollout import HostReport, load_whole_groups, members_in_data, units
 
     with common.refusing(ValueError):

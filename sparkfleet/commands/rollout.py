@@ -13,7 +13,7 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.fleet.inventory import parse_data
+    from sparkfleet.controller.inventory import parse_data
     from sparkfleet.fleet.rollout import holds_what_it_needs, planned, read_before, report_json, rollout, \
         service_hosts_last
 

@@ -23,9 +23,10 @@ def run(args) -> int:
     from sparkfleet.fleet.alerts import alerts_ok, fleet_alerts
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
-    from sparkfleet.fleet.front_door.holds import door_ok
-    from sparkfleet.fleet.inventory import load_hosts, spark_hosts
-    from sparkfleet.fleet.tls import guard_client, hosts_ca
+    from sparkfleet.roles.front_door.holds import door_ok
+    from sparkfleet.controller.inventory import load_hosts, spark_hosts
+    from sparkfleet.fleet.tls import guard_client
+    from sparkfleet.roles.pki import hosts_ca
     from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups

@@ -19,7 +19,7 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.fleet.inventory import parse_data
+    from sparkfleet.controller.inventory import parse_data
     from sparkfleet.fleet.rollout import planned, read_before
     from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
     from sparkfleet.host.pins import render_pins

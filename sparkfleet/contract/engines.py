@@ -46,7 +46,7 @@ class BenchCounters:
 
 @dataclass(frozen=True)
 class StartPhase:
-    """A journal line of the engine's start that progress shows (fleet/progress.py)."""
+    """A journal line of the engine's start that progress shows (controller/progress.py)."""
 
     key: str  # a fixed string the line holds: what the host's grep -F keeps
     label: str

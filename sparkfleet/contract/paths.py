@@ -141,10 +141,10 @@ FRONT_DOOR_STATE_FILE = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/servers.state"
 # root-only: the backends `sparkfleet drain` set aside, one name a line, until `sparkfleet undrain`; runtime
 # state beside HAProxy's own, outside what a converge manages (MANAGED_GLOBS), so a converge leaves it be
 FRONT_DOOR_DRAINED = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/drained"
-# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: fleet/front_door/holds.py `Hold`), removed
+# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: roles/front_door/holds.py `Hold`), removed
 # when it puts them back; a hold whose operation is gone is put back by the next converge or rollout
 FRONT_DOOR_HOLDS = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/held"
-# Two or more doors, one address (fleet/front_door/address.py): keepalived, Debian's, under a unit of our own
+# Two or more doors, one address (roles/front_door/address.py): keepalived, Debian's, under a unit of our own
 # (Debian's keepalived.service stays masked); its config beside the door's.
 DOOR_ADDRESS_UNIT_NAME = "sparkfleet-door-address.service"
 DOOR_ADDRESS_UNIT_PATH = unit_path(DOOR_ADDRESS_UNIT_NAME)
@@ -185,7 +185,7 @@ GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the 
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
 # the guard's read-only stats (a host with on-demand services only): each one's last request, for the start check
 GUARD_STATS_SOCKET = f"/run/{GUARD_RUNTIME_NAME}/stats.sock"
-# TLS on every backend hop (fleet/pki.py): the fleet CA's certificate and the host's own, issued by the controller
+# TLS on every backend hop (roles/pki.py): the fleet CA's certificate and the host's own, issued by the controller
 # at converge; HAProxy loads `<crt>.key` beside a certificate by itself (ssl-load-extra-files, "all" by default)
 TLS_DIR = f"{CONFIG_DIR}/tls"
 TLS_CA = f"{TLS_DIR}/ca.crt"  # 0644: the fleet CA, which every guard and every caller of one verifies against

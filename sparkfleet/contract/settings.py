@@ -428,12 +428,12 @@ class Settings(_EngineVersions):
     front_door_tls_cert: AbsPath | None
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool
-    fleet_ca_cert: AbsPath | None  # the fleet CA on the controller (fleet/pki.py): TLS on every backend hop
+    fleet_ca_cert: AbsPath | None  # the fleet CA on the controller (roles/pki.py): TLS on every backend hop
     fleet_ca_key: AbsPath | None
     backend_key_in_clear: bool
     front_door_viewers: dict[Name, UserKey] = _secret()
     drain_timeout_s: int = Field(ge=0, le=3600)
-    # Two or more front doors sharing one address (keepalived's VRRP, HAProxy's peers): fleet/front_door/address.py
+    # Two or more front doors sharing one address (keepalived's VRRP, HAProxy's peers): roles/front_door/address.py
     front_door_address: FloatingAddress | None
     front_door_address_preempt: bool
     front_door_vrrp_unicast: bool

@@ -57,7 +57,7 @@ def read_alerts(url: str) -> list[dict]:
 def fleet_alerts(inventory: str) -> dict | None:
     """What `status` shows of the alerts: {"firing": [...], "problems": [one line per silent Prometheus]};
     None when the inventory has no monitoring host."""
-    from sparkfleet.fleet.inventory import group_hosts
+    from sparkfleet.controller.inventory import group_hosts
     from sparkfleet.fleet.speed import ReachError, forwarded
 
     hosts = group_hosts(inventory, m.GROUP)

@@ -23,7 +23,7 @@ from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 from sparkfleet import DEPLOYS_DIR, PROJECT_ROOT
-from sparkfleet.fleet import progress
+from sparkfleet.controller import progress
 from sparkfleet.host.operations import health_gate_results
 
 

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
-from sparkfleet.fleet.pki import PkiError, ca_paths, write_ca
+from sparkfleet.roles.pki import PkiError, ca_paths, write_ca
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 
 SECRETS_HOME = Path("~/.config/sparkfleet")

@@ -25,7 +25,8 @@ from typing import Any
 
 from sparkfleet.fleet.batches import batch_size
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
-from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime, chat_backend
+from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
+from sparkfleet.roles.front_door.records import chat_backend
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 from sparkfleet.refused import FAILED, Refused
 
@@ -55,7 +56,7 @@ def whole_groups(selected: list[str], inventory: list[str], groups: dict[str, Un
 
 def load_whole_groups(inventory: str, limit: str | None = None) -> list[tuple[str, dict]]:
     """The inventory's hosts (load_hosts), a `limit` widened to the whole group of each member it names."""
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
 
     everyone = load_hosts(inventory)
     if not limit:
@@ -87,7 +88,7 @@ def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts
     `service_hosts` False: the Sparks only (a platform upgrade is theirs). SettingsError for a group only partly
     planned, before any host is read."""
     from sparkfleet.contract.settings import SettingsError
-    from sparkfleet.fleet.inventory import locked_plans, spark_hosts, with_data
+    from sparkfleet.controller.inventory import locked_plans, spark_hosts, with_data
 
     hosts = with_data(load_whole_groups(inventory, limit), data)
     plans = locked_plans(hosts if service_hosts else spark_hosts(hosts))

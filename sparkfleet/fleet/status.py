@@ -218,7 +218,7 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     from pyinfra.facts.deb import DebPackage
     from pyinfra.facts.systemd import SystemdStatus
 
-    from sparkfleet.fleet.pki import ends
+    from sparkfleet.roles.pki import ends
     from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
     from sparkfleet.contract.shared import host_module

@@ -3,7 +3,7 @@ for the clients that take one), so status, bench, the gates and the tests all pr
 and verify the guard the same way.
 
 Where the fleet's hops are TLS (`release/plan.py` `fleet_tls`), the controller issues itself a client certificate
-in memory from the fleet CA (fleet/pki.py `client_pair`, one day), writes it only into a private 0700 temporary
+in memory from the fleet CA (roles/pki.py `client_pair`, one day), writes it only into a private 0700 temporary
 directory for the life of the client, and verifies each guard's chain with the CA and its name: the guard's
 certificate must name the inventory host (`assert_hostname`), whatever address the controller reaches it at (a
 published port, a tunnel). Without TLS it is a plain session, as before.
@@ -21,35 +21,9 @@ from pathlib import Path
 import requests
 from requests.adapters import HTTPAdapter
 
-from sparkfleet.contract.monitoring import backend_hop
 from sparkfleet.contract.reach import api_url
-from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
-from sparkfleet.fleet import pki
-from sparkfleet.release.plan import fleet_tls
-
-
-def ca_of(s: Settings) -> pki.FleetCA:
-    """The fleet CA a host's settings name, loaded and checked (pki.load_ca), or SettingsError: one line."""
-    try:
-        return pki.load_ca(s.fleet_ca_cert, s.fleet_ca_key)
-    except pki.PkiError as exc:
-        raise SettingsError([str(exc)]) from None
-
-
-def plans_ca(plans) -> pki.FleetCA | None:
-    """The fleet CA of planned hosts whose hops are TLS (checked before any host is touched), else None."""
-    tls = [p for p in plans if p.backend_tls]
-    return ca_of(tls[0].settings) if tls else None
-
-
-def hosts_ca(hosts: list[tuple[str, dict]]) -> pki.FleetCA | None:
-    """The fleet CA of a whole inventory's [(name, merged data)] when its hops are TLS, else None; the rule is the
-    planner's (`fleet_tls`)."""
-    settings = {name: parse_settings(name, data) for name, data in hosts}
-    tls, problems = fleet_tls(settings, backend_hop(data.get(GROUPS_KEY, ()) for _, data in hosts))
-    if problems:
-        raise SettingsError(problems)
-    return ca_of(next(iter(settings.values()))) if tls else None
+from sparkfleet.contract.settings import Settings
+from sparkfleet.roles import pki
 
 
 class _Named(HTTPAdapter):

@@ -1,6 +1,6 @@
 """`sparkfleet update INVENTORY [--limit HOST] [--json]`: move the lock to what the hubs and registries serve now.
 
-Plans and converges read the lock (`fleet/inventory.py` `locked`), so a hub's new commit or a registry's moved tag
+Plans and converges read the lock (`controller/inventory.py` `locked`), so a hub's new commit or a registry's moved tag
 changes nothing until this command re-resolves the selected hosts' models and images, shows what moves (old ->
 new, the files whose bytes differ, the hosts whose release changes and so restart) and writes the new lock; a
 rollout then applies it, batch by batch. An entry is shared by every host naming the same coordinate, so the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.fleet import inventory
+from sparkfleet.controller import inventory
 from sparkfleet.release.lock import Change, Lock, Locking, changes
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.tables import clean

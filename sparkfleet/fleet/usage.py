@@ -79,7 +79,7 @@ def empty_user() -> dict:
 
 
 # The per-user fields of the usage stick table that HAProxy's peers copy to every door (two or more doors share
-# the table: fleet/front_door/address.py): each door holds the same count, so it is counted once (the highest);
+# the table: roles/front_door/address.py): each door holds the same count, so it is counted once (the highest);
 # in_flight (conn_cur) stays each door's own and is summed, as the Lua file's counts are (each door counts the
 # requests it passed: the doors' sum).
 SHARED = ("bytes_in", "bytes_out", "limited")
@@ -124,7 +124,7 @@ def fleet_usage(inventory: str) -> dict:
     from sparkfleet.contract.settings import parse_settings
     from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
     from sparkfleet.contract.reach import front_door_url
-    from sparkfleet.fleet.inventory import group_hosts
+    from sparkfleet.controller.inventory import group_hosts
 
     hosts = group_hosts(inventory, FRONT_DOOR_GROUP)
     if not hosts:

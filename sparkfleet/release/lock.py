@@ -5,7 +5,7 @@ A model is locked by the coordinate its settings name (`hub:repo@revision`, wher
 its manifest (every file's size and hash) and its config.json, all that a plan reads of a hub. An engine image tag
 is locked to the manifest digest its registry served (an `@sha256:` reference or an archive pins itself). A plan
 adds what the lock lacks, as a package manager adds a new dependency; `sparkfleet update` is the one way an entry
-moves. This module is the format and the pure rules; the file is read and written by `fleet/inventory.py`.
+moves. This module is the format and the pure rules; the file is read and written by `controller/inventory.py`.
 """
 
 from __future__ import annotations

@@ -531,7 +531,7 @@ def fleet_tls(settings: dict[str, Settings], hop: bool) -> tuple[bool, list[str]
     """(whether every hop to a guard is TLS, the problems): TLS wherever the inventory has a backend hop (a front
     door or a monitoring host) unless `backend_key_in_clear`; then the fleet CA's two settings are needed. The three
     settings are the fleet's: every host must agree (a door and its guards speak one way). Settings alone: the
-    CA's files are read by fleet/pki.py `load_ca` before any host is touched."""
+    CA's files are read by roles/pki.py `load_ca` before any host is touched."""
     if not settings:
         return False, []
     wanted = {(s.backend_key_in_clear, s.fleet_ca_cert, s.fleet_ca_key) for s in settings.values()}

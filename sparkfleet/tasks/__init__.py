@@ -18,7 +18,7 @@ from pyinfra import host, state
 from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.fleet.inventory import chat_ui_of, plan_for, plans
+from sparkfleet.controller.inventory import chat_ui_of, plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.chat_ui import chat_ui, no_chat_ui

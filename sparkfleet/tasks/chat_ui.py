@@ -1,5 +1,5 @@
 """Stage 8 (the host of the group chat_ui, after the front doors): the chat UI, Open WebUI in Docker on loopback
-(sparkfleet/fleet/chat_ui.py says who signs in and how).
+(sparkfleet/roles/chat_ui.py says who signs in and how).
 
 Its data (chats, settings) lives in a directory of the host's that no converge, restart or version change removes.
 A version change stops it, keeps its database as `backups/webui.db.<old digest>` and, going back to a version it
@@ -14,8 +14,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import chat_ui as ui_rules
-from sparkfleet.fleet.chat_ui import ChatUi
+from sparkfleet.roles import chat_ui as ui_rules
+from sparkfleet.roles.chat_ui import ChatUi
 from sparkfleet.host.facts import JsonFile
 from sparkfleet.host.managed import managed_absent, managed_directory, managed_file, managed_unit
 from sparkfleet.host.operations import secret_file

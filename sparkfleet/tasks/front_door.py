@@ -14,11 +14,11 @@ from pyinfra.operations import server
 
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import monitoring, paths, serving
-from sparkfleet.fleet.front_door.address import door_set, interface_for, keepalived_conf, keepalived_unit
-from sparkfleet.fleet.front_door.holds import controller_name, stale_holds
-from sparkfleet.fleet.front_door.plan import front_door_plan, usage_save_units
-from sparkfleet.fleet.front_door.runtime import put_back_command
-from sparkfleet.fleet.inventory import DeployRefused, chat_ui_of
+from sparkfleet.roles.front_door.address import door_set, interface_for, keepalived_conf, keepalived_unit
+from sparkfleet.roles.front_door.holds import controller_name, stale_holds
+from sparkfleet.roles.front_door.plan import front_door_plan, usage_save_units
+from sparkfleet.roles.front_door.records import put_back_command
+from sparkfleet.controller.inventory import DeployRefused, chat_ui_of
 from sparkfleet.host.facts import Ipv4Networks, JsonFile
 from sparkfleet.host.state import fact
 from sparkfleet.host.managed import managed_absent, managed_directory, managed_file, managed_packages, managed_unit

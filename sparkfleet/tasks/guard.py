@@ -1,5 +1,5 @@
 """Stage 4b (right after the service stage, so an engine leaving the API port frees it first): the guard, one
-HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/fleet/guard.py).
+HAProxy on the host's API ports in front of its engines on loopback (sparkfleet/roles/guard.py).
 
 Debian's HAProxy is installed here on every host (the front door stage uses it too) with Debian's own unit
 off. It also answers the node exporter's metrics on the API port, behind the backend key (503 until the
@@ -11,8 +11,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet.guard import guard_plan
-from sparkfleet.fleet.inventory import DeployRefused
+from sparkfleet.roles.guard import guard_plan
+from sparkfleet.controller.inventory import DeployRefused
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan

@@ -1,6 +1,6 @@
 """Stage 8 (hosts of the group `monitoring`, after the front door): Prometheus from Debian's package, its own
 unit on 127.0.0.1 (Debian's prometheus.service masked before the install, so it never starts), scraping what
-the inventory serves with the backend key (sparkfleet/fleet/monitoring.py), and Alertmanager when
+the inventory serves with the backend key (sparkfleet/roles/monitoring.py), and Alertmanager when
 `alertmanager_webhook_url` is set. A changed config or rule file is checked with promtool and reloaded; a changed
 unit is a restart; it must be ready before the host counts as converged.
 """
@@ -10,11 +10,11 @@ from pyinfra.operations import server
 
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
-from sparkfleet.fleet.inventory import DeployRefused
-from sparkfleet.fleet.monitoring import monitoring_plan
-from sparkfleet.fleet import pki
-from sparkfleet.fleet.status_page import console_files
-from sparkfleet.fleet.tls import ca_of
+from sparkfleet.controller.inventory import DeployRefused
+from sparkfleet.roles.monitoring import monitoring_plan
+from sparkfleet.roles import pki
+from sparkfleet.roles.status_page import console_files
+from sparkfleet.roles.pki import ca_of
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_permissions, managed_unit
 from sparkfleet.host.operations import secret_file
 from sparkfleet.release.plan import HostPlan

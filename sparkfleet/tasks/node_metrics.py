@@ -1,6 +1,6 @@
 """Stage 6b (every Spark, when the inventory has a monitoring host; after the watchdog, whose state it reports):
 Debian's node exporter on loopback, and a timer writing the GB10's and the watchdog's state for its textfile
-collector (sparkfleet/fleet/monitoring.py). Debian's own unit, which listens on every address, is masked before the
+collector (sparkfleet/roles/monitoring.py). Debian's own unit, which listens on every address, is masked before the
 install (it never starts) and kept off; the LAN reaches the exporter only through the guard's /node/metrics, with the
 backend key. A changed unit is a restart.
 """
@@ -10,9 +10,9 @@ from pyinfra.api import deploy
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
-from sparkfleet.fleet.monitoring import node_exporter_unit, textfile_units
+from sparkfleet.roles.monitoring import node_exporter_unit, textfile_units
 from sparkfleet.host.managed import managed_directory, managed_file, managed_packages, managed_unit
-from sparkfleet.fleet import pki
+from sparkfleet.roles import pki
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.tasks.tls import host_tls
 
@@ -26,7 +26,7 @@ def node_metrics(plan: HostPlan):
                  service=paths.MONITORING_PACKAGES[m.NODE_EXPORTER_PACKAGE], running=False, enabled=False)
     managed_directory(name="Textfile collector directory", path=m.TEXTFILE_DIR, mode="0755")
     tls = host_tls(plan)
-    if tls.cert:  # when its fleet certificate ends: the alert TlsCertificateExpiring (fleet/monitoring.py)
+    if tls.cert:  # when its fleet certificate ends: the alert TlsCertificateExpiring (roles/monitoring.py)
         managed_file(name="This host's certificate expiry (textfile)", content=pki.expiry_metric(tls.cert),
                      dest=paths.TLS_EXPIRY_TEXTFILE, mode="0644")
     script = managed_file(name="Helper sparkfleet-textfile", src=str(FILES_DIR / "sparkfleet-textfile"),

@@ -25,7 +25,7 @@ from sparkfleet.host.facts import (
     json_object,
 )
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.fleet.inventory import plans
+from sparkfleet.controller.inventory import plans
 from sparkfleet.host.model_files import files_needing_work, missing_bytes
 from sparkfleet.host.state import read_facts
 from sparkfleet.contract.paths import RELEASE_FILE, VERIFIED_RECORD

@@ -14,7 +14,7 @@ from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import server
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet.progress import watch
+from sparkfleet.controller.progress import watch
 from sparkfleet.host.facts import RuntimePath, Unreadable, read_json_object
 from sparkfleet.host.operations import (
     ROLE_UNITS,

@@ -20,7 +20,7 @@ from sparkfleet.host.operations import (
 )
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.contract.formats import memory_plan_json
-from sparkfleet.fleet.progress import watch
+from sparkfleet.controller.progress import watch
 from sparkfleet.host.run import ModelResult, ServiceResult
 from sparkfleet.host.services import services_pruned
 from sparkfleet.host.serving import start_limit_cleared

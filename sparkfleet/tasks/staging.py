@@ -4,7 +4,7 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 
 from sparkfleet.controller.prepare import Prepared
-from sparkfleet.fleet.progress import watch
+from sparkfleet.controller.progress import watch
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.host.run import ModelResult
 from sparkfleet.release.plan import HostPlan

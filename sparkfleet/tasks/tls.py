@@ -1,6 +1,6 @@
 """Part of the guard stage, on every host of a fleet whose hops are TLS (`HostPlan.backend_tls`): the fleet CA's
 certificate, this host's key (derived from the CA's: the same bytes on every converge) and its certificate, issued
-here by the controller only when the host's current one is wrong (fleet/pki.py `wrong`: another CA, another key, a
+here by the controller only when the host's current one is wrong (roles/pki.py `wrong`: another CA, another key, a
 missing name, within 30 days of its end); otherwise nothing changes. The current certificate is read with
 preflight's facts (host/preflight.py `converge_reads`): no round trip of its own.
 
@@ -14,9 +14,9 @@ from pyinfra import host, state
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.fleet import pki
-from sparkfleet.fleet.inventory import DeployRefused
-from sparkfleet.fleet.tls import ca_of
+from sparkfleet.roles import pki
+from sparkfleet.controller.inventory import DeployRefused
+from sparkfleet.roles.pki import ca_of
 from sparkfleet.host.facts import JsonFile
 from sparkfleet.host.managed import managed_directory, managed_file
 from sparkfleet.host.operations import secret_file

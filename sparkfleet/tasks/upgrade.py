@@ -9,7 +9,7 @@ from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import server
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet.inventory import plan_for
+from sparkfleet.controller.inventory import plan_for
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.pins import render_pins
 from sparkfleet.host.upgrade import (

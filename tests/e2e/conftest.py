@@ -140,7 +140,7 @@ def fleet_out_of_step(state: dict) -> dict[str, str]:
     """Hosts not serving inventory/sim.py's release, each with why: wrong or no release, unit down, API not healthy."""
     import requests
 
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
     from sparkfleet.contract import paths
     from sparkfleet.model.hubs import hub_resolver
     from sparkfleet.release.image import image_resolver

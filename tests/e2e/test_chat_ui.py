@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import chat_ui
+from sparkfleet.roles import chat_ui
 from sparkfleet.fleet.users import read_secrets, write_secrets
 from tests.waiting import wait_until
 

@@ -53,7 +53,7 @@ def plans(inventory: str) -> dict:
     memory fits the models' real bytes, not the recipes' offline figures). Imported here, as conftest does: pyinfra's
     CLI, which the inventory loader imports, monkey-patches threading with gevent, which deadlocks an xdist worker
     that imports it at collection."""
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
     from sparkfleet.model.hubs import hub_resolver
     from sparkfleet.release.image import image_resolver
     from sparkfleet.release.plan import plan_hosts

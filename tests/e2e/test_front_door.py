@@ -165,7 +165,7 @@ class DoorWatch(bench_rollout.DoorWatch):
     count at the first departure."""
 
     def __init__(self, state: dict, hub: str):
-        from sparkfleet.fleet.front_door.runtime import runtime_command
+        from sparkfleet.roles.front_door.records import runtime_command
 
         super().__init__(lambda: ssh(state, DOOR, runtime_command("show stat"), check=False), self._first)
         self.hub, self.hub_bytes_at_first_drain = hub, None

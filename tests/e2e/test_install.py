@@ -140,7 +140,7 @@ def test_installed_commands_drive_the_simulated_fleet(installed, converged_fleet
         follow.terminate()
         follow.wait(30)
 
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
 
     sim_known = Path(load_hosts(str(ROOT / "inventory/sim.py"))[0][1]["ssh_known_hosts_file"])  # `sim up` wrote it
     known = [line for line in sim_known.read_text().splitlines() if line.strip()]

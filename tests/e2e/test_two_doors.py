@@ -68,7 +68,8 @@ def usage_requests(inventory: str) -> dict[str, int]:
 
 def door_backends(state: dict) -> dict[str, dict[str, str]]:
     """{door: {backend: state}} as each door's HAProxy holds them (what a failure message should show)."""
-    from sparkfleet.fleet.front_door.runtime import backend_states, runtime_command
+    from sparkfleet.fleet.front_door.runtime import backend_states
+    from sparkfleet.roles.front_door.records import runtime_command
 
     out = {}
     for door in DOORS:

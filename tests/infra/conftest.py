@@ -15,7 +15,7 @@ import tempfile
 import pytest
 import testinfra
 
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
@@ -156,9 +156,9 @@ def container_sees_the_gpu(spark: Spark, container: str) -> None:
 
 
 def chat_ui_of(config):
-    """The inventory's chat UI (fleet/chat_ui.py), or None without a group chat_ui."""
+    """The inventory's chat UI (roles/chat_ui.py), or None without a group chat_ui."""
     from sparkfleet.contract.paths import CHAT_UI_GROUP
-    from sparkfleet.fleet.chat_ui import chat_ui_plan
+    from sparkfleet.roles.chat_ui import chat_ui_plan
 
     _plans(config)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import chat_ui as rules
+from sparkfleet.roles import chat_ui as rules
 
 from .conftest import chat_ui_of
 

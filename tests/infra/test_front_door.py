@@ -7,9 +7,11 @@ import pytest
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
-from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
-from sparkfleet.fleet.front_door.address import door_set
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.fleet.front_door import runtime as fd_runtime
+from sparkfleet.roles.front_door import records as fd_records
+from sparkfleet.roles.front_door.address import door_set
+from sparkfleet.controller.inventory import load_hosts
 
 from .conftest import chat_ui_of
 
@@ -42,7 +44,7 @@ def test_key_files_are_root_only(node, door):
 def test_front_door_active_and_every_backend_in(node, door):
     service = node.host.service(paths.FRONT_DOOR_UNIT_NAME)
     assert service.is_enabled and service.is_running
-    states = fd_runtime.backend_states(node.host.check_output(fd_runtime.runtime_command("show stat")))
+    states = fd_runtime.backend_states(node.host.check_output(fd_records.runtime_command("show stat")))
     assert {name: row["state"] for name, row in states.items()} == {b.name: "in" for b in door.backends}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import guard as gd
+from sparkfleet.roles import guard as gd
 
 from .conftest import chat_ui_of
 

@@ -280,7 +280,7 @@ class NoAddress:
     """A front door runtime's floating-address steps for fakes of it: no floating address, nothing moves."""
 
     def hand_over(self, hosts, log):
-        from sparkfleet.fleet.front_door.address import Handover
+        from sparkfleet.roles.front_door.address import Handover
 
         return Handover()
 

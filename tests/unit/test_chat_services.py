@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 from tests.unit.helpers import host_data
 from tests.unit.test_front_door import NAME, plans

@@ -1,4 +1,4 @@
-"""The chat UI (fleet/chat_ui.py): its plan refuses what cannot work, its files hold their secrets only where they
+"""The chat UI (roles/chat_ui.py): its plan refuses what cannot work, its files hold their secrets only where they
 must, and the real HAProxy, on the generated configs, lets a person in by their own key only, counts and limits
 Open WebUI's requests as the person its signed token names, and refuses a forged, expired or unsigned one."""
 
@@ -21,8 +21,8 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.fleet import chat_ui, guard
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles import chat_ui, guard
+from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.tiers import needs
 from .helpers import KEY, ROOT, Recorder, Server, door_files, make_model, wait_for

@@ -25,7 +25,7 @@ def write_inventory(tmp_path, data: dict) -> str:
 def test_plan_json_of_the_office_example(capsys, monkeypatch):
     """The acceptance command with the hub out of reach: the plan still prints, the release unresolved."""
     unreachable = "cannot resolve modelscope:Qwen/Qwen3.5-35B-A3B-FP8@master: no network in this test"
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, unreachable))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, unreachable))
     assert main(["plan", str(ROOT / "inventory/office.py"), "--json"]) == 0
     hosts = json.loads(capsys.readouterr().out)["hosts"]
     assert [h["name"] for h in hosts] == ["spark-a", "spark-b", "spark-c"]
@@ -39,7 +39,7 @@ def test_plan_json_of_the_office_example(capsys, monkeypatch):
 
 
 def test_plan_table_of_the_office_example(capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "hub down"))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "hub down"))
     assert main(["plan", str(ROOT / "inventory/office.py"), "--limit", "spark-b"]) == 0
     out = capsys.readouterr().out
     assert "spark-b: release unresolved" in out and "hub unreachable: hub down" in out

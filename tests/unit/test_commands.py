@@ -17,7 +17,7 @@ from sparkfleet.refused import Refused
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("pyinfra", "pyinfra_cli", "gevent", "requests", "urllib3", "huggingface_hub", "modelscope",
-         "sparkfleet.fleet.inventory", "sparkfleet.release", "sparkfleet.model")
+         "sparkfleet.controller.inventory", "sparkfleet.release", "sparkfleet.model")
 
 
 def run_main(argv: list[str]) -> dict:
@@ -48,7 +48,8 @@ def test_a_bad_batch_is_refused_by_the_parser_before_any_plan(batch):
 
 
 def test_a_bad_batch_never_reaches_the_plan_in_process(monkeypatch, capsys):
-    from sparkfleet.fleet import inventory, rollout
+    from sparkfleet.controller import inventory
+    from sparkfleet.fleet import rollout
 
     monkeypatch.setattr(rollout, "planned", lambda *a, **k: pytest.fail("planned"))
     monkeypatch.setattr(inventory, "hub_resolver", lambda s: pytest.fail("a hub was asked"))

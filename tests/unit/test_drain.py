@@ -16,8 +16,10 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.contract import paths
-from sparkfleet.fleet.front_door import commands as fd_commands, plan as fd_plan, runtime as fd_runtime
-from sparkfleet.fleet import guard, haproxy
+from sparkfleet.fleet.front_door import commands as fd_commands, runtime as fd_runtime
+from sparkfleet.roles.front_door import records as fd_records
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.roles import guard, haproxy
 
 from .helpers import ROOT, wait_for
 from .test_front_door import plans
@@ -33,7 +35,7 @@ def door_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "FRONT_DOOR_CONFIG", str(tmp_path / "haproxy.cfg"))  # where start_haproxy writes it
     monkeypatch.setattr(paths, "SERVERS_SAVE", str(ROOT / "files" / "sparkfleet-servers-save"))
     monkeypatch.setattr(paths, "FRONT_DOOR_SOCKET", str(tmp_path / "admin.sock"))
-    monkeypatch.setattr(fd_runtime, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
+    monkeypatch.setattr(fd_records, "_SOCAT", f"socat -t 5 stdio UNIX-CONNECT:{tmp_path / 'admin.sock'}")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     socat = bin_dir / "socat"
@@ -55,20 +57,20 @@ def sent(tmp) -> list[str]:
 
 
 def test_drained_names_are_server_names_one_a_line():
-    assert fd_runtime.drained_names("spark-2\n\n# a note\nnot a name\n  spark-3 \n") == {"spark-2", "spark-3"}
-    assert fd_runtime.drained_names("") == set()
+    assert fd_records.drained_names("spark-2\n\n# a note\nnot a name\n  spark-3 \n") == {"spark-2", "spark-3"}
+    assert fd_records.drained_names("") == set()
 
 
 def test_the_record_is_edited_whole_and_root_only(door_dir):
     record = door_dir / "drained"
     for host, drained in (("spark-2", True), ("spark-22", True), ("spark-2", True), ("spark-3", True)):
-        sh(fd_runtime.record_command(host, drained))
+        sh(fd_records.record_command(host, drained))
     assert record.read_text() == "spark-22\nspark-2\nspark-3\n"  # a second drain does not repeat the name
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
-    sh(fd_runtime.record_command("spark-2", drained=False))
+    sh(fd_records.record_command("spark-2", drained=False))
     assert record.read_text() == "spark-22\nspark-3\n"  # a whole line: spark-22 stays
-    sh(fd_runtime.record_command("spark-9", drained=False))  # not drained: the record is unchanged
-    assert fd_runtime.drained_names(record.read_text()) == {"spark-22", "spark-3"}
+    sh(fd_records.record_command("spark-9", drained=False))  # not drained: the record is unchanged
+    assert fd_records.drained_names(record.read_text()) == {"spark-22", "spark-3"}
     assert not (door_dir / "drained.new").exists()
 
 
@@ -126,18 +128,18 @@ def test_ready_sends_nothing_when_every_host_is_drained_and_everything_without_a
 
 
 def test_the_replay_puts_every_recorded_name_into_maintenance_in_one_line(door_dir):
-    sh(fd_runtime.replay_command())  # no record: nothing sent
+    sh(fd_records.replay_command())  # no record: nothing sent
     assert sent(door_dir) == []
     (door_dir / "drained").write_text("spark-2\nspark-3\n")
-    sh(fd_runtime.replay_command())
+    sh(fd_records.replay_command())
     assert sent(door_dir) == ["set server engines/spark-2 state maint;set server engines/spark-3 state maint"]
 
 
 def test_the_front_door_unit_saves_state_before_a_reload_and_replays_the_record_after_a_start(tmp_path):
     unit = fd_plan.front_door_plan("spark-a", plans(**{"spark-a": {}})).unit()
-    assert f"ExecStartPost=-/bin/sh -c '{fd_runtime.replay_command()}'\n" in unit
-    assert f"ExecReload=-{fd_runtime.save_state_command()}\n" in unit
-    assert f"ExecStartPre=-{fd_runtime.save_state_command()}\n" in unit  # a file saved before meets the config
+    assert f"ExecStartPost=-/bin/sh -c '{fd_records.replay_command()}'\n" in unit
+    assert f"ExecReload=-{fd_records.save_state_command()}\n" in unit
+    assert f"ExecStartPre=-{fd_records.save_state_command()}\n" in unit  # a file saved before meets the config
     assert unit.index("ExecReload=/usr/sbin/haproxy -c") < unit.index(f"ExecReload=-{paths.SERVERS_SAVE}") < unit.index(
         "ExecReload=/bin/kill -USR2")  # checked, then saved, then reloaded
     if shutil.which("systemd-analyze"):  # systemd itself parses both lines, quotes and all
@@ -195,9 +197,9 @@ def test_drain_records_first_then_drains_then_saves_the_state(inventory, monkeyp
     log = []
     report = fd_commands.drain_host(inventory, "spark-2", log.append)
     kinds = ["states" if "show stat" in c else c for c in shell.commands]
-    assert kinds == ["states", fd_runtime.record_command("spark-2", drained=True),
-                     fd_runtime.runtime_command("set server engines/spark-2 state drain"), "states",
-                     fd_runtime.runtime_command("set server engines/spark-2 state maint"), fd_runtime.save_state_command(), "states"]
+    assert kinds == ["states", fd_records.record_command("spark-2", drained=True),
+                     fd_records.runtime_command("set server engines/spark-2 state drain"), "states",
+                     fd_records.runtime_command("set server engines/spark-2 state maint"), fd_records.save_state_command(), "states"]
     assert report == {"host": "spark-2", "drained": True, "front_doors": [{"host": "spark-1", "state": "drained"}]}
     assert log == ["front door: spark-2 out"]
 
@@ -206,10 +208,10 @@ def test_undrain_clears_the_record_and_readies_in_one_command(inventory, monkeyp
     shell = Recorded()
     monkeypatch.setattr(fd_runtime.FrontDoorRuntime, "_shell", lambda runtime, command: shell(runtime, command))
     report = fd_commands.undrain_host(inventory, "spark-2", lambda m: None)
-    assert shell.commands[1] == fd_runtime.undrain_command("spark-2")
-    assert fd_runtime.undrain_command("spark-2") == (f"{fd_runtime.record_command('spark-2', drained=False)} && "
-                                             f"{fd_runtime.runtime_command('set server engines/spark-2 state ready')} && "
-                                             f"{fd_runtime.save_state_command()}")  # record, ready, then saved
+    assert shell.commands[1] == fd_records.undrain_command("spark-2")
+    assert fd_records.undrain_command("spark-2") == (f"{fd_records.record_command('spark-2', drained=False)} && "
+                                             f"{fd_records.runtime_command('set server engines/spark-2 state ready')} && "
+                                             f"{fd_records.save_state_command()}")  # record, ready, then saved
     assert report["drained"] is False and report["front_doors"] == [{"host": "spark-1", "state": "in"}]
 
 
@@ -272,26 +274,26 @@ def test_haproxy_keeps_a_drained_backend_out_across_restarts(door_dir):
             old.terminate()
             old.wait()
         proc = start_haproxy(config, door_dir, moved)
-        wait_for(lambda: "spark-a" in subprocess.run(["sh", "-c", fd_runtime.runtime_command("show stat")],
+        wait_for(lambda: "spark-a" in subprocess.run(["sh", "-c", fd_records.runtime_command("show stat")],
                                                       capture_output=True, text=True, check=False).stdout)
         return proc
 
     proc = started()
     try:
-        sh(fd_runtime.record_command("spark-a", drained=True))
-        sh(fd_runtime.runtime_command("set server engines/spark-a state maint"))
-        sh(fd_runtime.save_state_command())
+        sh(fd_records.record_command("spark-a", drained=True))
+        sh(fd_records.runtime_command("set server engines/spark-a state maint"))
+        sh(fd_records.save_state_command())
         assert states()["spark-a"] == "drained"
         proc = started(proc)  # the state file carries the maintenance
         assert states()["spark-a"] == "drained" and states()["spark-b"] != "drained"
         os.unlink(paths.FRONT_DOOR_STATE_FILE)
         proc = started(proc)  # no state file: the unit's replay puts it back
         assert states()["spark-a"] not in ("drained", "out")
-        sh(fd_runtime.replay_command())
+        sh(fd_records.replay_command())
         assert states()["spark-a"] == "drained"
-        assert sh(fd_runtime.ready_command(["spark-a", "spark-b"])).startswith("kept spark-a\n")  # a batch end
+        assert sh(fd_records.ready_command(["spark-a", "spark-b"])).startswith("kept spark-a\n")  # a batch end
         assert states()["spark-a"] == "drained"
-        sh(fd_runtime.undrain_command("spark-a"))
+        sh(fd_records.undrain_command("spark-a"))
         assert states()["spark-a"] not in ("drained", "out")
         proc = started(proc)  # undrained stays undrained: the state file was saved by undrain
         assert states()["spark-a"] not in ("drained", "out")
@@ -326,7 +328,7 @@ def test_the_saved_state_keeps_maintenance_but_never_a_servers_old_tls_or_port(d
                 f"backend engines\n    server spark-a {server_a}\n    server spark-b {server_b}\n")
 
     def shown() -> dict[str, list[str]]:  # fields: 6 srv_admin_state, 18 srv_port, 20 srv_use_ssl (from 0)
-        asked = subprocess.run(["sh", "-c", fd_runtime.runtime_command("show servers state engines")],
+        asked = subprocess.run(["sh", "-c", fd_records.runtime_command("show servers state engines")],
                                capture_output=True, text=True, timeout=20, check=False)  # none while it starts
         rows = asked.stdout.splitlines() if asked.returncode == 0 else []
         return {row.split()[3]: row.split() for row in rows if row[:1].isdigit() and len(row.split()) > 20}
@@ -344,21 +346,21 @@ def test_the_saved_state_keeps_maintenance_but_never_a_servers_old_tls_or_port(d
                                                                               f"127.0.0.1:{old} ssl verify none")
     proc = started(plain)
     try:
-        sh(fd_runtime.runtime_command("set server engines/spark-a state maint"))
+        sh(fd_records.runtime_command("set server engines/spark-a state maint"))
         # what an older sparkfleet saved: HAProxy's whole answer (no TLS, the old port)
-        Path(paths.FRONT_DOOR_STATE_FILE).write_text(sh(fd_runtime.runtime_command("show servers state")))
+        Path(paths.FRONT_DOOR_STATE_FILE).write_text(sh(fd_records.runtime_command("show servers state")))
         stopped(proc)
         # a converge writes the new configuration (spark-a's guard on another port, spark-b's over TLS), and the
         # unit's start brings the file to it before HAProxy loads it
         Path(paths.FRONT_DOOR_CONFIG).write_text(changed)
-        sh(fd_runtime.save_state_command())
+        sh(fd_records.save_state_command())
         proc = started(changed)
         rows = shown()
         assert rows["spark-a"][6] != "0" and rows["spark-a"][18] == str(new), rows["spark-a"]
         assert rows["spark-b"][6] == "0" and rows["spark-b"][20] == "1", rows["spark-b"]
         # a reload back to the plain configuration: saved from the running HAProxy, brought to it the same way
         Path(paths.FRONT_DOOR_CONFIG).write_text(plain)
-        sh(fd_runtime.save_state_command())
+        sh(fd_records.save_state_command())
         stopped(proc)
         proc = started(plain)
         rows = shown()
@@ -398,11 +400,11 @@ def test_a_restarted_door_sends_to_a_hosts_address_now_never_the_one_in_its_stat
         "srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord\n"
         "3 engines 1 spark-a 127.0.0.9 2 1 1 1 5 1 0 0 0 0 0 0 localhost 8000 -\n"
         "3 engines 2 spark-b 127.0.0.8 2 0 1 1 5 1 0 0 0 0 0 0 sparkfleet-test-unresolvable.invalid 8000 -\n")
-    sh(fd_runtime.save_state_command())  # what the unit's start runs first
+    sh(fd_records.save_state_command())  # what the unit's start runs first
     proc = start_haproxy(Path(paths.FRONT_DOOR_CONFIG).read_text(), door_dir, {})
     try:
         def shown() -> dict[str, list[str]]:
-            asked = subprocess.run(["sh", "-c", fd_runtime.runtime_command("show servers state engines")],
+            asked = subprocess.run(["sh", "-c", fd_records.runtime_command("show servers state engines")],
                                    capture_output=True, text=True, timeout=20, check=False)
             rows = asked.stdout.splitlines() if asked.returncode == 0 else []
             return {row.split()[3]: row.split() for row in rows if row[:1].isdigit() and len(row.split()) > 5}
@@ -419,7 +421,7 @@ def test_a_restarted_door_sends_to_a_hosts_address_now_never_the_one_in_its_stat
 def test_status_asks_each_door_once_for_its_states_certificate_and_the_address(door_dir, monkeypatch):
     """survey_command in a real shell (a socat that answers `show stat`, a certificate on disk, this machine's
     own loopback address as the floating one), parsed: one round trip per door says all three."""
-    from sparkfleet.fleet import pki
+    from sparkfleet.roles import pki
 
     (door_dir / "bin" / "socat").write_text(f"#!/bin/sh\ncat > /dev/null\nprintf '%s' '{STAT}'\n")
     (door_dir / "drained").write_text("spark-2\n")

@@ -18,7 +18,8 @@ from sparkfleet.contract import engines, formats, paths, serving
 from sparkfleet.contract.recipes import IMAGES, VERSION_SETTING
 from sparkfleet.contract.settings import Settings, defaults, parse_settings
 from sparkfleet.contract.shared import MODULE_FILE, host_module
-from sparkfleet.fleet import bench, progress, status
+from sparkfleet.fleet import bench, status
+from sparkfleet.controller import progress
 from sparkfleet.host.operations import env_command
 from sparkfleet.release.engines import ENGINE_CLASSES
 from sparkfleet.release.engines.table import table_versions

@@ -72,7 +72,7 @@ def test_an_uncatalogued_model_offline_says_what_it_cannot_know():
 # ---- the command, through its main function, with no network ----------------------------------------
 
 def test_plan_command_offline_prints_the_fit(capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", offline)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", offline)
     assert cli.main(["plan", OFFICE, "--host", "spark-a"]) == 0
     out = " ".join(line.strip(" │") for line in capsys.readouterr().out.splitlines())  # unwrap the table's cells
     assert "measured with this recipe: 50.3 tokens/s (seed 000 write-up" in out
@@ -82,13 +82,13 @@ def test_plan_command_offline_prints_the_fit(capsys, monkeypatch):
 
 
 def test_plan_command_offline_refuses_a_small_share_with_exit_2(capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", offline)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", offline)
     assert cli.main(["plan", OFFICE, "--host", "spark-a", "--data", "gpu_memory_utilization=0.32"]) == 2
     assert "spark-a: max_model_len=262144 needs" in capsys.readouterr().err
 
 
 def test_plan_command_for_an_uncatalogued_model_offline(capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", offline)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", offline)
     assert cli.main(["plan", OFFICE, "--host", "spark-a", "--data", "model_repo=Acme/Unknown-7B"]) == 0
     out = capsys.readouterr().out
     assert "unknown:" in out and "no memory fit and no roofline" in out and "B/token" not in out

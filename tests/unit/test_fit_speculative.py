@@ -93,7 +93,7 @@ def test_bad_speculative_settings_are_refused(data, needle):
 
 
 def test_plan_command_shows_the_speculative_flags_and_the_draft(capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "hub down"))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "hub down"))
     assert cli.main(["plan", str(ROOT / "inventory/office.py"), "--host", "spark-a", "--data", f"recipe={MTP}"]) == 0
     out = " ".join(line.strip(" │") for line in capsys.readouterr().out.splitlines())  # unwrap the table's cells
     assert '--speculative-config {"method": "mtp",' in out

@@ -220,7 +220,7 @@ def test_status_rows_one_per_group_in_inventory_order():
 
 
 def test_the_front_door_has_one_backend_per_group_its_head():
-    from sparkfleet.fleet.front_door import plan as fd_plan
+    from sparkfleet.roles.front_door import plan as fd_plan
     from sparkfleet.release.plan import plan_hosts
 
     from .helpers import KEY, host_data

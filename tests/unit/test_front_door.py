@@ -9,8 +9,10 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import haproxy
-from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
+from sparkfleet.roles import haproxy
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.fleet.front_door import runtime as fd_runtime
+from sparkfleet.roles.front_door import records as fd_records
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
@@ -128,7 +130,7 @@ def test_a_short_user_key_is_refused_without_echoing_it():
 
 
 def test_runtime_command_is_one_quoted_line():
-    assert fd_runtime.runtime_command("set server engines/spark-a state drain", "show stat") == (
+    assert fd_records.runtime_command("set server engines/spark-a state drain", "show stat") == (
         "echo 'set server engines/spark-a state drain; show stat' | socat -t 5 stdio "
         "UNIX-CONNECT:/run/sparkfleet-front-door/admin.sock")
 

@@ -1,4 +1,4 @@
-"""Two or more front doors, one address (fleet/front_door/address.py): the settings' refusals (each one line
+"""Two or more front doors, one address (roles/front_door/address.py): the settings' refusals (each one line
 naming the fix), keepalived's config (checked by the real keepalived where installed), HAProxy's peers section
 (two real HAProxys on loopback share the usage table), the interface found from `ip -j -4 addr`, and the rule a
 planned change follows (`handover`)."""
@@ -16,7 +16,7 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError, parse_settings
-from sparkfleet.fleet.front_door import address as fd_address, plan as fd_plan
+from sparkfleet.roles.front_door import address as fd_address, plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 
 from tests.tiers import needs
@@ -236,7 +236,7 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path, tls):
     TLS, the peers link is too (each door's fleet certificate, the other's verified against the fleet CA)."""
     import dataclasses
 
-    from sparkfleet.fleet import haproxy, pki
+    from sparkfleet.roles import haproxy, pki
 
     engine = Server(make_model(tmp_path / "model"), "--served-model-name", NAME, "--api-key", KEY,
                     SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5")

@@ -15,7 +15,9 @@ import sys
 import pytest
 
 from sparkfleet import cli
-from sparkfleet.fleet.front_door import commands as fd_commands, holds as fd_holds, runtime as fd_runtime
+from sparkfleet.fleet.front_door import commands as fd_commands, runtime as fd_runtime
+from sparkfleet.roles.front_door import records as fd_records
+from sparkfleet.roles.front_door import holds as fd_holds
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet.converge import HostResult
 
@@ -106,12 +108,12 @@ def test_put_back_readies_only_what_the_door_still_holds_so_and_keeps_a_maintena
     gone, newer, kept = hold("spark-2", pid=99), hold("spark-3", pid=4242), hold("spark-4", pid=99)
     (door_dir / "held").write_text("\n".join([gone.line(), newer.line(), kept.line()]) + "\n")
     (door_dir / "drained").write_text("spark-4\n")
-    out = sh(fd_runtime.put_back_command([gone, hold("spark-3", pid=99), kept]))  # spark-3: a newer hold since read
+    out = sh(fd_records.put_back_command([gone, hold("spark-3", pid=99), kept]))  # spark-3: a newer hold since read
     assert out == "kept spark-4\n"
     assert sent(door_dir) == ["set server engines/spark-2 state ready"]
     assert fd_holds.parse_holds((door_dir / "held").read_text()) == {"spark-3": newer}  # spark-4: the record holds it
     before = (door_dir / "held").read_text()
-    sh(fd_runtime.put_back_command([hold("spark-9", pid=99)]))  # held nowhere: nothing sent, nothing rewritten
+    sh(fd_records.put_back_command([hold("spark-9", pid=99)]))  # held nowhere: nothing sent, nothing rewritten
     assert sent(door_dir) == ["set server engines/spark-2 state ready"] and (door_dir / "held").read_text() == before
 
 

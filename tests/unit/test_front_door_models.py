@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from sparkfleet.contract import monitoring, paths
-from sparkfleet.fleet.front_door import plan as fd_plan, runtime as fd_runtime
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.fleet.front_door import runtime as fd_runtime
 from sparkfleet.contract.settings import SettingsError
 
 from tests.tiers import needs

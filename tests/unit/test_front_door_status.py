@@ -18,7 +18,7 @@ from sparkfleet import cli  # imported first: it loads pyinfra's CLI, which patc
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles.front_door import plan as fd_plan
 from tests.conftest import free_port
 from tests.tiers import needs
 

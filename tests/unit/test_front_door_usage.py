@@ -16,7 +16,7 @@ import requests
 from sparkfleet import cli
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.contract.settings import SettingsError, parse_settings
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
 from tests.tiers import needs

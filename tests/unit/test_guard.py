@@ -11,9 +11,9 @@ import time
 import pytest
 import requests
 
-from sparkfleet.fleet.front_door import plan as fd_plan
-from sparkfleet.fleet import guard as gd
-from sparkfleet.fleet import haproxy
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.roles import guard as gd
+from sparkfleet.roles import haproxy
 from sparkfleet.contract import paths
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import FrontDoorUser, SettingsError

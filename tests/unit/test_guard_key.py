@@ -14,8 +14,8 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError, parse_settings
-from sparkfleet.fleet import guard as gd
-from sparkfleet.fleet import haproxy
+from sparkfleet.roles import guard as gd
+from sparkfleet.roles import haproxy
 from tests.conftest import free_port
 
 from .helpers import KEY, haproxy_serving, host_data

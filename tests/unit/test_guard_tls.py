@@ -14,9 +14,9 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import FrontDoorUser
-from sparkfleet.fleet import guard as gd
-from sparkfleet.fleet import pki
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles import guard as gd
+from sparkfleet.roles import pki
+from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.fleet.tls import guard_client
 from sparkfleet.release.plan import plan_hosts
 from tests.conftest import free_port

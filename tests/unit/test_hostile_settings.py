@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from sparkfleet import cli
 from sparkfleet.commands.common import invalid, refusal
-from sparkfleet.fleet.guard import guard_plan
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.roles.guard import guard_plan
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, Settings, parse_settings
@@ -40,7 +40,7 @@ def inventory_data(data: dict) -> dict:
 @pytest.fixture
 def plan_cli(tmp_path, capsys, monkeypatch):
     """Run `sparkfleet plan` on a one-host inventory with `data`: (exit code, everything printed)."""
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "offline test: no hub is asked"))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "offline test: no hub is asked"))
 
     def run(**data):
         inventory = tmp_path / "fleet.py"

@@ -7,7 +7,7 @@ controller copy.
 
 import pytest
 
-from sparkfleet.fleet.front_door.plan import front_door_plan
+from sparkfleet.roles.front_door.plan import front_door_plan
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError, parse_settings
 
@@ -81,7 +81,7 @@ def test_status_prints_a_hostile_model_id_reply_and_host_facts_literally(invento
 def test_plan_prints_a_hostile_hub_error_literally(inventory, monkeypatch, capsys):
     from sparkfleet import cli
 
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "[/] the hub said [bold]no"))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "[/] the hub said [bold]no"))
     assert cli.main(["plan", inventory]) == 0
     assert "hub unreachable: [/] the hub said [bold]no" in capsys.readouterr().out
 
@@ -176,7 +176,7 @@ def test_a_config_lacking_a_key_the_fit_needs_is_refused_not_raised():
 def test_the_cli_exits_2_on_a_hostile_config(inventory, monkeypatch, capsys):
     from sparkfleet import cli
 
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", resolver_with(hostile_config("text_config.num_attention_heads", 0)))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", resolver_with(hostile_config("text_config.num_attention_heads", 0)))
     assert cli.main(["plan", inventory]) == 2
     assert "`num_attention_heads` = 0 is not a positive integer" in capsys.readouterr().err
 
@@ -388,7 +388,7 @@ def test_plan_prints_engine_args_with_brackets_literally(tmp_path, monkeypatch, 
     from sparkfleet.release.engines import table
 
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", lambda s: (None, None, "offline"))
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "offline"))
     # the allow-list refuses such a value (test_engine_args_allowlist.py); the printer must not depend on it
     monkeypatch.setitem(flag_table("0.33.0").reviewed, "--chat-template-content-format", "choice")
     monkeypatch.setattr(table, "value_problem", lambda *args: None)

@@ -235,8 +235,8 @@ def test_archive_pin_runs_the_image_id(tmp_path):
 
 
 def test_deploy_refuses_a_plan_whose_digest_is_unknown(monkeypatch):
-    from sparkfleet.fleet import inventory
-    from sparkfleet.fleet.inventory import DeployRefused, plan_for
+    from sparkfleet.controller import inventory
+    from sparkfleet.controller.inventory import DeployRefused, plan_for
 
     class State:
         inventory = []

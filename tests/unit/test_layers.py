@@ -13,7 +13,7 @@ PACKAGE = Path(sparkfleet.__file__).resolve().parent
 # nothing of sparkfleet; the command line is `cli` and its modules, one per command (`commands`); the
 # stages (`tasks`) and the deploy files that run them (`deploys`) sit on top: the fleet commands load deploy files
 # by path, and nothing else in the package imports them.
-LAYERS = ["root", "contract", "model", "release", "host", "controller", "fleet", "cli", "stages"]
+LAYERS = ["root", "contract", "model", "release", "roles", "host", "controller", "fleet", "cli", "stages"]
 TOP_MODULES = {"__init__": "root", "tables": "root", "refused": "root", "cli": "cli", "__main__": "cli",
                "commands": "cli", "tasks": "stages", "deploys": "stages"}
 
@@ -102,3 +102,9 @@ def test_no_circle_between_modules():
 def test_the_deploy_files_are_imported_by_nothing():
     """A deploy file runs its stages when executed: pyinfra executes it once per host, an import would run it once."""
     assert not [m for m, targets in graph().items() for t in targets if t.startswith("sparkfleet.deploys.")]
+
+
+def test_the_stages_import_nothing_of_the_fleet_commands():
+    """The stages ensure what `roles/` and `release/` plan; `fleet/` talks to a live fleet and sits beside them."""
+    assert sorted(f"{m} -> {t}" for m, targets in graph().items() if layer(m) == "stages"
+                  for t in targets if layer(t) == "fleet") == []

@@ -1,4 +1,4 @@
-"""The release lock (sparkfleet/release/lock.py, fleet/inventory.py `locked`, `sparkfleet update`): plans answer
+"""The release lock (sparkfleet/release/lock.py, controller/inventory.py `locked`, `sparkfleet update`): plans answer
 from it with no hub and no registry, add what it lacks once, and only `update` moves an entry."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def down_image(s):
 @pytest.fixture
 def hub(monkeypatch):
     """The resolvers every command reaches (the inventory's: commands, `update` and deploys plan through it)."""
-    from sparkfleet.fleet import inventory
+    from sparkfleet.controller import inventory
 
     hub = Hub()
     for module in (inventory,):
@@ -69,7 +69,7 @@ def hub(monkeypatch):
 
 
 def hub_down(monkeypatch):
-    from sparkfleet.fleet import inventory
+    from sparkfleet.controller import inventory
 
     for module in (inventory,):
         monkeypatch.setattr(module, "hub_resolver", down)
@@ -187,10 +187,10 @@ def test_the_first_plan_writes_the_lock_and_later_plans_ask_no_hub_and_no_regist
 
 
 def test_a_deploys_plan_answers_from_the_lock_with_the_hub_down(tmp_path, capsys, hub, monkeypatch):
-    """What a converge plans (fleet/inventory.py `plans`, once per pyinfra run), with hub and registry stopped."""
+    """What a converge plans (controller/inventory.py `plans`, once per pyinfra run), with hub and registry stopped."""
     from pyinfra.api import Config, Inventory, State
 
-    from sparkfleet.fleet import inventory as inventory_mod
+    from sparkfleet.controller import inventory as inventory_mod
 
     released = plan_json(capsys, inventory(tmp_path))["spark-1"]["release_id"]
     hub_down(monkeypatch)
@@ -222,7 +222,7 @@ def test_a_plan_refused_once_the_hub_answered_writes_no_lock(tmp_path, capsys, h
 def test_an_image_pinned_by_digest_is_not_locked(tmp_path, capsys, monkeypatch):
     """It pins itself (image.py's resolver answers it with no registry): the lock holds only tags."""
     pinned = f"vllm/vllm-openai@{DIGEST}"
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", Hub().resolve)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", Hub().resolve)
     hosts = plan_json(capsys, inventory(tmp_path, {"spark-1": {"engine_image": pinned}}))
     assert hosts["spark-1"]["image_pinned"] == pinned and hosts["spark-1"]["image_source"] == "given"
     assert json.loads(lock_file().read_text())["images"] == {}
@@ -280,7 +280,7 @@ def test_update_with_the_hub_down_writes_nothing_and_exits_1(tmp_path, capsys, h
     path = inventory(tmp_path)
     plan_json(capsys, path)
     written = lock_file().read_text()
-    from sparkfleet.fleet import inventory as inventory_mod
+    from sparkfleet.controller import inventory as inventory_mod
 
     monkeypatch.setattr(inventory_mod, "hub_resolver", lambda s: (None, None, "cannot resolve: hub down"))
     assert main(["update", path]) == 1

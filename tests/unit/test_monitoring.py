@@ -12,7 +12,7 @@ import yaml
 
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
-from sparkfleet.fleet import monitoring
+from sparkfleet.roles import monitoring
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import KEY, host_data

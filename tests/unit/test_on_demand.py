@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import guard as gd
-from sparkfleet.fleet.front_door import plan as fd_plan
+from sparkfleet.roles import guard as gd
+from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 from tests.tiers import needs
 from tests.unit.helpers import KEY, Replier, free_api_port, haproxy_serving, host_data

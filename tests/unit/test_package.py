@@ -89,7 +89,7 @@ def test_run_deploy_loads_the_chosen_file_and_a_refusal_fails_every_host(monkeyp
     from pyinfra.api import Config, Inventory, State
 
     from sparkfleet.fleet import converge
-    from sparkfleet.fleet.inventory import DeployRefused
+    from sparkfleet.controller.inventory import DeployRefused
 
     inventory = Inventory(([("spark-1", {}), ("spark-2", {})], {}))
     state, loaded = State(inventory, Config()), []

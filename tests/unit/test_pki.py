@@ -1,4 +1,4 @@
-"""The fleet CA and the host certificates it issues (fleet/pki.py), the controller's client (fleet/tls.py) and the
+"""The fleet CA and the host certificates it issues (roles/pki.py), the controller's client (fleet/tls.py) and the
 refusal by default of a backend hop without a CA (release/plan.py `fleet_tls`): hostile cases first."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from sparkfleet.contract.settings import GROUPS_KEY, SettingsError
-from sparkfleet.fleet import pki
-from sparkfleet.fleet.tls import guard_client, hosts_ca, plans_ca
+from sparkfleet.roles import pki
+from sparkfleet.fleet.tls import guard_client
+from sparkfleet.roles.pki import hosts_ca, plans_ca
 from sparkfleet.release.plan import plan_hosts
 from tests.unit.helpers import host_data
 
@@ -192,7 +193,7 @@ def test_relative_ca_paths_are_refused(tmp_path):
 
 def test_the_expiry_metric_and_its_alert(ca):
     from sparkfleet.contract.settings import parse_settings
-    from sparkfleet.fleet import monitoring
+    from sparkfleet.roles import monitoring
 
     pem = pki.issue(ca, "spark-a", NAMES)
     end = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
@@ -204,7 +205,7 @@ def test_the_expiry_metric_and_its_alert(ca):
 def test_status_reads_a_certificates_end_from_the_hosts_text_and_flags_it_14_days_ahead(tmp_path):
     import datetime as dt
 
-    from sparkfleet.fleet import pki
+    from sparkfleet.roles import pki
     from sparkfleet.fleet.status import ending_soon
 
     cert, key = pki.new_ca()

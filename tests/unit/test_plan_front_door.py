@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
-from sparkfleet.fleet.front_door.address import door_set
+from sparkfleet.roles.front_door.address import door_set
 
 import pytest
 
 from sparkfleet import cli
-from sparkfleet.fleet.front_door import commands as fd_commands, plan as fd_plan, runtime as fd_runtime
+from sparkfleet.fleet.front_door import commands as fd_commands, runtime as fd_runtime
+from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import KEY, host_data

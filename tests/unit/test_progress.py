@@ -17,8 +17,8 @@ from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sparkfleet.contract import paths
-from sparkfleet.fleet import progress
-from sparkfleet.fleet.progress import Fetch, HostView, Phase, PlainLines, engine_phase, fetch_text, phase_of
+from sparkfleet.controller import progress
+from sparkfleet.controller.progress import Fetch, HostView, Phase, PlainLines, engine_phase, fetch_text, phase_of
 from sparkfleet.release.image import ImagePin
 from sparkfleet.release.plan import plan_hosts
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sparkfleet.fleet import progress
-from sparkfleet.fleet.progress import HostView
+from sparkfleet.controller import progress
+from sparkfleet.controller.progress import HostView
 
 from .test_progress import ScriptedConnector, run_watched
 

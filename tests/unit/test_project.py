@@ -13,8 +13,8 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.fleet import project
-from sparkfleet.fleet.front_door.plan import front_door_plan
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.roles.front_door.plan import front_door_plan
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError
 

@@ -10,8 +10,8 @@ import shlex
 from sparkfleet.contract import reach
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet import logs, speed
-from sparkfleet.fleet.front_door.plan import front_door_plan
-from sparkfleet.fleet.inventory import group_hosts
+from sparkfleet.roles.front_door.plan import front_door_plan
+from sparkfleet.controller.inventory import group_hosts
 from sparkfleet.release.plan import plan_hosts
 
 from .helpers import KEY, host_data

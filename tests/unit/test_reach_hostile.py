@@ -18,7 +18,7 @@ from sparkfleet.contract import reach
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet import logs, project, speed, status
 from sparkfleet.fleet.front_door.commands import bench_target
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.refused import Refused
 
 from .helpers import KEY

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.contract import recipes
 from sparkfleet.contract.recipes import catalogue, known_model, recipe
 from sparkfleet.contract import settings as settings_module

@@ -15,7 +15,7 @@ from sparkfleet.release.image import ImagePin
 from tests.unit.helpers import host_data
 
 HOSTS = 16
-# pyinfra_cli (and sparkfleet.fleet.inventory, which reads inventories with it) patches the stdlib for gevent when
+# pyinfra_cli (and sparkfleet.controller.inventory, which reads inventories with it) patches the stdlib for gevent when
 # imported: the tests import it when they run, as test_image.py does, not when pytest collects this file.
 
 
@@ -50,7 +50,7 @@ def fleet_state(count: int) -> State:
 def test_hosts_loaded_at_once_share_one_hub_resolve_and_one_release(monkeypatch):
     from pyinfra_cli.util import _parallel_load_hosts
 
-    from sparkfleet.fleet import inventory as inventory_mod
+    from sparkfleet.controller import inventory as inventory_mod
 
     hub_calls, image_calls = [], []
     monkeypatch.setattr(inventory_mod, "hub_resolver", moving_hub(hub_calls))

@@ -10,8 +10,8 @@ import pytest
 
 from sparkfleet.contract.monitoring import SERVICE_ROLE, is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
-from sparkfleet.fleet.front_door import plan as fd_plan
-from sparkfleet.fleet.inventory import spark_hosts
+from sparkfleet.roles.front_door import plan as fd_plan
+from sparkfleet.controller.inventory import spark_hosts
 from sparkfleet.host.facts import Unreadable, parse_os_release, parse_tcp_reach
 from sparkfleet.host.preflight import ServiceFacts, service_preflight_problems
 from sparkfleet.release.plan import plan_hosts
@@ -43,7 +43,7 @@ def test_the_role_comes_from_the_groups(groups, service):
 ])
 def test_the_role_comes_from_the_inventory_files_groups_not_the_one_pyinfra_adds(tmp_path, groups, service):
     """pyinfra adds a group named after the inventory file, holding every host: it makes no host a Spark."""
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
 
     path = tmp_path / "office.py"
     path.write_text("".join(f"{name} = [(h, {{'ssh_hostname': '10.0.0.1'}}) for h in {members!r}]\n"

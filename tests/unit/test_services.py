@@ -297,7 +297,7 @@ def door_plans(**per_host):
 
 
 def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_path):
-    from sparkfleet.fleet.front_door import plan as fd_plan
+    from sparkfleet.roles.front_door import plan as fd_plan
 
     door = fd_plan.front_door_plan("spark-a", door_plans(**{"spark-a": {"services": RAG},
                                                       "spark-b": {"services": {"embed": RAG["embed"]}}}))
@@ -326,14 +326,14 @@ def test_the_front_door_routes_each_service_model_to_the_hosts_serving_it(tmp_pa
 
 
 def test_a_front_door_without_services_has_no_model_routes():
-    from sparkfleet.fleet.front_door import plan as fd_plan
+    from sparkfleet.roles.front_door import plan as fd_plan
 
     config = fd_plan.front_door_plan("spark-a", door_plans(**{"spark-a": {}})).config()
     assert "txn.model" not in config and "model_0" not in config
 
 
 def test_one_served_name_of_two_kinds_behind_one_front_door_is_refused():
-    from sparkfleet.fleet.front_door import plan as fd_plan
+    from sparkfleet.roles.front_door import plan as fd_plan
 
     twin = {"rerank": {"recipe": "qwen3-reranker-0.6b", "served_model_name": "Qwen3-Embedding-0.6B"}}
     with pytest.raises(SettingsError) as caught:

@@ -137,7 +137,7 @@ def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, 
     result = wd.probe(wd.load_config(config))
     assert (result["serving"], result["failed"]) == (True, None) and recorder.posts() == [want]
 
-    from sparkfleet.fleet.front_door import plan as fd_plan
+    from sparkfleet.roles.front_door import plan as fd_plan
 
     assert fd_plan.Route("model_0", "sim-qwen", "chat", ()).check == (
         "POST", "/v1/probe-here", json.dumps(want[1], separators=(",", ":")))

@@ -125,7 +125,7 @@ def test_the_page_asks_only_for_names_the_fleet_exports():
 
 
 def test_the_monitoring_host_gets_the_page_and_the_flags_that_load_it():
-    from sparkfleet.fleet import status_page
+    from sparkfleet.roles import status_page
 
     files = status_page.console_files()
     assert files == {f"{m.PROMETHEUS_CONSOLES}/{m.STATUS_PAGE_FILE}":

@@ -316,7 +316,7 @@ def test_the_ray_units_turn_on_token_auth_and_carry_neither_the_api_key_nor_engi
 
 def test_plan_json_shows_each_members_ray_unit_and_environment_never_the_token(tmp_path, capsys, monkeypatch):
     from sparkfleet.controller.fleet_token import ray_token
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", never)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", never)
     token = ray_token("spark-1+spark-2")  # made on the controller before the plan, as a converge leaves it
     path = _inventory(tmp_path, PAIR_INVENTORY)
     assert cli.main(["plan", path, "--offline", "--json"]) == 0
@@ -468,7 +468,7 @@ def _inventory(tmp_path, text: str) -> str:
 
 
 def test_plan_refuses_the_big_model_on_one_spark_offline(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", never)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", never)
     path = _inventory(tmp_path, f"sparks = [('spark-x', {{'ssh_hostname': '10.0.0.9', 'recipe': {BIG!r}}})]\n")
     assert cli.main(["plan", path, "--offline"]) == 2
     err = capsys.readouterr().err
@@ -485,7 +485,7 @@ pair = ([("spark-1", {{"ssh_hostname": "10.0.0.1", "fabric_address": "192.168.10
 
 
 def test_plan_shows_the_big_model_fitting_a_pair(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sparkfleet.fleet.inventory.hub_resolver", never)
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", never)
     path = _inventory(tmp_path, PAIR_INVENTORY)
     assert cli.main(["plan", path, "--offline", "--json"]) == 0
     head, worker = json.loads(capsys.readouterr().out)["hosts"]

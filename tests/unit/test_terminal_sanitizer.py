@@ -17,7 +17,8 @@ from rich.console import Console
 from sparkfleet import cli, tables
 from sparkfleet.commands import update as update_command
 from sparkfleet.contract.shared import host_module
-from sparkfleet.fleet import progress, usage
+from sparkfleet.controller import progress
+from sparkfleet.fleet import usage
 from sparkfleet.fleet import update as fleet_update
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.model.manifest import UntrustedAnswer

@@ -12,7 +12,7 @@ import pytest
 from sparkfleet import cli
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet import users
-from sparkfleet.fleet.inventory import load_hosts
+from sparkfleet.controller.inventory import load_hosts
 
 from .helpers import host_data
 

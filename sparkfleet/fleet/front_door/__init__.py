@@ -13,12 +13,12 @@ each (import a name from the room that owns it; this package re-exports nothing)
   `bench_target`); where the controller reaches a door is contract/reach.py `front_door_url`.
 
 Rooms import downwards only: holds <- runtime <- plan <- commands. The inventory's front door hosts are
-`fleet/inventory.py` `group_hosts(inventory, contract.monitoring.FRONT_DOOR_GROUP)`.
+`controller/inventory.py` `group_hosts(inventory, contract.monitoring.FRONT_DOOR_GROUP)`.
 
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a map file, health routing is its
 checks (a one-token chat completion, since a wedged engine still answers /health), cache affinity is `balance
 hash` on the conversation with consistent hashing, and drain is its runtime API. Its backends are the hosts'
-guards (fleet/guard.py), asked with the engines' key; a user's key reaches only the OpenAI paths the fleet serves
-(fleet/haproxy.py `API_PATHS`). The plain parts (config, maps, reading its state) are functions; the runtime
+guards (roles/guard.py), asked with the engines' key; a user's key reaches only the OpenAI paths the fleet serves
+(roles/haproxy.py `API_PATHS`). The plain parts (config, maps, reading its state) are functions; the runtime
 calls go over SSH to the front door hosts, through pyinfra like every other command.
 """

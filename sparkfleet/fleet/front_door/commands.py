@@ -10,8 +10,9 @@ from sparkfleet.contract import serving
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
 from sparkfleet.contract.reach import clients_url, front_door_url
 from sparkfleet.contract.settings import parse_settings
-from sparkfleet.fleet.front_door.holds import controller_name, out_of_rotation
-from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime, record_command, save_state_command, undrain_command
+from sparkfleet.roles.front_door.holds import controller_name, out_of_rotation
+from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
+from sparkfleet.roles.front_door.records import record_command, save_state_command, undrain_command
 
 
 class DrainRefused(Exception):
@@ -24,7 +25,7 @@ class DoorUnreachable(Exception):
 
 def _checked(inventory: str, host: str) -> FrontDoorRuntime:
     """The inventory's front doors, once each answered and has `host` among its backends; nothing is touched."""
-    from sparkfleet.fleet.inventory import load_hosts
+    from sparkfleet.controller.inventory import load_hosts
 
     names = [name for name, _ in load_hosts(inventory)]
     if host not in names:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sparkfleet.fleet import chat_ui, haproxy
+from sparkfleet.roles import chat_ui, haproxy
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -42,7 +42,7 @@ class Guard:
     listeners: tuple[Listener, ...]
     api_key: str | None
     tls: bool = False  # TLS only, a client certificate of the fleet CA required (the fleet has a backend hop)
-    chat_ui: dict | None = None  # the chat UI on this host: {"bind", "local", "header"} (fleet/chat_ui.py)
+    chat_ui: dict | None = None  # the chat UI on this host: {"bind", "local", "header"} (roles/chat_ui.py)
 
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None

@@ -26,7 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from sparkfleet.contract.monitoring import TLS_EXPIRY_METRIC
+from sparkfleet.contract.monitoring import TLS_EXPIRY_METRIC, backend_hop
+from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
+from sparkfleet.release.plan import fleet_tls
 
 CA_DAYS = 3650
 HOST_DAYS = 90  # a host's certificate; re-issued by the converge that finds it within RENEW_BEFORE of its end
@@ -266,7 +268,31 @@ EXPIRY_METRIC = TLS_EXPIRY_METRIC  # contract/monitoring.py names it
 
 def expiry_metric(pem: str) -> str:
     """The node exporter's textfile (paths.TLS_EXPIRY_TEXTFILE) for the host's certificate in force: when it ends,
-    in seconds since the epoch, which the alert TlsCertificateExpiring (fleet/monitoring.py) compares with time()."""
+    in seconds since the epoch, which the alert TlsCertificateExpiring (roles/monitoring.py) compares with time()."""
     end = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
     return (f"# HELP {EXPIRY_METRIC} when this host's fleet TLS certificate ends (seconds since the epoch)\n"
             f"# TYPE {EXPIRY_METRIC} gauge\n{EXPIRY_METRIC} {int(end.timestamp())}\n")
+
+
+def ca_of(s: Settings) -> FleetCA:
+    """The fleet CA a host's settings name, loaded and checked (load_ca), or SettingsError: one line."""
+    try:
+        return load_ca(s.fleet_ca_cert, s.fleet_ca_key)
+    except PkiError as exc:
+        raise SettingsError([str(exc)]) from None
+
+
+def plans_ca(plans) -> FleetCA | None:
+    """The fleet CA of planned hosts whose hops are TLS (checked before any host is touched), else None."""
+    tls = [p for p in plans if p.backend_tls]
+    return ca_of(tls[0].settings) if tls else None
+
+
+def hosts_ca(hosts: list[tuple[str, dict]]) -> FleetCA | None:
+    """The fleet CA of a whole inventory's [(name, merged data)] when its hops are TLS, else None; the rule is the
+    planner's (`fleet_tls`)."""
+    settings = {name: parse_settings(name, data) for name, data in hosts}
+    tls, problems = fleet_tls(settings, backend_hop(data.get(GROUPS_KEY, ()) for _, data in hosts))
+    if problems:
+        raise SettingsError(problems)
+    return ca_of(next(iter(settings.values()))) if tls else None

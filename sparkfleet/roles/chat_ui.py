@@ -30,7 +30,7 @@ from sparkfleet.contract import paths
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.reach import http_url
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import haproxy
+from sparkfleet.roles import haproxy
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 

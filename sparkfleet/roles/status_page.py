@@ -1,6 +1,6 @@
 """The office status page on a monitoring host: the console files Prometheus renders and the flags that load
 them. The page is a Prometheus console template (templates/consoles/), served by Prometheus on loopback and by the
-front door at /status to viewers (fleet/front_door/plan.py); it needs no console library, so that directory is empty
+front door at /status to viewers (roles/front_door/plan.py); it needs no console library, so that directory is empty
 (Debian's package ships none)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sparkfleet.contract import paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.fleet import haproxy
+from sparkfleet.roles import haproxy
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 

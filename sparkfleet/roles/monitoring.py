@@ -17,9 +17,9 @@ from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import haproxy, pki
+from sparkfleet.roles import haproxy, pki
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.fleet.status_page import prometheus_flags
+from sparkfleet.roles.status_page import prometheus_flags
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 
@@ -90,7 +90,7 @@ def _dump(data) -> str:
 
 
 GUARD_TLS = {"ca_file": paths.TLS_CA, "cert_file": paths.TLS_HOST_CERT, "key_file": m.PROMETHEUS_TLS_KEY,
-             "insecure_skip_verify": False}  # the guards' jobs over TLS: the fleet CA both ways (fleet/pki.py)
+             "insecure_skip_verify": False}  # the guards' jobs over TLS: the fleet CA both ways (roles/pki.py)
 
 
 def scrape_config(s: Settings, found: list[Target], tls_doors: set[str] = frozenset(),

@@ -21,7 +21,7 @@ from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.contract.monitoring import SERVICE_GROUPS, is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
-from sparkfleet.fleet.tls import plans_ca
+from sparkfleet.roles.pki import plans_ca
 
 
 def host_data(host) -> dict:
@@ -175,10 +175,10 @@ def plans(state) -> dict[str, HostPlan]:
 
 
 def chat_ui_of(state) -> tuple:
-    """The inventory's chat UI (fleet/chat_ui.py, None without a group chat_ui) and its image pinned from the
+    """The inventory's chat UI (roles/chat_ui.py, None without a group chat_ui) and its image pinned from the
     project's lock (asked of the registry, and added, only the first time), once per run."""
     from sparkfleet.contract.paths import CHAT_UI_GROUP
-    from sparkfleet.fleet.chat_ui import chat_ui_plan
+    from sparkfleet.roles.chat_ui import chat_ui_plan
 
     run = run_of(state)
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkfleet.fleet.haproxy import SERVER_NAME
+from sparkfleet.roles.haproxy import SERVER_NAME
 
 
 OPERATIONS = ("rollout", "rollback", "upgrade")  # the operations that hold a backend out while they change its host

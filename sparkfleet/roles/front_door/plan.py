@@ -22,10 +22,10 @@ from pathlib import Path
 from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.fleet import chat_ui, haproxy
-from sparkfleet.fleet.chat_ui import ChatUi
-from sparkfleet.fleet.front_door.address import DoorSet, door_set
-from sparkfleet.fleet.front_door.runtime import BACKEND, CHAT_ROUTE, replay_command, save_state_command
+from sparkfleet.roles import chat_ui, haproxy
+from sparkfleet.roles.chat_ui import ChatUi
+from sparkfleet.roles.front_door.address import DoorSet, door_set
+from sparkfleet.roles.front_door.records import BACKEND, CHAT_ROUTE, replay_command, save_state_command
 from sparkfleet.release.plan import HostPlan
 
 # Bytes of a request HAProxy reads to name its conversation: enough for the first two messages (a system
@@ -42,7 +42,7 @@ class Backend:
     name: str  # the inventory host name, which is HAProxy's server name
     address: str
     port: int
-    tls: bool = False  # the guard serves TLS: the door verifies its certificate names `name` (fleet/pki.py)
+    tls: bool = False  # the guard serves TLS: the door verifies its certificate names `name` (roles/pki.py)
 
     @property
     def target(self) -> str:
@@ -98,7 +98,7 @@ class FrontDoor:
     left_out: tuple[tuple[str, str], ...] = ()  # (host, why) of an engine host serving another model, not behind it
     doors: DoorSet | None = None  # the inventory's doors where they share a table or an address (address.py)
     backend_tls: bool = False  # the guards serve TLS: each server line presents this host's certificate
-    chat_ui: ChatUi | None = None  # the inventory's chat UI, which this door lets people into (fleet/chat_ui.py)
+    chat_ui: ChatUi | None = None  # the inventory's chat UI, which this door lets people into (roles/chat_ui.py)
 
     @property
     def peers(self) -> dict | None:
