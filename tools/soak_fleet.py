@@ -1,6 +1,7 @@
-"""The soak's glue to the simulated fleet (tools/soak.py holds every decision): the soak's users, the faults'
-inject / restore / noticed / serving-again, the nothing-lost readings. Every container it touches passes
-`soak.check_target` against the fleet's state file, every address `soak.check_address`; every wait is bounded.
+"""The soak's glue to the simulated fleet (tools/soak/ holds every decision; tools/soak/__main__.py runs this): the
+soak's users, the faults' inject / restore / noticed / serving-again, the nothing-lost readings. Every container it
+touches passes `soak.check_target` against the fleet's state file, every address `soak.check_address`; every wait is
+bounded.
 Secrets (the users' keys, the api_key) go in headers, files and stdin, never on a command line or in output."""
 
 from __future__ import annotations
@@ -92,15 +93,16 @@ class Fleet:
         """The engine's container inside the host (its `container_name` setting), quoted for a shell."""
         return shlex.quote(self.settings[host].container_name)
 
-    def sh(self, target: str, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    def sh(self, target: str, command: str, timeout: float = 60,
+           input: str | None = None) -> subprocess.CompletedProcess:
         container = soak.check_target(target, self.state)
         return run(["docker", "exec", *(["-i"] if input is not None else []), container, "sh", "-c", command],
                    timeout, input=input)
 
     def docker(self, action: str, target: str, timeout: float = 180) -> subprocess.CompletedProcess:
         assert action in ("stop", "start", "restart")
-        return run(["docker", action, *(["-t", "30"] if action != "start" else []), soak.check_target(target, self.state)],
-                   timeout)
+        stop_s = ["-t", "30"] if action != "start" else []
+        return run(["docker", action, *stop_s, soak.check_target(target, self.state)], timeout)
 
     def address(self, target: str) -> str:
         """The container's address on the sim's LAN network, as Docker holds it."""
@@ -119,7 +121,8 @@ class Fleet:
             f"SPARKFLEET_SECRETS = {str(self.secrets_path)!r}\n"
             f"_base = _runpy.run_path({self.base!r})\n"
             "_users = _json.load(open(SPARKFLEET_SECRETS))['users']\n"
-            "globals().update({k: v for k, v in _base.items() if not k.startswith('_') and isinstance(v, (list, tuple))})\n"
+            "globals().update({k: v for k, v in _base.items()\n"
+            "                  if not k.startswith('_') and isinstance(v, (list, tuple))})\n"
             "front_door = [(n, {**d, 'front_door_users': {**d.get('front_door_users', {}), **_users}}) "
             "for n, d in _base['front_door']]\n")
 
@@ -347,7 +350,8 @@ class EngineHung(Fault):
     KNOB = "/etc/sparkfleet-sim/engine.json"
 
     def inject(self):
-        self.fleet.sh(self.host, f"docker exec -i {self.fleet.engine(self.host)} sh -c 'mkdir -p /etc/sparkfleet-sim && cat > {self.KNOB}'",
+        write_knob = f"mkdir -p /etc/sparkfleet-sim && cat > {self.KNOB}"
+        self.fleet.sh(self.host, f"docker exec -i {self.fleet.engine(self.host)} sh -c '{write_knob}'",
                       input=json.dumps({"fault": "generation-hang"}))
 
     def repair(self):

@@ -1,4 +1,4 @@
-"""The short soak (tools/soak.py --short, issue 35) on the shared converged fleet with its front door: steady
+"""The short soak (`python -m tools.soak --short`, issue 35) on the shared converged fleet with its front door: steady
 traffic from three users while an engine is frozen, another frozen seconds after its restart, one killed and the
 door's network to a host cut; every goal must be met, and the fleet is left as found (every fault put back, every
 engine serving, the door on the fixture's users). About 4 minutes of load, plus the soak's setup and its converge

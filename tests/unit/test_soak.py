@@ -1,4 +1,4 @@
-"""tools/soak.py's pure parts: the request log and its windows, percentiles, the fault schedule and its bounds, the
+"""tools/soak/'s pure parts: the request log and its windows, percentiles, the fault schedule and its bounds, the
 goals, the nothing-lost checks, the refusal of anything outside the simulated fleet, the table, JSON and plot;
 and the load itself against loopback servers (the stand-in engine, a server that fails on purpose). No fleet."""
 

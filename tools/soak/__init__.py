@@ -16,22 +16,22 @@ It prints per fault when it was injected, noticed (by what), serving again, whet
 itself, and the requests ok / failed while it lasted by kind; then the whole run against its quiet first minute,
 the nothing-lost checks and the GOALS. Exit 1 when a goal fails (each failing goal named), 2 when the input is
 refused. The pure parts live here, with their unit tests in tests/unit/test_soak.py; what touches the fleet is
-tools/soak_fleet.py.
+tools/soak_fleet.py; the command that runs both, tools/soak/__main__.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sparkfleet.refused import FAILED, Refused
+from sparkfleet.refused import Refused
 
 KINDS = ("stream", "chat", "tool", "embedding")
 OK = "ok"
@@ -327,7 +327,7 @@ def plan_schedule(names: Sequence[str], hosts: Sequence[str], run_s: float, base
                       f"{run_s / 60:g}: give --minutes {int(-(-end // 60))} or more")
     if alone_first and len(hosts) >= 2:
         pairs = [n for n in names if FAULTS[n].overlap]
-        for a, b in zip(pairs[::2], pairs[1::2]):
+        for a, b in zip(pairs[::2], pairs[1::2], strict=False):  # an odd one out stays alone
             length = max(FAULTS[a].typical_s, FAULTS[b].typical_s)
             if end + length > run_s or len(slots) + 2 > MAX_FAULTS:
                 break
@@ -555,7 +555,7 @@ def usage_problems(samples: Sequence[tuple[float, dict[str, int]]], resets: Sequ
     a restart or the loss of a door either (the doors keep them on disk), except across `resets` the caller names."""
     out = []
     ordered = sorted(samples, key=lambda s: s[0])
-    for (t0, before), (t1, after) in zip(ordered, ordered[1:]):
+    for (t0, before), (t1, after) in pairwise(ordered):
         if any(t0 < r <= t1 for r in resets):
             continue
         for user in sorted(before):
@@ -764,64 +764,3 @@ def plot_report(report: dict, path: str | Path, bucket_s: float = 5.0) -> None:
 
 def failed_goals(report: dict) -> list[str]:
     return [g["name"] for g in report["goals"] if not g["ok"]]
-
-
-# --- the command -------------------------------------------------------------------------------------------------
-
-
-def minutes(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not 1 <= number <= 120:
-        raise argparse.ArgumentTypeError(f"{value!r}: give the soak's length in minutes, from 1 to 120")
-    return number
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__.splitlines()[0])
-    parser.add_argument("inventory", help="a simulated fleet's inventory with a front door (inventory/sim_front_door.py)")
-    parser.add_argument("--minutes", type=minutes, help=f"the load's length (default {FULL_MINUTES}; "
-                                                        f"--short: at most {SHORT_MINUTES})")
-    parser.add_argument("--short", action="store_true", help="the short soak: " + ", ".join(SHORT_FAULTS))
-    parser.add_argument("--faults", help="a comma-separated subset of the faults, in order (default: all)")
-    parser.add_argument("--workers", type=int, default=4, help="concurrent clients (default 4)")
-    parser.add_argument("--json", dest="json_path", metavar="PATH", help="write the report as JSON here")
-    parser.add_argument("--plot", metavar="PATH", help="write requests over time, faults marked, as a PNG here")
-    args = parser.parse_args(argv)
-    if args.short and args.minutes and args.minutes > SHORT_MINUTES:
-        parser.error(f"--short runs at most {SHORT_MINUTES} minutes")
-    if not 1 <= args.workers <= 16:
-        parser.error("--workers: from 1 to 16")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent patches ssl before clients import it)
-
-    from tools import soak_fleet
-
-    names = SHORT_FAULTS if args.short else tuple(args.faults.split(",")) if args.faults else FULL_FAULTS
-    run_minutes = args.minutes or (SHORT_MINUTES if args.short else FULL_MINUTES)
-    try:
-        report = soak_fleet.run_soak(args.inventory, names, run_s=run_minutes * 60,
-                                 baseline_s=BASELINE_S["short" if args.short else "full"], workers=args.workers)
-    except Refused as exc:
-        print(f"soak: {exc}", file=sys.stderr)
-        return exc.code
-    print_report(report)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(report, indent=1) + "\n")
-    if args.plot:
-        plot_report(report, args.plot)
-    failing = failed_goals(report)
-    if failing:
-        print(f"soak: goals not met: {', '.join(failing)}", file=sys.stderr)
-        return FAILED
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
