@@ -29,7 +29,9 @@ Sparks that it needs (:func:`sparks_needed_problem`, :func:`check_fit`).
 
 Public API: :func:`fit_report` -> :class:`FitReport`, :func:`check_fit`,
 :func:`linear_state_bytes`, :func:`kv_bytes_per_token`, :func:`param_counts`,
-:func:`draft_weight_bytes`.
+:func:`draft_weight_bytes`. What a sequence costs (KV per token, linear
+state) is computed in model/kv.py, the parameter counts in model/params.py;
+their public names are importable from here as before.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ import math
 from dataclasses import dataclass
 
 from sparkfleet.model.config import mtp_layers
+from sparkfleet.model.kv import (
+    draft_kv_bytes_per_token,
+    kv_bytes_per_token,
+    layer_counts,
+    linear_state_bytes,
+    require,
+    text_config,
+)
+from sparkfleet.model.params import ParamCounts, draft_weight_bytes, param_counts, weight_bytes_per_param
 
 __all__ = [
     "ACTIVATION_RESERVE_BYTES",
@@ -101,341 +112,6 @@ MAX_SPARKS = 8
 
 # The short context the report counts concurrent sequences at.
 SHORT_CONTEXT_TOKENS = 8192
-
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
-_SSM_STATE_BYTES = 4  # vLLM keeps the Gated DeltaNet recurrent state in fp32
-
-
-# --------------------------------------------------------------------------
-# Reading the config
-# --------------------------------------------------------------------------
-
-
-def _text(config: dict) -> dict:
-    """The text model's config: nested under text_config for multimodal checkpoints."""
-    return config.get("text_config") or config
-
-
-def _require(text: dict, key: str):
-    if text.get(key) is None:
-        raise ValueError(f"config.json lacks {key!r}: cannot plan the fit")
-    return text[key]
-
-
-def _model_dtype_bytes(config: dict) -> int:
-    text = _text(config)
-    dtype = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
-    return _DTYPE_BYTES.get(str(dtype or "bfloat16").removeprefix("torch."), 2)
-
-
-def _quantized_bytes(config: dict) -> float | None:
-    """Bytes per quantized weight (AWQ/GPTQ: `bits` / 8, 0.5 at 4 bits; group scales not counted), or None
-    when the checkpoint is not quantized."""
-    quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
-    method = str(quant.get("quant_method", "")).lower()
-    if method == "fp8":
-        return 1
-    if method in ("awq", "gptq", "compressed-tensors") and quant.get("bits"):
-        return int(quant["bits"]) / 8
-    if method == "mxfp4":  # 4-bit values and one 8-bit scale per block of 32
-        return 4.25 / 8
-    return None
-
-
-def _weight_bytes_per_param(config: dict, weights_bytes: int, params: ParamCounts) -> tuple[float, float]:
-    """(narrow, wide) bytes per parameter. A GGUF file (config from its header: a `gguf` key) mixes quant types
-    tensor by tensor, so both are the files' bytes over the parameter count: the roofline reads that share of
-    the active parameters."""
-    if config.get("gguf") is not None and params.total:
-        ratio = weights_bytes / params.total
-        return ratio, ratio
-    wide = _model_dtype_bytes(config)
-    return _quantized_bytes(config) or wide, wide
-
-
-def _layer_counts(text: dict) -> tuple[int, int]:
-    """(full-attention layers, linear-attention layers). A sliding-window layer (gpt-oss) counts as full
-    attention: it keeps at most its window of KV, so the fit is on the safe side."""
-    layers = int(_require(text, "num_hidden_layers"))
-    types = text.get("layer_types") or ["full_attention"] * layers
-    full = sum(1 for t in types if t in ATTENTION_LAYER_TYPES)
-    linear = sum(1 for t in types if t == "linear_attention")
-    return full, linear
-
-
-def _head_dim(text: dict) -> int:
-    heads = int(_require(text, "num_attention_heads"))
-    return int(text.get("head_dim") or int(_require(text, "hidden_size")) // heads)
-
-
-def _kv_dtype_bytes(config: dict, kv_cache_dtype: str) -> int:
-    if kv_cache_dtype == "auto":
-        return _model_dtype_bytes(config)
-    if kv_cache_dtype.startswith("fp8"):
-        return 1
-    if kv_cache_dtype in _DTYPE_BYTES:
-        return _DTYPE_BYTES[kv_cache_dtype]
-    raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r} (auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)")
-
-
-# --------------------------------------------------------------------------
-# Memory per token and per sequence
-# --------------------------------------------------------------------------
-
-
-def _kv_heads_per_gpu(text: dict, tensor_parallel_size: int) -> int:
-    """KV heads one GPU stores: vLLM splits them over the GPUs when there are at least as many heads as GPUs,
-    and otherwise replicates one head on each GPU (max(1, heads // N))."""
-    kv_heads = int(text.get("num_key_value_heads") or _require(text, "num_attention_heads"))
-    return max(1, kv_heads // tensor_parallel_size)
-
-
-def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
-    """KV cache bytes per token on one GPU: 2 (K and V) x full-attention layers x KV heads per GPU x head_dim x
-    dtype bytes.
-
-    Only full-attention layers store KV; linear-attention layers keep a fixed
-    state instead (:func:`linear_state_bytes`). Qwen3.5-35B-A3B:
-    2 x 10 x 2 x 256 x 2 = 20,480 bytes/token in bf16, 10,240 with fp8.
-    Over N GPUs each stores num_key_value_heads / N heads when num_key_value_heads >= N,
-    else one replicated head: Qwen3-235B-A22B (94 layers, 4 KV heads of 128)
-    2 x 94 x 4 x 128 x 2 = 192,512 bytes/token on one GPU, 96,256 per GPU on 2,
-    48,128 on 4, and still 48,128 on 8 (4 heads cannot be split 8 ways).
-    """
-    text = _text(config)
-    full, _ = _layer_counts(text)
-    kv_heads = _kv_heads_per_gpu(text, tensor_parallel_size)
-    return 2 * full * kv_heads * _head_dim(text) * _kv_dtype_bytes(config, kv_cache_dtype)
-
-
-def linear_state_bytes(config: dict) -> int:
-    """One sequence's linear-attention (Gated DeltaNet) state, in bytes; 0 without linear layers.
-
-    Per linear-attention layer vLLM keeps two tensors per sequence:
-
-    - the recurrent (SSM) state, fp32:
-      linear_num_value_heads x linear_key_head_dim x linear_value_head_dim x 4
-    - the causal-conv state, in the model dtype (bf16, 2 bytes):
-      (linear_conv_kernel_dim - 1) x conv_dim x 2, where conv_dim is the
-      width of the mixed q|k|v stream the depthwise conv runs over:
-      linear_num_key_heads x linear_key_head_dim x 2 (q and k)
-      + linear_num_value_heads x linear_value_head_dim (v)
-
-    Qwen3.5-35B-A3B (30 linear layers, 32 value heads, 16 key heads, head
-    dims 128, kernel 4):
-
-    - recurrent: 32 x 128 x 128 x 4            = 2,097,152 bytes (2 MiB)
-    - conv:      3 x (16x128x2 + 32x128) x 2
-                 = 3 x 8,192 x 2                 =    49,152 bytes (48 KiB)
-    - per layer                                  = 2,146,304 bytes
-    - x 30 layers                                = 64,389,120 bytes = 61.4 MiB
-
-    which is the reference's "~61 MiB per sequence". With prefix caching vLLM
-    keeps more than one state per sequence ("doubled or more"): see
-    ``linear_state_copies`` of :func:`fit_report`.
-    """
-    text = _text(config)
-    _, linear = _layer_counts(text)
-    if not linear:
-        return 0
-    v_heads = int(_require(text, "linear_num_value_heads"))
-    k_heads = int(_require(text, "linear_num_key_heads"))
-    k_dim = int(_require(text, "linear_key_head_dim"))
-    v_dim = int(_require(text, "linear_value_head_dim"))
-    kernel = int(_require(text, "linear_conv_kernel_dim"))
-    recurrent = v_heads * k_dim * v_dim * _SSM_STATE_BYTES
-    conv_dim = k_heads * k_dim * 2 + v_heads * v_dim
-    conv = (kernel - 1) * conv_dim * _model_dtype_bytes(config)
-    return linear * (recurrent + conv)
-
-
-# --------------------------------------------------------------------------
-# Parameters
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts of the text model (no vision tower, no MTP head).
-
-    ``*_narrow`` are the weights a quantized checkpoint stores at 1 byte (the
-    large matmuls: attention q/k/v/o, linear-attention in/out projections,
-    expert, shared-expert and dense MLP projections); ``*_wide`` the rest,
-    kept in the model dtype (embeddings, lm_head, routers, norms, conv and
-    small gate projections). Unquantized: everything counts as wide.
-    Block-FP8 scales (one per 128x128 block, < 0.03 %) are not counted.
-    """
-
-    total: int
-    total_narrow: int
-    active: int
-    active_narrow: int
-
-    @property
-    def total_wide(self) -> int:
-        return self.total - self.total_narrow
-
-    @property
-    def active_wide(self) -> int:
-        return self.active - self.active_narrow
-
-
-def _attn_output_gate(config: dict, text: dict) -> bool:
-    """Qwen3-Next / Qwen3.5 attention: q_proj also emits a per-head output gate (2x its width)."""
-    if "attn_output_gate" in text:
-        return bool(text["attn_output_gate"])
-    model_type = str(text.get("model_type") or config.get("model_type") or "")
-    return model_type.startswith(("qwen3_next", "qwen3_5"))
-
-
-def _attention_quantized(config: dict) -> bool:
-    """Whether a quantized checkpoint stores attention quantized too: not when its quantization_config leaves
-    `self_attn` out (gpt-oss's MXFP4 quantizes the experts only and keeps attention in bf16)."""
-    quant = config.get("quantization_config") or _text(config).get("quantization_config") or {}
-    skipped = quant.get("modules_to_not_convert") or []
-    return not (isinstance(skipped, list) and any("self_attn" in str(m) for m in skipped))
-
-
-def _attention_params(config: dict) -> tuple[int, int]:
-    """(narrow, wide) parameters of one full-attention layer (all wide when the quantization leaves
-    attention out)."""
-    text = _text(config)
-    hidden = int(_require(text, "hidden_size"))
-    heads = int(_require(text, "num_attention_heads"))
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = _head_dim(text)
-    q_out = heads * head_dim * (2 if _attn_output_gate(config, text) else 1)
-    kv_out = kv_heads * head_dim
-    narrow = hidden * q_out + 2 * hidden * kv_out + heads * head_dim * hidden
-    # Qwen3-family attention normalises q and k per head (q_norm, k_norm: head_dim each).
-    wide = 2 * head_dim if str(text.get("model_type") or config.get("model_type") or "").startswith("qwen3") else 0
-    if text.get("attention_bias"):
-        wide += q_out + 2 * kv_out
-    if not _attention_quantized(config):
-        return 0, narrow + wide
-    return narrow, wide
-
-
-def _mlp_params(text: dict) -> tuple[int, int, int]:
-    """(total narrow, active narrow, wide) parameters of one MLP: MoE or dense."""
-    hidden = int(_require(text, "hidden_size"))
-    experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)  # Mixtral, gpt-oss: local
-    if not experts:
-        dense = 3 * hidden * int(_require(text, "intermediate_size"))
-        return dense, dense, 0
-    expert = 3 * hidden * int(text.get("moe_intermediate_size") or _require(text, "intermediate_size"))
-    shared_inter = int(text.get("shared_expert_intermediate_size") or 0)
-    shared = 3 * hidden * shared_inter
-    router = hidden * experts + (hidden if shared_inter else 0)  # + shared expert's sigmoid gate
-    top_k = int(text.get("num_experts_per_tok") or _require(text, "experts_per_token"))  # gpt-oss: the latter
-    return experts * expert + shared, top_k * expert + shared, router
-
-
-def draft_weight_bytes(config: dict) -> int:
-    """Bytes of the checkpoint's MTP draft layers (what vLLM's "mtp" method loads from the same files).
-
-    One MTP layer of Qwen3.5 (Qwen3-Next style): a projection of [embedding; hidden]
-    (fc, 2 x hidden -> hidden), two pre-projection norms, one full-attention
-    decoder layer with the model's MoE MLP, and a final norm; it shares the
-    target's embedding and lm_head (mtp_use_dedicated_embeddings = false).
-    Attention and expert matmuls are stored like the target's (FP8 when the
-    checkpoint is), fc and norms in the model dtype. Qwen3.5-35B-A3B-FP8:
-    attention 27,262,976 + experts/shared 808,452,096 = 835,715,072 FP8 bytes;
-    fc 8,388,608 + router 524,288 + shared gate 2,048 + q/k norms 512 + norms
-    5 x 2,048 = 8,925,696 bf16 parameters = 17,851,392 bytes; together
-    853,566,464 bytes (0.79 GiB).
-    """
-    text = _text(config)
-    layers = mtp_layers(config)
-    if not layers:
-        return 0
-    hidden = int(_require(text, "hidden_size"))
-    attn_narrow, attn_wide = _attention_params(config)
-    mlp_narrow, _, mlp_wide = _mlp_params(text)
-    narrow = attn_narrow + mlp_narrow
-    wide = attn_wide + mlp_wide + 2 * hidden * hidden + 5 * hidden
-    wide_bytes = _model_dtype_bytes(config)
-    return int(layers * (narrow * (_quantized_bytes(config) or wide_bytes) + wide * wide_bytes))
-
-
-def param_counts(config: dict) -> ParamCounts:
-    """Total and per-token active parameters of the text model.
-
-    What one generated token reads (the *active* count):
-
-    - every attention and linear-attention layer in full (all tokens use them);
-    - per MoE layer: the router (hidden x num_experts), ``num_experts_per_tok``
-      routed experts and the shared expert (3 x hidden x intermediate each:
-      gate, up, down) and the shared expert's sigmoid gate (hidden x 1);
-      a dense model's MLP in full;
-    - norms;
-    - the lm_head in full (hidden x vocab: every logit is computed), but only
-      ONE row of the input embedding (a lookup, hidden values).
-
-    Totals count the whole embedding and every expert instead. Qwen3.5-35B-A3B
-    (hidden 2048, vocab 248,320, 256 experts of 512, 8 active + 1 shared):
-
-    - full attention (x10): q 2048x(16x256x2, gated) 16,777,216 + k, v
-      2048x512 = 1,048,576 each + o 4096x2048 8,388,608 + q/k norms 512
-      = 27,263,488
-    - Gated DeltaNet (x30): in_proj_qkvz 2048x12,288 = 25,165,824 + in_proj_ba
-      2048x64 = 131,072 + conv 8,192x4 = 32,768 + A_log, dt_bias 32 each +
-      norm 128 + out_proj 4096x2048 = 8,388,608 = 33,718,464
-    - MoE (x40): router 524,288; one expert 3x2048x512 = 3,145,728; shared
-      gate 2,048; active: 524,288 + 9 x 3,145,728 + 2,048 = 28,837,888;
-      total: 524,288 + 257 x 3,145,728 + 2,048 = 808,978,432
-    - norms 2 x 2048 per layer + final 2048; lm_head = embedding =
-      248,320 x 2048 = 508,559,360
-    - active = 2,946,431,616 (2.95 B: "A3B"); total = 34,660,610,688
-    """
-    text = _text(config)
-    hidden = int(_require(text, "hidden_size"))
-    vocab = int(_require(text, "vocab_size"))
-    layers = int(_require(text, "num_hidden_layers"))
-    full, linear = _layer_counts(text)
-    other = layers - full - linear
-    if other:
-        raise ValueError(f"config.json has {other} layers neither full_attention, sliding_attention nor "
-                         f"linear_attention")
-
-    attn_narrow, attn_wide = _attention_params(config)
-
-    # Linear attention (Gated DeltaNet).
-    lin_narrow = lin_wide = 0
-    if linear:
-        v_heads = int(_require(text, "linear_num_value_heads"))
-        k_heads = int(_require(text, "linear_num_key_heads"))
-        key_dim = k_heads * int(_require(text, "linear_key_head_dim"))
-        v_dim = int(_require(text, "linear_value_head_dim"))
-        value_dim = v_heads * v_dim
-        kernel = int(_require(text, "linear_conv_kernel_dim"))
-        lin_narrow = hidden * (2 * key_dim + 2 * value_dim) + value_dim * hidden  # in_proj_qkvz, out_proj
-        lin_wide = (
-            hidden * 2 * v_heads  # in_proj_ba
-            + (2 * key_dim + value_dim) * kernel  # depthwise conv1d
-            + 2 * v_heads  # A_log, dt_bias
-            + v_dim  # gated RMSNorm
-        )
-
-    mlp_total_narrow, mlp_active_narrow, mlp_wide = _mlp_params(text)
-
-    norms = 2 * hidden * layers + hidden
-    per_layer_narrow = full * attn_narrow + linear * lin_narrow
-    per_layer_wide = full * attn_wide + linear * lin_wide + layers * mlp_wide + norms
-    lm_head = hidden * vocab
-    embedding = 0 if text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)) else hidden * vocab
-
-    total_narrow = per_layer_narrow + layers * mlp_total_narrow
-    active_narrow = per_layer_narrow + layers * mlp_active_narrow
-    total = total_narrow + per_layer_wide + lm_head + embedding
-    active = active_narrow + per_layer_wide + lm_head + hidden  # one embedding row
-    return ParamCounts(total=total, total_narrow=total_narrow, active=active, active_narrow=active_narrow)
-
-
-# --------------------------------------------------------------------------
-# The report
-# --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -563,10 +239,10 @@ def fit_report(
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {gpu_memory_utilization}")
-    text = _text(config)
-    max_pos = int(_require(text, "max_position_embeddings"))
+    text = text_config(config)
+    max_pos = int(require(text, "max_position_embeddings"))
     max_model_len = int(max_model_len or max_pos)
-    full, linear = _layer_counts(text)
+    full, linear = layer_counts(text)
     draft_layers = mtp_layers(config) if num_speculative_tokens else 0
     if num_speculative_tokens and not draft_layers:
         raise ValueError("config.json has no MTP layer (mtp_num_hidden_layers): cannot plan MTP speculative decoding")
@@ -575,8 +251,7 @@ def fit_report(
     def per_gpu(n: int) -> tuple[int, int, int, int, int]:
         """(weights, KV memory, target KV per token, draft KV per token, linear state) of one GPU of n."""
         kv_token = kv_bytes_per_token(config, kv_cache_dtype, n)
-        draft = draft_layers * 2 * _kv_heads_per_gpu(text, n) * _head_dim(text) * _kv_dtype_bytes(config,
-                                                                                             kv_cache_dtype)
+        draft = draft_kv_bytes_per_token(config, draft_layers, kv_cache_dtype, n)
         state = linear_state_bytes(config) * linear_state_copies * (1 + num_speculative_tokens) // n
         weights = -(-int(weights_bytes) // n)
         return weights, budget - weights - reserve_bytes, kv_token, draft, state
@@ -585,13 +260,13 @@ def fit_report(
         _, kv_memory_n, kv_token, draft, state = per_gpu(n)
         return max_model_len <= max_pos and _largest_uncapped(kv_memory_n, kv_token + draft, state) >= max_model_len
 
-    heads = int(_require(text, "num_attention_heads"))
+    heads = int(require(text, "num_attention_heads"))
     needed = next((n for n in range(1, MAX_SPARKS + 1) if heads % n == 0 and fits(n)), None)
     weights_gpu, kv_memory, kv_per_token, draft_kv, state = per_gpu(tensor_parallel_size)
     state_one = linear_state_bytes(config) // tensor_parallel_size
     kv_all = kv_per_token + draft_kv
     params = param_counts(config)
-    narrow_bytes, wide_bytes = _weight_bytes_per_param(config, weights_bytes, params)
+    narrow_bytes, wide_bytes = weight_bytes_per_param(config, weights_bytes, params)
     largest = _largest_uncapped(kv_memory, kv_all, state)
 
     active_weight_bytes = int(params.active_narrow * narrow_bytes + params.active_wide * wide_bytes)
