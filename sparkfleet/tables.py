@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # rich is imported where a table or a console is made: a refusal's line needs only `clean`
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
 CI_WIDTH = 160  # not a terminal: wide enough that no column wraps into illegibility
@@ -70,7 +70,7 @@ def literal(value: object, limit: int | None = TEXT_MAX) -> str:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, header: bool = True,
-          justify: str = "left") -> Table:
+          justify: JustifyMethod = "left") -> Table:
     """Cells may carry rich markup ("[red]unhealthy[/]"): what an engine, a hub or a host sent goes through
     `literal`; `header=False` makes a key/value table."""
     from rich.table import Table
@@ -84,5 +84,5 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, 
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, header: bool = True,
-                justify: str = "left", stderr: bool = False, out: Console | None = None) -> None:
+                justify: JustifyMethod = "left", stderr: bool = False, out: Console | None = None) -> None:
     (out or console(stderr)).print(table(title, columns, rows, header=header, justify=justify))

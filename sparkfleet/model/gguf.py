@@ -83,8 +83,7 @@ def entry_file(paths: list[str]) -> str | None:
     """The file llama.cpp is given (`-m`): the only .gguf, or the first part of a split set; None when the
     files hold no GGUF model (ValueError when they hold more than one: narrow them with `model_files`)."""
     ggufs = sorted(p for p in paths if is_gguf(p))
-    firsts = [p for p in ggufs if not SPLIT.fullmatch(p.rsplit("/", 1)[-1])
-              or SPLIT.fullmatch(p.rsplit("/", 1)[-1])["part"] == "00001"]
+    firsts = [p for p in ggufs if (split := SPLIT.fullmatch(p.rsplit("/", 1)[-1])) is None or split["part"] == "00001"]
     if not firsts:
         return None
     if len(firsts) > 1:
@@ -273,8 +272,8 @@ def planner_config(metadata: dict) -> dict:
     if missing:
         raise GGUFError(f"the header lacks {', '.join(missing)}")
     key_length = _count(metadata, f"{arch}.attention.key_length")
-    value_length = _count(metadata, f"{arch}.attention.value_length") or key_length
     if key_length:
+        value_length = _count(metadata, f"{arch}.attention.value_length") or key_length
         config["head_dim"] = -(-(key_length + value_length) // 2)
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in metadata:
         config["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])

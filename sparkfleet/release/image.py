@@ -10,6 +10,7 @@ hosts load. A reference that already carries `@sha256:` is used as given.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import tarfile
@@ -115,7 +116,7 @@ def registry_digest(ref: str, controller_url: str | None = None, session: reques
             digest = answer.headers.get("Docker-Content-Digest")
             if answer.status_code == 200 and not digest:
                 body = session.get(url, headers=headers, timeout=TIMEOUT_S)
-                digest = body.status_code == 200 and "sha256:" + hashlib.sha256(body.content).hexdigest()
+                digest = "sha256:" + hashlib.sha256(body.content).hexdigest() if body.status_code == 200 else None
         except requests.RequestException as exc:
             raise ImageError(f"unreachable ({type(exc).__name__})") from None
         if answer.status_code == 404:
@@ -129,15 +130,23 @@ def registry_digest(ref: str, controller_url: str | None = None, session: reques
     return digest
 
 
+def _member(tar: tarfile.TarFile, name: str) -> io.BufferedReader:
+    """A regular file's bytes in the tar (KeyError: missing, or a directory or link)."""
+    member = tar.extractfile(name)
+    if not isinstance(member, io.BufferedReader):  # tarfile's file object is one; None for a directory or link
+        raise KeyError(name)
+    return member
+
+
 def archive_image_id(archive: str, ref: str) -> str:
     """The image id (sha256 of its config) of `ref` in a `docker save` tar, hashed here, not read from names."""
     try:
         with tarfile.open(archive, "r:*") as tar:
-            entries = json.load(tar.extractfile("manifest.json"))
+            entries = json.load(_member(tar, "manifest.json"))
             chosen = [e for e in entries if ref in (e.get("RepoTags") or [])] or (entries if len(entries) == 1 else [])
             if not chosen:
                 raise ImageError(f"holds no image tagged {ref} (and more than one image)")
-            config = tar.extractfile(chosen[0]["Config"])
+            config = _member(tar, chosen[0]["Config"])
             return "sha256:" + hashlib.file_digest(config, "sha256").hexdigest()
     except ImageError as exc:
         raise ImageError(f"engine image archive {archive} {exc}: `docker save {ref} -o {archive}`") from None
@@ -162,6 +171,7 @@ _lock = threading.Lock()  # pyinfra plans hosts concurrently: ask each registry 
 def pin_image(s) -> ImagePin:
     """The settings' engine image pinned by content, or ImageError (one line naming the fix)."""
     image = parse_image(s.engine_image)
+    key: tuple
     if s.engine_image_archive:
         stat = Path(s.engine_image_archive).stat() if Path(s.engine_image_archive).exists() else None
         key = ("archive", s.engine_image_archive, s.engine_image, stat and (stat.st_size, stat.st_mtime_ns))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -20,12 +20,14 @@ from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.model.manifest import Manifest, ManifestFile, UntrustedAnswer
 from sparkfleet.release.image import DIGEST_RE, ImagePin, parse_image
 
-VERSION = 1
+VERSION: Final = 1
 FIX = "restore it (e.g. from git), or delete it: the next plan resolves every model and image again"
 
 
 class LockError(SettingsError):
     """A lock file that cannot be used: one line naming the file, what is wrong and the fix."""
+
+    heading = None  # its one line names the lock file: no "invalid settings" above it
 
     def __init__(self, path: object, why: str):
         super().__init__([f"lock file {path}: {why}: {FIX}"])
@@ -42,8 +44,11 @@ class LockedFile(_Strict):
     blob_sha1: str | None = None
 
 
+Hub = Literal["huggingface", "modelscope"]
+
+
 class LockedModel(_Strict):
-    hub: Literal["huggingface", "modelscope"]
+    hub: Hub
     repo: str
     revision: str
     commit: str | None = None  # what the revision resolved to (None: the hub named none; the files' digest pins it)
@@ -67,7 +72,8 @@ class LockedModel(_Strict):
     @classmethod
     def of(cls, manifest: Manifest, config: dict | None) -> LockedModel:
         files = [LockedFile(**{k: v for k, v in asdict(f).items() if v is not None}) for f in manifest.files]
-        return cls(hub=manifest.hub, repo=manifest.repo, revision=manifest.revision, commit=manifest.commit,
+        hub = cast(Hub, manifest.hub)  # the model's strict validation refuses any other
+        return cls(hub=hub, repo=manifest.repo, revision=manifest.revision, commit=manifest.commit,
                    files=files, config=config,
                    selection=list(manifest.selection) if manifest.selection is not None else None)
 
@@ -188,10 +194,10 @@ def changes(old: Lock, new: Lock) -> list[Change]:
             continue
         before = {f.path: (f.size, f.sha256, f.blob_sha1) for f in was.files} if was else {}
         moved = [f for f in entry.files if before.get(f.path) != (f.size, f.sha256, f.blob_sha1)]
-        found.append(Change("model", key, was and _pin(was), manifest.pin, tuple(f.path for f in moved),
+        found.append(Change("model", key, _pin(was) if was else None, manifest.pin, tuple(f.path for f in moved),
                             sum(f.size for f in moved), manifest.total_bytes))
     for key, image in sorted(new.images.items()):
-        was = old.images.get(key)
-        if not was or was.digest != image.digest:
-            found.append(Change("image", key, was and was.digest, image.digest))
+        had = old.images.get(key)
+        if not had or had.digest != image.digest:
+            found.append(Change("image", key, had.digest if had else None, image.digest))
     return found

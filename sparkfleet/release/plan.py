@@ -131,13 +131,10 @@ class HostPlan:
     @property
     def fit(self) -> FitReport | None:
         """Memory and speed of this release on a host: the manifest's weight bytes, else the recipe's."""
-        if not (self.config and self.weights_source):
+        if not (self.config and self.weights_source and self.shape):
             return None
         s = self.settings
-        if self.manifest:
-            weights = self.manifest.weight_bytes
-        else:
-            weights = self.known_weight_bytes
+        weights = self.manifest.weight_bytes if self.manifest else (self.known_weight_bytes or 0)
         return fit_report(self.config, weights,
                           memory_bytes=host_memory_bytes(s.host_memory_gb),
                           gpu_memory_utilization=s.gpu_memory_utilization,
@@ -156,9 +153,9 @@ class HostPlan:
     def model_dir(self) -> str:
         return model_dir(self.settings.model_root, self.settings.model_repo, self.manifest)
 
-    def _release_body(self, with_services: bool) -> dict:
+    def _release_body(self, manifest: Manifest, with_services: bool) -> dict:
         return {
-            "model": [self.manifest.hub, self.manifest.repo, self.manifest.pin, self.manifest.digest],
+            "model": [manifest.hub, manifest.repo, manifest.pin, manifest.digest],
             "image": self.engine_ref,  # pinned: the same bytes by tag or by digest are one release
             "args": self.engine_args,
             "docker": self.docker_options,
@@ -177,14 +174,16 @@ class HostPlan:
         engine arguments, container options, each service's, and engine_env (keyed: `env_digest`)."""
         if not self.manifest:
             return None
-        return hashlib.sha256(json.dumps(self._release_body(True), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._release_body(self.manifest, True),
+                                         sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def chat_release_id(self) -> str | None:
         """The chat model's part of the release: what its unit names, so adding a service never restarts it."""
         if not self.manifest:
             return None
-        return hashlib.sha256(json.dumps(self._release_body(False), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._release_body(self.manifest, False),
+                                         sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def engine(self) -> Engine:
@@ -204,6 +203,8 @@ class HostPlan:
     def ray_env(self) -> dict[str, str]:
         """The Ray container's whole environment (the fabric's and Ray's token auth, the token's path, never its
         value): no engine.env, so neither the API key nor engine_env reaches a Ray node."""
+        if not self.group:
+            raise ValueError(f"{self.name} is a single host: it runs no Ray node")
         return self.group.env(self.name)
 
     @property
@@ -219,8 +220,7 @@ class HostPlan:
     @property
     def watched_services(self) -> list[dict]:
         """The serving file's engines beside the chat model (contract/serving.py watchdog_service)."""
-        return [watchdog_service(svc.name, svc.kind, svc.service.served_model_name, svc.service.api_port,
-                                 svc.on_demand) for svc in self.services]
+        return [watchdog_service(svc.name, svc.kind, *_served(svc), svc.on_demand) for svc in self.services]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
         return render.service_unit(self, svc)
@@ -239,6 +239,8 @@ class HostPlan:
 
     def render_unit(self) -> str:
         if not self.runs_engine:
+            if self.group is None:
+                raise ValueError(f"{self.name} is a service host: it runs no engine unit")
             raise ValueError(f"{self.name} is a worker of {self.group.name}: it runs no vLLM unit "
                              f"(only {paths.RAY_UNIT_NAME}); the head {self.group.head} runs the engine")
         return render.unit(self)
@@ -348,6 +350,14 @@ class HostPlan:
         }
 
 
+def _served(svc: ServicePlan) -> tuple[str, int]:
+    """A service's served name and API port: its recipe's merge sets both (services.py REQUIRED)."""
+    name, port = svc.service.served_model_name, svc.service.api_port
+    if name is None or port is None:
+        raise ValueError(f"service {svc.name}: no served_model_name or api_port, even from its recipe")
+    return name, port
+
+
 def _ray_token_volume() -> list[str]:
     """The group's Ray token file, read-only at the same path (RAY_AUTH_TOKEN_PATH names it)."""
     return ["--volume", f"{paths.RAY_TOKEN}:{paths.RAY_TOKEN}:ro"]
@@ -421,8 +431,8 @@ def _plan(name: str, s: Settings, manifest: Manifest | None, config: dict | None
           hub_error: str | None, resolve: Resolver | None = None,
           known_weight_bytes: int | None = None) -> tuple[HostPlan, list[str]]:
     known = known_model(s.model_repo)  # the check of the settings alone: the recipe's weights size the cache's share
-    s, found_kv = fixed_kv(name, s, manifest.weight_bytes if manifest else known_weight_bytes or (known and
-                                                                                                   known.weight_bytes))
+    s, found_kv = fixed_kv(name, s, manifest.weight_bytes if manifest else known_weight_bytes or (
+        known.weight_bytes if known else None))
     unreadable = config_problem(config, s.model_repo) if config is not None else None
     config = None if unreadable else config
     shape = model_shape(config) if config else None
@@ -495,7 +505,7 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
             services[name] = s
             continue
         known = known_model(s.model_repo)
-        problems += _plan(name, s, None, known and known.config, None)[1]
+        problems += _plan(name, s, None, known.config if known else None, None)[1]
         parsed.append((name, s))
     groups, found = plan_groups(dict(parsed))
     problems += found
@@ -508,13 +518,13 @@ def plan_hosts(hosts: list[tuple[str, dict]], resolve: Resolver | None = None,
     for name, s in parsed:
         manifest, config, hub_error = (resolve or _resolve)(s)
         known = known_model(s.model_repo)
-        plan, found = _plan(name, s, manifest, config or (known and known.config), hub_error, resolve,
-                            known and known.weight_bytes)
+        plan, found = _plan(name, s, manifest, config or (known.config if known else None), hub_error, resolve,
+                            known.weight_bytes if known else None)
         plan.lan_address = lan_address(name, dict(hosts)[name], s)
         plan.group = groups.get(name)
         plan.image_pin, plan.image_error = (resolve_image or offline_image)(s)
         for svc in plan.services:  # a chat service of its own image: pinned as the host's is (the lock holds both)
-            if svc.image:
+            if svc.image and svc.settings:
                 svc.image_pin, svc.image_error = (resolve_image or offline_image)(svc.settings)
         problems += found
         plans.append(plan)
