@@ -1,9 +1,11 @@
 """`sparkfleet rollback INVENTORY`: switch hosts back to their previous release (no download), drained on the
-front door while they switch."""
+front door while they switch: one batch of the loop rollout and upgrade run (fleet/rollout.py `rollback`), so a
+rollback that would drain the last backend a front door has for a model is refused before any host is touched."""
 
 from __future__ import annotations
 
 from sparkfleet.commands import common
+from sparkfleet.refused import Refused
 
 NAME = "rollback"
 HELP = "switch hosts to their previous release (no download)"
@@ -16,20 +18,18 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.fleet.converge import run_deploy
-    from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
-    from sparkfleet.controller.inventory import spark_hosts
-    from sparkfleet.fleet.rollout import HostReport, load_whole_groups, members_in_data, units
+    from sparkfleet.controller.inventory import load_hosts, spark_hosts
+    from sparkfleet.fleet.batches import cohorts
+    from sparkfleet.fleet.rollout import load_whole_groups, members_in_data, rollback, served_names
 
-    with common.refusing(ValueError):
+    with common.refusing():
         hosts = spark_hosts(load_whole_groups(args.inventory, args.limit))  # a group rolls back whole
-        names = [name for name, _ in hosts]
-        found = units(names, members_in_data(hosts))
-    door = FrontDoorRuntime.of(args.inventory)  # none: no drain; a group's backend is its head
-    door.drain([unit[0] for unit in found], log=common.log, operation="rollback")
-    results = run_deploy(args.inventory, names, deploy_file="rollback.py")
-    door.ready([unit[0] for unit in found if all(results[h].ok for h in unit)], log=common.log)
-    reports = [HostReport(n, None, None, "rolled back" if r.ok else "failed", detail="; ".join(r.failed))
-               for n, r in results.items()]
+        sparks = spark_hosts(load_hosts(args.inventory))  # every Spark: the peers that keep a model in rotation
+    names, groups = [name for name, _ in hosts], members_in_data(hosts)
+    try:
+        cohorts(names, groups)
+    except ValueError as exc:  # a group whose members' lists disagree
+        raise Refused(str(exc)) from None
+    reports = rollback(args.inventory, names, groups, served_names(sparks), log=common.log)
     common.print_reports(reports, args.json)
-    return 0 if all(r.ok for r in results.values()) else 1
+    return 0 if all(r.result == "rolled back" for r in reports) else 1

@@ -14,21 +14,18 @@ def arguments(parser) -> None:
 
 def run(args) -> int:
     from sparkfleet.controller.inventory import parse_data
-    from sparkfleet.fleet.rollout import holds_what_it_needs, planned, read_before, report_json, rollout, \
-        service_hosts_last
+    from sparkfleet.fleet.rollout import chat_models, holds_what_it_needs, planned, read_before, report_json, \
+        rollout, service_hosts_last
 
     with common.refusing():
         before = planned(args.inventory, args.limit, args.data)
     before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate)
     releases = {p.name: ((before.installed[p.name] or {}).get("release_id"), p.release_id) for p in before.plans}
     prepared = {p.name for p in before.plans if holds_what_it_needs(p, before.installed[p.name] or {})}
-    # the chat model each engine host serves before and after: the front door must keep one in rotation for each
-    serves = {p.name: p.settings.served_model_name for p in before.plans if p.runs_engine
-              and (before.installed[p.name] or {}).get("served_model_name") == p.settings.served_model_name}
     data = parse_data(args.data)
     reports = rollout(args.inventory, before.names, releases, batch=args.batch, canary=args.canary,
                       max_fail=args.max_fail, data=data, groups=before.groups, prepared=prepared, speed=before.speed,
-                      serves=serves, log=common.log)
+                      serves=chat_models(before), log=common.log)
     if report_json(reports)["ok"]:
         reports += service_hosts_last(args.inventory, before.services, data, log=common.log)
     common.print_reports(reports, args.json, speed_skipped=args.no_speed_gate)

@@ -20,7 +20,7 @@ def arguments(parser) -> None:
 
 def run(args) -> int:
     from sparkfleet.controller.inventory import parse_data
-    from sparkfleet.fleet.rollout import planned, read_before
+    from sparkfleet.fleet.rollout import chat_models, planned, read_before
     from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
     from sparkfleet.host.pins import render_pins
     from sparkfleet.host.upgrade import refused_changes
@@ -42,19 +42,20 @@ def run(args) -> int:
             print_table("sparkfleet upgrade --dry", ("host", "would change", "would reboot", "problem"), rows,
                         stderr=True)
         return 0 if survey_json(found)["ok"] else 1
-    releases = {}
-    if not args.no_speed_gate:
-        before = read_before(args.inventory, before)
-        releases = {name: (r or {}).get("release_id") for name, r in before.installed.items()}
+    # each release record (what the speed gate keeps figures under, what each host serves: the front door keeps one
+    # backend in rotation for each model) and the kept figures, unless --no-speed-gate
+    before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate)
+    releases = {name: (r or {}).get("release_id") for name, r in before.installed.items()}
     reports = upgrade(args.inventory, found, batch=args.batch, canary=args.canary, max_fail=args.max_fail,
                       data=parse_data(args.data), groups=before.groups, speed=before.speed, releases=releases,
-                      log=common.log)
+                      serves=chat_models(before), log=common.log)
     if args.json:
         print(json.dumps(report_json(reports, args.no_speed_gate), indent=2))
     else:
         rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]",
                  "\n".join(map(literal, r.changes)) or "-", "yes" if r.rebooted else "no", f"{r.seconds:g}",
-                 "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}", literal(r.detail)) for r in reports]
+                 "-" if r.out_of_rotation_s is None else f"{r.out_of_rotation_s:g}", literal(r.detail))
+                for r in reports]
         print_table("sparkfleet upgrade", ("host", "result", "changed", "rebooted", "seconds", "out of rotation s",
                                            "detail"), rows, stderr=True)
         common.print_speed(reports, args.no_speed_gate)

@@ -7,10 +7,13 @@ out of rotation for its restart and gate, not its download.
 
 Never more than one batch is changing at a time; more than `max_fail` failed hosts halt the rollout, and the hosts
 not yet reached keep their release.
-A tensor-parallel group is one unit: its members share a batch, and a failed
-gate on any of them rolls every member back (one model runs on them all).
+A tensor-parallel group is one cohort: its members share a batch, and a failed
+gate on any of them rolls every member back (one model runs on them all). The batches run through the loop rollout,
+upgrade and rollback share (fleet/batches.py `run_batches`: the drain, the address hand-over, the last-backend rule,
+the timing); this module says what a rollout does to a batch and how it judges it, and what a
+rollback does (`rollback`: every host it selects in one batch).
 
-The speed gate (fleet/speed.py, unless `--no-speed-gate`): the canary, the first unit the rollout changes, is
+The speed gate (fleet/speed.py, unless `--no-speed-gate`): the canary, the first cohort the rollout changes, is
 measured after its health gate while still drained (its head); decode or TTFT worse than its previous release's
 kept figure by more than `rollout_max_regression` rolls it back and halts the rollout. Without a kept figure the
 running release is measured right after the drain, before the switch; where that fails too, the new release's
@@ -23,31 +26,24 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from sparkfleet.fleet.batches import batch_size
+from sparkfleet.fleet.batches import Batch, Change, Cohort, batches, cohort_name, cohorts, group_of, run_batches
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
-from sparkfleet.roles.front_door.records import chat_backend
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
-from sparkfleet.refused import FAILED, Refused
-
-Unit = tuple[str, ...]  # what changes together: one host, or a group's members head first
-# How long a batch waits for the front door to take back the hosts it needs in rotation (the previous batch's pass
-# their checks within seconds of their return) before the rollout halts rather than drain a model's last backend.
-BACK_IN_WAIT_S = 60
 
 
-def members_of(plans) -> dict[str, Unit]:
+def members_of(plans) -> dict[str, Cohort]:
     """{member: its group's members, head first} from the plans (single hosts are not in it)."""
     return {p.name: tuple(p.group.members) for p in plans if p.group}
 
 
-def members_in_data(hosts: list[tuple[str, dict]]) -> dict[str, Unit]:
+def members_in_data(hosts: list[tuple[str, dict]]) -> dict[str, Cohort]:
     """The same map read from the inventory's raw data, before any plan (to pick a --limit's whole group);
     the plan validates these lists afterwards."""
     return {name: tuple(data["tensor_parallel_hosts"]) for name, data in hosts if data.get("tensor_parallel_hosts")}
 
 
-def whole_groups(selected: list[str], inventory: list[str], groups: dict[str, Unit]) -> list[str]:
+def whole_groups(selected: list[str], inventory: list[str], groups: dict[str, Cohort]) -> list[str]:
     """`selected` plus every other member of their groups, in inventory order: one member is never
     changed, rolled back or judged alone."""
     wanted = {*selected, *(m for h in selected for m in groups.get(h, ()))}
@@ -74,9 +70,12 @@ class Before:
     plans: list  # the Sparks' plans, in inventory order
     data: dict[str, dict]  # each planned host's inventory data, `--data` applied
     services: list[str]  # the service hosts planned: a rollout converges them after its batches, never drained
-    groups: dict[str, Unit]  # members_of(plans)
+    groups: dict[str, Cohort]  # members_of(plans)
     installed: dict[str, dict | None] = field(default_factory=dict)  # each Spark's release record, as read back
     speed: Any = None  # the speed gate (fleet/speed.py SpeedGate); None: measure nothing
+    # the chat model each engine Spark a `limit` left out serves, by its settings (`served_names`): the peers that
+    # keep a model in rotation while the selection's batches are out
+    peers: dict[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -88,14 +87,17 @@ def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts
     `service_hosts` False: the Sparks only (a platform upgrade is theirs). SettingsError for a group only partly
     planned, before any host is read."""
     from sparkfleet.contract.settings import SettingsError
-    from sparkfleet.controller.inventory import locked_plans, spark_hosts, with_data
+    from sparkfleet.controller.inventory import load_hosts, locked_plans, spark_hosts, with_data
 
     hosts = with_data(load_whole_groups(inventory, limit), data)
     plans = locked_plans(hosts if service_hosts else spark_hosts(hosts))
+    chosen = {name for name, _ in hosts}
+    left_out = [(n, d) for n, d in with_data(spark_hosts(load_hosts(inventory)), data) if n not in chosen] \
+        if limit else []
     before = Before([p for p in plans if not p.is_service], dict(hosts), [p.name for p in plans if p.is_service],
-                    members_of(plans))
+                    members_of(plans), peers=served_names(left_out))
     try:
-        units(before.names, before.groups)
+        cohorts(before.names, before.groups)
     except ValueError as exc:
         raise SettingsError([str(exc)]) from None
     return before
@@ -116,81 +118,6 @@ def read_before(inventory: str, before: Before, speed_gate: bool = True) -> Befo
                       {name: (read or {}).get("speed") for name, read in found.items()}, installed) \
         if speed_gate else None
     return replace(before, installed=installed, speed=speed)
-
-
-def units(hosts: list[str], groups: dict[str, Unit]) -> list[Unit]:
-    """The rollout's units in `hosts` order: a single host alone, a group once (head first) where its
-    first member appears. Raises ValueError when a group is only partly in `hosts`."""
-    found: list[Unit] = []
-    for h in hosts:
-        unit = groups.get(h, (h,))
-        missing = [m for m in unit if m not in hosts]
-        if missing:
-            raise ValueError(f"{h}: its group {unit_name(unit)} is only partly selected ({', '.join(missing)} "
-                             "missing): roll out the whole group")
-        if unit not in found:
-            found.append(unit)
-    return found
-
-
-def unit_name(unit: Unit) -> str:
-    """A host's own name; a group's "head+worker" (the plan's TensorParallelGroup.name)."""
-    return "+".join(unit)
-
-
-def batches(hosts: list, batch: str = "1", canary: bool = False) -> list[list]:
-    """Split hosts (or units: see `units`) into batches: `batch` is a count ("2") or a share of the fleet ("25%")."""
-    size = batch_size(batch, len(hosts))
-    first, rest = (hosts[:1], hosts[1:]) if canary else ([], hosts)
-    return ([first] if first else []) + [rest[i:i + size] for i in range(0, len(rest), size)]
-
-
-def emptied_backends(rotation: dict[str, set[str]], batch) -> dict[str, set[str]]:
-    """{backend: its servers in rotation} of each front door backend that draining (and restarting) `batch` would
-    leave with no server in rotation. Every backend counts, not only the drained default one: a restarting engine
-    leaves each backend it is in."""
-    out = set(batch)
-    return {backend: servers for backend, servers in rotation.items() if servers and servers <= out}
-
-
-def last_backend_problems(doors: dict[str, dict[str, set[str]] | None], batch, serves: dict[str, str],
-                          inventory: str) -> list[str]:
-    """One line per chat model a front door would lose while the batch is out, though another host of the
-    inventory serves it: a door routing a model to fewer hosts than serve it (converged from an older inventory,
-    or those hosts out of rotation) would answer 503 for it the whole batch. `serves`: host -> the chat model it
-    serves before and after this rollout (a host whose name changes is no peer: its old name goes by design). A
-    chat backend's servers in rotation serve its model (its health check asks that model by name), so an emptied
-    one loses its servers' model unless another chat backend's remaining servers all serve it. A model only the
-    batch serves is no problem here (nothing could keep it in), nor a RAG route (model_N). A door that did not
-    answer (None) is not judged."""
-    out, lines = set(batch), []
-    for door, rotation in doors.items():
-        chat = {backend: servers for backend, servers in (rotation or {}).items() if chat_backend(backend)}
-        left = [servers - out for servers in chat.values()]
-        for backend, servers in emptied_backends(chat, batch).items():
-            for model in sorted({serves[h] for h in servers if h in serves}):
-                if any(kept and all(serves.get(h) == model for h in kept) for kept in left):
-                    continue  # another backend still carries it
-                peers = [h for h, served in serves.items() if served == model and h not in out]
-                if peers:
-                    lines.append(f"front door {door}: draining {', '.join(sorted(servers))} leaves its backend "
-                                 f"{backend} ({model}) with no server in rotation, though {', '.join(peers)} serve "
-                                 f"{model} too: converge the front door first (pyinfra -y {inventory} deploy.py "
-                                 f"--limit {door}), or bring them back in rotation, then roll out")
-    return lines
-
-
-def door_keeps_every_model(door, batch_hosts: list[str], serves: dict[str, str], inventory: str) -> str | None:
-    """None once draining the batch leaves every model another host serves a backend in rotation on every front
-    door, waiting up to BACK_IN_WAIT_S (the previous batch's hosts pass their checks); else the halt line."""
-    deadline = time.monotonic() + BACK_IN_WAIT_S
-    while True:
-        problems = last_backend_problems(door.rotation(), batch_hosts, serves, inventory)
-        if not problems:
-            return None
-        if time.monotonic() >= deadline:
-            return f"halted: {problems[0]}"
-        time.sleep(2)
 
 
 @dataclass
@@ -220,12 +147,12 @@ def judge(result: HostResult) -> str:
     return "converged" if result.changed else "unchanged"
 
 
-def unit_reports(unit: Unit, results: dict[str, HostResult], releases: dict[str, tuple[str | None, str | None]],
-                 seconds: float, batch: int | None = None) -> list[HostReport]:
+def cohort_reports(cohort: Cohort, results: dict[str, HostResult],
+                   releases: dict[str, tuple[str | None, str | None]], seconds: float,
+                   batch: int | None = None) -> list[HostReport]:
     """Each member's report from its deploy result (a single host: one report)."""
-    group = unit_name(unit) if len(unit) > 1 else None
     return [HostReport(h, releases[h][0], releases[h][1], judge(results[h]), seconds,
-                       "; ".join(results[h].failed), group, batch) for h in unit]
+                       "; ".join(results[h].failed), group_of(cohort), batch) for h in cohort]
 
 
 def service_steps(hosts: list[str], shared_doors: set[str]) -> list[list[str]]:
@@ -253,14 +180,14 @@ def service_hosts_last(inventory: str, hosts: list[str], data: dict | None = Non
     return reports
 
 
-def needs_rollback(unit: Unit, results: dict[str, HostResult]) -> list[str]:
-    """The members whose new release failed its health gate: any one rolls the whole unit back."""
-    return [h for h in unit if judge(results[h]) == "failed" and results[h].health_gate == "failed"]
+def needs_rollback(cohort: Cohort, results: dict[str, HostResult]) -> list[str]:
+    """The members whose new release failed its health gate: any one rolls the whole cohort back."""
+    return [h for h in cohort if judge(results[h]) == "failed" and results[h].health_gate == "failed"]
 
 
 def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[str, HostResult],
                 releases: dict[str, tuple[str | None, str | None]], reason: str | None = None) -> None:
-    """Mark a unit's reports after its rollback: every member restored, or where it could not be. `reason`: why,
+    """Mark a cohort's reports after its rollback: every member restored, or where it could not be. `reason`: why,
     when it was not a failed health gate (the speed gate's line)."""
     why = reason or f"health gate failed ({', '.join(gate_failed)})"
     for report in reports:
@@ -280,13 +207,13 @@ def rolled_back(reports: list[HostReport], gate_failed: list[str], back: dict[st
 
 
 def to_stage(hosts: list[str], releases: dict[str, tuple[str | None, str | None]],
-             groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset()) -> list[str]:
-    """The hosts a rollout stages, in `hosts` order: every member of a unit where any member's planned release is
+             groups: dict[str, Cohort] | None = None, prepared: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The hosts a rollout stages, in `hosts` order: every member of a cohort where any member's planned release is
     not its installed one (a group changes whole) and not every member holds it already (`prepared`, see
     `holds_what_it_needs`); a host that keeps its release has nothing to prepare."""
-    return [h for unit in units(hosts, groups or {})
-            if any(releases[m][0] != releases[m][1] for m in unit) and not all(m in prepared for m in unit)
-            for h in unit]
+    return [h for cohort in cohorts(hosts, groups or {})
+            if any(releases[m][0] != releases[m][1] for m in cohort) and not all(m in prepared for m in cohort)
+            for h in cohort]
 
 
 def holds_what_it_needs(plan, installed: dict) -> bool:
@@ -303,22 +230,21 @@ def holds_what_it_needs(plan, installed: dict) -> bool:
     return bool(installed) and want <= have and wanted <= images
 
 
-def not_reached(unit: Unit, releases: dict[str, tuple[str | None, str | None]], number: int | None,
+def not_reached(cohort: Cohort, releases: dict[str, tuple[str | None, str | None]], number: int | None,
                 detail: str) -> list[HostReport]:
-    """The reports of a unit the rollout halted before (it keeps its release): in batch `number`, or in none when
+    """The reports of a cohort the rollout halted before (it keeps its release): in batch `number`, or in none when
     the staging halted it."""
-    group = unit_name(unit) if len(unit) > 1 else None
-    return [HostReport(h, releases[h][0], releases[h][1], "not reached", detail=detail, group=group, batch=number)
-            for h in unit]
+    return [HostReport(h, releases[h][0], releases[h][1], "not reached", detail=detail, group=group_of(cohort),
+                       batch=number) for h in cohort]
 
 
-def staging_halted(order: list[Unit], results: dict[str, HostResult],
+def staging_halted(order: list[Cohort], results: dict[str, HostResult],
                    releases: dict[str, tuple[str | None, str | None]], seconds: float) -> list[HostReport]:
     """Every host's report when staging failed somewhere: the failed ones name their failed steps, the rest were
     not reached; no host went into a batch, none was drained or switched."""
     failed = [h for h, r in results.items() if not r.ok]
     why = f"halted: staging failed on {', '.join(failed)}; no host was drained"
-    reports = [r for unit in order for r in not_reached(unit, releases, None, why)]
+    reports = [r for cohort in order for r in not_reached(cohort, releases, None, why)]
     for r in reports:
         r.staged_s = seconds if r.host in results else None
         if r.host in failed:
@@ -328,10 +254,10 @@ def staging_halted(order: list[Unit], results: dict[str, HostResult],
     return reports
 
 
-def canary_of(plan: list[list[Unit]], releases: dict[str, tuple[str | None, str | None]]) -> Unit | None:
-    """The unit the speed gate judges: the first one, in batch order, whose release changes."""
-    return next((unit for batch_units in plan for unit in batch_units
-                 if any(releases[m][0] != releases[m][1] for m in unit)), None)
+def canary_of(plan: list[list[Cohort]], releases: dict[str, tuple[str | None, str | None]]) -> Cohort | None:
+    """The cohort the speed gate judges: the first one, in batch order, whose release changes."""
+    return next((cohort for batch_cohorts in plan for cohort in batch_cohorts
+                 if any(releases[m][0] != releases[m][1] for m in cohort)), None)
 
 
 def baseline_now(speed, check: SpeedCheck, log) -> None:
@@ -371,104 +297,133 @@ def speed_gate(speed, check: SpeedCheck, log, then: str = "rolled back; halted")
 
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
-            groups: dict[str, Unit] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
+            groups: dict[str, Cohort] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
             speed=None, serves: dict[str, str] | None = None, log=print) -> list[HostReport]:
-    """Drive deploy.py over `hosts` in batches; roll back units whose new release fails its health gate.
+    """Drive deploy.py over `hosts` in batches (fleet/batches.py `run_batches`); roll back cohorts whose new release
+    fails its health gate.
 
     `releases` maps each host to (its installed release id, the planned one); `groups` each member of a
-    tensor-parallel group to its members (see `members_of`). Batches count units, and so does `max_fail`
-    (a failed group is one failure). The front door drains each unit's first host: a worker is no backend.
+    tensor-parallel group to its members (see `members_of`). Batches count cohorts, and so does `max_fail`
+    (a failed group is one failure). The front door drains each cohort's first host: a worker is no backend.
     Before the first batch, the hosts `to_stage` names are staged in one run (those in `prepared` hold what their
     new release needs already); any failure there halts the rollout. `speed`: the speed gate (fleet/speed.py
-    SpeedGate), None to skip it. `serves` (host -> the chat model it serves before and after): a batch that would
-    drain the last backend in rotation of a model other hosts serve is refused before any host is touched (Refused),
-    or, found at its turn, halts the rollout (`last_backend_problems`); None: not checked.
+    SpeedGate), None to skip it. `serves` (host -> the chat model it serves before and after, `chat_models`): a
+    batch that would drain the last backend in rotation of a model other hosts serve is refused before any host is
+    touched (Refused), or, found at its turn, halts the rollout; None: not checked.
     """
-    reports: list[HostReport] = []
-    failures, halted = 0, None
-    plan = batches(units(hosts, groups or {}), batch, canary)
+    plan = batches(cohorts(hosts, groups or {}), batch, canary)
     judged = canary_of(plan, releases) if speed else None
-    door = FrontDoorRuntime.of(inventory)  # none: no drain
-    door.put_back_stale(log)  # what an interrupted change left out; its hosts' batches bring their releases in line
-    keep_models = bool(serves and door.doors)
-    if keep_models:
-        rotation = door.rotation()
-        problems = [line for batch_units in plan
-                    for line in last_backend_problems(rotation, [h for unit in batch_units for h in unit], serves,
-                                                      inventory)]
-        if problems:
-            raise Refused(problems[0], FAILED)
-    staged, staged_s = to_stage(hosts, releases, groups, prepared), None
-    if staged:
+    staged, staged_s = to_stage(hosts, releases, groups, prepared), []
+
+    def stage() -> list[HostReport] | None:
+        """The staging phase, all at once before the first drain; the reports that end the rollout where it failed."""
+        if not staged:
+            return None
         log(f"stage: {', '.join(staged)}: the new release prepared beside the running one, still serving")
         started = time.monotonic()
         results = run_deploy(inventory, staged, data, deploy_file="stage.py")
-        staged_s = round(time.monotonic() - started, 1)
+        staged_s.append(round(time.monotonic() - started, 1))
         if not all(r.ok for r in results.values()):
-            log(f"stage: failed on {', '.join(h for h, r in results.items() if not r.ok)} after {staged_s:g} s: "
+            log(f"stage: failed on {', '.join(h for h, r in results.items() if not r.ok)} after {staged_s[0]:g} s: "
                 "halted, no host drained")
             for h, r in results.items():
                 for line in [] if r.ok else r.said or r.failed:
                     log(f"stage: {line if line.startswith(f'{h}: ') else f'{h}: {line}'}")
-            return staging_halted([unit for batch_units in plan for unit in batch_units], results, releases, staged_s)
-        log(f"stage: {len(staged)} hosts ready in {staged_s:g} s")
-    for number, batch_units in enumerate(plan, 1):
-        batch_hosts = [h for unit in batch_units for h in unit]
-        if failures > max_fail or halted:
-            why = halted or f"halted: {failures} failed > --max-fail {max_fail}"
-            reports += [r for unit in batch_units for r in not_reached(unit, releases, number, why)]
-            continue
-        halted = door_keeps_every_model(door, batch_hosts, serves, inventory) if keep_models else None
-        if halted:
-            log(halted)
-            reports += [r for unit in batch_units for r in not_reached(unit, releases, number, halted)]
-            continue
-        log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started, drained, handed = time.monotonic(), [], []
+            return staging_halted([c for batch_cohorts in plan for c in batch_cohorts], results, releases, staged_s[0])
+        log(f"stage: {len(staged)} hosts ready in {staged_s[0]:g} s")
+        return None
+
+    def switch(batch: Batch, drain) -> dict[Cohort, list[HostReport]]:
+        """One batch: deploy.py, a cohort whose health gate failed rolled back, the canary measured."""
         check = None
-        if judged in batch_units:
+        if judged in batch.cohorts:
             head = judged[0]
             check = SpeedCheck(head, releases[head][1], releases[head][0])
             check.baseline = speed.baseline(head, check.baseline_release)
 
-        def drain():  # once the batch's deploy is planned, right before its operations run
-            drained.append(time.monotonic())
-            handed.append(door.hand_over(batch_hosts, log))  # a door among them: the floating address moves first
-            door.drain([unit[0] for unit in batch_units], log, operation="rollout")
+        def before_ops():
+            drain()
             if check and check.baseline is None and check.baseline_release:
                 baseline_now(speed, check, log)
 
-        results = run_deploy(inventory, batch_hosts, data, before_ops=drain)
-        seconds = round(time.monotonic() - started, 1)
-        back_in = []
-        for unit in batch_units:
-            found = unit_reports(unit, results, releases, seconds, number)
-            gate_failed = needs_rollback(unit, results)
+        results = run_deploy(inventory, batch.hosts, data, before_ops=before_ops)
+        seconds = batch.seconds()
+        found = {}
+        for cohort in batch.cohorts:
+            reports = cohort_reports(cohort, results, releases, seconds, batch.number)
+            gate_failed = needs_rollback(cohort, results)
             if gate_failed:
-                rolled_back(found, gate_failed, run_deploy(inventory, list(unit), data, deploy_file="rollback.py"),
+                rolled_back(reports, gate_failed, run_deploy(inventory, list(cohort), data, deploy_file="rollback.py"),
                             releases)
-            elif unit == judged and all(r.ok for r in found):
+            elif cohort == judged and all(r.ok for r in reports):
                 halt = speed_gate(speed, check, log)
                 if halt:
-                    rolled_back(found, [], run_deploy(inventory, list(unit), data, deploy_file="rollback.py"),
+                    rolled_back(reports, [], run_deploy(inventory, list(cohort), data, deploy_file="rollback.py"),
                                 releases, reason=halt)
-                    halted = f"halted: the speed gate stopped the canary {unit_name(unit)}"
-            if check and unit == judged:
-                check.line = check.line or f"{check.host}: not measured: {found[0].result} ({found[0].detail})"
-                found[0].speed = check.to_dict()
-            if all(r.ok or r.result == "rolled back" for r in found):
-                back_in.append(unit[0])  # failed: stays out
-            failures += not all(r.ok for r in found)
-            reports += found
-        door.ready(back_in, log)
-        for step in handed:
-            door.rejoin(step, log)
-        for r in reports[-len(batch_hosts):]:
-            if door.doors and drained and r.host in back_in:
-                r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)
+                    batch.halt = f"halted: the speed gate stopped the canary {cohort_name(cohort)}"
+            if check and cohort == judged:
+                check.line = check.line or f"{check.host}: not measured: {reports[0].result} ({reports[0].detail})"
+                reports[0].speed = check.to_dict()
+            found[cohort] = reports
+        return found
+
+    change = Change("rollout", "roll out", switch,
+                    lambda cohort, number, why: not_reached(cohort, releases, number, why),
+                    back_in=lambda reports: all(r.ok or r.result == "rolled back" for r in reports),  # failed: out
+                    prepare=stage)
+    reports = run_batches(FrontDoorRuntime.of(inventory), inventory, plan, change, max_fail=max_fail, serves=serves,
+                          log=log)
     for r in reports:
-        r.staged_s = staged_s if r.host in staged else None
+        r.staged_s = staged_s[0] if staged_s and r.host in staged else None
     return reports
+
+
+def chat_models(before: Before) -> dict[str, str]:
+    """The chat model each engine host serves before and after a rollout or an upgrade (the planned one, where its
+    installed release serves that name too), and each one a `limit` left out (`Before.peers`): the front door must
+    keep one backend in rotation for each."""
+    return {**before.peers, **{p.name: p.settings.served_model_name for p in before.plans if p.runs_engine and
+                               (before.installed.get(p.name) or {}).get("served_model_name")
+                               == p.settings.served_model_name}}
+
+
+def served_names(hosts: list[tuple[str, dict]]) -> dict[str, str]:
+    """The chat model each engine host of `hosts` (the inventory's Sparks: no plan, no lock) serves by its settings,
+    for a rollback's last-backend rule; a host whose settings are refused is left out (neither judged nor a peer):
+    a rollback must run against an inventory being fixed."""
+    from sparkfleet.contract.settings import SettingsError, parse_settings
+
+    groups, out = members_in_data(hosts), {}
+    for name, data in hosts:
+        if groups.get(name, (name,))[0] != name:
+            continue  # a group's worker: its head is the backend
+        try:
+            out[name] = parse_settings(name, data).served_model_name
+        except SettingsError:
+            continue
+    return out
+
+
+def rollback(inventory: str, hosts: list[str], groups: dict[str, Cohort], serves: dict[str, str] | None = None,
+             log=print) -> list[HostReport]:
+    """Switch `hosts` back to their previous release (`rollback.py`: no download), all of them in one batch of the
+    batch loop: drained (held by the rollback), the address handed over, put back where every member of the cohort
+    came back. `serves`: as `rollout`'s, the last-backend rule; a rollback whose batch would drain a model's last
+    backend is refused before any host is touched."""
+    blank: dict[str, tuple[str | None, str | None]] = {h: (None, None) for h in hosts}
+
+    def switch_back(batch: Batch, drain) -> dict[Cohort, list[HostReport]]:
+        results = run_deploy(inventory, batch.hosts, deploy_file="rollback.py", before_ops=drain)
+        seconds = batch.seconds()
+        return {cohort: [HostReport(h, None, None, "rolled back" if results[h].ok else "failed", seconds,
+                                    "; ".join(results[h].failed), group_of(cohort)) for h in cohort]
+                for cohort in batch.cohorts}
+
+    change = Change("rollback", "roll back", switch_back,
+                    lambda cohort, number, why: not_reached(cohort, blank, None, why),
+                    back_in=lambda reports: all(r.result == "rolled back" for r in reports))
+    plan = [cohorts(hosts, groups)] if hosts else []
+    return run_batches(FrontDoorRuntime.of(inventory), inventory, plan, change, serves=serves, log=log)
 
 
 def phases(reports: list[HostReport]) -> dict:

@@ -1,26 +1,29 @@
 """Upgrade a fleet's platform (kernel, driver, the rest of DGX OS) within its apt pins, with the rollout's batches,
-canary and halt rules (`fleet/rollout.py`), and its speed gate on the canary.
+canary and halt rules through the loop they share (`fleet/batches.py` `run_batches`: the drain, the address
+hand-over, the last-backend rule, the timing), and the rollout's speed gate on the canary.
 
 First a survey, all hosts at once, draining none: each host's `apt-get upgrade` simulated (after `apt-get update`),
-with whether it would reboot; `--dry` stops there. A host with nothing to change is not drained. Then, unit by unit
-in batches: drain -> the upgrade step (`upgrade.py`: the pins, a refusal of a new kernel or driver that a refused_*
-setting names, `apt-get upgrade`, a reboot where needed, SSH back) -> converge (`deploy.py`: preflight reads the new
-driver, the health gate) -> the speed gate on the canary (the first unit upgraded; `fleet/speed.py`, as the rollout's:
-its release measured on the new platform against its kept figure, or against the old platform measured right after
-the drain where none is kept) -> undrain. A failed host, a slower canary included, stays drained, held by the
-upgrade, and the upgrade halts once more than `max_fail` units failed.
+with whether it would reboot; `--dry` stops there. A host with nothing to change is not drained. An upgrade whose
+batch would drain the last backend a front door has in rotation for a model another host serves is refused before
+any host is touched. Then, cohort by cohort in batches (a tensor-parallel group is one cohort): drain -> the upgrade
+step (`upgrade.py`: the pins, a refusal of a new kernel or driver that a refused_* setting names, `apt-get upgrade`,
+a reboot where needed, SSH back) -> converge (`deploy.py`: preflight reads the new driver, the health gate) -> the
+speed gate on the canary (the first cohort upgraded; `fleet/speed.py`, as the rollout's: its release measured on the
+new platform against its kept figure, or against the old platform measured right after the drain where none is
+kept) -> undrain. A failed host, a slower canary included, stays drained, held by the upgrade, and the upgrade halts
+once more than `max_fail` cohorts failed.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sparkfleet.fleet.batches import Batch, Change, Cohort, batches, cohort_name, cohorts, group_of, run_batches
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
-from sparkfleet.fleet.rollout import Unit, baseline_now, batches, speed_gate, speed_summary, unit_name, units
+from sparkfleet.fleet.rollout import baseline_now, speed_gate, speed_summary
 from sparkfleet.fleet.speed import SpeedCheck
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.upgrade import REBOOT_OP, REFUSED_OP, Simulation, UpgradeSimulation, needs_reboot
@@ -95,68 +98,64 @@ def judge(step: HostResult, converge: HostResult | None, slow: str | None) -> tu
     return "upgraded", ""
 
 
-def unit_reports(unit: Unit, surveys: dict[str, HostSurvey], step: dict[str, HostResult],
-                 converged: dict[str, HostResult], slow: dict[str, str], seconds: float,
-                 number: int) -> list[UpgradeReport]:
-    group = unit_name(unit) if len(unit) > 1 else None
+def cohort_reports(cohort: Cohort, surveys: dict[str, HostSurvey], step: dict[str, HostResult],
+                   converged: dict[str, HostResult], slow: dict[str, str], seconds: float,
+                   number: int) -> list[UpgradeReport]:
     found = []
-    for h in unit:
+    for h in cohort:
         result, detail = judge(step[h], converged.get(h), slow.get(h))
         rebooted = any(name.endswith(REBOOT_OP) for name in step[h].changed)  # "Platform upgrade | " first
-        found.append(UpgradeReport(h, result, surveys[h].changes, rebooted, seconds, detail, group, number))
+        found.append(UpgradeReport(h, result, surveys[h].changes, rebooted, seconds, detail, group_of(cohort),
+                                   number))
     return found
 
 
-def front_doors_last(todo: list[Unit], doors: list[str], log=print) -> list[Unit]:
-    """The units in order, those with a front door host last (a stable sort): its reboot takes that front door
+def front_doors_last(todo: list[Cohort], doors: list[str], log=print) -> list[Cohort]:
+    """The cohorts in order, those with a front door host last (a stable sort): its reboot takes that front door
     down with it, so the other hosts are upgraded while it still serves."""
-    last = [u for u in todo if any(h in doors for h in u)]
-    for unit in last:
-        log(f"{unit_name(unit)}: runs a front door; upgraded last: its reboot stops that front door until it is back")
-    return [u for u in todo if u not in last] + last
+    last = [c for c in todo if any(h in doors for h in c)]
+    for cohort in last:
+        log(f"{cohort_name(cohort)}: runs a front door; upgraded last: its reboot stops that front door until it is "
+            "back")
+    return [c for c in todo if c not in last] + last
 
 
 def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", canary: bool = False,
-            max_fail: int = 0, data: dict | None = None, groups: dict[str, Unit] | None = None,
-            speed: Any = None, releases: dict[str, str | None] | None = None, log=print) -> list[UpgradeReport]:
-    """Upgrade the units that have something to do (`survey`), batch by batch; the rest are reported unchanged.
-    The front door drains each unit's first host; a failed unit stays drained, and more than `max_fail` failed units
-    halt the upgrade (the units not reached keep their versions). `speed`: the speed gate (fleet/speed.py
-    SpeedGate), None to skip it; `releases`: each host's installed release id, what its figures are kept under."""
+            max_fail: int = 0, data: dict | None = None, groups: dict[str, Cohort] | None = None,
+            speed: Any = None, releases: dict[str, str | None] | None = None, serves: dict[str, str] | None = None,
+            log=print) -> list[UpgradeReport]:
+    """Upgrade the cohorts that have something to do (`survey`), batch by batch (fleet/batches.py `run_batches`);
+    the rest are reported unchanged. The front door drains each cohort's first host; a failed cohort stays drained,
+    and more than `max_fail` failed cohorts halt the upgrade (the cohorts not reached keep their versions). `speed`:
+    the speed gate (fleet/speed.py SpeedGate), None to skip it; `releases`: each host's installed release id, what
+    its figures are kept under. `serves` (host -> the chat model it serves, fleet/rollout.py `chat_models`): a batch
+    that would drain the last backend in rotation of a model other hosts serve is refused before any host is touched
+    (Refused), or, found at its turn, halts the upgrade; None: not checked."""
     by_host = {s.host: s for s in surveys}
-    todo = [u for u in units([s.host for s in surveys], groups or {}) if any(by_host[h].todo for h in u)]
+    todo = [c for c in cohorts([s.host for s in surveys], groups or {}) if any(by_host[h].todo for h in c)]
     reports = [UpgradeReport(s.host, "unchanged") for s in surveys
-               if not any(s.host in u for u in todo)]
-    failures = 0
+               if not any(s.host in c for c in todo)]
     door = FrontDoorRuntime.of(inventory)
-    door.put_back_stale(log)
     todo = front_doors_last(todo, [name for name, _ in door.doors], log)
     plan = batches(todo, batch, canary) if todo else []
-    judged = plan[0][0] if speed and plan else None  # the canary: the first unit upgraded
-    for number, batch_units in enumerate(plan, 1):
-        batch_hosts = [h for unit in batch_units for h in unit]
-        if failures > max_fail:
-            why = f"halted: {failures} failed > --max-fail {max_fail}; its versions are unchanged"
-            reports += [UpgradeReport(h, "not reached", by_host[h].changes, detail=why, batch=number,
-                                      group=unit_name(u) if len(u) > 1 else None) for u in batch_units for h in u]
-            continue
-        log(f"batch {number}/{len(plan)}: {', '.join(unit_name(unit) for unit in batch_units)}")
-        started, drained, handed = time.monotonic(), [], []
+    judged = plan[0][0] if speed and plan else None  # the canary: the first cohort upgraded
+
+    def step_and_converge(batch: Batch, drain) -> dict[Cohort, list[UpgradeReport]]:
+        """One batch: upgrade.py (drained once the step is planned: the simulation read again), deploy.py on the
+        cohorts whose every member passed it, the speed gate on the canary."""
         check = None
-        if judged in batch_units:
+        if judged in batch.cohorts:
             release = (releases or {}).get(judged[0])
             check = SpeedCheck(judged[0], release, release)
             check.baseline = speed.baseline(judged[0], release)
 
-        def drain():  # once the step is planned (the simulation read again), right before its operations run
-            drained.append(time.monotonic())
-            handed.append(door.hand_over(batch_hosts, log))  # a door among them: the floating address moves first
-            door.drain([unit[0] for unit in batch_units], log, operation="upgrade")
+        def before_ops():
+            drain()
             if check and check.baseline is None and check.release:
                 baseline_now(speed, check, log)  # the old platform's figure, before anything is installed
 
-        step = run_deploy(inventory, batch_hosts, data, deploy_file="upgrade.py", before_ops=drain)
-        ready = [h for unit in batch_units if all(step[m].ok for m in unit) for h in unit]
+        step = run_deploy(inventory, batch.hosts, data, deploy_file="upgrade.py", before_ops=before_ops)
+        ready = [h for cohort in batch.cohorts if all(step[m].ok for m in cohort) for h in cohort]
         converged = run_deploy(inventory, ready, data) if ready else {}
         passed = [h for h in ready if converged[h].ok]
         slow = {}
@@ -164,27 +163,25 @@ def upgrade(inventory: str, surveys: list[HostSurvey], *, batch: str = "1", cana
             halt = speed_gate(speed, check, log, then="halted")
             if halt:
                 slow[check.host] = halt
-        seconds = round(time.monotonic() - started, 1)
-        back_in = []
-        for unit in batch_units:
-            found = unit_reports(unit, by_host, step, converged, slow, seconds, number)
-            if check and unit == judged:
-                check.line = check.line or f"{check.host}: not measured: {found[0].result} ({found[0].detail})"
-                found[0].speed = check.to_dict()
-            if all(r.ok for r in found):
-                back_in.append(unit[0])
-            else:
-                failures += 1
-                for r in found:
-                    if not r.ok:  # a refusal's line names the host, the package, the version and why
-                        log(r.detail if r.result == "refused" else f"{r.host}: {r.result}: {r.detail}")
-            reports += found
-        door.ready(back_in, log)
-        for step in handed:
-            door.rejoin(step, log)
-        for r in reports[-len(batch_hosts):]:
-            if door.doors and drained and r.host in back_in:
-                r.out_of_rotation_s = round(time.monotonic() - drained[0], 1)
+        seconds = batch.seconds()
+        found = {}
+        for cohort in batch.cohorts:
+            found[cohort] = cohort_reports(cohort, by_host, step, converged, slow, seconds, batch.number)
+            if check and cohort == judged:
+                first = found[cohort][0]
+                check.line = check.line or f"{check.host}: not measured: {first.result} ({first.detail})"
+                first.speed = check.to_dict()
+            for r in found[cohort]:
+                if not r.ok:  # a refusal's line names the host, the package, the version and why
+                    log(r.detail if r.result == "refused" else f"{r.host}: {r.result}: {r.detail}")
+        return found
+
+    def not_reached(cohort: Cohort, number: int, why: str) -> list[UpgradeReport]:
+        return [UpgradeReport(h, "not reached", by_host[h].changes, detail=f"{why}; its versions are unchanged",
+                              batch=number, group=group_of(cohort)) for h in cohort]
+
+    reports += run_batches(door, inventory, plan, Change("upgrade", "upgrade", step_and_converge, not_reached),
+                           max_fail=max_fail, serves=serves, log=log)
     order = {s.host: i for i, s in enumerate(surveys)}
     return sorted(reports, key=lambda r: order[r.host])
 

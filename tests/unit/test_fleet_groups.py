@@ -1,4 +1,4 @@
-"""Fleet commands over tensor-parallel groups: one status row per group, one rollout unit per group (the same
+"""Fleet commands over tensor-parallel groups: one status row per group, one rollout cohort per group (the same
 batch, rolled back together), one front door backend per group (its head)."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ import pytest
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet import status
 from sparkfleet.fleet.converge import HostResult
+from sparkfleet.fleet.batches import batches, cohorts
 from sparkfleet.fleet.rollout import (
-    batches,
     members_in_data,
     members_of,
     rollout,
-    units,
     whole_groups,
 )
 from sparkfleet.release.group import TensorParallelGroup
@@ -25,23 +24,23 @@ PAIR = TensorParallelGroup(members=("spark-1", "spark-2"), addresses=("192.168.1
 GROUPS = {"spark-1": ("spark-1", "spark-2"), "spark-2": ("spark-1", "spark-2")}
 
 
-# --- rollout: a group is one unit ------------------------------------------------------------------
+# --- rollout: a group is one cohort ----------------------------------------------------------------
 
 
-def test_units_keep_a_group_together_where_its_head_appears():
-    assert units(["spark-1", "spark-2", "spark-3"], GROUPS) == [("spark-1", "spark-2"), ("spark-3",)]
-    assert units(["spark-3", "spark-2", "spark-1"], GROUPS) == [("spark-3",), ("spark-1", "spark-2")]
-    assert units(["a", "b"], {}) == [("a",), ("b",)]
+def test_cohorts_keep_a_group_together_where_its_head_appears():
+    assert cohorts(["spark-1", "spark-2", "spark-3"], GROUPS) == [("spark-1", "spark-2"), ("spark-3",)]
+    assert cohorts(["spark-3", "spark-2", "spark-1"], GROUPS) == [("spark-3",), ("spark-1", "spark-2")]
+    assert cohorts(["a", "b"], {}) == [("a",), ("b",)]
 
 
 def test_a_partly_selected_group_is_refused():
     with pytest.raises(ValueError, match=r"spark-1: its group spark-1\+spark-2 is only partly selected \(spark-2 "
                                          r"missing\): roll out the whole group"):
-        units(["spark-1", "spark-3"], GROUPS)
+        cohorts(["spark-1", "spark-3"], GROUPS)
 
 
-def test_batches_count_units_so_a_group_never_splits():
-    found = units(["spark-1", "spark-2", "spark-3", "spark-4"], GROUPS)
+def test_batches_count_cohorts_so_a_group_never_splits():
+    found = cohorts(["spark-1", "spark-2", "spark-3", "spark-4"], GROUPS)
     assert batches(found, "1") == [[("spark-1", "spark-2")], [("spark-3",)], [("spark-4",)]]
     assert batches(found, "2") == [[("spark-1", "spark-2"), ("spark-3",)], [("spark-4",)]]
     assert batches(found, "34%") == [[("spark-1", "spark-2")], [("spark-3",)], [("spark-4",)]]

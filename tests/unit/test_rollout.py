@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from sparkfleet.fleet import batches as batches_module
 from sparkfleet.fleet import rollout as rollout_module
 from sparkfleet.fleet.converge import HostResult
 from sparkfleet.fleet.rollout import batches, judge, rollout
@@ -114,7 +115,8 @@ def fake_fleet(monkeypatch, staged: dict | None = None, results: dict | None = N
             clock.now += 1
 
     monkeypatch.setattr(rollout_module, "run_deploy", run_deploy)
-    monkeypatch.setattr(rollout_module, "time", clock)
+    monkeypatch.setattr(rollout_module, "time", clock)  # the staging's time
+    monkeypatch.setattr(batches_module, "time", clock)  # the batch loop's: each batch's, each drain's
     monkeypatch.setattr(rollout_module.FrontDoorRuntime, "of", classmethod(lambda cls, inventory: Door()))
     return calls
 
@@ -290,7 +292,7 @@ def test_without_a_kept_figure_the_running_release_is_measured_after_the_drain_b
     calls = fake_fleet(monkeypatch)
     gate = FakeGate(calls, {("a", True): Figures(50.0, 120.0), ("a", False): Figures(49.5, 122.0)})
     reports = rollout("inv.py", ["b", "a", "c"], RELEASES, speed=gate, log=lambda m: None)
-    # b keeps its release: the canary is a, the first unit that changes; only it is measured
+    # b keeps its release: the canary is a, the first cohort that changes; only it is measured
     assert [c for c in calls if c[0] != "stage.py"] == [
         ("drain", ["b"]), ("deploy.py", ["b"]), ("ready", ["b"]),
         ("drain", ["a"]), ("measure running", "a"), ("deploy.py", ["a"]), ("measure", "a"), ("ready", ["a"]),

@@ -96,8 +96,8 @@ def test_a_survey_says_what_would_change_and_what_stops_it():
 
 
 def test_judge_names_the_step_that_failed():
-    refused = HostResult("a", failed=["No hosts remaining!",
-                                      f"Platform upgrade | {REFUSED_OP}: a: nvidia-driver-580-open 580.95.99-1 is refused"])
+    refused = HostResult("a", failed=["No hosts remaining!", f"Platform upgrade | {REFUSED_OP}: a: "
+                                      "nvidia-driver-580-open 580.95.99-1 is refused"])
     assert judge(refused, None, None) == (
         "refused", "a: nvidia-driver-580-open 580.95.99-1 is refused; left drained on its old versions")
     assert judge(HostResult("a", failed=[UPGRADE_OP]), None, None)[0] == "failed"
@@ -139,7 +139,7 @@ def surveys(*todo: str, hosts=("a", "b", "c")) -> list[HostSurvey]:
     return [HostSurvey(h, [DRIVER.line()] if h in todo else [], h in todo) for h in hosts]
 
 
-def test_units_with_something_to_do_go_batch_by_batch_drained_upgraded_converged_and_back(monkeypatch):
+def test_cohorts_with_something_to_do_go_batch_by_batch_drained_upgraded_converged_and_back(monkeypatch):
     calls = fake_fleet(monkeypatch, doors=("a",))
     reports = upgrade("inv.py", surveys("a", "c"), batch="1", log=lambda m: None)
     assert calls == [("drain", ["c"]), ("upgrade.py", ["c"]), ("deploy.py", ["c"]), ("ready", ["c"]),
@@ -199,7 +199,7 @@ def test_an_upgrade_canary_without_a_kept_figure_is_measured_on_its_old_platform
     assert upgrade_module.report_json(reports)["speed_gate"]["checks"] == [reports[0].speed]
 
 
-def test_a_group_is_one_unit_and_a_failed_step_on_a_member_skips_the_converge_of_all(monkeypatch):
+def test_a_group_is_one_cohort_and_a_failed_step_on_a_member_skips_the_converge_of_all(monkeypatch):
     calls = fake_fleet(monkeypatch, steps={"c": HostResult("c", failed=[UPGRADE_OP])})
     groups = {"b": ("b", "c"), "c": ("b", "c")}
     reports = upgrade("inv.py", surveys("b", "c"), groups=groups, log=lambda m: None)
