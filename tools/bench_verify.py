@@ -260,7 +260,7 @@ def write_record(fetch, directory: Path, entries: list[dict], results: list[bool
     """The verified record the fetch script writes after hashing: path -> stat_key + hash."""
     results = results if results is not None else [True] * len(entries)
     host_module.write_record(directory, {e["path"]: host_module.record_entry(os.stat(directory / e["path"]), e)
-                                         for e, ok in zip(entries, results) if ok})
+                                         for e, ok in zip(entries, results, strict=True) if ok})
 
 
 def reverify_with_record(fetch, directory: Path, entries: list[dict], workers: int, full_verify: bool = False,
@@ -372,7 +372,8 @@ def print_table(r: dict) -> None:
                   "in-memory, all lanes at once: the cores' real joint limit, no file I/O")
     table.add_row("sha256sum, file by file", _fmt(s256.get("gib_s")), s256.get("note", "one process at a time"))
     table.add_row(f"verifier / ({r['lanes']} x openssl)", _fmt(r["ratio_verifier_vs_openssl_limit"], ""),
-                  "target >= 0.8" + ("" if r["meets_target"] is None else (": met" if r["meets_target"] else ": NOT met")))
+                  "target >= 0.8" + ("" if r["meets_target"] is None
+                                     else (": met" if r["meets_target"] else ": NOT met")))
     table.add_row(f"verifier / ({r['lanes']} x hashlib)", _fmt(r["ratio_verifier_vs_hashlib_limit"], ""), "")
     table.add_row(f"verifier / hashlib {r['lanes']} threads", _fmt(r["ratio_verifier_vs_parallel_in_memory"], ""),
                   "cost of reading files, beyond the machine's own scaling")

@@ -141,8 +141,8 @@ FRONT_DOOR_STATE_FILE = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/servers.state"
 # root-only: the backends `sparkfleet drain` set aside, one name a line, until `sparkfleet undrain`; runtime
 # state beside HAProxy's own, outside what a converge manages (MANAGED_GLOBS), so a converge leaves it be
 FRONT_DOOR_DRAINED = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/drained"
-# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: roles/front_door/holds.py `Hold`), removed
-# when it puts them back; a hold whose operation is gone is put back by the next converge or rollout
+# root-only: the backends a rollout (or an upgrade) set aside, one line each (who, when: roles/front_door/holds.py
+# `Hold`), removed when it puts them back; a hold whose operation is gone is put back by the next converge or rollout
 FRONT_DOOR_HOLDS = f"/var/lib/{FRONT_DOOR_RUNTIME_NAME}/held"
 # Two or more doors, one address (roles/front_door/address.py): keepalived, Debian's, under a unit of our own
 # (Debian's keepalived.service stays masked); its config beside the door's.

@@ -177,7 +177,8 @@ def _arch_url(value: str) -> str:
 
 
 # Docker's reference grammar (distribution/reference), digests limited to sha256.
-_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+_REF_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = rf"(?:{_REF_LABEL}(?:\.{_REF_LABEL})*|\[[0-9A-Fa-f:.]+\])"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = re.compile(rf"(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
                     rf"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
@@ -514,8 +515,9 @@ def _problem(host_name: str, err: dict) -> str:
     setting, *inside = err["loc"]
     key = str(setting) + "".join(f"[{part!r}]" if part != "[key]" else " (key)" for part in inside)
     if err["type"] == "extra_forbidden" and setting == "services" and len(inside) == 2:
+        knows = "a service knows " + ", ".join(Service.model_fields)
         return (f"{host_name}: unknown key `{inside[1]}` in service {inside[0]!r} (setting `services`): "
-                f"{_did_you_mean(str(inside[1]), Service.model_fields, 'a service knows ' + ', '.join(Service.model_fields))}")
+                f"{_did_you_mean(str(inside[1]), Service.model_fields, knows)}")
     if err["type"] == "extra_forbidden":
         return f"{host_name}: unknown setting `{key}`: {_did_you_mean(key)}"
     if err["type"] == "missing":

@@ -210,7 +210,8 @@ def plan_for(state, host) -> HostPlan:
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
         if plan.image_pin is None:
             raise SettingsError([f"{host.name}: {plan.image_error}"])
-        unresolved = [f"{host.name}: service {svc.name!r}: {svc.hub_error}" for svc in plan.services if not svc.manifest]
+        unresolved = [f"{host.name}: service {svc.name!r}: {svc.hub_error}" for svc in plan.services
+                      if not svc.manifest]
         unresolved += [f"{host.name}: service {svc.name!r}: {svc.image_error}" for svc in plan.services
                        if svc.image and not svc.image_pin]
         if unresolved:

@@ -8,9 +8,10 @@ and `sparkfleet rollout` show the same. Every ~2 s, while the host's operations 
 over that host's own SSH connection (paramiko gives each command a channel of its own): the fetch helper's
 progress file (`paths.FETCH_PROGRESS`) and the engine unit's journal since the watch began, filtered to the
 engines' phase lines (contract/engines.py `start_phases`). On a terminal the hosts are rich progress bars;
-otherwise plain lines, one per host when its phase changes or every PLAIN_EVERY_S, so CI logs stay short. What a host sends is data: its numbers are checked, its
-journal lines (printable ASCII, cut on the host) only pick one of our phase labels and give two counts, and every
-line is printed literally (`tables.literal`); nothing secret is read (paths and counts only).
+otherwise plain lines, one per host when its phase changes or every PLAIN_EVERY_S, so CI logs stay short. What a
+host sends is data: its numbers are checked, its journal lines (printable ASCII, cut on the host) only pick one of
+our phase labels and give two counts, and every line is printed literally (`tables.literal`); nothing secret is
+read (paths and counts only).
 """
 
 from __future__ import annotations

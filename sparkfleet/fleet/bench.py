@@ -64,6 +64,7 @@ import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 import requests
@@ -215,8 +216,9 @@ def spec_decode_report(before: dict | None, after: dict | None) -> dict | None:
         "num_speculative_tokens": round(draft_tokens / drafts) if drafts else None,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-        "acceptance_per_position": ([(a - b) / drafts for a, b in zip(after["accepted_per_position"], base)]
-                                    if drafts else []),
+        # a before of another length (the engine restarted with other settings) compares the positions both have
+        "acceptance_per_position": ([(a - b) / drafts for a, b in zip(after["accepted_per_position"], base,
+                                                                       strict=False)] if drafts else []),
     }
 
 
@@ -277,7 +279,7 @@ def _one_request(client, model: str, n: int, max_tokens: int, extra_body: dict) 
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "tpot": span / (tokens - 1) if tokens > 1 else None,
         "decode_tokens_per_s": (tokens - 1) / span if tokens > 1 and span > 0 else None,
-        "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+        "itl": [b - a for a, b in pairwise(stamps)],
     }
 
 

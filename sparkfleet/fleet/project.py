@@ -40,7 +40,8 @@ from sparkfleet.tasks import converge
 converge()
 '''
 
-GROUP_DATA_ALL = '''# This office's settings: only what differs from sparkfleet's defaults (the package's group_data/all.py,
+GROUP_DATA_ALL = '''\
+# This office's settings: only what differs from sparkfleet's defaults (the package's group_data/all.py,
 # documented in docs/settings.md). Nothing differs yet: the inventory sets the front door's keys and TLS.
 # For example:
 #     model_revision = "<a commit>"  # pin the model
@@ -156,10 +157,13 @@ def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tup
                      f"    \"front_door_tls_key\": {q(str(tls[1]))},\n"
                      f"    \"controller_front_door_ca\": {q(str(tls[0]))},  # what status trusts for it\n")
     else:
-        tls_lines = ("    # No certificate (no openssl when `sparkfleet init` ran): the front door speaks plain http and\n"
+        tls_lines = ("    # No certificate (no openssl when `sparkfleet init` ran): the front door speaks plain "
+                     "http and\n"
                      "    # refuses users until front_door_tls_cert and front_door_tls_key are set here.\n")
-    ca_lines = ("    # the fleet CA (`sparkfleet init`): TLS on every hop to a Spark's guard, so the backend key never\n"
-                "    # crosses the LAN in clear; its key (0600) issues each host's certificate and stays on this controller\n"
+    ca_lines = ("    # the fleet CA (`sparkfleet init`): TLS on every hop to a Spark's guard, so the backend key "
+                "never\n"
+                "    # crosses the LAN in clear; its key (0600) issues each host's certificate and stays on this "
+                "controller\n"
                 f"    \"fleet_ca_cert\": {q(str(ca[0]))},\n"
                 f"    \"fleet_ca_key\": {q(str(ca[1]))},\n") if ca else ""
     return f'''"""This office's Sparks (written by `sparkfleet init`).
@@ -350,7 +354,7 @@ def collect_host_keys(known_hosts: Path, sparks: list[Spark],
     known_hosts.touch(exist_ok=True)  # strict checking needs the file, even before the first key
     missing = [s for s in sparks if not is_known(known_hosts, s)]
     with ThreadPoolExecutor(max_workers=min(8, len(missing) or 1)) as pool:
-        scanned = dict(zip(missing, pool.map(lambda s: keyscan(s, timeout_s), missing)))
+        scanned = dict(zip(missing, pool.map(lambda s: keyscan(s, timeout_s), missing), strict=True))
     lines = [line for s in missing for line in scanned[s]]
     if lines:
         with known_hosts.open("a") as f:

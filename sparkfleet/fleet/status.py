@@ -159,7 +159,8 @@ def ray_problems(group, check) -> list[str]:
     if alive < group.size or missing:
         problems.append(f"Ray sees {min(alive, group.size)} of {group.size} nodes"
                         + (f": {', '.join(missing)} not in it" if missing else ""))
-    without = [str(a) for a, g in zip(addresses, gpus) if not (isinstance(g, (int, float)) and g >= 1)]
+    # fewer GPU counts than addresses is a problem of its own (below): the ones both have are judged here
+    without = [str(a) for a, g in zip(addresses, gpus, strict=False) if not (isinstance(g, (int, float)) and g >= 1)]
     if without or len(gpus) < len(addresses):
         problems.append(f"Ray nodes without a GPU: {', '.join(without) or 'some'}")
     return problems
@@ -258,7 +259,8 @@ def ray_check(host, group) -> dict | None:
 
     from sparkfleet.host.facts import ray_check_args
 
-    args = ray_check_args(group.ray_address, group.address_of(host.name), dict(zip(group.members, group.addresses)))
+    args = ray_check_args(group.ray_address, group.address_of(host.name),
+                          dict(zip(group.members, group.addresses, strict=True)))
     _, output = host.run_shell_command(StringCommand("python3", paths.RAY_CHECK, *args, "2>/dev/null || true"),
                                        print_output=False)
     try:

@@ -290,7 +290,8 @@ class ModelFiles(FactBase):
         quoted = QuoteString(model_dir)
         return StringCommand(
             "if [ -d", quoted, "]; then cat", QuoteString(f"{model_dir}/{record}"), "2>/dev/null; echo;",
-            "echo", FILES_MARKER, "; find", quoted, "-mindepth 1 ! -path '*/.staging/*' -printf '%y %s %T@ %i %P\\0'; fi",
+            "echo", FILES_MARKER, "; find", quoted,
+            "-mindepth 1 ! -path '*/.staging/*' -printf '%y %s %T@ %i %P\\0'; fi",
         )
 
     @staticmethod

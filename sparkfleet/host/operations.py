@@ -310,8 +310,8 @@ def release_units_restored(units: list[str], live: list[str], name: str) -> list
     swaps = [_swapped_in(unit, name) for unit in units] + [_set_aside(unit) for unit in live if unit not in units]
     env = paths.ENGINE_ENV
     restarts = [f"systemctl enable {unit} && {{ [ -n \"$same_env\" ] && cmp -s {paths.PREVIOUS_DIR}/{unit} "
-                f"{paths.unit_path(unit)} && systemctl is-active -q {unit} || {{ systemctl reset-failed {unit} 2>/dev/null; "
-                f"systemctl restart {unit}; }}; }}"
+                f"{paths.unit_path(unit)} && systemctl is-active -q {unit} || "
+                f"{{ systemctl reset-failed {unit} 2>/dev/null; systemctl restart {unit}; }}; }}"
                 for unit in units]
     return [*swaps, "systemctl daemon-reload",
             " && ".join([f"before=$(sha256sum < {env}) && {env_command('env-restore')}",

@@ -239,7 +239,7 @@ def pair_problems(group, facts: dict[str, MemberFacts]) -> list[str]:
         return [f"{name}: its facts could not be read (not connected?): no member of {group.name} is changed"
                 for name in missing]
     problems, carries = [], {}
-    for name, address in zip(group.members, group.addresses):
+    for name, address in zip(group.members, group.addresses, strict=True):
         if not facts[name].fit:
             problems.append(f"{name}: failed its own preflight: no member of {group.name} is changed")
         found, carries[name] = link_problems(name, address, group, facts[name].link)

@@ -15,7 +15,8 @@ POSITIVE = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "
             "max_position_embeddings", "vocab_size", "intermediate_size", "moe_intermediate_size",
             "num_experts_per_tok", "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
             "linear_value_head_dim", "linear_conv_kernel_dim", "experts_per_token")
-NONE_OR_MORE = ("num_experts", "num_local_experts", "shared_expert_intermediate_size", "mtp_num_hidden_layers", "num_nextn_predict_layers")
+NONE_OR_MORE = ("num_experts", "num_local_experts", "shared_expert_intermediate_size", "mtp_num_hidden_layers",
+                "num_nextn_predict_layers")
 SHAPE_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings")
 INT32 = 2**31 - 1
 MAX_LAYERS = 100_000

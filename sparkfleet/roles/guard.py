@@ -46,7 +46,7 @@ class Guard:
 
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
-        stats = paths.GUARD_STATS_SOCKET if any(l.on_demand for l in self.listeners) else None
+        stats = paths.GUARD_STATS_SOCKET if any(listener.on_demand for listener in self.listeners) else None
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners, tls=tls,
                               stats=stats, on_demand_errors=on_demand_errors, chat_ui=self.chat_ui,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,

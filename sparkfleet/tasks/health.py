@@ -44,7 +44,7 @@ def ray_joined(address: str, node_ip: str, members: dict, wait_s: int):
 def ray_gate(plan):
     """The head checks every member; a worker checks itself. Recorded like the engine's gate."""
     group = plan.group
-    members = dict(zip(group.members, group.addresses)) if plan.role == "head" else {
+    members = dict(zip(group.members, group.addresses, strict=True)) if plan.role == "head" else {
         plan.name: group.address_of(plan.name)}
     meta = ray_joined(name=f"Ray sees {', '.join(members)} with 1 GPU each ({group.name})", address=group.ray_address,
                       node_ip=group.address_of(plan.name), members=members, wait_s=plan.settings.health_timeout_s)

@@ -33,8 +33,8 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
     service's model operation by service name."""
     helpers()
     # the helpers read it on every run: a change needs no restart
-    managed_file(name="Serving file (the probes, the watchdog's settings)", content=serving_file(plan.settings, plan.watched_services),
-                 dest=paths.SERVING_FILE, mode="0644")
+    managed_file(name="Serving file (the probes, the watchdog's settings)",
+                 content=serving_file(plan.settings, plan.watched_services), dest=paths.SERVING_FILE, mode="0644")
     return model_files(plan, facts, prepared)
 
 

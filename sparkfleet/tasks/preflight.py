@@ -85,7 +85,7 @@ def read_member(name: str, group) -> MemberFacts | None:
         return None
     try:
         host_facts, own = read_host(member, plans(state)[name])
-        others = [address for other, address in zip(group.members, group.addresses) if other != name]
+        others = [address for other, address in zip(group.members, group.addresses, strict=True) if other != name]
         return MemberFacts(gpu=host_facts.gpu, fit=not own, kernel=host_facts.kernel,
                            link=member.get_fact(FabricInterface, interface=group.interface),
                            reach=member.get_fact(FabricReach, interface=group.interface, addresses=others))

@@ -46,7 +46,7 @@ def ray_members(kept: dict, name: str) -> tuple[str, str, dict[str, str]]:
     """(the head's Ray address, this member's fabric address, the members its gate expects): the head expects
     every member, a worker itself, as the converge's Ray gate does."""
     group = kept["group"]
-    addresses = dict(zip(group["members"], group["addresses"]))
+    addresses = dict(zip(group["members"], group["addresses"], strict=True))
     expected = addresses if kept["role"] == "head" else {name: addresses[name]}
     return f"{group['addresses'][0]}:{group['ray_port']}", addresses[name], expected
 

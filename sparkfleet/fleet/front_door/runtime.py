@@ -24,7 +24,6 @@ from sparkfleet.roles.front_door.records import (
     put_back_command,
     runtime_command,
 )
-from sparkfleet.roles.haproxy import SERVER_NAME
 
 _STAT_MARK = "@show-stat"  # between the records and HAProxy's table in one answer (states)
 _HOLDS_MARK = "@holds"  # between the drain record and the holds in that answer

@@ -34,7 +34,8 @@ def surface_problems(extra: list[str], remote_code: tuple[bool, bool], admin_fla
             found.append(f"`{flag}` {admin_flags[flag]}: remove it")
         elif flag == TRUST_REMOTE_CODE and not all(remote_code):
             missing = [what for what, ok in zip(("the recipe does not say `trust_remote_code = true`",
-                                                 "`allow_trust_remote_code` is not True"), remote_code) if not ok]
+                                                 "`allow_trust_remote_code` is not True"), remote_code, strict=True)
+                       if not ok]
             found.append(f"`{flag}` runs the model repository's Python as root in the engine container, and "
                          f"{' and '.join(missing)}: remove it, or serve a recipe that needs it and set "
                          f"allow_trust_remote_code = True to accept that risk")
