@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +21,7 @@ from tests.unit.helpers import KEY, Replier, free_api_port, haproxy_serving, hos
 from tests.unit.test_chat_services import CODER, CODER_NAME
 from tests.unit.test_front_door import plans
 from tests.unit.test_services import fake_resolver, plan, refused
+from tests.waiting import wait_until
 
 GIB = 1024**3
 EMBED = {"recipe": "qwen3-embedding-0.6b"}
@@ -141,6 +141,20 @@ def starting(port: int) -> Replier:
                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body), held=True)
 
 
+def at_engine_and_queued(stats_socket: str, proxy: str) -> tuple[int, int]:
+    """HAProxy's own count of one listener's requests: at its engine (the server's sessions) and queued in the guard
+    (the backend's queue), read from the guard's stats socket."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(stats_socket)
+        sock.sendall(b"show stat\n")
+        answer = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+    header, *lines = answer.splitlines()
+    fields = header.lstrip("# ").split(",")
+    rows = [dict(zip(fields, line.split(","), strict=True)) for line in lines if line]
+    mine = {row["svname"]: row for row in rows if row["pxname"] == proxy}
+    return int(mine["engine"]["scur"]), int(mine["BACKEND"]["qcur"])
+
+
 @needs("haproxy")
 def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_path):
     api_port = free_api_port()
@@ -149,10 +163,12 @@ def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_p
         services={"embed": {**EMBED, "api_port": api_port, "gpu_memory_utilization": 0.3, "on_demand": True}}))],
         resolve=False)
     guard = gd.guard_plan(host)
+    [listener] = [listener for listener in guard.listeners if listener.on_demand]
     (tmp_path / "key.map").write_text(guard.key_map())
     engine = starting(paths.engine_port(api_port))
     moved = {paths.GUARD_DIR: str(tmp_path), f"/run/{paths.GUARD_RUNTIME_NAME}": str(tmp_path)}
     url = f"http://127.0.0.1:{api_port}"
+    stats = str(tmp_path / paths.GUARD_STATS_SOCKET.rsplit("/", 1)[1])  # under the moved /run directory
     try:
         with haproxy_serving(guard.config(), tmp_path, moved, url):
             # /health is the guard's own answer: the door's checks never start the model
@@ -164,7 +180,9 @@ def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_p
                                      headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
             with ThreadPoolExecutor(5) as pool:
                 held = [pool.submit(ask, n) for n in range(4)]
-                time.sleep(1)  # 2 in flight at the socket, 2 queued at the guard
+                # 2 in flight at the socket, 2 queued at the guard: as HAProxy counts them, before the fifth
+                wait_until(lambda: at_engine_and_queued(stats, listener.name) == (2, 2), 10,
+                           "2 requests at the engine and 2 queued in the guard", step_s=0.05)
                 over = ask(4)
                 assert over.status_code == 503
                 assert "holds as many requests as it may" in over.json()["error"]["message"]
