@@ -22,6 +22,11 @@ def active(state: dict, *units: str) -> list[str]:
     return ssh(state, HOST, f"systemctl is-active {' '.join(units)} || true").split()
 
 
+def watchdog_state(state: dict, name: str) -> dict:
+    """The watchdog's record of one service (each tick counts a probe and writes its last action)."""
+    return json.loads(ssh(state, HOST, f"cat /var/lib/sparkfleet/watchdog-{name}.json"))
+
+
 def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_path):
     from .test_front_door import USERS, deploy, door_inventory, door_port
 
@@ -94,7 +99,11 @@ def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_pat
         # idle again: neither the watchdog (a probe every 5 s) nor status counts the stop as a problem
         wait_until(lambda: active(converged_fleet, "sparkfleet-vllm-short") == ["inactive"], 90,
                    "the on-demand model stopped after its idle time")
-        time.sleep(6)  # a watchdog tick after the stop
+        # a watchdog tick after the stop (a probe every 5 s) that saw it stopped: the window in which it would
+        # have restarted it
+        ticks = watchdog_state(converged_fleet, "short")["probes"]
+        wait_until(lambda: (w := watchdog_state(converged_fleet, "short"))["probes"] > ticks
+                   and w["last_action"] == "idle-stopped", 30, "a watchdog tick after the stop")
         assert active(converged_fleet, "sparkfleet-vllm-short", "sparkfleet-vllm-long") == ["inactive", "inactive"]
         assert '"last_action": "idle-stopped"' in ssh(converged_fleet, HOST,
                                                       "cat /var/lib/sparkfleet/watchdog-short.json")
