@@ -4,7 +4,6 @@ files/sparkfleet-usage.lua on loopback, in front of a loopback stand-in engine."
 from __future__ import annotations
 
 import json
-import re
 import socket
 import subprocess
 import threading
@@ -20,7 +19,7 @@ from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.fleet import usage, users
 
 from tests.tiers import needs
-from .helpers import KEY, ROOT, SAVED, Server, save, door_files, host_data, make_model, start_haproxy, wait_for
+from .helpers import KEY, SAVED, Server, save, door_files, host_data, make_model, start_haproxy, wait_for
 from .test_front_door import NAME, plans
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -61,14 +60,6 @@ def test_bad_limits_are_refused_naming_the_user_and_never_the_key(users, problem
 def test_a_user_name_that_would_break_the_metrics_or_the_config_is_refused(name):
     with pytest.raises(SettingsError):
         parse_settings("spark-a", host_data(front_door_users={name: ALICE}))
-
-
-def test_the_lua_file_writes_the_contracts_names():
-    lua = (ROOT / "files" / "sparkfleet-usage.lua").read_text()
-    assert set(re.findall(r'"(sparkfleet_user_[a-z_]+)"', lua)) == set(monitoring.USAGE_METRICS)
-    assert f'TABLE = "{monitoring.USAGE_TABLE}"' in lua
-    assert f'"{monitoring.USAGE_NO_MODEL}"' in lua
-    assert f"str({monitoring.USAGE_OTHER_MODEL})" in door_of().config()
 
 
 # --- the parser of /usage/metrics: host output, untrusted ------------------------------------------
@@ -195,6 +186,28 @@ def test_usage_is_counted_per_user_and_model_with_the_engines_tokens(door):
     assert bob["models"][monitoring.USAGE_NO_MODEL]["requests"] == 1  # GET /v1/models
     assert alice["bytes_in"] > 0 and alice["bytes_out"] > bob["bytes_out"] > 0
     assert alice["in_flight"] == 0 and alice["limited"] == 0
+
+
+def test_the_usage_answer_carries_the_contracts_names(door):
+    """What HAProxy's Lua answers at /usage/metrics: every series the contract names and no other (the per-user ones
+    read from the contract's stick table, USAGE_TABLE, which the door's config declares), a request without a model
+    and one for a model the door does not serve under the contract's two labels."""
+    assert f"backend {monitoring.USAGE_TABLE}\n" in door_of().config()
+    assert f"str({monitoring.USAGE_OTHER_MODEL})" in door_of().config()
+    header = {"Authorization": f"Bearer {DAVE}"}  # no test counts dave's requests; one at a time is his limit
+    assert requests.get(f"{door}/v1/models", headers=header, timeout=5).status_code == 200
+    unknown = requests.post(f"{door}/v1/chat/completions", headers=header, timeout=30,
+                            json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert unknown.status_code == 404
+    text = scrape(door)
+    lines = [line for line in text.splitlines() if line]
+    series = {line.split("{")[0] for line in lines if not line.startswith("#")}
+    typed = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
+    assert series == typed == set(monitoring.USAGE_METRICS)
+    dave = usage.parse_usage(text)["dave"]
+    assert dave["models"][monitoring.USAGE_NO_MODEL]["requests"] == 1
+    assert dave["models"][monitoring.USAGE_OTHER_MODEL]["requests"] == 1
+    assert dave["bytes_in"] > 0 and dave["bytes_out"] > 0  # the stick table's fields, by user name
 
 
 def test_usage_answers_only_the_backend_key_and_holds_no_key(door):
