@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -224,13 +223,41 @@ def test_the_helpers_stop_on_a_missing_or_malformed_serving_file(tmp_path, text,
         assert gate.returncode == 2 and len(gate.stderr.splitlines()) == 1 and problem in gate.stderr, gate.stderr
 
 
-def test_the_helpers_copy_no_default():
-    """Intervals, failures, timeouts and probes come from the serving file: the helpers write none of them."""
-    keys = "|".join(key for key, value in serving.watchdog_config(SETTINGS).items() if type(value) in (int, bool))
-    for name in ("sparkfleet-watchdog", "sparkfleet-health"):
-        text = (ROOT / "files" / name).read_text()
-        assert not re.search(rf'"({keys}|timeout_s|gate_timeout_s|\w+_timeout_s)"\s*:\s*[\dTF]', text), name
-        assert "DEFAULTS" not in text and "/v1/chat/completions" not in text and "max_tokens" not in text, name
-    assert "default=900" not in (ROOT / "files" / "sparkfleet-health").read_text()
-    for name in ("sparkfleet-watchdog", "sparkfleet-health"):  # no host path either: the converge passes them
-        assert not re.search(r'"/(etc|var|opt)/', (ROOT / "files" / name).read_text()), name
+@pytest.mark.parametrize("key", wd.KEYS)
+def test_the_watchdog_copies_no_rule_and_no_path(tmp_path, key):
+    """Its engine, intervals, failures, restart limits and host paths (env file, state file) are the serving file's:
+    without any one of them the watchdog stops, naming it, where a copy of its own would have carried on."""
+    good = json.loads(serving.serving_file(SETTINGS))
+    assert key in good
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != key}))
+    with pytest.raises(wd.ServingFileError, match=f"lacks {key}: run a converge"):
+        wd.load_config(path)
+    path.write_text(json.dumps(good))
+    assert wd.load_config(path)[key] == good[key]  # the whole file: read as written
+
+
+@pytest.mark.parametrize("field", ["what", "method", "path", "answer", "timeout_s", "gate_timeout_s", "body"])
+def test_the_gate_and_the_watchdog_copy_no_probe(tmp_path, monkeypatch, capsys, field):
+    """Each probe's request, answer rule and timeouts are the serving file's: the chat probe without any one of
+    them, the health gate and the watchdog stop (exit 2, one line) before asking anything."""
+    good = json.loads(serving.serving_file(SETTINGS))
+    chat = {k: v for k, v in good["probes"]["chat"].items() if k != field}
+    assert chat != good["probes"]["chat"]
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps({**good, "probes": {**good["probes"], "chat": chat}}))
+    rc, out, err = run_health(monkeypatch, capsys, "--serving", str(path), "--port", "9", "--served-name", "m",
+                              "--container", "vllm", "--once", "--env-file", "/dev/null")
+    assert (rc, out) == (2, "") and len(err.splitlines()) == 1 and "probe 'chat'" in err, err
+    with pytest.raises(wd.ServingFileError, match="probe 'chat'"):
+        wd.load_config(path)
+
+
+@pytest.mark.parametrize("left_out", ["--serving", "--env-file", "--timeout"])
+def test_the_gate_has_no_default_file_or_wait(tmp_path, monkeypatch, capsys, left_out):
+    """The health gate's serving file, env file and wait are the converge's arguments: none left out is made up."""
+    path = write_serving(tmp_path / "serving.json")
+    given = {"--serving": [str(path)], "--env-file": ["/dev/null"], "--timeout": ["900"]}
+    args = [arg for name, values in given.items() if name != left_out for arg in (name, *values)]
+    rc, out, err = run_health(monkeypatch, capsys, *args, "--port", "9", "--served-name", "m", "--container", "vllm")
+    assert (rc, out) == (2, "") and left_out in err, err
