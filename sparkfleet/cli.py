@@ -9,6 +9,7 @@ import sys
 from sparkfleet import __version__
 from sparkfleet.commands import (
     bench,
+    dashboard,
     drain,
     fetch,
     hostkeys,
@@ -29,7 +30,7 @@ from sparkfleet.refused import Refused
 
 # In `sparkfleet --help`'s order. Each: NAME, HELP, arguments(parser), run(args) (sparkfleet/commands/__init__.py).
 COMMANDS = (init, hostkeys, recipes, plan, status, usage, rollout, upgrade, rollback, fetch, users, logs, drain,
-            undrain, update, bench)
+            undrain, update, bench, dashboard)
 
 
 class Parser(argparse.ArgumentParser):

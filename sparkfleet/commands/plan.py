@@ -134,7 +134,8 @@ def group_rows(plan) -> list[tuple[str, str]]:
     group = plan.group
     if not group:
         return []
-    role = {"head": "head: Ray head and the group's vLLM", "worker": "worker: a Ray node; the head serves"}[plan.role]
+    role = {"head": f"head: Ray head and the group's {plan.engine.label}",
+            "worker": "worker: a Ray node; the head serves"}[plan.role]
     return [("group", f"{group.name} ({group.size} Sparks, tensor parallel over Ray)"), ("role", role),
             ("fabric", f"{group.address_of(plan.name)} on {group.interface} (MTU {group.mtu}); "
                        f"Ray at {group.ray_address}")]

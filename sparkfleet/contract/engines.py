@@ -6,10 +6,14 @@ what hosts, controller, monitoring and the planner agree on about each engine is
 that pins its version, the image repositories its project publishes, the API key variable it reads from
 engine.env, the /metrics series sparkfleet reads (and whether its key guards them), the counters `bench`
 reads, the journal lines of its start that progress shows, and what it can do (tensor parallelism over Sparks,
-pooling models for RAG services, GGUF models). The settings' engine names, the recipes' checks, the serving
-file's key variable (so the host helpers read the right line of engine.env), `status`, `bench`, progress, the
-alert rules, the topology advice and the engines' common refusals all derive from DESCRIPTORS; none of them
-names an engine or a `vllm:` series itself (tests/unit/test_engine_descriptor.py holds them to it).
+pooling models for RAG services, GGUF models), the engine_env variables that open its admin surface, the
+variable that tells it a group member's own address, whether its KV cache is exactly its context, and whether a
+silent listener is a frozen engine. The settings' engine names and refused engine_env variables, the recipes'
+checks, the serving file's key variable and watchdog rule (so the host helpers read the right line of
+engine.env), the memory plan's shares, a group's fabric environment, `status`, `bench`, progress, the alert
+rules, the status page and the Grafana dashboard, the topology advice and the engines' common refusals all derive
+from DESCRIPTORS; none of them names an engine or a `vllm:` series itself (tests/unit/test_engine_descriptor.py
+holds them to it).
 
 Adding an engine: docs/development.md, "Adding an engine".
 """
@@ -28,6 +32,10 @@ class EngineMetrics:
     kv_usage: str | None  # KV cache in use, 0..1 (gauge)
     prompt_tokens: str | None  # prompt tokens processed (counter)
     generation_tokens: str | None  # tokens generated (counter)
+    model_name_label: bool = False  # its series carry the served model's name as the label `model_name`
+    ttft_seconds: str | None = None  # time to first token (histogram: its _bucket series)
+    inter_token_seconds: str | None = None  # time between output tokens (histogram: its _bucket series)
+    finished: tuple[str, str] | None = None  # requests finished (counter), and the label that says why
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,14 @@ class EngineDescriptor:
     # engine listens only once its model is loaded, or answers at once (503) while it loads.
     silent_listener_frozen: bool
     legacy_kv_usage: tuple[str, ...] = field(default=())  # older names of its KV gauge that the alerts read too
+    # engine_env variables that open its admin surface, run code or log what users send, each with why: refused
+    # whatever the value and whichever engine the host runs (contract/settings.py ADMIN_ENV)
+    admin_env: tuple[tuple[str, str], ...] = ()
+    # The variable that tells it a tensor-parallel member's own fabric address (release/group.py); None: none
+    host_ip_var: str | None = None
+    # Its KV cache is exactly its context (max_model_len): a chat service on it whose entry sets no share asks
+    # what its weights, that cache and the reserve take, as a fixed KV cache does (release/services.py)
+    kv_cache_is_context: bool = False
 
 
 _VLLM_COUNT = r"\|\s*(\d+)/(\d+)\s*\["  # tqdm's "| 7/14 [": vLLM's bar format and tqdm's default alike
@@ -93,7 +109,10 @@ VLLM = EngineDescriptor(
     # vllm/v1/metrics/loggers.py (0.33): gauges and counters labelled model_name
     metrics=EngineMetrics(running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
                           kv_usage="vllm:kv_cache_usage_perc", prompt_tokens="vllm:prompt_tokens_total",
-                          generation_tokens="vllm:generation_tokens_total"),
+                          generation_tokens="vllm:generation_tokens_total", model_name_label=True,
+                          ttft_seconds="vllm:time_to_first_token_seconds",
+                          inter_token_seconds="vllm:inter_token_latency_seconds",
+                          finished=("vllm:request_success_total", "finished_reason")),
     metrics_need_key=False,  # vLLM's key guards /v1 only
     # vllm/v1/metrics/loggers.py (prefix cache), vllm/v1/spec_decode/metrics.py (registered only when drafting)
     bench=BenchCounters(prefix_hits=_counter("vllm:prefix_cache_hits"),
@@ -120,6 +139,22 @@ VLLM = EngineDescriptor(
     tensor_parallel=True, pooling=True, model_format="safetensors",
     silent_listener_frozen=True,  # api_server.py binds early but listens (uvicorn) only once the engine is built
     legacy_kv_usage=("vllm:gpu_cache_usage_perc",),  # vLLM's older name of its KV gauge
+    # vllm/envs.py and the routers that read them (vllm/entrypoints/serve/); vLLM parses "1", "true", "True"...
+    admin_env=(
+        ("VLLM_SERVER_DEV_MODE", "opens vLLM's development endpoints (/collective_rpc runs a method on every "
+                                 "worker, /sleep, /wake_up, /reset_prefix_cache, /server_info) to whoever reaches "
+                                 "the API"),
+        ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "opens /v1/load_lora_adapter and /v1/unload_lora_adapter: any API "
+                                             "caller loads weights from a path or the hub into the running engine"),
+        ("VLLM_ALLOW_INSECURE_SERIALIZATION", "lets the engine's processes exchange pickled objects, which run "
+                                              "code when read"),
+        ("VLLM_DEBUG_LOG_API_SERVER_RESPONSE", "writes every API response body (users' completions) to the "
+                                               "journal"),
+        ("VLLM_TORCH_PROFILER_DIR", "opens /start_profile and /stop_profile to whoever reaches the API, and fills "
+                                    "a directory with traces"),
+        ("VLLM_TORCH_CUDA_PROFILE", "opens /start_profile and /stop_profile to whoever reaches the API"),
+    ),
+    host_ip_var="VLLM_HOST_IP",  # vllm/envs.py: the address its workers on a Ray node announce
 )
 
 SGLANG = EngineDescriptor(
@@ -131,7 +166,7 @@ SGLANG = EngineDescriptor(
     # sglang/srt/metrics/collector.py: SchedulerMetricsCollector and TokenizerMetricsCollector (--enable-metrics)
     metrics=EngineMetrics(running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
                           kv_usage="sglang:token_usage", prompt_tokens="sglang:prompt_tokens_total",
-                          generation_tokens="sglang:generation_tokens_total"),
+                          generation_tokens="sglang:generation_tokens_total", model_name_label=True),
     metrics_need_key=False,
     bench=BenchCounters(prefix_gauge="sglang:cache_hit_rate"),  # a running hit rate, no counters
     # sglang/srt/model_executor/model_runner.py, sglang/srt/entrypoints/http_server.py, uvicorn: its weight
@@ -171,6 +206,7 @@ LLAMACPP = EngineDescriptor(
     ),
     tensor_parallel=False, pooling=False, model_format="gguf",
     silent_listener_frozen=True,  # llama-server listens before it loads, and answers 503 "Loading model" meanwhile
+    kv_cache_is_context=True,  # llama-server allocates the KV cache of its whole context (-c) at start
 )
 
 DESCRIPTORS: dict[str, EngineDescriptor] = {d.name: d for d in (VLLM, SGLANG, LLAMACPP)}
@@ -183,6 +219,10 @@ LEGACY_KV_USAGE = tuple(name for d in DESCRIPTORS.values() for name in d.legacy_
 # writes it from `api_key`).
 KEY_VARS = tuple(dict.fromkeys(d.key_var for d in DESCRIPTORS.values() if d.key_var))
 VERSION_SETTINGS = tuple(d.version_setting for d in DESCRIPTORS.values())
+# Every engine_env variable that opens an engine's admin surface, with why: refused whichever engine runs.
+ADMIN_ENV = {var: why for d in DESCRIPTORS.values() for var, why in d.admin_env}
+# The variables that tell a tensor-parallel engine a member's own fabric address (release/group.py).
+HOST_IP_VARS = tuple(d.host_ip_var for d in DESCRIPTORS.values() if d.tensor_parallel and d.host_ip_var)
 
 
 def descriptor(engine: str) -> EngineDescriptor:
@@ -224,3 +264,7 @@ def names(found: tuple[EngineDescriptor, ...]) -> str:
 def start_phases() -> tuple[StartPhase, ...]:
     """Every engine's start lines, in ENGINES order (the journal holds one engine's: the first match counts)."""
     return tuple(phase for d in DESCRIPTORS.values() for phase in d.start_phases)
+
+
+# The engine the RAG services' pooling models run on (embeddings, rerank): the first that can, in ENGINES order.
+POOLING_ENGINE = able("pooling")[0].name

@@ -12,6 +12,7 @@ no default. Plain data: JSON as it stands, for hosts and controller alike.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
@@ -56,22 +57,24 @@ def probes() -> dict:
 
 def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
     """(method, path, compact JSON body) of a kind's request: what HAProxy's `http-check send` asks."""
-    probe = REQUESTS[kind]
+    probe: dict = REQUESTS[kind]
     return probe["method"], probe["path"], json.dumps(host_module.probe_body(probe, served_name), separators=(",", ":"))
 
 
-def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_demand: bool = False) -> dict:
-    """One more engine the watchdog keeps serving beside the chat model (a service in its own vLLM unit), under the
-    same rules, with its own state. An on-demand one is probed on its engine's own port (never its socket, which
-    would start it), and its stop is its idle time's, not a failure."""
+def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_demand: bool = False,
+                     engine: str = engines.POOLING_ENGINE) -> dict:
+    """One more engine the watchdog keeps serving beside the chat model (a service in its own engine unit: the
+    pooling engine's, or a chat service's own `engine`), under the same rules, its engine's frozen-listener rule,
+    with its own state. An on-demand one is probed on its engine's own port (never its socket, which would start
+    it), and its stop is its idle time's, not a failure."""
     return {"name": name, "unit": paths.service_unit(name), "container": paths.service_container(name),
             "port": paths.engine_port(api_port), "kind": kind, "served_name": served_name,
             "state_file": paths.service_watchdog_state(name),
-            "silent_listener_frozen": engines.descriptor(engines.VLLM.name).silent_listener_frozen,
+            "silent_listener_frozen": engines.descriptor(engine).silent_listener_frozen,
             **({"on_demand": True} if on_demand else {})}
 
 
-def watchdog_config(s: Settings, services: list[dict] = ()) -> dict:
+def watchdog_config(s: Settings, services: Sequence[dict] = ()) -> dict:
     """The engines the host's watchdog keeps serving and its rules, from the settings: no secret (the key stays
     in engine.env, under `api_key_var`, the engine's own variable: None where it reads none). `services`
     (watchdog_service each) only where the host has some, so a single model's file stays as it was."""
@@ -87,6 +90,6 @@ def watchdog_config(s: Settings, services: list[dict] = ()) -> dict:
     }
 
 
-def serving_file(s: Settings, services: list[dict] = ()) -> str:
+def serving_file(s: Settings, services: Sequence[dict] = ()) -> str:
     """paths.SERVING_FILE's text: the watchdog's settings and, under "probes", every probe."""
     return json.dumps({**watchdog_config(s, services), "probes": probes()}, indent=1, sort_keys=True) + "\n"

@@ -19,7 +19,7 @@ import runpy
 import unicodedata
 from functools import lru_cache
 from types import ModuleType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -32,9 +32,10 @@ from pydantic import (
     ValidationError,
     create_model,
 )
+from pydantic_core import ErrorDetails
 
 from sparkfleet import DEFAULTS_FILE
-from sparkfleet.contract.engines import ENGINES, VERSION_SETTINGS
+from sparkfleet.contract.engines import ADMIN_ENV, ENGINES, VERSION_SETTINGS
 from sparkfleet.contract.recipes import catalogue, neutral_settings
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
@@ -192,24 +193,9 @@ def _image(value: str) -> str:
     return value
 
 
-# engine_env keys that open vLLM's admin surface, run code or log what users send (vllm/envs.py and the routers
-# that read them: vllm/entrypoints/serve/); refused whatever the value, since vLLM parses "1", "true", "True"...
-ADMIN_ENV = {
-    "VLLM_SERVER_DEV_MODE": "opens vLLM's development endpoints (/collective_rpc runs a method on every worker, "
-                            "/sleep, /wake_up, /reset_prefix_cache, /server_info) to whoever reaches the API",
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "opens /v1/load_lora_adapter and /v1/unload_lora_adapter: any API caller "
-                                        "loads weights from a path or the hub into the running engine",
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets the engine's processes exchange pickled objects, which run code "
-                                         "when read",
-    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "writes every API response body (users' completions) to the journal",
-    "VLLM_TORCH_PROFILER_DIR": "opens /start_profile and /stop_profile to whoever reaches the API, and fills a "
-                               "directory with traces",
-    "VLLM_TORCH_CUDA_PROFILE": "opens /start_profile and /stop_profile to whoever reaches the API",
-}
-
-
 def _engine_env_name(value: str) -> str:
-    """An engine_env key that opens an admin surface is refused with the reason (the value is never shown)."""
+    """An engine_env key that opens an engine's admin surface (ADMIN_ENV: each engine's descriptor's admin_env) is
+    refused with the reason, whatever its value and whichever engine the host runs (the value is never shown)."""
     if value in ADMIN_ENV:
         raise ValueError(f"{value} {ADMIN_ENV[value]}: remove it from engine_env")
     return value
@@ -288,7 +274,14 @@ ServiceName = Annotated[str, _grammar(r"[a-z][a-z0-9-]{0,30}", "a service name: 
 
 
 # A service entry's engine versions (vllm_version, llamacpp_version, ...): a chat service on an engine of its own.
-_ServiceVersions = create_model("_ServiceVersions", **{name: (Version | None, None) for name in VERSION_SETTINGS})
+# The engines' names and version fields are made from contract/engines.py at import: mypy sees a plain model and
+# names (their readers use getattr with the descriptor's version_setting).
+if TYPE_CHECKING:
+    _ServiceVersions = BaseModel
+    EngineName = str
+else:
+    _ServiceVersions = create_model("_ServiceVersions", **{name: (Version | None, None) for name in VERSION_SETTINGS})
+    EngineName = Literal[ENGINES]
 
 
 class Service(_ServiceVersions):
@@ -315,14 +308,17 @@ class Service(_ServiceVersions):
     # started by the first request that names it, stopped after on_demand_idle_s without one (docs/several-models.md)
     on_demand: bool = False
     on_demand_idle_s: int | None = Field(default=None, ge=10, le=7 * 86400)
-    engine: Literal[ENGINES] | None = None
+    engine: EngineName | None = None
     engine_image: ImageRef | None = None
     model_files: list[FileGlob] | None = None
 
 
 # Each engine's version setting (contract/engines.py `version_setting`: vllm_version, sglang_version, ...), the
 # version whose flag table its arguments are checked against; their defaults are in group_data/all.py.
-_EngineVersions = create_model("_EngineVersions", **{name: (Version, ...) for name in VERSION_SETTINGS})
+if TYPE_CHECKING:
+    _EngineVersions = BaseModel
+else:
+    _EngineVersions = create_model("_EngineVersions", **{name: (Version, ...) for name in VERSION_SETTINGS})
 
 
 class Settings(_EngineVersions):
@@ -365,7 +361,7 @@ class Settings(_EngineVersions):
     engine_image_archive: AbsPath | None
     controller_registry_url: Url | None
 
-    engine: Literal[ENGINES]  # contract/engines.py: each engine's version setting is a field of _EngineVersions
+    engine: EngineName  # contract/engines.py: each engine's version setting is a field of _EngineVersions
     engine_image: ImageRef
     model_files: list[FileGlob] | None
     expected_concurrency: int | None = Field(ge=1, le=100_000)
@@ -486,7 +482,7 @@ class Settings(_EngineVersions):
 
 
 SECRET_SETTINGS = frozenset(name for name, field in Settings.model_fields.items()
-                            if (field.json_schema_extra or {}).get("secret"))
+                            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("secret"))
 
 
 @lru_cache(maxsize=1)
@@ -506,7 +502,7 @@ def _is_connection_key(key: str) -> bool:
     return key.startswith(CONNECTION_PREFIXES)
 
 
-def _problem(host_name: str, err: dict) -> str:
+def _problem(host_name: str, err: ErrorDetails) -> str:
     """One line for one pydantic error: the host, the key, what is wrong and the fix; a secret is never shown.
 
     An item of a list or dict is named by its position, not echoed: only a whole
@@ -555,7 +551,8 @@ def recipe_settings(host_name: str, name: Any, model_repo: Any = None) -> dict[s
                              f"and a host's recipe is a chat recipe (services take the others); {fix}"])
     chosen = known[name].settings
     recipe_repo = chosen.get("model_repo", defaults().get("model_repo"))
-    if recipe_repo != defaults().get("model_repo"):  # the defaults are another model's: the recipe's own over neutral
+    # the defaults are another model's: the recipe's own over neutral
+    if isinstance(recipe_repo, str) and recipe_repo != defaults().get("model_repo"):
         chosen = {**neutral_settings(recipe_repo), **chosen}
     if isinstance(model_repo, str) and model_repo != recipe_repo:
         return {**chosen, **neutral_settings(model_repo)}

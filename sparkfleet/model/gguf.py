@@ -16,6 +16,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkfleet.contract.engines import serving_format
+
 SPLIT = re.compile(r"(?P<stem>.+)-(?P<part>[0-9]{5})-of-(?P<parts>[0-9]{5})\.gguf")
 
 MAGIC = b"GGUF"
@@ -29,6 +31,7 @@ MAX_ARRAY_ITEMS = 2**24
 MAX_TENSORS = 2**20
 MAX_HEADER_BYTES = 128 * 2**20  # the most of a file's first bytes the planner reads for its key-value section
 KEPT_ARRAY_ITEMS = 4096  # a longer array (the vocabulary) is kept as its length only
+_READERS = " or ".join(d.label for d in serving_format("gguf"))  # the engines that serve GGUF (contract/engines.py)
 # One budget for the whole header, past the bounds on each count (their product was unbounded: 4,096-item arrays
 # filling 16 MiB took seconds and 127 MiB): keys and array items stepped or kept (a real vocabulary and its
 # merges: well under a million), values kept as objects (keys and short arrays: a few thousand), bytes of
@@ -174,7 +177,7 @@ class _Cursor:
     def array(self, key: str):
         kind = self.scalar("<I")
         if kind == _ARRAY:
-            raise GGUFError(f"{key!r} is an array of arrays, which llama.cpp does not read")
+            raise GGUFError(f"{key!r} is an array of arrays, which {_READERS} does not read")
         if kind not in _SCALARS and kind != _STRING:
             raise GGUFError(f"{key!r} is an array of value type {kind}, which GGUF does not define")
         n = self.count(f"the array {key!r}", MAX_ARRAY_ITEMS)

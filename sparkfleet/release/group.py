@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
 
-# Environment sparkfleet writes on every member, derived from the fabric settings (engine_env may not set them).
-FABRIC_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
-              "RAY_memory_monitor_refresh_ms", "RAY_ADDRESS", "MASTER_ADDR")
+# Environment sparkfleet writes on every member, derived from the fabric settings (engine_env may not set them): the
+# tensor-parallel engine's own host-address variable (its descriptor's host_ip_var), then the libraries' and Ray's.
+FABRIC_ENV = (*engines.HOST_IP_VARS, "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES",
+              "TP_SOCKET_IFNAME", "RAY_memory_monitor_refresh_ms", "RAY_ADDRESS", "MASTER_ADDR")
 # Ray's token auth (Ray >= 2.52): every node and driver of the group's cluster presents the group's token, read
 # from a file (never the value in an environment: `docker inspect` shows that). engine_env may not set these, nor
 # RAY_AUTH_TOKEN (a token value, which Ray prefers to the file).
@@ -82,7 +83,7 @@ class TensorParallelGroup:
         """The member's fabric environment: NCCL, Gloo, UCX and PyTorch's TP on the fabric, Ray at the head with
         the group's token (its file's path). The Ray container's whole environment; the head's engine gets it too."""
         return {
-            "VLLM_HOST_IP": self.address_of(member),
+            **dict.fromkeys(engines.HOST_IP_VARS, self.address_of(member)),
             **dict.fromkeys(("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME"),
                             self.interface),
             "RAY_memory_monitor_refresh_ms": "0",  # Ray's OOM killer would take the engine for a leak
@@ -178,9 +179,9 @@ def plan_groups(settings: dict[str, Settings]) -> tuple[dict[str, TensorParallel
             continue
         found = _group_problems(listed, settings)
         problems += found
-        if not found and all(settings[m].fabric_address for m in listed):
-            group = TensorParallelGroup(tuple(listed), tuple(settings[m].fabric_address for m in listed),
-                                        s.fabric_interface, s.fabric_mtu, s.ray_port)
+        addresses = () if found else tuple(a for a in (settings[m].fabric_address for m in listed) if a)
+        if not found and len(addresses) == len(listed):  # every member known (found says who is not) and addressed
+            group = TensorParallelGroup(tuple(listed), addresses, s.fabric_interface, s.fabric_mtu, s.ray_port)
             groups.update(dict.fromkeys(listed, group))
     for name, s in settings.items():  # a member whose head does not list it (the head's view misses it)
         listed = s.tensor_parallel_hosts

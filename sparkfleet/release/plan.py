@@ -220,7 +220,8 @@ class HostPlan:
     @property
     def watched_services(self) -> list[dict]:
         """The serving file's engines beside the chat model (contract/serving.py watchdog_service)."""
-        return [watchdog_service(svc.name, svc.kind, *_served(svc), svc.on_demand) for svc in self.services]
+        return [watchdog_service(svc.name, svc.kind, *_served(svc), svc.on_demand, svc.engine.name)
+                for svc in self.services]
 
     def render_service_unit(self, svc: ServicePlan) -> str:
         return render.service_unit(self, svc)
@@ -241,7 +242,7 @@ class HostPlan:
         if not self.runs_engine:
             if self.group is None:
                 raise ValueError(f"{self.name} is a service host: it runs no engine unit")
-            raise ValueError(f"{self.name} is a worker of {self.group.name}: it runs no vLLM unit "
+            raise ValueError(f"{self.name} is a worker of {self.group.name}: it runs no {self.engine.label} unit "
                              f"(only {paths.RAY_UNIT_NAME}); the head {self.group.head} runs the engine")
         return render.unit(self)
 
@@ -383,10 +384,11 @@ def release_problems(name: str, s: Settings, shape: ModelShape | None, args: lis
     """Known-bad combinations, each refused with the fix (model checks need the model's shape), then the
     engine's own (release/engines/: image, model format, flags); `gguf`: the model is a GGUF one (None: unknown yet)."""
     problems = []
+    # seen at vLLM's start-up on GB10; refused whatever the engine until one is shown to start with it
     if shape and s.kv_cache_dtype.startswith("fp8") and shape.hybrid:
         problems.append(
             f"{name}: kv_cache_dtype={s.kv_cache_dtype!r} with {s.model_repo}, a hybrid linear-attention model, "
-            f"fails at vLLM start-up on GB10: set kv_cache_dtype = \"auto\""
+            f"fails at the engine's start-up on GB10: set kv_cache_dtype = \"auto\""
         )
     if shape and s.max_model_len > shape.max_position_embeddings:
         problems.append(

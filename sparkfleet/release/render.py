@@ -54,9 +54,10 @@ def _lines(args: list[str]) -> list[str]:
 
 
 def _engine_unit(plan, served_name: str, share: float, container: str, docker_options: list[str],
-                 args: list[str], description: str = "vLLM OpenAI-compatible server", image: str | None = None,
-                 on_demand: bool = False) -> str:
-    return _templates.get_template("sparkfleet-vllm.service.j2").render(
+                 args: list[str], description: str, image: str | None = None, on_demand: bool = False) -> str:
+    """An engine unit (the chat model's or a service's): one template for every engine, named after the chat's
+    unit (paths.UNIT_NAME), its Description the engine's (release/engines/)."""
+    return _templates.get_template(f"{paths.UNIT_NAME}.j2").render(
         on_demand=on_demand,
         s=plan.settings,
         description=description,

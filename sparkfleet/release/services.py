@@ -12,10 +12,10 @@ model's and every service's gpu_memory_utilization must sum within gpu_memory_bu
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -26,16 +26,15 @@ from sparkfleet.model.fit import GIB, FitReport, check_fit, fit_report, fixed_kv
 from sparkfleet.model.manifest import Manifest, model_dir
 from sparkfleet.contract.recipes import MODEL_SPECIFIC, Recipe, catalogue, recipe
 from sparkfleet.model.fit import RESERVE_BYTES
-from sparkfleet.release.engine import ADMIN_FLAGS, SECRET_FLAGS, flag_table, surface_problems
-from sparkfleet.release.engines import ENGINE_CLASSES, Engine, engine_for, gguf_entry, is_gguf_model
+from sparkfleet.release.engines import (ENGINE_CLASSES, Engine, engine_for, gguf_entry, is_gguf_model,
+                                        surface_problems)
 from sparkfleet.release.image import ImagePin
 from sparkfleet.contract.settings import Service, Settings, SettingsError, defaults, recipe_settings
 
-# How vLLM 0.33 serves each kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
-# model by itself, so `--runner auto` would generate; `--convert embed` makes it an embedding model. The
-# reranker's recipe loads it as Qwen3ForSequenceClassification (hf_overrides), a pooling model already.
-POOLING_ARGS = {"embedding": ("--runner", "pooling", "--convert", "embed"), "reranker": ("--runner", "pooling")}
-KINDS = tuple(POOLING_ARGS)
+# The engine a RAG service (a pooling model: embeddings, rerank) runs on, and the kinds it serves (its class's
+# pooling_args: release/engines/).
+POOLING = ENGINE_CLASSES[engines.POOLING_ENGINE]
+KINDS = tuple(POOLING.pooling_args)
 CHAT = "chat"
 SERVICE_KINDS = (*KINDS, CHAT)
 # A chat service's own keys: what any chat recipe or an entry sets about its model, reset to the defaults before
@@ -43,22 +42,26 @@ SERVICE_KINDS = (*KINDS, CHAT)
 # version are the host's unless the recipe's engine differs or the entry names them; the fleet's settings (keys,
 # ports of the host, paths, watchdog) are the host's.
 HOST_ENGINE_KEYS = ("engine", "engine_image", *engines.VERSION_SETTINGS)
-# A pooling service runs in the host's vLLM image on its whole repository: these keys are a chat service's only.
+# A pooling service runs in the host's image (the pooling engine's) on its whole repository: these keys are a chat
+# service's only.
 CHAT_ONLY_KEYS = (*HOST_ENGINE_KEYS, "model_files")
 # The engines a chat service may run on: those that read the API key from the host's engine.env (the descriptor's
 # key_var), which the service's container shares. SGLang reads none (release/engines/sglang.py).
 SERVICE_ENGINES = tuple(d.name for d in engines.DESCRIPTORS.values() if d.key_var)
-# vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
-SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
-                 "port": "`api_port`", "max_model_len": "`max_model_len`",
-                 "gpu_memory_utilization": "`gpu_memory_utilization`",
-                 "kv_cache_memory_bytes": "`kv_cache_memory_bytes`", "runner": "the recipe's kind",
-                 "convert": "the recipe's kind", "hf_overrides": "`hf_overrides`"}
 # A 0.6B pooling model's activations and CUDA graphs take far less than the chat model's 3 GiB reserve.
 SERVICE_RESERVE_BYTES = 1 * GIB
 # The request each health gate and probe sends: served under /v1, where vLLM's API key applies (vLLM's
 # middleware guards /v1 paths only: /rerank and /score answer without the key).
 REQUIRED = ("model_repo", "model_revision", "served_model_name", "api_port", "gpu_memory_utilization")
+
+
+_T = TypeVar("_T")
+
+
+def _required(value: _T | None) -> _T:
+    """A REQUIRED key of a merged service (merged refuses an entry without it), or a chat service's own settings."""
+    assert value is not None, "a merged service's required key, or a chat service's settings"
+    return value
 
 
 def container_name(name: str) -> str:
@@ -95,8 +98,8 @@ class ServicePlan:
 
     @property
     def engine(self) -> Engine:
-        """Its engine (release/engines/): a chat service's own, vLLM for a pooling model."""
-        return ENGINE_CLASSES[self.settings.engine if self.settings else engines.VLLM.name]
+        """Its engine (release/engines/): a chat service's own, the pooling engine for a pooling model."""
+        return ENGINE_CLASSES[self.settings.engine] if self.settings else POOLING
 
     @property
     def reserve_bytes(self) -> int:
@@ -128,7 +131,7 @@ class ServicePlan:
 
     @property
     def model_dir(self) -> str:
-        return model_dir(self.model_root, self.service.model_repo, self.manifest)
+        return model_dir(self.model_root, _required(self.service.model_repo), self.manifest)
 
     @property
     def weight_bytes(self) -> int:
@@ -141,7 +144,8 @@ class ServicePlan:
         config = self.config or self.recipe.model.config
         max_len = self.service.max_model_len or model_shape(config).max_position_embeddings
         return fit_report(config, self.weight_bytes, memory_bytes=memory_bytes,
-                          gpu_memory_utilization=self.service.gpu_memory_utilization, max_model_len=max_len,
+                          gpu_memory_utilization=_required(self.service.gpu_memory_utilization),
+                          max_model_len=max_len,
                           kv_cache_dtype=self.settings.kv_cache_dtype if self.settings else "auto",
                           reserve_bytes=self.reserve_bytes)
 
@@ -160,7 +164,8 @@ class ServicePlan:
                 "served_model_name": self.service.served_model_name, "api_port": self.service.api_port,
                 "endpoint": serving.REQUESTS[self.kind]["path"],  # what the probe asks: contract/serving.py
                 "gpu_memory_utilization": self.service.gpu_memory_utilization, "engine_args": self.engine_args,
-                **({"engine": self.settings.engine, "image": self.engine_ref} if self.image else {}),
+                **({"engine": self.settings.engine, "image": self.engine_ref} if self.image and self.settings
+                   else {}),
                 **({"on_demand": {"socket": self.socket, "proxy": self.proxy}} if self.on_demand else {})}
 
 
@@ -235,7 +240,8 @@ def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | 
     if chosen.kind != CHAT and chat_only:
         keys = f"{', '.join(f'`{k}`' for k in chat_only)} {'are' if len(chat_only) > 1 else 'is'}"
         return None, None, [f"{where}: {keys} only a chat service's (this {chosen.kind} service runs in the host's "
-                            f"vLLM image, on its whole repository): remove {'them' if len(chat_only) > 1 else 'it'}"
+                            f"{POOLING.label} image, on its whole repository): remove "
+                            f"{'them' if len(chat_only) > 1 else 'it'}"
                             ], None
     own = None
     if chosen.kind == CHAT:
@@ -262,27 +268,15 @@ def merged(host: str, name: str, s: Settings) -> tuple[Recipe | None, Service | 
     return chosen, service, [], own
 
 
-def service_args(s: Settings, kind: str, service: Service, model_dir: str) -> list[str]:
-    """`vllm serve MODEL_DIR ...` of one service: the host's listen address, the service's own port and share."""
-    args = [model_dir, "--served-model-name", service.served_model_name, "--host", paths.ENGINE_HOST,
-            "--port", str(paths.engine_port(service.api_port)), "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}"]
-    if service.kv_cache_memory_bytes:
-        args += ["--kv-cache-memory-bytes", str(service.kv_cache_memory_bytes)]
-    if service.max_model_len:
-        args += ["--max-model-len", str(service.max_model_len)]
-    args += POOLING_ARGS[kind]
-    if service.hf_overrides:
-        args += ["--hf-overrides", json.dumps(service.hf_overrides, sort_keys=True, separators=(",", ":"))]
-    return args + list(service.extra_engine_args)
-
-
 def args_problems(where: str, s: Settings, service: Service, args: list[str]) -> list[str]:
-    """Every flag checked against the pinned vLLM's table; no flag a service setting owns in extra_engine_args,
-    none that opens an admin surface, --trust-remote-code only where its recipe and the user both say so."""
+    """Every flag checked against the pinned pooling engine's table; no flag a service setting owns in
+    extra_engine_args, none that carries a secret or opens an admin surface, --trust-remote-code only where its
+    recipe and the user both say so."""
     remote_code = (recipe(service.recipe).trust_remote_code, s.allow_trust_remote_code)
-    problems = [f"{where}: extra_engine_args: {p}" for p in surface_problems(service.extra_engine_args, remote_code)]
+    problems = [f"{where}: extra_engine_args: {p}" for p in surface_problems(
+        service.extra_engine_args, remote_code, POOLING.admin_flags, POOLING.flag_name)]
     try:
-        table = flag_table(s.vllm_version)
+        table = POOLING.flag_table(POOLING.version(s))
     except ValueError:
         return problems  # the chat model's check already names the missing table
     problems += [f"{where}: {p}" for p in table.problems(args)]
@@ -291,17 +285,18 @@ def args_problems(where: str, s: Settings, service: Service, args: list[str]) ->
             continue
         flag = arg.split("=", 1)[0]
         dest = table.flags.get(flag, {}).get("dest")
-        named = "--" + flag.removeprefix("--").replace("_", "-")  # vLLM reads --api_key as --api-key
-        if named in SECRET_FLAGS:
+        named = POOLING.flag_name(flag)  # as the engine reads it (vLLM: --api_key is --api-key)
+        if named in POOLING.secret_flags:
             problems.append(f"{where}: extra_engine_args: `{flag}` would put a secret in the world-readable unit: "
-                            f"{SECRET_FLAGS[named]}")
-        elif dest in SERVICE_DESTS:
+                            f"{POOLING.secret_flags[named]}")
+        elif dest in POOLING.service_dests:
             problems.append(f"{where}: extra_engine_args: `{flag}` is set by sparkfleet from "
-                            f"{SERVICE_DESTS[dest]}: set that key of the service instead")
+                            f"{POOLING.service_dests[dest]}: set that key of the service instead")
 
     def refused(flag: str) -> bool:  # named above already
-        named = "--" + flag.removeprefix("--").replace("_", "-")
-        return named in SECRET_FLAGS or named in ADMIN_FLAGS or table.flags[flag].get("dest") in SERVICE_DESTS
+        named = POOLING.flag_name(flag)
+        return (named in POOLING.secret_flags or named in POOLING.admin_flags
+                or table.flags[flag].get("dest") in POOLING.service_dests)
     return problems + [f"{where}: extra_engine_args: {p}" for p in table.unreviewed(service.extra_engine_args, refused)]
 
 
@@ -328,7 +323,8 @@ def memory_plan(s: Settings, services: dict[str, Service]) -> dict:
     """The host's one memory plan (contract/formats.py): the chat's share and each service's, by unit, in the
     order they start (the chat model first; each waits for the one before to answer, up to health_timeout_s)."""
     rows = {"chat": (paths.UNIT_NAME, s.gpu_memory_utilization, paths.engine_port(s.api_port)),
-            **{name: (paths.service_unit(name), svc.gpu_memory_utilization, paths.engine_port(svc.api_port))
+            **{name: (paths.service_unit(name), _required(svc.gpu_memory_utilization),
+                      paths.engine_port(_required(svc.api_port)))
                for name, svc in services.items()}}
     return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows, s.health_timeout_s,
                                frozenset(name for name, svc in services.items() if svc.on_demand))
@@ -371,9 +367,10 @@ ChatProblems = Callable[[str, Settings, "dict | None", list[str], "bool | None"]
 
 
 def context_share(plan: ServicePlan, memory_bytes: int) -> float | None:
-    """The share of a llama.cpp chat service whose entry sets none: llama-server holds its weights and a KV cache
-    of exactly its context (-c max_model_len), so it asks what those and the reserve take (as a fixed KV cache
-    does), not its recipe's share of a whole Spark. None when the fit cannot be computed (its check names why)."""
+    """The share of a chat service whose entry sets none, on an engine whose KV cache is exactly its context (its
+    descriptor's kv_cache_is_context: llama-server's -c max_model_len): it asks what its weights, that cache and
+    the reserve take (as a fixed KV cache does), not its recipe's share of a whole Spark. None when the fit cannot
+    be computed (its check names why)."""
     try:
         report = plan.fit(memory_bytes)
     except ValueError:
@@ -385,7 +382,7 @@ def context_share(plan: ServicePlan, memory_bytes: int) -> float | None:
 def chat_args(where: str, plan: ServicePlan) -> tuple[list[str], bool | None, list[str]]:
     """(a chat service's arguments by its own engine, whether its model is GGUF, the problems): the .gguf file
     llama.cpp loads from its manifest (or offline its model_files), as the host's own model's."""
-    own = plan.settings
+    own = _required(plan.settings)
     files = [f.path for f in plan.manifest.files] if plan.manifest else None
     try:
         entry, problems = gguf_entry(own, files), []
@@ -404,7 +401,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
         chosen, service, found, own = merged(host, name, s)
         entry_keys = s.services[name].model_fields_set
         problems += found
-        if not service:
+        if not service or not chosen:  # None together: `found` says why
             continue
         plan = ServicePlan(name, chosen, service, s.model_root, settings=own,
                            image=own.engine_image if own and own.engine_image != s.engine_image else None)
@@ -420,20 +417,21 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
                 continue
             service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
             own = plan.settings = own and own.model_copy(update={"gpu_memory_utilization": share})
-        elif (own and own.engine == engines.LLAMACPP.name and "gpu_memory_utilization" not in entry_keys
-              and (share := context_share(plan, host_memory_bytes(s.host_memory_gb)))):
-            service = plan.service = service.model_copy(update={"gpu_memory_utilization": share})
-            own = plan.settings = own.model_copy(update={"gpu_memory_utilization": share})
-        plan.docker_options = docker_options(plan.model_dir, service.api_port)
+        elif (own and engines.descriptor(own.engine).kv_cache_is_context
+              and "gpu_memory_utilization" not in entry_keys
+              and (context := context_share(plan, host_memory_bytes(s.host_memory_gb)))):
+            service = plan.service = service.model_copy(update={"gpu_memory_utilization": context})
+            own = plan.settings = own.model_copy(update={"gpu_memory_utilization": context})
+        plan.docker_options = docker_options(plan.model_dir, _required(service.api_port))
         if own:  # a chat model: its engine's own arguments, options and checks, as the host's chat model's
             plan.docker_options += engine_for(own).docker_options(own)
             plan.engine_args, gguf, found = chat_args(where, plan)
             problems += found + (chat_problems or (lambda *_: []))(where, own, plan.config or chosen.model.config,
                                                                     plan.engine_args, gguf)
         else:
-            plan.engine_args = service_args(s, chosen.kind, service, plan.model_dir)
+            plan.engine_args = POOLING.service_args(chosen.kind, service, plan.model_dir)
             problems += args_problems(where, s, service, plan.engine_args)
-        unreadable = plan.config is not None and config_problem(plan.config, service.model_repo)
+        unreadable = plan.config is not None and config_problem(plan.config, _required(service.model_repo))
         if unreadable:
             problems.append(f"{where}: {unreadable}")
             plan.config = None  # the recipe's facts stand in, so the rest of the plan can still be checked
@@ -446,7 +444,7 @@ def plan_services(host: str, s: Settings, docker_options: Callable[[str, int], l
             problems.append(f"{where}: {sized_by(refusal, bool(service.kv_cache_memory_bytes))} "
                             f"(its share: services[{name!r}].{setting})")
         plans.append(plan)
-    problems += port_problems(host, s, {p.name: p.service.api_port for p in plans})
+    problems += port_problems(host, s, {p.name: _required(p.service.api_port) for p in plans})
     memory = memory_plan(s, {p.name: p.service for p in plans})
     if not memory["fits"]:
         memory_bytes = host_memory_bytes(s.host_memory_gb)

@@ -114,7 +114,7 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     release_kept_for_rollback(name="Running release kept for rollback (without its secrets)",
                               installed_release=installed.get("release_id"), new_release=plan.release_id)
     env = secret_file(name="Engine environment (root-only)", dest=paths.ENGINE_ENV, content=plan.render_engine_env())
-    unit = managed_file(name="vLLM unit", content=unit_text, dest=paths.UNIT_PATH,
+    unit = managed_file(name=f"{plan.engine.label} unit", content=unit_text, dest=paths.UNIT_PATH,
                         mode="0644") if plan.runs_engine else None
     record = plan.release_record(installed)
     managed_file(name="Release record", content=json.dumps(record, indent=2) + "\n",
@@ -127,7 +127,8 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
     ray_restarted = ray_node(plan)
     fetches = model_result.fetched.will_change  # the chat model's (the RAG services' are small)
     if not plan.runs_engine:
-        unit_removed(paths.UNIT_NAME, paths.UNIT_PATH, f"a worker of {plan.group.name} runs no vLLM unit")
+        unit_removed(paths.UNIT_NAME, paths.UNIT_PATH,
+                     f"a worker of {plan.group.name} runs no {plan.engine.label} unit")
         started = None
         watch(state, host, fetch=fetches)
     else:
@@ -136,7 +137,7 @@ def service(plan: HostPlan, facts: HostFacts, *, model_result: ModelResult) -> S
         # progress while this run fetches or (re)starts the engine, decided from what is known (the batched read)
         watch(state, host, fetch=fetches, engine=restarted or not unit_state(host, paths.UNIT_NAME)["running"])
         started = managed_unit(
-            name="vLLM service enabled and running",
+            name=f"{plan.engine.label} service enabled and running",
             service=paths.UNIT_NAME, running=True, enabled=True, restarted=restarted, daemon_reload=unit.will_change,
         )
     services_started = {}

@@ -16,11 +16,12 @@ import yaml
 
 from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
+from sparkfleet.roles import status_page
 from tests.conftest import free_port
 from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CONSOLES = ROOT / "templates" / "consoles"
+CONSOLES = ROOT / "templates" / "consoles"  # the templates; Prometheus loads them filled in (status_page.render)
 HOSTS = ("spark-1", "spark-2", "spark-3", "spark-4")
 LLAMA = "spark-4"
 ENGINES = {"spark-1": "sglang", LLAMA: "llamacpp"}  # the others run vLLM
@@ -133,15 +134,18 @@ def prometheus(tmp: Path, hostile: bool = True, scrape: bool = True, samples: in
     the unit tests share one (tests/unit/conftest.py's sample_prometheus)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), type("Exporter", (_Exporter,), {"hostile": hostile}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    libraries = tmp / "console_libraries"
+    libraries, consoles = tmp / "console_libraries", tmp / "consoles"
     libraries.mkdir()
+    consoles.mkdir()
+    for path, text in status_page.console_files().items():  # the page as the monitoring host gets it
+        (consoles / Path(path).name).write_text(text)
     config = tmp / "prometheus.yml"
     exporter = f"127.0.0.1:{server.server_address[1]}"
     config.write_text(yaml.safe_dump(scrape_config(exporter) if scrape else {"global": {"scrape_interval": "1s"}}))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", f"--web.console.templates={CONSOLES}",
+                             f"--web.listen-address=127.0.0.1:{port}", f"--web.console.templates={consoles}",
                              f"--web.console.libraries={libraries}"],
                             stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
     try:

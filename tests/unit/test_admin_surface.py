@@ -11,7 +11,7 @@ import pytest
 from sparkfleet.contract import recipes
 from sparkfleet.release import plan as plan_module
 from sparkfleet.release import services as services_module
-from sparkfleet.release.engine import ADMIN_FLAGS, flag_table
+from sparkfleet.release.engines.vllm import ADMIN_FLAGS, flag_table
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import ADMIN_ENV, SettingsError
 

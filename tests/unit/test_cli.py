@@ -11,7 +11,7 @@ import pytest
 import sparkfleet
 from sparkfleet import cli
 from sparkfleet.cli import main
-from sparkfleet.release.engine import flag_table
+from sparkfleet.release.engines.vllm import flag_table
 
 from .helpers import ROOT
 

@@ -1,5 +1,14 @@
 """One descriptor per engine (contract/engines.py): the product names an engine only there and in the engine's own
-module (sparkfleet/release/engines/), and everything else that knows an engine derives from the descriptor.
+module (sparkfleet/release/engines/), and everything else that knows an engine derives from the descriptor or the
+engine's class.
+
+The guard reads every product file under sparkfleet/, files/ and templates/ (and the checkout's deploy files and
+defaults): in Python, every identifier (names, attributes, arguments, keywords, definitions, imports) and every
+string constant, f-string parts included; elsewhere (templates, shell helpers, Lua) the text less its comments.
+An engine is named by any spelling of its name, label, key variable, version setting or image, in any case
+("vllm", "VLLM_HOST_IP", "SGLang", "llama.cpp", "llama_cpp", "LLAMA_API_KEY", ...). Docstrings and comments are
+prose, not code: they are not read (a docstring may say which engine a rule was measured on). A file's own name
+is not read either (the engine unit's template is named after the unit, contract/paths.py UNIT_NAME).
 
 Adding an engine: docs/development.md, "Adding an engine"."""
 
@@ -16,7 +25,7 @@ import pytest
 
 from sparkfleet.contract import engines, formats, paths, serving
 from sparkfleet.contract.recipes import IMAGES, VERSION_SETTING
-from sparkfleet.contract.settings import Settings, defaults, parse_settings
+from sparkfleet.contract.settings import ADMIN_ENV, Settings, defaults, parse_settings
 from sparkfleet.contract.shared import MODULE_FILE, host_module
 from sparkfleet.fleet import bench, status
 from sparkfleet.controller import progress
@@ -29,37 +38,50 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Where an engine may be named: its descriptor and its behaviour (arguments, docker options, refusals).
 OWNERS = ("sparkfleet/contract/engines.py", "sparkfleet/release/engines/")
+PRODUCT_DIRS = ("sparkfleet", "files", "templates")
+MOST_OUTSIDE = 3  # product files outside the room that may name an engine, at most
 
-# Strings that name an engine without being its identity, each with why it stays (file, the exact string).
+# The product files outside the room that name an engine, each with why it must (a path, or a package's directory
+# of which one module may): at most MOST_OUTSIDE, each naming one at least.
 ALLOWED = {
-    # The chat unit keeps its historic name whatever the engine (hosts run it; a rename would orphan their units),
-    # and the RAG services (pooling models: always the pooling engine) keep theirs: host names, one owner.
-    ("sparkfleet/contract/paths.py", "sparkfleet-vllm.service"): "the chat engine's unit name on every host",
-    ("sparkfleet/contract/paths.py", r"sparkfleet-vllm-([a-z][a-z0-9-]{0,30})\.service"): "a service's unit",
-    ("sparkfleet/contract/paths.py", "sparkfleet-vllm-"): "a service's unit (service_unit)",
-    ("sparkfleet/contract/paths.py", "vllm-"): "a service's container (service_container)",
-    # The chat unit's template, named after that unit (one template for every engine).
-    ("sparkfleet/release/render.py", "sparkfleet-vllm.service.j2"): "the unit template's file name",
-    # The defaults' one home: the default engine, its image, and the engine container's fixed name (hosts run it).
-    ("group_data/all.py", "vllm"): "the default `engine` and the fixed `container_name`",
-    ("group_data/all.py", "vllm/vllm-openai:v0.33.0"): "the default `engine_image`",
-    ("group_data/all.py", "NCCL over RoCE between two Sparks broken (eugr/spark-vllm-docker #392)"):
-        "a refused kernel's reason, citing a project's issue tracker",
-    # A serving file written before `api_key_var` (an older converge): the key under the names of that time.
-    ("files/sparkfleet_host.py", "VLLM_API_KEY"): "LEGACY_KEY_VARS: a serving file older than api_key_var",
-    ("files/sparkfleet_host.py", "LLAMA_API_KEY"): "LEGACY_KEY_VARS: a serving file older than api_key_var",
+    "sparkfleet/contract/paths.py": "the engine units' and containers' names on every host (sparkfleet-vllm.service, "
+                                    "sparkfleet-vllm-<service>.service, vllm-<service>) predate other engines: a "
+                                    "rename would orphan the units and containers hosts run",
+    "files/sparkfleet_host": "LEGACY_KEY_VARS: the key variables of a serving file older than `api_key_var`, read on "
+                             "the host by the stdlib helpers, which cannot ask the descriptors",
+    "sparkfleet/model/topology.py": "EVIDENCE: published two-Spark measurements cite the engine they ran on (the "
+                                    "source's facts, not sparkfleet's behaviour)",
 }
+# Product files outside the three directories: the checkout's deploy files name none; the defaults are data (the
+# default engine, its image and container name, each engine's version setting: group_data/all.py, the one home
+# of every default).
+TOP_FILES = ("deploy.py", "rollback.py")
+DEFAULTS = "group_data/all.py"
 
-_NAME = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, engines.ENGINES)) + r")(?![A-Za-z0-9_])")
-_SETTINGS_AND_KEYS = tuple({*engines.VERSION_SETTINGS, *engines.KEY_VARS, *host_module.LEGACY_KEY_VARS})
+# Every spelling of an engine: the brief's, and each descriptor's name, label, key variable, version setting and
+# image repositories.
+_SPELLINGS = ("vllm", "sglang", "llama.cpp", "llama_cpp", "llamacpp", "llama-cpp", "llama-server")
+_TERMS = sorted({*_SPELLINGS, *(term.lower() for d in engines.DESCRIPTORS.values()
+                                for term in (d.name, d.label, d.key_var, d.version_setting, *d.images) if term)},
+                key=len, reverse=True)
+ENGINE_TERM = re.compile("|".join(map(re.escape, _TERMS)), re.IGNORECASE)
+# Comments of the files that are not Python, by kind: Jinja's {# #} and the unit templates' `#` lines, the console
+# templates' Go {{/* */}} and HTML <!-- -->, Lua's `--` lines, and `#` lines elsewhere (shell, systemd).
+_HASH_LINE = r"^[ \t]*#[^\n]*"
+_COMMENTS = {".j2": rf"\{{#.*?#\}}|{_HASH_LINE}", ".html": r"\{\{-?\s*/\*.*?\*/\s*-?\}\}|<!--.*?-->",
+             ".lua": r"^[ \t]*--[^\n]*", ".json": r"(?!)"}
+
+
+def is_python(path: Path) -> bool:
+    return path.suffix == ".py" or path.read_text(errors="replace").startswith("#!/usr/bin/env python")
 
 
 def product_files() -> list[Path]:
-    """The product's Python: the package, the defaults, the top-level deploy files and the host helpers."""
-    helpers = [p for p in sorted((ROOT / "files").iterdir()) if p.is_file() and (
-        p.suffix == ".py" or p.read_text(errors="replace").startswith("#!/usr/bin/env python"))]
-    return [*sorted((ROOT / "sparkfleet").rglob("*.py")), ROOT / "group_data" / "all.py", ROOT / "deploy.py",
-            ROOT / "rollback.py", *helpers]
+    """The product: every file under sparkfleet/, files/ and templates/ (caches aside), the checkout's deploy files
+    and the defaults."""
+    found = [p for d in PRODUCT_DIRS for p in sorted((ROOT / d).rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    return [*found, *(ROOT / name for name in TOP_FILES), ROOT / DEFAULTS]
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -72,43 +94,117 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
-def engine_names(source: str) -> list[tuple[int, str]]:
-    """(line, string) of each string constant of `source` (docstrings and comments aside) that names an engine
-    (its name as a word: "vllm", a `vllm:` series, "sparkfleet-vllm.service"), its version setting or an API key
-    variable."""
+def _words(node: ast.AST, docstrings: set[int]) -> tuple[str, ...]:
+    """What a node spells: an identifier it names or defines, or a string constant's text (not a docstring's)."""
+    if isinstance(node, ast.Name):
+        return (node.id,)
+    if isinstance(node, ast.Attribute):
+        return (node.attr,)
+    if isinstance(node, ast.arg):
+        return (node.arg,)
+    if isinstance(node, ast.keyword):
+        return (node.arg or "",)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return (node.name,)
+    if isinstance(node, ast.alias):
+        return (node.name, node.asname or "")
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "",)
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return tuple(node.names)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        return (node.value,)  # f-string parts too: ast.walk reaches each JoinedStr's constants
+    return ()
+
+
+def python_names(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each identifier and string constant of Python `source` (docstrings and comments aside) that
+    names an engine, in any case."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-            and (_NAME.search(node.value) or any(name in node.value for name in _SETTINGS_AND_KEYS))]
+    return [(getattr(node, "lineno", 0), word) for node in ast.walk(tree) for word in _words(node, skip)
+            if ENGINE_TERM.search(word)]
 
 
-def test_the_finder_sees_identities_not_prose_docstrings_or_comments():
+def text_names(text: str, suffix: str) -> list[tuple[int, str]]:
+    """(line, line's text) of each line of a file that is not Python that names an engine, its comments (by the
+    file's kind, its `suffix`) aside."""
+    comments = re.compile(_COMMENTS.get(suffix, _HASH_LINE), re.MULTILINE | re.DOTALL)
+    code = comments.sub(lambda match: "\n" * match.group(0).count("\n"), text)
+    return [(n, line.strip()) for n, line in enumerate(code.splitlines(), 1) if ENGINE_TERM.search(line)]
+
+
+def engine_names(path: Path) -> list[tuple[int, str]]:
+    if is_python(path):
+        return python_names(path.read_text())
+    return text_names(path.read_text(errors="replace"), path.suffix)
+
+
+def allowed_entry(rel: str) -> str | None:
+    return next((entry for entry in ALLOWED if rel == entry or rel.startswith(entry + "/")
+                 or rel == entry + ".py"), None)
+
+
+def test_the_finder_sees_identifiers_and_strings_in_any_case_not_docstrings_or_comments():
     source = ('"""A vllm docstring."""\n'
               'A = "vllm"  # vllm in a comment\n'
-              'B = f"vllm:{x}_total"\n'
-              'C = "vLLM serves it, with VLLM_SERVER_DEV_MODE off"\n'
-              'D = "the setting vllm_version"\n'
-              'E = {"engine": "llamacpp"}\n'
-              'def f():\n    """sglang here is prose."""\n    return "sglang:token_usage"\n')
-    assert sorted(line for line, _ in engine_names(source)) == [2, 3, 5, 6, 9]
+              'B = f"{x}:VLLM:{y}"\n'
+              'C = "vLLM serves it"\n'
+              'D = settings.sglang_version\n'
+              'E = {"engine": "llama.cpp"}\n'
+              'def f(llama_cpp):\n    """sglang here is prose."""\n    return "SGLang:token_usage"\n'
+              'from sparkfleet.release.engines.llamacpp import X\n'
+              'G = engines.LLAMACPP\n'
+              'H = env["VLLM_HOST_IP"], env["LLAMA_API_KEY"], "ggml-org/llama.cpp", "llama-server"\n'
+              'I = "a model", "Llama-3.1-8B", "the engine"\n'
+              'class SgLangThing:\n    pass\n')
+    assert sorted({line for line, _ in python_names(source)}) == [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 14]
+    unit = '{# vllm in a Jinja comment #}\n# vLLM in a unit comment\nExecStart=docker run {{ image }}\nvllm serve\n'
+    assert [line for line, _ in text_names(unit, ".j2")] == [4]
+    page = '{{/* SGLang in a Go comment\n llama.cpp */}}\n<!-- sglang -->\n<td>{{ $x }}</td>\n<td>VLLM:x</td>\n'
+    assert [line for line, _ in text_names(page, ".html")] == [5]
+    assert [line for line, _ in text_names("-- llama.cpp in Lua\nlocal e = 'sglang'\n", ".lua")] == [2]
+    assert [line for line, _ in text_names("#!/bin/sh\n# vllm\necho ${#x} vllm\n", "")] == [3]
 
 
-def test_only_the_descriptor_and_the_engines_modules_name_an_engine():
-    found, used = [], set()
+def test_no_product_file_outside_the_room_names_an_engine_but_the_few_allowed():
+    """At most MOST_OUTSIDE product files outside release/engines/ and contract/engines.py name an engine in code,
+    each listed in ALLOWED with why; the defaults are data; everything else asks the descriptor or the class."""
+    assert len(ALLOWED) <= MOST_OUTSIDE
+    found, used = [], {}
     for path in product_files():
         rel = str(path.relative_to(ROOT))
-        if rel.startswith(OWNERS):
+        if rel.startswith(OWNERS) or rel == DEFAULTS:
             continue
-        for line, value in engine_names(path.read_text()):
-            if (rel, value) in ALLOWED:
-                used.add((rel, value))
-            else:
-                found.append(f"{rel}:{line}: {value!r}")
-    assert not found, ("these name an engine, a `vllm:` series, a version setting or a key variable: ask "
-                       "contract/engines.py instead (or allow-list a name that is not an engine's identity)\n"
-                       + "\n".join(found))
-    assert used == set(ALLOWED), f"allow-list entries nothing uses any more: {set(ALLOWED) - used}"
+        names = engine_names(path)
+        entry = allowed_entry(rel)
+        if names and entry:
+            used.setdefault(entry, []).append(rel)
+        else:
+            found += [f"{rel}:{line}: {value[:100]!r}" for line, value in names]
+    assert not found, ("these name an engine in code (an identifier or a string, any case): ask contract/engines.py "
+                       "or the engine's class (release/engines/) instead\n" + "\n".join(found))
+    assert set(used) == set(ALLOWED), f"allowed files that name no engine any more: {set(ALLOWED) - set(used)}"
+    assert all(len(files) == 1 for files in used.values()), f"one file per allowed entry: {used}"
+    assert engine_names(ROOT / DEFAULTS)  # the defaults do name the default engine (the check reads them)
+
+
+def test_the_engines_admin_variables_host_address_and_context_sized_cache_are_the_descriptors():
+    """What settings refuse in engine_env, the group's fabric variable and the llama.cpp-style share come from the
+    descriptors, so a second engine with the same needs gets them by its descriptor alone."""
+    from sparkfleet.release import group
+
+    assert ADMIN_ENV == {var: why for d in engines.DESCRIPTORS.values() for var, why in d.admin_env} and ADMIN_ENV
+    for d in engines.able("tensor_parallel"):
+        assert d.host_ip_var and d.host_ip_var in group.FABRIC_ENV
+    members = group.TensorParallelGroup(("a", "b"), ("10.0.0.1", "10.0.0.2"), "enp1", 9000, 6379)
+    assert {var: members.env("b")[var] for var in engines.HOST_IP_VARS} == dict.fromkeys(engines.HOST_IP_VARS,
+                                                                                            "10.0.0.2")
+    assert [d.name for d in engines.DESCRIPTORS.values() if d.kv_cache_is_context] == [
+        d.name for d in engines.serving_format("gguf")]  # today: the GGUF engine, whose cache is its -c
+    pooling = ENGINE_CLASSES[engines.POOLING_ENGINE]
+    assert pooling.descriptor.pooling and set(pooling.pooling_args) == {"embedding", "reranker"}
+    assert all(not e.pooling_args for e in ENGINE_CLASSES.values() if not e.descriptor.pooling)
 
 
 @pytest.mark.parametrize("name", engines.ENGINES)

@@ -9,7 +9,7 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.model.fit import check_fit, draft_weight_bytes, fit_report
-from sparkfleet.release.engine import flag_table
+from sparkfleet.release.engines.vllm import flag_table
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.contract.settings import SettingsError
 

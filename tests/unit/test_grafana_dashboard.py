@@ -1,6 +1,8 @@
-"""files/grafana/sparkfleet.json: a Grafana dashboard that parses, asks its datasource through one input, and names
-only metrics that exist: the contract's, vLLM's as the stand-in engine exports them, the node exporter's and
-HAProxy's promex (as the real binaries here print them); every query is PromQL the real Prometheus accepts."""
+"""The Grafana dashboard (sparkfleet/roles/dashboard.py, `sparkfleet dashboard`): it parses, asks its datasource
+through one input, builds its engine panels from the descriptors (every engine's series there, none named by hand),
+and names only metrics that exist: the contract's, the engines' (their descriptors; vLLM's as the stand-in engine
+exports them), the node exporter's and HAProxy's promex (as the real binaries here print them); every query is
+PromQL the real Prometheus accepts."""
 
 from __future__ import annotations
 
@@ -13,19 +15,20 @@ from pathlib import Path
 import pytest
 import requests
 
+from sparkfleet import cli
 from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
+from sparkfleet.roles import dashboard as grafana
 from tests.conftest import free_port
 from tests.unit.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "files" / "grafana" / "sparkfleet.json"
 STANDIN = ROOT / "sim" / "engine" / "standin_vllm.py"
 KEYWORDS = {"and", "or", "unless", "on", "ignoring", "bool", "offset", "group_left", "group_right", "inf", "nan"}
 
 
 def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
+    return json.loads(grafana.dashboard_json())
 
 
 def expressions() -> list[str]:
@@ -82,14 +85,82 @@ def test_the_name_finder_sees_metrics_not_functions_labels_or_keywords():
         {"vllm:x_total", "y", "z"}
 
 
+def descriptor_series(d: engines.EngineDescriptor) -> set[str]:
+    """Every series name a descriptor gives: its metrics (histograms with their buckets) and its bench counters."""
+    found = {value for value in vars(d.metrics).values() if isinstance(value, str)}
+    found |= {f"{h}_bucket" for h in (d.metrics.ttft_seconds, d.metrics.inter_token_seconds) if h}
+    found |= {d.metrics.finished[0]} if d.metrics.finished else set()
+    for value in vars(d.bench).values():
+        found |= set(value) if isinstance(value, tuple) else {value} if value else set()
+    return found
+
+
 def test_it_names_only_metrics_the_fleet_exports():
-    others = {name for e in engines.ENGINES if e != "vllm" for name in vars(engines.metrics(e)).values() if name}
+    others = {name for d in engines.DESCRIPTORS.values() if d.name != "vllm" for name in descriptor_series(d)}
     known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, "up", "ALERTS"} | standin_vllm_names() | others
     ours = {n for n in all_names() if not n.startswith(("node_", "haproxy_"))}
     assert ours and ours - known == set()
     assert {"vllm:kv_cache_usage_perc", "sparkfleet_gpu_sm_clock_mhz", "sparkfleet_user_requests_total"} <= ours
     jobs = {j for e in expressions() for alt in re.findall(r'job=~?"([^"]+)"', e) for j in alt.split("|")}
     assert jobs and jobs <= {m.JOB_ENGINE, m.JOB_NODE, m.JOB_FRONT_DOOR, m.JOB_FRONT_DOOR_TLS, m.JOB_USAGE}
+
+
+@pytest.mark.parametrize("name", engines.ENGINES)
+def test_every_descriptors_series_appear(name):
+    """Each engine's load, queue, KV gauge, tokens, latency histograms, finished requests and bench counters (where
+    it has them) are in the panels, each on the chosen hosts."""
+    d = engines.descriptor(name)
+    text = json.dumps(dashboard())
+    wanted = [d.metrics.running, d.metrics.waiting, d.metrics.kv_usage, d.metrics.prompt_tokens,
+              d.metrics.generation_tokens, d.bench.prefix_gauge,
+              *(f"{h}_bucket" for h in (d.metrics.ttft_seconds, d.metrics.inter_token_seconds) if h),
+              *(d.metrics.finished[:1] if d.metrics.finished else ()),
+              *(series[0] for series in (d.bench.prefix_hits, d.bench.prefix_queries, d.bench.spec_accepted,
+                                         d.bench.spec_draft_tokens) if series)]
+    for series in filter(None, wanted):
+        assert f'{series}{{host=~\\"$host\\"}}' in text, series
+    assert name in dashboard()["tags"]
+
+
+def test_a_new_descriptor_reaches_the_dashboard_and_a_panel_no_engine_feeds_is_left_out(monkeypatch):
+    """An engine added to contract/engines.py gets its series into the panels without a hand edit; a panel whose
+    series no engine exports (here: every engine without latency histograms) is not shown empty."""
+    from dataclasses import replace
+
+    new = replace(engines.descriptor("llamacpp"), name="trtllm", label="TensorRT-LLM",
+                  metrics=engines.EngineMetrics(running="trtllm:running", waiting="trtllm:waiting",
+                                                kv_usage="trtllm:kv", prompt_tokens=None,
+                                                generation_tokens="trtllm:generated_total"))
+    monkeypatch.setitem(engines.DESCRIPTORS, "trtllm", new)
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in dashboard()["panels"] if p["type"] != "row"}
+    assert 'trtllm:kv{host=~"$host"}' in exprs["KV cache usage"]
+    assert 'trtllm:running{host=~"$host"}' in exprs["Requests running and waiting"]
+    assert 'rate(trtllm:generated_total{host=~"$host"}[5m])' in exprs["Decode rate"]
+    assert "trtllm" not in exprs["Prefill rate"]  # it exports no prompt counter
+    for name in [n for n in engines.DESCRIPTORS if n != "trtllm"]:
+        monkeypatch.setitem(engines.DESCRIPTORS, name, replace(engines.DESCRIPTORS[name], metrics=replace(
+            engines.DESCRIPTORS[name].metrics, ttft_seconds=None)))
+    titles = [p["title"] for p in dashboard()["panels"]]
+    assert "Time to first token, p95" not in titles and "Inter-token latency, p95" in titles
+
+
+def test_the_command_prints_it(capsys, tmp_path):
+    assert cli.main(["dashboard"]) == 0
+    assert json.loads(capsys.readouterr().out) == grafana.dashboard()
+    assert cli.main(["dashboard", "--output", str(tmp_path / "d.json"), "--json"]) == 0
+    assert json.loads((tmp_path / "d.json").read_text()) == grafana.dashboard()
+    assert json.loads(capsys.readouterr().out) == {"written": str(tmp_path / "d.json")}
+
+
+def test_the_layout_wraps_each_row_and_keeps_rows_apart():
+    """Panels sit left to right and wrap at Grafana's 24 columns; no two panels overlap."""
+    panels = dashboard()["panels"]
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        here = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not here & cells, p["title"]
+        cells |= here
 
 
 def _scrape_names(command: list[str], url: str) -> set[str]:

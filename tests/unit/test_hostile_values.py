@@ -384,7 +384,7 @@ def test_the_controller_copies_a_gated_model_with_hub_token_and_never_writes_it_
 def test_plan_prints_engine_args_with_brackets_literally(tmp_path, monkeypatch, capsys):
     from sparkfleet import cli, tables
 
-    from sparkfleet.release.engine import flag_table
+    from sparkfleet.release.engines.vllm import flag_table
     from sparkfleet.release.engines import table
 
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sparkfleet.model.hubs import hub_resolver
-from sparkfleet.release.engine import flag_table
+from sparkfleet.release.engines.vllm import flag_table
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
 from sparkfleet.contract.settings import SettingsError

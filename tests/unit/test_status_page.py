@@ -105,10 +105,17 @@ def test_a_hostile_label_value_is_shown_as_text(page):
     assert fleet.HOSTILE in rows(page.text)[fleet.DRAINED]
 
 
+def page_text() -> str:
+    """The page as the monitoring host gets it: the template with its engine fields filled in."""
+    from sparkfleet.roles import status_page
+
+    return status_page.render((fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text())
+
+
 def test_the_page_asks_only_for_names_the_fleet_exports():
-    """Every metric the page queries is the contract's, vLLM's (as the stand-in exports them) or promex's; every
-    job is a contract job."""
-    text = (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()
+    """Every metric the page queries is the contract's, an engine's (its descriptor's) or promex's; every job is a
+    contract job."""
+    text = page_text()
     names = set(re.findall(r"\b((?:sparkfleet_|vllm:|sglang:|llamacpp:|haproxy_)[a-z_:]+)", text))
     known = {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.USAGE_METRICS, m.SERVER_STATUS_METRIC,
              *(name for e in engines.ENGINES for name in (engines.metrics(e).running, engines.metrics(e).waiting,
@@ -128,8 +135,46 @@ def test_the_monitoring_host_gets_the_page_and_the_flags_that_load_it():
     from sparkfleet.roles import status_page
 
     files = status_page.console_files()
-    assert files == {f"{m.PROMETHEUS_CONSOLES}/{m.STATUS_PAGE_FILE}":
-                     (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()}
+    assert files == {f"{m.PROMETHEUS_CONSOLES}/{m.STATUS_PAGE_FILE}": page_text()}
+    assert "[[" not in page_text()  # every engine field filled in
     assert m.STATUS_PAGE == f"/consoles/{m.STATUS_PAGE_FILE}"  # Prometheus serves its console dir at /consoles/
     assert status_page.prometheus_flags() == [f"--web.console.templates={m.PROMETHEUS_CONSOLES}",
                                               f"--web.console.libraries={m.PROMETHEUS_CONSOLE_LIBRARIES}"]
+
+
+def engine_cells(text: str) -> str:
+    """The page's Hosts table (where the engine fields stand)."""
+    return text.split('<table id="hosts">', 1)[1].split("</table>", 1)[0]
+
+
+def test_the_template_names_no_engine_and_the_page_every_descriptors_series_and_label():
+    """The engine cells come from the descriptors: the template holds none of their series or labels, the page
+    holds each engine's load, queue, KV gauge (where it has one), tokens and label, each asked per host."""
+    template = (fleet.CONSOLES / m.STATUS_PAGE_FILE).read_text()
+    cells = engine_cells(page_text())
+    for d in engines.DESCRIPTORS.values():
+        series = [d.metrics.running, d.metrics.waiting, d.metrics.kv_usage, d.metrics.generation_tokens]
+        for name in filter(None, series):
+            assert name not in template and f"{name}{{host=%q}}" in cells, (d.name, name)
+        assert f'<span class="dim">{d.label}</span>' in cells and d.label not in template
+    assert cells.count("printf `max by (model_name) (") == 1
+
+
+def test_a_new_descriptor_reaches_the_page_with_its_series(monkeypatch):
+    """An engine added to contract/engines.py shows on the page without a hand edit: its label and each series."""
+    from dataclasses import replace
+
+    from sparkfleet.roles import status_page
+
+    new = replace(engines.descriptor(engines.DEFAULT_ENGINE), name="trtllm", label="TensorRT-LLM",
+                  metrics=engines.EngineMetrics(running="trtllm:running", waiting="trtllm:waiting",
+                                                kv_usage=None, prompt_tokens=None,
+                                                generation_tokens="trtllm:generated_total"))
+    monkeypatch.setitem(engines.DESCRIPTORS, "trtllm", new)
+    fields = status_page.engine_fields()
+    assert 'printf `trtllm:running{host=%q}` $host) }} <span class="dim">TensorRT-LLM</span>' in fields["engine_labels"]
+    assert "trtllm:running{host=%q}" in fields["running"] and "trtllm:waiting{host=%q}" in fields["waiting"]
+    assert "rate(trtllm:generated_total{host=%q}[1h])" in fields["decode"] and "trtllm" not in fields["kv_usage"]
+    assert "trtllm" not in fields["models"]  # its series carry no model_name label
+    for field in ("running", "waiting", "decode"):  # one $host for each %q
+        assert fields[field].count("%q") == fields[field].count("$host") == len(engines.DESCRIPTORS)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from sparkfleet.contract import engines
 from sparkfleet.contract.engines import EngineDescriptor
 from sparkfleet.contract.formats import API_KEY_VARS
-from sparkfleet.contract.settings import Settings
+from sparkfleet.contract.settings import Service, Settings
 from sparkfleet.model.gguf import entry_file, is_gguf
 from sparkfleet.release.engines.table import FlagTable, load_table, table_versions
 
@@ -85,6 +85,10 @@ class Engine:
     owned_dests: dict[str, str] = {}  # {flag destination: the setting that sparkfleet sets it from}
     command: tuple[str, ...] = ()  # arguments before the flags (SGLang's `-m sglang.launch_server`)
     env_prefixes: tuple[str, ...] = ()  # its own engine_env variables: each reviewed (the flag table) or refused
+    # A pooling engine's (descriptor.pooling) arguments that make a model serve each RAG kind ("embedding",
+    # "reranker"), and the flag destinations a service's keys own: {destination: the key, as a refusal names it}
+    pooling_args: dict[str, tuple[str, ...]] = {}
+    service_dests: dict[str, str] = {}
 
     @property
     def name(self) -> str:  # settings `engine`
@@ -122,6 +126,11 @@ class Engine:
     def args(self, s: Settings, model_dir: str, entry: str | None) -> list[str]:
         """The argument list after the image."""
         raise NotImplementedError
+
+    def service_args(self, kind: str, service: Service, model_dir: str) -> list[str]:
+        """A pooling engine's argument list after the image for one RAG service (release/services.py): the host's
+        listen address, the service's own port, share and model, `pooling_args[kind]`, its extra_engine_args."""
+        raise NotImplementedError(f"{self.label} runs no pooling model")
 
     def docker_options(self, s: Settings) -> list[str]:
         """`docker run` options this engine adds to the common ones (e.g. an --entrypoint)."""

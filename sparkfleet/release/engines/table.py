@@ -16,9 +16,10 @@ REVIEW_FIX = ("remove it, or ask for it to be reviewed and added to the table's 
 # What a reviewed value may be: (the pattern of one value, as a refusal names it). None: a switch, no value.
 _NUMBER = r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?[kKmMgGtT]?"  # 8192, 0.7, -1, 16k (vLLM's human ints)
 _WORD = r"[A-Za-z0-9][A-Za-z0-9_+-]*"
-KINDS = {"none": None, "number": (_NUMBER, "a number"), "word": (_WORD, "a name of letters, digits and _ + -"),
-         "words": (rf"{_WORD}(?:,{_WORD})*", "names of letters, digits and _ + -, separated by commas"),
-         "choice": (_WORD, "one of the flag's choices"), "json": (None, "a JSON object of names and numbers")}
+KINDS: dict[str, tuple[str | None, str] | None] = {
+    "none": None, "number": (_NUMBER, "a number"), "word": (_WORD, "a name of letters, digits and _ + -"),
+    "words": (rf"{_WORD}(?:,{_WORD})*", "names of letters, digits and _ + -, separated by commas"),
+    "choice": (_WORD, "one of the flag's choices"), "json": (None, "a JSON object of names and numbers")}
 # A switch's value as an environment variable (llama.cpp reads LLAMA_ARG_X=1 as --x, =0 as its --no- form).
 _SWITCH = r"(?i:1|0|true|false|on|off|enabled|disabled)"
 # Where a value would load bytes sparkfleet did not pin and verify, in the order they are told apart.
@@ -43,8 +44,8 @@ def value_problem(value: str, kind: str, choices: Iterable[str] = ()) -> str | N
     choices = list(choices)
     if kind == "choice" and choices:
         return None if value in choices else f"is not one of {', '.join(choices)}"
-    pattern, what = KINDS[kind] if KINDS[kind] else (_SWITCH, "1 or 0")
-    if re.fullmatch(pattern, value):
+    pattern, what = KINDS[kind] or (_SWITCH, "1 or 0")
+    if pattern is not None and re.fullmatch(pattern, value):
         return None
     return next((why for destination, why in _DESTINATIONS if destination.match(value)), f"is not {what}")
 
@@ -86,7 +87,7 @@ class FlagTable:
 
     def reviewed_env(self) -> dict[str, tuple[str, list[str]]]:
         """{variable: (kind, choices)}: the table's reviewed variables and the env forms of its reviewed flags."""
-        env = {var: (kind, []) for var, kind in self.review.get("env", {}).items()}
+        env: dict[str, tuple[str, list[str]]] = {var: (kind, []) for var, kind in self.review.get("env", {}).items()}
         env.update({spec["env"]: (self.reviewed[flag], spec.get("choices", []))
                     for flag, spec in self.flags.items() if flag in self.reviewed and spec.get("env")})
         return env

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from sparkfleet.contract import engines, paths
-from sparkfleet.contract.settings import Settings
+from sparkfleet.contract.settings import Service, Settings
 from sparkfleet.release.engines.base import Engine
+from sparkfleet.release.engines.table import FlagTable
 
 # vLLM flags that carry a secret: on the command line it would sit in the world-readable unit and in `ps`.
 SECRET_FLAGS = {
@@ -38,6 +39,17 @@ OWNED_DESTS = {
     "kv_cache_dtype": "kv_cache_dtype", "max_num_seqs": "max_num_seqs", "tensor_parallel_size": "tensor_parallel_size",
     "speculative_config": "speculative_method", "distributed_executor_backend": "tensor_parallel_hosts",
 }
+
+# How vLLM 0.33 serves each RAG kind (its pooling-models docs): a Qwen3ForCausalLM checkpoint is not a pooling
+# model by itself, so `--runner auto` would generate; `--convert embed` makes it an embedding model. The
+# reranker's recipe loads it as Qwen3ForSequenceClassification (hf_overrides), a pooling model already.
+POOLING_ARGS = {"embedding": ("--runner", "pooling", "--convert", "embed"), "reranker": ("--runner", "pooling")}
+# vLLM destinations a service's settings own: a copy in extra_engine_args would silently win.
+SERVICE_DESTS = {"model": "`model_repo`", "served_model_name": "`served_model_name`", "host": "the host's `api_host`",
+                 "port": "`api_port`", "max_model_len": "`max_model_len`",
+                 "gpu_memory_utilization": "`gpu_memory_utilization`",
+                 "kv_cache_memory_bytes": "`kv_cache_memory_bytes`", "runner": "the recipe's kind",
+                 "convert": "the recipe's kind", "hf_overrides": "`hf_overrides`"}
 
 
 def flag_name(arg: str) -> str:
@@ -81,15 +93,41 @@ def engine_args(s: Settings, model_dir: str) -> list[str]:
     return args + list(s.extra_engine_args)
 
 
+def service_args(kind: str, service: Service, model_dir: str) -> list[str]:
+    """`vllm serve MODEL_DIR ...` of one RAG service: the host's listen address, the service's own port and share
+    (release/services.py merged them: every required key set)."""
+    name, port, share = service.served_model_name, service.api_port, service.gpu_memory_utilization
+    assert name is not None and port is not None and share is not None, "a service's required keys"
+    args = [model_dir, "--served-model-name", name, "--host", paths.ENGINE_HOST,
+            "--port", str(paths.engine_port(port)), "--gpu-memory-utilization", f"{share:g}"]
+    if service.kv_cache_memory_bytes:
+        args += ["--kv-cache-memory-bytes", str(service.kv_cache_memory_bytes)]
+    if service.max_model_len:
+        args += ["--max-model-len", str(service.max_model_len)]
+    args += POOLING_ARGS[kind]
+    if service.hf_overrides:
+        args += ["--hf-overrides", json.dumps(service.hf_overrides, sort_keys=True, separators=(",", ":"))]
+    return args + list(service.extra_engine_args)
+
+
 class Vllm(Engine):
     descriptor = engines.VLLM
     description = "vLLM OpenAI-compatible server"
     image = "vllm/vllm-openai:v0.33.0"
     secret_flags, admin_flags, owned_dests = SECRET_FLAGS, ADMIN_FLAGS, OWNED_DESTS
     env_prefixes = ("VLLM_",)  # the variables it reads (vllm/envs.py)
+    pooling_args, service_dests = POOLING_ARGS, SERVICE_DESTS
 
     def flag_name(self, arg: str) -> str:
         return flag_name(arg)
 
     def args(self, s: Settings, model_dir: str, entry: str | None) -> list[str]:
         return engine_args(s, model_dir)
+
+    def service_args(self, kind: str, service: Service, model_dir: str) -> list[str]:
+        return service_args(kind, service, model_dir)
+
+
+def flag_table(version: str) -> FlagTable:
+    """vLLM's flag table of `version` (ValueError naming the supported ones)."""
+    return Vllm().flag_table(version)
