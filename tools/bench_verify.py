@@ -39,7 +39,7 @@ from pathlib import Path
 
 from sparkfleet import FILES_DIR
 from sparkfleet.host.model_files import files_needing_work
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.model.manifest import Manifest, ManifestFile
 
 FETCH_SCRIPT = FILES_DIR / "sparkfleet-fetch"
@@ -259,7 +259,7 @@ def proc_io() -> dict:
 def write_record(fetch, directory: Path, entries: list[dict], results: list[bool] | None = None) -> None:
     """The verified record the fetch script writes after hashing: path -> stat_key + hash."""
     results = results if results is not None else [True] * len(entries)
-    host_module.write_record(directory, {e["path"]: host_module.record_entry(os.stat(directory / e["path"]), e)
+    verify.write_record(directory, {e["path"]: verify.record_entry(os.stat(directory / e["path"]), e)
                                          for e, ok in zip(entries, results, strict=True) if ok})
 
 
@@ -312,7 +312,7 @@ def run(directory: Path, shards: int, shard_bytes: int, workers: int, openssl_se
     t0 = time.perf_counter()
     entries = generate_files(directory, shards, shard_bytes, cores)
     generate_s = time.perf_counter() - t0
-    (directory / host_module.RECORD_NAME).unlink(missing_ok=True)
+    (directory / verify.RECORD_NAME).unlink(missing_ok=True)
     warm_bytes, warm_s = warm_page_cache([directory / e["path"] for e in entries])
 
     verifier = time_verifier(fetch, directory, entries, workers, repeat)

@@ -1,10 +1,10 @@
 """The format of each file sparkfleet writes on a host and reads back, with one owner each.
 
 The env files (engine.env, hub.env) and the memory plan are read by the host helpers too, so their rules
-live in the host module (files/sparkfleet_host.py: render, parse, the rollback's edit, the budget rule)
-and the controller takes them from here. The release record's keys are release/plan.py's
-`release_record`, checked when read back by host/facts.py `RELEASE_KEYS`; the watchdog's state is
-files/sparkfleet-watchdog's own (no other reader).
+live in the host package (files/sparkfleet_host/: envfiles.py renders, parses and edits them for a
+rollback; memory.py holds the budget rule) and the controller takes them from here. The release record's
+keys are release/plan.py's `release_record`, checked when read back by host/facts.py `RELEASE_KEYS`; the
+watchdog's state is files/sparkfleet-watchdog's own (no other reader).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from sparkfleet.contract import engines, paths
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import envfiles, memory
 
 # engine.env's API key variables: each engine's own (contract/engines.py `key_var`), which the helpers and the
 # rollback's edit (host/operations.py env_command) learn from the serving file (contract/serving.py `api_key_var`)
@@ -21,8 +21,8 @@ DEFAULT_KEY_VAR = engines.descriptor(engines.DEFAULT_ENGINE).key_var
 HUB_TOKEN_VARS = ("HF_TOKEN", "MODELSCOPE_API_TOKEN")  # hub.env: what the official clients read
 ENGINE_ENV_HEADER = "Managed by sparkfleet. Root-only: read by `docker run --env-file`."
 HUB_ENV_HEADER = "Managed by sparkfleet. Root-only: read by sparkfleet-fetch."
-parse_env = host_module.parse_env
-within_budget = host_module.within_budget
+parse_env = envfiles.parse_env
+within_budget = memory.within_budget
 
 
 def engine_env(api_key: str | None, env: dict[str, str], key_var: str | None = DEFAULT_KEY_VAR,
@@ -38,12 +38,12 @@ def engine_env(api_key: str | None, env: dict[str, str], key_var: str | None = D
             raise ValueError(f"{var} is written from the `api_key` setting, not from the environment")
     head = {var: api_key for var in (key_var, *also) if var} if api_key else {}
     by_name = dict(sorted(env.items(), key=lambda item: item[0].lower()))  # the order the old template wrote
-    return host_module.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
+    return envfiles.render_env(ENGINE_ENV_HEADER, {**head, **by_name})
 
 
 def hub_env(hub_token: str | None) -> str:
     """hub.env: the hub token under each official client's name (nothing when no token is set)."""
-    return host_module.render_env(HUB_ENV_HEADER, dict.fromkeys(HUB_TOKEN_VARS, hub_token) if hub_token else {})
+    return envfiles.render_env(HUB_ENV_HEADER, dict.fromkeys(HUB_TOKEN_VARS, hub_token) if hub_token else {})
 
 
 def host_memory_bytes(host_memory_gb: float) -> int:

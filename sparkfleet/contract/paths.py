@@ -2,7 +2,7 @@
 
 import re
 
-from sparkfleet.contract.shared import MODULE_FILE, host_module
+from sparkfleet.contract.shared import PACKAGE_NAME, verify
 
 SYSTEMD_DIR = "/etc/systemd/system"  # where every unit sparkfleet installs lives (unit_path)
 
@@ -93,7 +93,10 @@ RUNTIME_DIR = f"{LIB_DIR}/runtime"  # the hub and openai clients, shipped from t
 # The one rule for which runtime bundle the helpers run with: the newest unpacked (by mtime; the
 # names are content hashes, so their order means nothing). Prints its path, no trailing slash.
 NEWEST_RUNTIME_COMMAND = f"ls -dt {RUNTIME_DIR}/runtime-*/ 2>/dev/null | head -1 | sed 's:/*$::'"
-HOST_MODULE = f"{BIN_DIR}/{MODULE_FILE.name}"  # the helpers' stdlib module: its own commands edit the env files
+# the helpers' stdlib package (files/sparkfleet_host/, one managed file a module): `python3 HOST_MODULE ...` runs its
+# commands (a rollback's env edit, the on-demand models' last requests)
+HOST_MODULE = f"{BIN_DIR}/{PACKAGE_NAME}"
+HOST_MODULE_BEFORE = f"{BIN_DIR}/{PACKAGE_NAME}.py"  # the one-file module the package replaced: a converge removes it
 MEMCHECK = f"{BIN_DIR}/sparkfleet-memcheck"  # a vLLM unit's pre-start memory check
 ON_DEMAND_HELPER = f"{BIN_DIR}/sparkfleet-on-demand"  # an on-demand proxy's wait for its engine's answer
 SOCKET_PROXYD = "/usr/lib/systemd/systemd-socket-proxyd"  # systemd's own (Debian and Ubuntu ship it there)
@@ -108,8 +111,8 @@ SPEED_FILE = f"{STATE_DIR}/speed.json"
 # 0644, paths and counts only: how far a model fetch is (sparkfleet-fetch rewrites it each second, the controller's
 # progress watcher reads it while a deploy runs); under /run, so a reboot forgets it
 FETCH_PROGRESS = "/run/sparkfleet/fetch-progress.json"
-VERIFIED_RECORD = host_module.RECORD_NAME  # inside each model directory
-STAGING_DIR_NAME = host_module.STAGING_NAME  # under model_root: same file system, atomic rename
+VERIFIED_RECORD = verify.RECORD_NAME  # inside each model directory
+STAGING_DIR_NAME = verify.STAGING_NAME  # under model_root: same file system, atomic rename
 TOOLKIT_KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCE = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 PLATFORM_PINS = "/etc/apt/preferences.d/sparkfleet-platform"  # platform_pins: apt moves none of those packages
@@ -200,8 +203,8 @@ HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; 
 # manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
-    BIN_DIR, f"{BIN_DIR}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING, TOOLKIT_SOURCE, DAEMON_JSON,
-    PLATFORM_PINS, TLS_EXPIRY_TEXTFILE,
+    BIN_DIR, f"{BIN_DIR}/*", f"{HOST_MODULE}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING,
+    TOOLKIT_SOURCE, DAEMON_JSON, PLATFORM_PINS, TLS_EXPIRY_TEXTFILE,
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

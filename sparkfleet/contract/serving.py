@@ -1,8 +1,8 @@
 """What counts as serving: one description of the probes, per engine kind.
 
 Each probe says what is asked (method, path, the body beside the served
-name), how long an answer may take, and which rule of the host module
-(`sparkfleet_host.ANSWERS`, beyond HTTP 200) judges the answer. The health gate, the
+name), how long an answer may take, and which rule of the host package
+(`sparkfleet_host/probes.py` `ANSWERS`, beyond HTTP 200) judges the answer. The health gate, the
 converge's probe, the watchdog, the RAG service probe, the front door's check
 and `status` all ask these; the converge writes them to the hosts
 (paths.SERVING_FILE, with the watchdog's settings), so the helpers there copy
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sparkfleet.contract import engines, paths
 from sparkfleet.contract.settings import Settings
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import probes as host_probes  # this module's `probes` is the probes' list
 
 KINDS = ("chat", "embedding", "reranker")  # what an engine serves: a chat model, or a RAG service's kind
 
@@ -58,7 +58,7 @@ def probes() -> dict:
 def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
     """(method, path, compact JSON body) of a kind's request: what HAProxy's `http-check send` asks."""
     probe: dict = REQUESTS[kind]
-    return probe["method"], probe["path"], json.dumps(host_module.probe_body(probe, served_name), separators=(",", ":"))
+    return probe["method"], probe["path"], json.dumps(host_probes.probe_body(probe, served_name), separators=(",", ":"))
 
 
 def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_demand: bool = False,

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from sparkfleet import FILES_DIR
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.model.hubs import cache_dir
 from sparkfleet.model.manifest import Manifest
 
@@ -32,8 +32,8 @@ def controller_copy(manifest: Manifest, copy_root: str | None, endpoint: str | N
     `token` (hub_token) reaches the verifier in its environment, as the hub clients read it: never on its
     command line, in the job file or in a log; a gated model needs it."""
     root = Path(copy_root) if copy_root else cache_dir() / "models"
-    model_dir = host_module.inside(root, root / manifest.dir_name)
-    staging = host_module.inside(root, root / host_module.STAGING_NAME / manifest.dir_name)
+    model_dir = verify.inside(root, root / manifest.dir_name)
+    staging = verify.inside(root, root / verify.STAGING_NAME / manifest.dir_name)
     job = root / f".{manifest.dir_name}.job.json"
     root.mkdir(parents=True, exist_ok=True)
     with _copying:

@@ -9,7 +9,7 @@ import requests
 from sparkfleet.fleet.metrics import read_metrics
 from sparkfleet.contract import engines, paths, serving
 from sparkfleet.contract.reach import api_reachable, api_url
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import probes
 from sparkfleet.contract.settings import Settings
 from sparkfleet.tables import literal
 
@@ -42,12 +42,12 @@ def asked(url: str, probe: dict, served_name: str, headers: dict, session=None):
     import requests
 
     reply = (session or requests).request(probe["method"], url + probe["path"], headers=headers,
-                                          json=host_module.probe_body(probe, served_name), timeout=probe["timeout_s"])
+                                          json=probes.probe_body(probe, served_name), timeout=probe["timeout_s"])
     try:
         body = reply.json()
     except ValueError:
         body = None
-    return host_module.answer_problem(probe, reply.status_code, body, served_name), body
+    return probes.answer_problem(probe, reply.status_code, body, served_name), body
 
 
 def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host: dict | None = None,
@@ -222,7 +222,7 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     from sparkfleet.roles.pki import ends
     from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
-    from sparkfleet.contract.shared import host_module
+    from sparkfleet.contract.shared import verify
 
     gpu = host.get_fact(NvidiaSmi)
     release = read_json_object(host, paths.RELEASE_FILE).value or {}
@@ -232,8 +232,8 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
         state = host.get_fact(ModelFiles, model_dir=release["model_dir"], record=paths.VERIFIED_RECORD)
         record, files = state["record"], state["files"]
         expected = (release.get("manifest") or {}).get("files")
-        vouched = all(host_module.vouches(entry, files.get(path)) for path, entry in record.items())
-        exact = not host_module.extras(record, files, state.get("others", {}))
+        vouched = all(verify.vouches(entry, files.get(path)) for path, entry in record.items())
+        exact = not verify.extras(record, files, state.get("others", {}))
         verified = bool(record) and len(record) == expected and vouched and exact
     units = host.get_fact(SystemdStatus, services=[paths.UNIT_NAME, paths.RAY_UNIT_NAME]) or {}
     facts = {"driver": gpu.driver, "cuda": gpu.cuda, "toolkit": toolkit.get("version"),

@@ -19,7 +19,7 @@ from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.gpg import GpgFactBase
 
 from sparkfleet.contract import paths
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import docker
 from sparkfleet.host.nvidia_smi import GpuReport, parse_nvidia_smi
 from sparkfleet.host.state import fact
 
@@ -87,7 +87,7 @@ class DockerImageState(DockerImage):
     def command(self, object_id):
         url = QuoteString(f"http://docker/images/{object_id}/json")
         return StringCommand(
-            f"sock=${{DOCKER_HOST:-unix://{host_module.DOCKER_SOCKET}}}; case $sock in unix://*)"
+            f"sock=${{DOCKER_HOST:-unix://{docker.DOCKER_SOCKET}}}; case $sock in unix://*)"
             " command -v curl >/dev/null && curl -sS --max-time 15 --unix-socket \"${sock#unix://}\"", url,
             "&& exit 0;; esac;", super().command(shlex.quote(object_id)))
 

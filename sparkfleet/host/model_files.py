@@ -14,7 +14,7 @@ from pyinfra.operations import files
 from sparkfleet.contract import paths
 from sparkfleet.host.facts import ModelFiles
 from sparkfleet.host.state import file_state
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.model.manifest import Manifest
 from sparkfleet.host.drift import only_on_drift
 
@@ -66,7 +66,7 @@ def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, run
     state = model_files if model_files is not None else host.get_fact(
         ModelFiles, model_dir=model_dir, record=paths.VERIFIED_RECORD)
     needed = files_needing_work(manifest, state["record"], state["files"], full_verify)
-    extra = host_module.extras(manifest.entries, state["files"], state.get("others", {}))
+    extra = verify.extras(manifest.entries, state["files"], state.get("others", {}))
     if not needed and not extra:
         host.noop(f"{len(manifest.files)} model files verified in {model_dir}")
         return
@@ -89,7 +89,7 @@ def model_verified(manifest: Manifest, model_dir: str, endpoint: str | None, run
 
 def files_needing_work(manifest: Manifest, record: dict, files: dict, full_verify: bool = False) -> list[str]:
     """Manifest paths whose bytes the verified record does not vouch for (the host module's rule)."""
-    return host_module.files_needing_work(manifest.entries, record, files, full_verify)
+    return verify.files_needing_work(manifest.entries, record, files, full_verify)
 
 
 def missing_bytes(manifest: Manifest, needed: list[str]) -> int:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sparkfleet import FILES_DIR, PROJECT_ROOT
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.contract.settings import SettingsError
 from sparkfleet.model import gguf
 from sparkfleet.model.manifest import COMMIT_RE, Manifest, ManifestFile, UntrustedAnswer, selected
@@ -37,8 +37,8 @@ def cache_dir() -> Path:
 def _manifest_cache(hub: str, repo: str, pin: str) -> Path:
     """Where a manifest is cached: refused unless it resolves under the cache's manifests directory."""
     root = cache_dir() / "manifests"
-    name = host_module.check_dir_name(f"{repo.replace('/', '--')}@{pin}.json")
-    return host_module.inside(root, root / host_module.check_dir_name(hub) / name)
+    name = verify.check_dir_name(f"{repo.replace('/', '--')}@{pin}.json")
+    return verify.inside(root, root / verify.check_dir_name(hub) / name)
 
 
 def _hf_manifest(repo: str, revision: str, endpoint: str | None, token: str | None) -> Manifest:
@@ -139,10 +139,10 @@ def read_model_config(manifest: Manifest, endpoint: str | None, token: str | Non
     if entry is None:
         raise HubError(f"{manifest.hub}:{manifest.repo} lists no config.json: check model_repo")
     if not (dest / "config.json").exists():
-        staging = cache_dir() / "configs" / host_module.STAGING_NAME / manifest.hub / manifest.dir_name
+        staging = cache_dir() / "configs" / verify.STAGING_NAME / manifest.hub / manifest.dir_name
         try:
             _fetch_script().hub_download(manifest.to_dict(), endpoint, "config.json", entry["size"], staging, token)
-            if not host_module.file_matches(staging / "config.json", entry):
+            if not verify.file_matches(staging / "config.json", entry):
                 raise UntrustedAnswer("its bytes do not match the manifest's size and hash")
             dest.mkdir(parents=True, exist_ok=True)
             os.replace(staging / "config.json", dest / "config.json")
@@ -238,10 +238,10 @@ def read_gguf_config(manifest: Manifest, entry: str, endpoint: str | None, token
     """The planner's config of a GGUF model, from its first file's header (gguf.planner_config), read through
     the hub's client with Range requests and never the whole file; cached on disk by pin. The header is data:
     the file's hash is checked when a host fetches it."""
-    name = host_module.check_dir_name(f"{entry.replace('/', '--')}.config.json")
-    dest = host_module.inside(cache_dir() / "configs", cache_dir() / "configs" / manifest.hub / manifest.dir_name
+    name = verify.check_dir_name(f"{entry.replace('/', '--')}.config.json")
+    dest = verify.inside(cache_dir() / "configs", cache_dir() / "configs" / manifest.hub / manifest.dir_name
                               / name)
-    refused = dest.with_name(host_module.check_dir_name(f"{entry.replace('/', '--')}.refused"))
+    refused = dest.with_name(verify.check_dir_name(f"{entry.replace('/', '--')}.refused"))
     if refused.exists():  # the pin's bytes do not change: neither does their refusal, nor its cost, paid once
         raise HubError(refused.read_text().strip())
     if not dest.exists():

@@ -17,12 +17,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.model import gguf
 
-COMMIT_RE = host_module.COMMIT_RE
-UntrustedAnswer = host_module.UntrustedAnswer
-git_blob_sha1 = host_module.git_blob_sha1
+COMMIT_RE = verify.COMMIT_RE
+UntrustedAnswer = verify.UntrustedAnswer
+git_blob_sha1 = verify.git_blob_sha1
 _HEX = {"sha256": re.compile(r"[0-9a-f]{64}"), "blob_sha1": re.compile(r"[0-9a-f]{40}")}
 
 
@@ -34,7 +34,7 @@ class ManifestFile:
     blob_sha1: str | None = None
 
     def __post_init__(self):
-        host_module.check_manifest_path(self.path)
+        verify.check_manifest_path(self.path)
         if not (self.sha256 or self.blob_sha1):
             raise UntrustedAnswer(f"{self.path!r}: the hub gave no hash for this file; it cannot be verified")
         for kind, pattern in _HEX.items():
@@ -55,9 +55,9 @@ class Manifest:
     selection: tuple[str, ...] | None = None  # the `model_files` globs these files are (None: the repo's all)
 
     def __post_init__(self):
-        host_module.check_commit(self.commit)
-        host_module.check_manifest_paths(f.path for f in self.files)
-        host_module.check_dir_name(self.dir_name)
+        verify.check_commit(self.commit)
+        verify.check_manifest_paths(f.path for f in self.files)
+        verify.check_dir_name(self.dir_name)
 
     @cached_property
     def entries(self) -> dict[str, dict]:

@@ -8,6 +8,7 @@ from sparkfleet.controller.fleet_token import fleet_token
 from sparkfleet.controller.prepare import Prepared
 from sparkfleet.contract import paths
 from sparkfleet.host.managed import (
+    managed_absent,
     managed_directory,
     managed_file,
     managed_files,
@@ -20,7 +21,7 @@ from sparkfleet.host.operations import secret_file
 from sparkfleet.host.preflight import HostFacts
 from sparkfleet.contract.serving import serving_file
 from sparkfleet.host.run import ModelResult
-from sparkfleet.contract.shared import MODULE_FILE
+from sparkfleet.contract.shared import PACKAGE_DIR, PACKAGE_NAME, package_files
 from sparkfleet.release.plan import HostPlan
 
 HOST_SCRIPTS = ("sparkfleet-fetch", "sparkfleet-health", "sparkfleet-memcheck", "sparkfleet-on-demand",
@@ -39,11 +40,18 @@ def model(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:
 
 
 def helpers() -> None:
-    """The host helpers (fetch, health, memcheck, share) and the module they share: one operation, as they are
-    shipped and changed together."""
-    managed_files(name=f"Helpers {', '.join(HOST_SCRIPTS)} and their module {MODULE_FILE.name}",
-                  files=[*((str(FILES_DIR / script), f"{paths.BIN_DIR}/{script}", "0755") for script in HOST_SCRIPTS),
-                         (str(MODULE_FILE), f"{paths.BIN_DIR}/{MODULE_FILE.name}", "0644")])
+    """The host helpers (fetch, health, memcheck, on-demand, share) and the package they share, one managed file
+    each: one operation, as they are shipped and changed together. The one-file module of releases before the
+    package goes (the package would shadow it; nothing imports it)."""
+    managed_files(name=f"Helpers {', '.join(HOST_SCRIPTS)} and their package {PACKAGE_NAME}", files=helper_files())
+    managed_absent(name=f"Helpers' module before the package ({paths.HOST_MODULE_BEFORE}) absent",
+                   path=paths.HOST_MODULE_BEFORE)
+
+
+def helper_files() -> list[tuple[str, str, str]]:
+    """(local file, host path, mode) of each helper script and each module of their package."""
+    return [*((str(FILES_DIR / script), f"{paths.BIN_DIR}/{script}", "0755") for script in HOST_SCRIPTS),
+            *((str(PACKAGE_DIR / name), f"{paths.HOST_MODULE}/{name}", "0644") for name in package_files())]
 
 
 def model_files(plan: HostPlan, facts: HostFacts, prepared: Prepared) -> ModelResult:

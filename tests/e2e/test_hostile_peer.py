@@ -72,7 +72,7 @@ def test_symlink_and_extras_converge_to_exactly_the_manifest(sim_fleet, hub, con
                          f"echo extra > {q}/extra.bin && mkdir {q}/olddir && ln -s /etc {q}/etc-link")
     # Even a record forged to vouch for the symlink's target does not make the share follow it.
     ssh(sim_fleet, host, "python3 -c " + shlex.quote(
-        "import os, sys; sys.path.insert(0, '/opt/sparkfleet/bin'); import sparkfleet_host as h; d = sys.argv[1]; "
+        "import os, sys; sys.path.insert(0, '/opt/sparkfleet/bin'); from sparkfleet_host import verify as h; d = sys.argv[1]; "
         "r = h.read_record(d); r['notes.txt'] = {**h.stat_key(os.stat(d + '/notes.txt')), 'hash': '0' * 64}; "
         "h.write_record(d, r)") + f" {q}")
     share = f"http://{container}:8090/{model_dir.rsplit('/', 1)[1]}"

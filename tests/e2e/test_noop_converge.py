@@ -18,7 +18,7 @@ def test_three_drifts_on_one_host_each_restored_by_its_own_operation(converged_f
     # the helpers are one operation: only the edited one is uploaded
     assert [name for name in changed if name.startswith("Model | Helpers ")] == \
         ["Model | Helpers sparkfleet-fetch, sparkfleet-health, sparkfleet-memcheck, sparkfleet-on-demand, "
-         "sparkfleet-share and their module sparkfleet_host.py"], changed
+         "sparkfleet-share and their package sparkfleet_host"], changed
     assert not [name for name in changed if name.startswith(("Guard", "Watchdog")) or "Release record" in name]
     assert ssh(converged_fleet, host, f"stat -c %a {ENV}; grep -c 'edited' {UNIT} {HELPER} || true") \
         .splitlines() == ["600", f"{UNIT}:0", f"{HELPER}:0"]

@@ -5,7 +5,7 @@ import shlex
 
 from sparkfleet.contract import paths
 from sparkfleet.host.nvidia_smi import at_least, parse_nvidia_smi
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 
 from .conftest import container_sees_the_gpu
 
@@ -37,10 +37,10 @@ def test_docker_has_the_nvidia_runtime(spark):
 def test_every_model_file_has_the_manifest_hash(spark, full_verify):
     """The record vouches for every manifest file (the host module's own check), and nothing else is there."""
     model_dir = spark.plan.model_dir
-    seen = json.loads(spark.host.check_output(f"python3 {paths.BIN_DIR}/sparkfleet_host.py {shlex.quote(model_dir)}"))
+    seen = json.loads(spark.host.check_output(f"python3 {paths.HOST_MODULE} {shlex.quote(model_dir)}"))
     entries = spark.plan.manifest.entries
-    assert host_module.files_needing_work(entries, seen["record"], seen["files"]) == []
-    assert host_module.extras(entries, seen["files"], seen["others"]) == []
+    assert verify.files_needing_work(entries, seen["record"], seen["files"]) == []
+    assert verify.extras(entries, seen["files"], seen["others"]) == []
     for entry in spark.plan.manifest.files:
         f = spark.host.file(f"{model_dir}/{entry.path}")
         assert f.exists and f.size == entry.size, entry.path

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from sparkfleet.contract import paths
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.host.services import wake_command
 
 
@@ -59,9 +59,9 @@ def test_each_service_listens_on_its_own_port(spark):
 def test_each_service_model_has_the_manifest_hashes(spark):
     for svc in services_of(spark):
         seen = json.loads(spark.host.check_output(
-            f"python3 {paths.BIN_DIR}/sparkfleet_host.py {shlex.quote(svc.model_dir)}"))
-        assert host_module.files_needing_work(svc.manifest.entries, seen["record"], seen["files"]) == [], svc.name
-        assert host_module.extras(svc.manifest.entries, seen["files"], seen["others"]) == [], svc.name
+            f"python3 {paths.HOST_MODULE} {shlex.quote(svc.model_dir)}"))
+        assert verify.files_needing_work(svc.manifest.entries, seen["record"], seen["files"]) == [], svc.name
+        assert verify.extras(svc.manifest.entries, seen["files"], seen["others"]) == [], svc.name
 
 
 def test_each_service_answers_its_request(spark):

@@ -196,3 +196,110 @@ def test_every_module_path_architecture_names_exists():
         if not re.search(rf"\b{re.escape(name.split('.')[0])}\b", source.read_text()):
             absent.append(f"{path} {name}")
     assert absent == [], f"ARCHITECTURE.md names what these files do not hold: {absent}"
+
+
+# --- the import orders the docs state, against the real import graph (tests/unit/test_layers.py `graph`) --------
+
+_ROOMS = re.compile(r"[Rr]ooms import downwards only: (\w+(?: <- \w+)+)")
+_ROOM_PACKAGE = re.compile(r"`((?:sparkfleet|files)/(?:\w+/)*\w+)/`")
+
+
+def _layers_stated(text: str) -> list[str]:
+    """The rows of ARCHITECTURE.md's layers table, bottom first, each as the layer (test_layers' name) of the
+    first `sparkfleet/...` path its `where` cell names; rows that name none (the defaults, the recipes) are out."""
+    from tests.unit.test_layers import layer
+
+    table = text[text.index("| layer (bottom first) |"):].split("\n\n", 1)[0].splitlines()[2:]
+    stated = []
+    for row in table:
+        first = re.search(r"`(sparkfleet/[\w/.]*)`", row.split(" | ")[1])
+        if first:
+            module = first.group(1).removesuffix(".py").rstrip("/").replace("/", ".").removesuffix(".__init__")
+            stated.append(layer(module))
+    return stated
+
+
+def _reaches(edges: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        for nxt in edges.get(node, ()):
+            if nxt == goal:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
+
+
+def _room_orders() -> list[tuple[str, Path, list[str]]]:
+    """(where it is said, the package's directory, its rooms bottom first) of every "Rooms import downwards only:
+    a <- b" sentence: in a package's docstring (under sparkfleet/ and files/), and in ARCHITECTURE.md after the
+    package's `path/` on the same line."""
+    import ast
+
+    found = []
+    for init in sorted([*(ROOT / "sparkfleet").rglob("__init__.py"), *(ROOT / "files").glob("*/__init__.py")]):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        found += [(str(init.relative_to(ROOT)), init.parent, m.group(1).split(" <- ")) for m in _ROOMS.finditer(doc)]
+    for number, line in enumerate((ROOT / "ARCHITECTURE.md").read_text().splitlines(), 1):
+        for m in _ROOMS.finditer(line):
+            packages = _ROOM_PACKAGE.findall(line[:m.start()])
+            assert packages, f"ARCHITECTURE.md:{number}: a room order that names no `package/` before it"
+            found.append((f"ARCHITECTURE.md:{number}", ROOT / packages[-1], m.group(1).split(" <- ")))
+    return found
+
+
+def _room_order_problems(package: Path, rooms: list[str], root: Path = ROOT) -> list[str]:
+    """What the code does not have of a stated room order: a room that is not a module of the package, a module
+    the order leaves out, a room that imports one stated above it (directly or through any chain)."""
+    from tests.unit.test_layers import graph
+
+    product = root / "sparkfleet"
+    edges = graph(product) if package.is_relative_to(product) else graph(package)
+    base = ".".join(package.relative_to(root if package.is_relative_to(product) else package.parent).parts)
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "__main__"}
+    problems = [f"{room} is no module of {base}" for room in rooms if room not in modules]
+    problems += [f"{module} is left out" for module in sorted(modules - set(rooms))]
+    problems += [f"{low} imports {high}, stated above it" for i, low in enumerate(rooms) for high in rooms[i + 1:]
+                 if _reaches(edges, f"{base}.{low}", f"{base}.{high}")]
+    return problems
+
+
+def test_the_layers_table_states_the_order_the_imports_have():
+    """ARCHITECTURE.md's layers table, bottom first, is test_layers' order, holds every layer the code has, and no
+    module imports one of a layer the table puts above its own."""
+    from tests.unit.test_layers import LAYERS, graph, layer
+
+    stated = _layers_stated((ROOT / "ARCHITECTURE.md").read_text())
+    assert stated == LAYERS, f"ARCHITECTURE.md's layers, bottom first: {stated}; the code's: {LAYERS}"
+    rank = {name: i for i, name in enumerate(stated)}
+    upward = sorted(f"{src} -> {dst}" for src, targets in graph().items() for dst in targets
+                    if rank[layer(dst)] > rank[layer(src)])
+    assert upward == []
+
+
+def test_every_stated_room_order_is_the_one_the_imports_have():
+    """A package docstring's (or ARCHITECTURE.md's) "Rooms import downwards only: a <- b <- c" names every room of
+    the package, and no room imports one stated above it."""
+    orders = _room_orders()
+    assert {where for where, _, _ in orders} >= {"sparkfleet/roles/front_door/__init__.py",
+                                                 "sparkfleet/fleet/front_door/__init__.py",
+                                                 "files/sparkfleet_host/__init__.py"}
+    problems = {where: _room_order_problems(package, rooms) for where, package, rooms in orders}
+    assert {where: found for where, found in problems.items() if found} == {}
+
+
+def test_the_room_order_check_fails_an_order_the_code_does_not_have(tmp_path):
+    """The check itself: a room that imports one stated above it (here through a third), a room that is not
+    there, a module left out."""
+    package = tmp_path / "files" / "sparkfleet_rooms"
+    package.mkdir(parents=True)
+    for name, text in {"__init__.py": "", "low.py": "from sparkfleet_rooms import middle\n",
+                       "middle.py": "from sparkfleet_rooms.high import x\n", "high.py": "x = 1\n",
+                       "extra.py": ""}.items():
+        (package / name).write_text(text)
+    assert _room_order_problems(package, ["low", "middle", "high", "gone"], tmp_path) == [
+        "gone is no module of sparkfleet_rooms", "extra is left out", "low imports middle, stated above it",
+        "low imports high, stated above it", "middle imports high, stated above it"]
+    assert _room_order_problems(package, ["high", "middle", "low", "extra"], tmp_path) == []

@@ -26,7 +26,7 @@ import pytest
 from sparkfleet.contract import engines, formats, paths, serving
 from sparkfleet.contract.recipes import IMAGES, VERSION_SETTING
 from sparkfleet.contract.settings import ADMIN_ENV, Settings, defaults, parse_settings
-from sparkfleet.contract.shared import MODULE_FILE, host_module
+from sparkfleet.contract.shared import PACKAGE_DIR, envfiles
 from sparkfleet.fleet import bench, status
 from sparkfleet.controller import progress
 from sparkfleet.host.operations import env_command
@@ -238,16 +238,16 @@ def test_each_engines_env_file_carries_only_the_key_it_reads(name):
     settings = parse_settings("a", host_data(engine=name, engine_image=ENGINE_CLASSES[name].image))
     written = json.loads(serving.serving_file(settings))
     assert written["api_key_var"] == d.key_var
-    assert host_module.engine_api_key(env, host_module.serving_key_vars(written)) == (KEY if d.key_var else None)
+    assert envfiles.engine_api_key(env, envfiles.serving_key_vars(written)) == (KEY if d.key_var else None)
 
 
 def test_the_helpers_read_the_key_the_serving_file_names_and_an_older_file_the_legacy_names():
     env = {"VLLM_API_KEY": "sk-v", "LLAMA_API_KEY": "sk-l"}
-    assert host_module.serving_key_vars({"api_key_var": "LLAMA_API_KEY"}) == ("LLAMA_API_KEY",)
-    assert host_module.engine_api_key(env, host_module.serving_key_vars({"api_key_var": None})) is None
-    assert host_module.serving_key_vars({"api_key_var": "A=B"}) == ()  # not a variable name: none
-    assert host_module.serving_key_vars({}) == host_module.LEGACY_KEY_VARS  # before api_key_var
-    assert host_module.engine_api_key({"LLAMA_API_KEY": "sk-l"}, host_module.serving_key_vars({})) == "sk-l"
+    assert envfiles.serving_key_vars({"api_key_var": "LLAMA_API_KEY"}) == ("LLAMA_API_KEY",)
+    assert envfiles.engine_api_key(env, envfiles.serving_key_vars({"api_key_var": None})) is None
+    assert envfiles.serving_key_vars({"api_key_var": "A=B"}) == ()  # not a variable name: none
+    assert envfiles.serving_key_vars({}) == envfiles.LEGACY_KEY_VARS  # before api_key_var
+    assert envfiles.engine_api_key({"LLAMA_API_KEY": "sk-l"}, envfiles.serving_key_vars({})) == "sk-l"
 
 
 def test_the_rollbacks_edit_takes_the_key_variable_from_the_serving_file(tmp_path):
@@ -255,7 +255,7 @@ def test_the_rollbacks_edit_takes_the_key_variable_from_the_serving_file(tmp_pat
     live.write_text(f"# h\nLLAMA_API_KEY={KEY}\nHF_HUB_OFFLINE=1\n")
     serving_file.write_text(json.dumps({"api_key_var": "LLAMA_API_KEY", "probes": {}}))
     for action in ("env-keep", "env-restore"):
-        subprocess.run([sys.executable, str(MODULE_FILE), action, str(live), str(kept), "", str(serving_file)],
+        subprocess.run([sys.executable, str(PACKAGE_DIR), action, str(live), str(kept), "", str(serving_file)],
                        check=True, timeout=30)
         assert KEY not in kept.read_text() and "LLAMA_API_KEY" not in kept.read_text()
     assert f"LLAMA_API_KEY={KEY}" in live.read_text().splitlines()  # today's key, under the engine's name

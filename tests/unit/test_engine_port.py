@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.contract.shared import host_module as hm
+from sparkfleet.contract.shared import docker, sockets
 from sparkfleet.contract.serving import serving_file
 from sparkfleet.contract.settings import parse_settings
 from tests.unit.helpers import Recorder, host_data
@@ -79,14 +79,14 @@ def test_the_engine_containers_listener_passes(fake, cgroup, address):
     fake.listen(address, 18000, 4242)
     fake.process(700, cgroup, [4242])
     fake.process(701, cgroup, [4242])  # a forked worker holding the same socket
-    assert hm.engine_listener(18000, ENGINE_ID, proc=fake.root) == (True, "")
+    assert sockets.engine_listener(18000, ENGINE_ID, proc=fake.root) == (True, "")
 
 
 def test_a_listener_elsewhere_or_not_listening_is_not_the_engine(fake):
     fake.listen("127.0.0.2", 18000, 10)  # a connection to 127.0.0.1 never reaches it
     fake.listen("127.0.0.1", 18000, 11, state="01")  # an established connection, not a listener
     fake.process(700, V2, [10, 11])
-    assert hm.engine_listener(18000, ENGINE_ID, proc=fake.root) == (False, "nothing listens on 127.0.0.1:18000")
+    assert sockets.engine_listener(18000, ENGINE_ID, proc=fake.root) == (False, "nothing listens on 127.0.0.1:18000")
 
 
 @pytest.mark.parametrize(("holders", "why"), [
@@ -100,7 +100,7 @@ def test_a_foreign_or_unknown_holder_is_not_the_engine(fake, holders, why):
     fake.listen("127.0.0.1", 18000, 4242)
     for pid, cgroup in holders.items():
         fake.process(pid, cgroup, [4242])
-    ok, reason = hm.engine_listener(18000, ENGINE_ID, proc=fake.root)
+    ok, reason = sockets.engine_listener(18000, ENGINE_ID, proc=fake.root)
     assert not ok and why in reason
 
 
@@ -110,7 +110,7 @@ def test_a_second_listener_on_the_port_is_not_the_engine(fake):
     fake.listen("::", 18000, 4343, uid=1000)
     fake.process(700, V1, [4242])
     fake.process(900, "0::/user.slice\n", [4343], cmdline=("/usr/bin/nc", "-l"))
-    assert hm.engine_listener(18000, ENGINE_ID, proc=fake.root) == (
+    assert sockets.engine_listener(18000, ENGINE_ID, proc=fake.root) == (
         False, "port 18000 is held by process 900 (nc) outside the engine container")
 
 
@@ -124,19 +124,19 @@ def test_a_second_listener_on_the_port_is_not_the_engine(fake):
 def test_a_published_port_passes_only_through_docker_proxy_to_the_engine(fake, uid, cmdline, ips, ok):
     fake.listen("0.0.0.0", 18000, 4242, uid=uid)
     fake.process(600, "0::/system.slice/docker.service\n", [4242], cmdline=cmdline)
-    assert hm.engine_listener(18000, ENGINE_ID, ips, proc=fake.root)[0] is ok
+    assert sockets.engine_listener(18000, ENGINE_ID, ips, proc=fake.root)[0] is ok
 
 
 @pytest.mark.parametrize("container_id", ["", "vllm", ENGINE_ID[:12], ENGINE_ID.upper(), ENGINE_ID + "\n", None])
 def test_the_container_id_is_64_hex_digits(fake, container_id):
     fake.listen("127.0.0.1", 18000, 4242)
     fake.process(700, V2, [4242])
-    ok, why = hm.engine_listener(18000, container_id, proc=fake.root)
+    ok, why = sockets.engine_listener(18000, container_id, proc=fake.root)
     assert not ok and "is not 64 hex digits" in why
 
 
 def test_an_unreadable_proc_fails_closed(tmp_path):
-    ok, why = hm.engine_listener(18000, ENGINE_ID, proc=tmp_path / "no-proc")
+    ok, why = sockets.engine_listener(18000, ENGINE_ID, proc=tmp_path / "no-proc")
     assert not ok and why.startswith("cannot read the listeners of port 18000")
 
 
@@ -197,7 +197,7 @@ def fake_docker(monkeypatch):
 
 
 def test_the_real_proc_names_a_squatter_outside_the_container(squatter):
-    ok, why = hm.engine_listener(squatter.port, ENGINE_ID)
+    ok, why = sockets.engine_listener(squatter.port, ENGINE_ID)
     assert not ok
     assert why == f"port {squatter.port} is held by process {os.getpid()} ({Path(sys.executable).name}) " \
                   "outside the engine container" or why.startswith("no process this helper can see")
@@ -232,24 +232,24 @@ def test_the_watchdog_counts_a_squatter_as_a_failed_probe(squatter, fake_docker,
 
 def test_a_container_that_is_not_running_gets_no_key(squatter, fake_docker):
     fake_docker.containers = {"stopped": {"Id": ENGINE_ID, "State": {"Running": False}}}
-    assert hm.engine_holds_port("vllm", squatter.port) == (False, "container vllm is not running")  # 404
-    assert hm.engine_holds_port("stopped", squatter.port) == (False, "container stopped is not running")
-    assert hm.engine_holds_port("", squatter.port) == (False, "no engine container named")
+    assert sockets.engine_holds_port("vllm", squatter.port) == (False, "container vllm is not running")  # 404
+    assert sockets.engine_holds_port("stopped", squatter.port) == (False, "container stopped is not running")
+    assert sockets.engine_holds_port("", squatter.port) == (False, "no engine container named")
     assert fake_docker.asked == ["/containers/vllm/json", "/containers/stopped/json"]
 
 
 def test_docker_is_asked_over_its_socket_with_the_name_quoted(fake_docker):
     """The name is one path segment however it is spelled; a dockerd that is not there is a container not running."""
-    assert hm.container_identity("vllm") == (ENGINE_ID, ())
-    assert hm.container_identity("../../info?x=1") == ("", ())
+    assert docker.container_identity("vllm") == (ENGINE_ID, ())
+    assert docker.container_identity("../../info?x=1") == ("", ())
     assert fake_docker.asked == ["/containers/vllm/json", "/containers/..%2F..%2Finfo%3Fx%3D1/json"]
     fake_docker.containers = {"bridged": {"Id": OTHER_ID, "State": {"Running": True}, "HostConfig": {},
                                           "NetworkSettings": {"Networks": {"bridge": {"IPAddress": "172.17.0.5"}}}},
                               "odd": ["not", "an", "object"]}
-    assert hm.container_identity("bridged") == (OTHER_ID, ("172.17.0.5",))
-    assert hm.container_identity("odd") == ("", ())
+    assert docker.container_identity("bridged") == (OTHER_ID, ("172.17.0.5",))
+    assert docker.container_identity("odd") == ("", ())
     os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
-    assert hm.container_identity("vllm") == ("", ())
+    assert docker.container_identity("vllm") == ("", ())
 
 
 def test_an_impostor_on_the_port_does_not_end_the_engines_start():

@@ -14,7 +14,7 @@ import pytest
 
 from sparkfleet.contract import engines, paths, serving
 from sparkfleet.contract.settings import parse_settings
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import envfiles, probes
 from sparkfleet.host.serving import EngineMetrics
 from tests.unit.helpers import KEY, host_data
 from tests.unit.test_watchdog import ANSWERED, CFG, STARTED, UP, quick, wd
@@ -117,22 +117,22 @@ def test_an_engine_loading_its_model_is_starting_until_start_timeout(engine):
 
 
 def test_the_key_comes_from_the_engines_own_variable(tmp_path):
-    assert host_module.engine_api_key(host_module.parse_env(f"LLAMA_API_KEY={KEY}\n")) == KEY
-    assert host_module.engine_api_key(host_module.parse_env(f"VLLM_API_KEY={KEY}\nX=1\n")) == KEY
-    assert host_module.engine_api_key({"X": "1"}) is None
+    assert envfiles.engine_api_key(envfiles.parse_env(f"LLAMA_API_KEY={KEY}\n")) == KEY
+    assert envfiles.engine_api_key(envfiles.parse_env(f"VLLM_API_KEY={KEY}\nX=1\n")) == KEY
+    assert envfiles.engine_api_key({"X": "1"}) is None
 
 
 def test_a_rollback_keeps_no_engines_key_by_name():
     live = f"# Managed\nLLAMA_API_KEY={KEY}\nHF_HUB_OFFLINE=1\n"
-    kept = host_module.env_kept(live, set())
+    kept = envfiles.env_kept(live, set())
     assert KEY not in kept and "LLAMA_API_KEY" not in kept and "#key HF_HUB_OFFLINE" in kept
-    assert f"LLAMA_API_KEY={KEY}" in host_module.env_restored(kept, live, set())
+    assert f"LLAMA_API_KEY={KEY}" in envfiles.env_restored(kept, live, set())
 
 
 def test_the_probe_body_is_one_for_every_engine():
     """One chat probe: the served name beside a 1-token request with chat_template_kwargs (vLLM, SGLang and
     llama-server with --jinja all take it; thinking models answer at once)."""
-    body = host_module.probe_body(serving.REQUESTS["chat"], "tiny-llama")
+    body = probes.probe_body(serving.REQUESTS["chat"], "tiny-llama")
     assert body["model"] == "tiny-llama" and body["max_tokens"] == 1
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
 

@@ -1,7 +1,7 @@
 """The SGLang and llama.cpp flag tables, the llama-server help parser, and the key variable per engine."""
 
 from sparkfleet.contract import formats
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import envfiles
 from sparkfleet.release.engines import ENGINE_CLASSES
 from tools.gen_llamacpp_flag_table import parse_help
 
@@ -47,7 +47,7 @@ def test_sglang_table_is_its_own_parser():
 def test_the_env_file_writes_the_key_under_the_engines_name():
     assert "LLAMA_API_KEY=sk-k" in formats.engine_env("sk-k", {}, ENGINE_CLASSES["llamacpp"].key_var).splitlines()
     for var in formats.API_KEY_VARS:
-        assert host_module.engine_api_key({var: "sk-k"}) == "sk-k"
-    assert host_module.engine_api_key({}) is None
-    kept = host_module.env_kept("LLAMA_API_KEY=sk-k\nOTHER=1\n", {})
+        assert envfiles.engine_api_key({var: "sk-k"}) == "sk-k"
+    assert envfiles.engine_api_key({}) is None
+    kept = envfiles.env_kept("LLAMA_API_KEY=sk-k\nOTHER=1\n", {})
     assert "sk-k" not in kept and "LLAMA_API_KEY" not in kept

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.contract import formats, paths
-from sparkfleet.contract.shared import MODULE_FILE, host_module
+from sparkfleet.contract.shared import PACKAGE_DIR, memory
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [p for top in ("sparkfleet", "files", "templates") for p in sorted((ROOT / top).rglob("*"))
@@ -26,11 +26,11 @@ def holders(pattern: str) -> list[str]:
 
 def test_each_rule_of_a_host_file_is_written_in_its_owner_alone():
     # the engine's descriptor, and the env file's owner for a serving file older than `api_key_var`
-    assert holders(r"VLLM_API_KEY") == ["files/sparkfleet_host.py", "sparkfleet/contract/engines.py"]
+    assert holders(r"VLLM_API_KEY") == ["files/sparkfleet_host/envfiles.py", "sparkfleet/contract/engines.py"]
     assert holders(r"/etc/systemd/system") == ["sparkfleet/contract/paths.py"]  # paths.unit_path
     assert holders(r"memory\.json") == ["sparkfleet/contract/paths.py"]  # paths.MEMORY_PLAN, the helper's argument
     assert holders(r"host_memory_gb\s*\*") == ["sparkfleet/contract/formats.py"]  # formats.host_memory_bytes
-    assert holders(r"\+ 1e-9|1e-9\b") == ["files/sparkfleet_host.py"]  # within_budget: planner and memcheck
+    assert holders(r"\+ 1e-9|1e-9\b") == ["files/sparkfleet_host/memory.py"]  # within_budget: planner and memcheck
 
 
 def test_the_env_file_reads_back_what_it_was_written_with():
@@ -58,7 +58,7 @@ def test_the_api_key_comes_from_api_key_only():
 def test_a_rollback_edit_with_no_kept_file_fails_in_one_line_and_leaves_the_live_env(tmp_path):
     live = tmp_path / "engine.env"
     live.write_text("# header\nVLLM_API_KEY=sk-today\n")
-    proc = subprocess.run([sys.executable, str(MODULE_FILE), "env-restore", str(live), str(tmp_path / "absent"),
+    proc = subprocess.run([sys.executable, str(PACKAGE_DIR), "env-restore", str(live), str(tmp_path / "absent"),
                            "VLLM_HOST_IP"], capture_output=True, text=True, check=False)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"sparkfleet_host env-restore: {tmp_path}/absent: No such file or directory"]
@@ -66,7 +66,7 @@ def test_a_rollback_edit_with_no_kept_file_fails_in_one_line_and_leaves_the_live
 
 
 def test_the_budget_rule_is_one_function():
-    assert host_module.within_budget([0.88, 0.03, 0.03], 0.95) == (0.94, True)
-    assert host_module.within_budget([0.1, 0.2, 0.65], 0.95) == (0.95, True)  # 0.9500000000000001 is 0.95
-    assert host_module.within_budget([0.88, 0.1], 0.95) == (0.98, False)
+    assert memory.within_budget([0.88, 0.03, 0.03], 0.95) == (0.94, True)
+    assert memory.within_budget([0.1, 0.2, 0.65], 0.95) == (0.95, True)  # 0.9500000000000001 is 0.95
+    assert memory.within_budget([0.88, 0.1], 0.95) == (0.98, False)
     assert formats.host_memory_bytes(128) == 128_000_000_000 and paths.MEMORY_PLAN == "/etc/sparkfleet/memory.json"

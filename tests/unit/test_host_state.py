@@ -179,3 +179,32 @@ def test_an_absent_path_outside_the_batch_reads_as_absent(tmp_path):
 
     host = LocalHost()
     assert host.get_fact(PathState, path=str(tmp_path / "models"))["files"] == {}
+
+
+def test_the_helpers_and_their_package_are_read_in_the_batch_as_uploaded(tmp_path):
+    """The helper scripts and each module of their package (files/sparkfleet_host/) are one managed file each, and
+    the batched read (paths.MANAGED_GLOBS, run by a real shell on a scratch tree) covers every one: absent on a
+    bare host (uploaded), then found with the sha256 and mode the upload gave it, which is what makes the managed
+    files' operation yield nothing on a second run (host/managed.py: same hash, same mode, no command)."""
+    import hashlib
+    from pathlib import Path
+
+    from sparkfleet.contract import paths
+    from sparkfleet.contract.shared import PACKAGE_DIR, package_files
+    from sparkfleet.host import state
+    from sparkfleet.tasks.model import helper_files
+
+    files = helper_files()
+    dests = {dest for _, dest, _ in files}
+    assert {f"{paths.HOST_MODULE}/{name}" for name in ("__init__.py", "__main__.py", "eviction.py")} <= dests
+    assert len(package_files()) == len(list(PACKAGE_DIR.glob("*.py"))) and all(state._covered(d) for d in dests)
+    globs = [f"{tmp_path}{g}" for g in paths.MANAGED_GLOBS if g.startswith(paths.BIN_DIR)]
+    assert not read(globs)[1]["files"]  # a bare host: nothing there, each one is uploaded
+    for src, dest, mode in files:  # as the upload leaves them
+        target = Path(f"{tmp_path}{dest}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(Path(src).read_bytes())
+        target.chmod(int(mode, 8))
+    found = read(globs)[1]["files"]
+    assert {dest: (found[f"{tmp_path}{dest}"]["sha256"], found[f"{tmp_path}{dest}"]["mode"]) for dest in dests} == {
+        dest: (hashlib.sha256(Path(src).read_bytes()).hexdigest(), int(mode, 8)) for src, dest, mode in files}

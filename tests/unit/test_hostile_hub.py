@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.model.hubs import cache_dir, hub_resolver
 from sparkfleet.model.manifest import Manifest, ManifestFile, UntrustedAnswer
 from sparkfleet.release.plan import plan_hosts
@@ -43,9 +43,9 @@ def test_hostile_commit_ids_are_refused(commit):
 
 
 def test_commit_ids_of_sha1_and_sha256_repositories_pass():
-    assert host_module.check_commit(GOOD_COMMIT) == GOOD_COMMIT
-    assert host_module.check_commit("ab" * 32) == "ab" * 32
-    assert host_module.check_commit(None) is None
+    assert verify.check_commit(GOOD_COMMIT) == GOOD_COMMIT
+    assert verify.check_commit("ab" * 32) == "ab" * 32
+    assert verify.check_commit(None) is None
 
 
 @pytest.mark.parametrize("path", HOSTILE_PATHS)
@@ -56,12 +56,12 @@ def test_hostile_manifest_paths_are_refused(path):
 
 def test_plain_manifest_paths_pass():
     for path in ("config.json", "sub/dir/model.safetensors", ".gitattributes", "a.b/c..d", "original/params.json"):
-        assert host_module.check_manifest_path(path) == path
+        assert verify.check_manifest_path(path) == path
 
 
 def test_a_file_cannot_also_be_a_directory():
     with pytest.raises(UntrustedAnswer, match="lies under another listed file"):
-        host_module.check_manifest_paths(["a", "a/b"])
+        verify.check_manifest_paths(["a", "a/b"])
 
 
 @contextmanager

@@ -224,10 +224,10 @@ def run_sh(command: str) -> None:
 
 def env_edit(action: str, live, kept) -> str:
     """The rollback's command for the engine env, run with the real host module on these files."""
-    from sparkfleet.contract.shared import MODULE_FILE
+    from sparkfleet.contract.shared import PACKAGE_DIR
     from sparkfleet.host.operations import env_command
 
-    return env_command(action, str(live), str(kept), module=str(MODULE_FILE))
+    return env_command(action, str(live), str(kept), module=str(PACKAGE_DIR))
 
 
 def test_a_rollback_takes_todays_secrets_and_never_an_older_engine_env_value(tmp_path):

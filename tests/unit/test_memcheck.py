@@ -16,7 +16,7 @@ import pytest
 from sparkfleet import FILES_DIR
 from sparkfleet.contract import serving
 from sparkfleet.contract.formats import memory_plan_json
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract import shared
 from sparkfleet.release.plan import plan_hosts
 from tests.unit.helpers import Recorder, Replier, host_data
 
@@ -141,15 +141,15 @@ def test_start_before_and_own_unit_read_the_plan_and_the_cgroup(tmp_path):
     memory = plan_hosts([("spark-a", host_data(services=RAG))])[0].memory_plan
     path = tmp_path / "memory.json"
     path.write_text(memory_plan_json(memory))
-    assert host_module.start_before(path, RERANK) == ([(CHAT, 18000), (EMBED, 18001)], 900.0,
+    assert shared.memory.start_before(path, RERANK) == ([(CHAT, 18000), (EMBED, 18001)], 900.0,
                                                       "/etc/sparkfleet/serving.json")
-    assert host_module.start_before(path, CHAT)[0] == []
+    assert shared.memory.start_before(path, CHAT)[0] == []
     del memory["start"]  # an older release's plan: no order, nobody waits
     path.write_text(json.dumps(memory))
-    assert host_module.start_before(path, RERANK) == ([], 0, None)
-    assert host_module.own_unit(f"0::/system.slice/{EMBED}\n") == EMBED
-    assert host_module.own_unit(f"12:pids:/system.slice/{EMBED}\n1:name=systemd:/system.slice/{EMBED}\n") == EMBED
-    assert host_module.own_unit("0::/user.slice/user-0.slice/session-1.scope\n") is None
+    assert shared.memory.start_before(path, RERANK) == ([], 0, None)
+    assert shared.memory.own_unit(f"0::/system.slice/{EMBED}\n") == EMBED
+    assert shared.memory.own_unit(f"12:pids:/system.slice/{EMBED}\n1:name=systemd:/system.slice/{EMBED}\n") == EMBED
+    assert shared.memory.own_unit("0::/user.slice/user-0.slice/session-1.scope\n") is None
 
 
 # --- on-demand models: the least recently used one makes room, an always-on one never ---------------------------
@@ -204,5 +204,31 @@ def test_an_always_on_engine_is_never_stopped_for_an_on_demand_one(memcheck, tmp
 
 def test_last_requests_reads_haproxys_own_header():
     csv = "# pxname,svname,lastsess,qcur\nservice_a,engine,12,0\nservice_b,engine,-1,0\nchat,FRONTEND,,\n"
-    assert host_module.last_requests(csv) == {"service_a": 12.0, "service_b": None}
-    assert host_module.last_requests("") == {} and host_module.last_requests("garbage") == {}
+    assert shared.eviction.last_requests(csv) == {"service_a": 12.0, "service_b": None}
+    assert shared.eviction.last_requests("") == {} and shared.eviction.last_requests("garbage") == {}
+
+
+def test_the_eviction_stops_on_demand_engines_least_recently_used_first_and_only_until_the_start_fits(
+        tmp_path, monkeypatch):
+    """The eviction's own rule (files/sparkfleet_host/eviction.py), without a host: of three running on-demand
+    engines the one asked longest ago goes first and one never asked before it; it stops as soon as the starting
+    unit fits, never touches the always-on chat engine nor the unit starting."""
+    memory = plan_hosts([("spark-a", host_data(gpu_memory_utilization=0.5, services=ON_DEMAND))])[0].memory_plan
+    memory["guard_stats"] = str(tmp_path / "stats.sock")
+    path = tmp_path / "memory.json"
+    path.write_text(memory_plan_json(memory))
+    eviction, stopped = shared.eviction, []
+    monkeypatch.setattr(eviction, "ask_stats", lambda socket_path: (
+        "# pxname,svname,lastsess\nservice_embed,engine,300\nservice_embed-b,engine,-1\nservice_rerank,engine,5\n"))
+    monkeypatch.setattr(eviction.subprocess, "run", lambda argv, **kw: stopped.append(argv))
+    assert eviction.least_recently_used([RERANK, EMBED, EMBED_B], eviction.on_demand_units(path)[0],
+                                        eviction.ask_stats("")) == [EMBED_B, EMBED, RERANK]
+    running = {CHAT: 0.5, EMBED: 0.2, EMBED_B: 0.2}
+    lines: list[str] = []
+    left = eviction.make_room(path, RERANK, running, 0.4, 0.95, log=lines.append)  # 0.9 + 0.4: two must go
+    assert stopped == [["systemctl", "stop", EMBED_B], ["systemctl", "stop", EMBED]]
+    assert left == {CHAT: 0.5} and len(lines) == 2
+    stopped.clear()
+    assert eviction.make_room(path, RERANK, running, 0.2, 0.95, log=lines.append) == {CHAT: 0.5, EMBED: 0.2}
+    assert stopped == [["systemctl", "stop", EMBED_B]]  # one is enough: 0.7 + 0.2
+    assert lines[0] == f"stopping {EMBED_B} (on demand, the least recently used) to make room for {RERANK}"

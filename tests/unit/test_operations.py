@@ -356,7 +356,7 @@ def test_the_rollbacks_env_edits_go_through_the_env_files_owner_with_no_secret_o
         assert API_KEY_VAR not in command, command
     assert kept[0].endswith(env_command("env-keep")) and env_command("env-restore") in restored
     assert env_command("env-restore") in named[-1]
-    assert env_command("env-keep").startswith("python3 /opt/sparkfleet/bin/sparkfleet_host.py env-keep ")
+    assert env_command("env-keep").startswith("python3 /opt/sparkfleet/bin/sparkfleet_host env-keep ")
 
 
 def test_rollback_to_the_running_release_is_a_noop():

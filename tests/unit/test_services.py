@@ -184,12 +184,12 @@ def test_the_service_unit_runs_its_own_container_share_and_port():
 
 def test_the_memory_plan_file_is_the_planners_plan_and_names_every_engine_unit(tmp_path):
     from sparkfleet.contract.formats import memory_plan_json
-    from sparkfleet.contract.shared import host_module
+    from sparkfleet.contract.shared import memory
 
     p = plan(services=RAG, gpu_memory_utilization=0.8)
     (tmp_path / "memory.json").write_text(memory_plan_json(p.memory_plan))  # what the service stage writes
     assert json.loads((tmp_path / "memory.json").read_text()) == p.memory_plan
-    assert host_module.read_memory_plan(tmp_path / "memory.json") == (0.95, {
+    assert memory.read_memory_plan(tmp_path / "memory.json") == (0.95, {
         "sparkfleet-vllm.service": 0.8, "sparkfleet-vllm-embed.service": 0.03,
         "sparkfleet-vllm-rerank.service": 0.03})
 

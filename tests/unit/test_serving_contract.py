@@ -18,7 +18,7 @@ import pytest
 
 from sparkfleet.contract import serving
 from sparkfleet.contract.settings import parse_settings
-from sparkfleet.contract.shared import host_module as hm
+from sparkfleet.contract.shared import probes
 from tests.unit.helpers import KEY, Server, host_data, make_model
 from tests.unit.test_watchdog import wd
 
@@ -107,7 +107,7 @@ def test_the_serving_file_is_the_contract_and_the_settings():
     written = json.loads(serving.serving_file(SETTINGS))
     assert written == {**serving.watchdog_config(SETTINGS), "probes": serving.probes()}
     assert set(serving.KINDS) <= set(written["probes"]) and {"health", "models", "tool_call"} <= set(written["probes"])
-    assert all(probe["answer"] in hm.ANSWERS for probe in written["probes"].values())
+    assert all(probe["answer"] in probes.ANSWERS for probe in written["probes"].values())
     # the watchdog reads every key written, no more (a host with services: each one's keys too)
     service = serving.watchdog_service("embed", "embedding", "E", 8001)
     assert set(wd.KEYS) | set(wd.OPTIONAL_KEYS) == set(serving.watchdog_config(SETTINGS, [service]))

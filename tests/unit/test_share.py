@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 
 from .helpers import start_share
 
@@ -23,8 +23,8 @@ def vouch(model_dir: Path, paths: dict[str, Path]) -> None:
     record = {}
     for path, source in paths.items():
         data = source.read_bytes()
-        record[path] = host_module.record_entry(os.stat(source), {"size": len(data), "sha256": "0" * 64})
-    host_module.write_record(model_dir, record)
+        record[path] = verify.record_entry(os.stat(source), {"size": len(data), "sha256": "0" * 64})
+    verify.write_record(model_dir, record)
 
 
 @pytest.fixture

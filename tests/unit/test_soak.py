@@ -300,7 +300,7 @@ def test_the_rehash_script_rehashes_with_the_host_modules_rule_and_takes_directo
     import subprocess
     import sys
 
-    from sparkfleet.contract.shared import MODULE_FILE
+    from sparkfleet.contract.shared import PACKAGE_DIR
 
     good, odd = tmp_path / "models" / "m", tmp_path / "models" / "x'; import os; os._exit(9) #\"; rm -rf /"
     for d in (good, odd):
@@ -309,9 +309,9 @@ def test_the_rehash_script_rehashes_with_the_host_modules_rule_and_takes_directo
     for name, data in (("a.safetensors", b"a" * 100), ("b.json", b"{}")):
         (good / name).write_bytes(data)
         entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    sys.path.insert(0, str(MODULE_FILE.parent))
+    sys.path.insert(0, str(PACKAGE_DIR.parent))
     try:
-        import sparkfleet_host as host
+        from sparkfleet_host import verify as host
     finally:
         sys.path.pop(0)
     host.write_record(good, {n: host.record_entry(os.stat(good / n), e) for n, e in entries.items()})
@@ -320,7 +320,7 @@ def test_the_rehash_script_rehashes_with_the_host_modules_rule_and_takes_directo
         f.write(b"b")
     script = soak.rehash_script([str(good), str(odd)])
     done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "PYTHONPATH": str(MODULE_FILE.parent)})
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE_DIR.parent)})
     assert done.returncode == 0, done.stderr
     assert soak.verified_problems("spark-2", done.stdout) == [
         f"spark-2: {good}/a.safetensors no longer matches its verified record", f"spark-2: {odd} has no verified record"]

@@ -36,8 +36,9 @@ def sent(monkeypatch):
             return SimpleNamespace(will_change=False, did_change=lambda: False)
         return op
 
-    for module, names in ((model_module, ("managed_file", "managed_files", "managed_directory", "managed_user", "managed_permissions",
-                                          "managed_unit", "secret_file", "runtime_bundle", "model_verified")),
+    for module, names in ((model_module, ("managed_file", "managed_files", "managed_absent", "managed_directory",
+                                          "managed_user", "managed_permissions", "managed_unit", "secret_file",
+                                          "runtime_bundle", "model_verified")),
                           (service_module, ("image_pinned",))):
         for name in names:
             monkeypatch.setattr(module, name, recorder(name))

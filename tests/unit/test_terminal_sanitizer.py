@@ -16,7 +16,7 @@ from rich.console import Console
 
 from sparkfleet import cli, tables
 from sparkfleet.commands import update as update_command
-from sparkfleet.contract.shared import host_module
+from sparkfleet.contract.shared import verify
 from sparkfleet.controller import progress
 from sparkfleet.fleet import usage
 from sparkfleet.fleet import update as fleet_update
@@ -186,7 +186,7 @@ def test_update_prints_no_escape_of_a_hub_error_or_a_manifest_path(monkeypatch, 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_manifest_path_with_a_c1_or_format_character_is_refused(path):
     with pytest.raises(UntrustedAnswer, match="manifest path"):
-        host_module.check_manifest_path(path)
+        verify.check_manifest_path(path)
 
 
 # --- usage, refusals, progress -----------------------------------------------------------------------------------

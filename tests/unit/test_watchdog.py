@@ -33,7 +33,7 @@ CASES = Path(__file__).parent / "operations"
 
 
 def load_watchdog():
-    """The script by path; its sibling module sparkfleet_host is registered first, as the hosts' bin dir has it."""
+    """The script by path; its sibling package sparkfleet_host is registered first, as the hosts' bin dir has it."""
     import sparkfleet.contract.shared  # noqa: F401  (registers sparkfleet_host in sys.modules)
 
     loader = importlib.machinery.SourceFileLoader("sparkfleet_watchdog", str(ROOT / "files" / "sparkfleet-watchdog"))
@@ -169,19 +169,19 @@ def test_probe_against_the_stand_in_engine(engine, tmp_path, monkeypatch):
 
 
 # an env file as a host may hold it: comments (one indented), a blank line, a line that is no pair, a value with
-# "=" and a space in it; what files/sparkfleet_host.py's read_env_file keeps of it is the whole value
+# "=" and a space in it; what files/sparkfleet_host/envfiles.py's read_env_file keeps of it is the whole value
 ENV_LINES = "# Managed by sparkfleet\n\n{name}={value}\n  # an indented comment\nSIM_X = 1\nnot a pair\n"
 TRICKY_KEY = "sk-a=b c"
 
 
 def test_the_env_file_rules(tmp_path):
-    from sparkfleet.contract.shared import host_module
+    from sparkfleet.contract.shared import envfiles
 
     env = tmp_path / "engine.env"
     env.write_text(ENV_LINES.format(name="VLLM_API_KEY", value=TRICKY_KEY))
-    assert host_module.read_env_file(env) == {"VLLM_API_KEY": TRICKY_KEY, "SIM_X": " 1"}
-    assert host_module.read_env_file(tmp_path / "absent.env") == {}
-    assert host_module.read_env_file(tmp_path) == {}  # a directory: unreadable, no key
+    assert envfiles.read_env_file(env) == {"VLLM_API_KEY": TRICKY_KEY, "SIM_X": " 1"}
+    assert envfiles.read_env_file(tmp_path / "absent.env") == {}
+    assert envfiles.read_env_file(tmp_path) == {}  # a directory: unreadable, no key
 
 
 def test_the_watchdog_and_the_health_gate_read_the_key_by_those_rules(tmp_path, monkeypatch, capsys):

@@ -608,12 +608,12 @@ def secret_problems(journals: dict[str, str], secrets: dict[str, str]) -> list[s
 
 def rehash_script(model_dirs: Sequence[str]) -> str:
     """Python for a host: every file of each model directory re-hashed against its verified record, with the
-    host module's own rule (sparkfleet_host.file_matches); prints {dir: {files, bad, record}}. The directories
-    are data (a JSON literal), never code."""
+    host package's own rule (sparkfleet_host/verify.py file_matches); prints {dir: {files, bad, record}}. The
+    directories are data (a JSON literal), never code."""
     from sparkfleet.contract import paths
 
     return (f"import json, sys\nsys.path.insert(0, {json.dumps(paths.BIN_DIR)})\n"
-            "import sparkfleet_host as h\n"
+            "from sparkfleet_host import verify as h\n"
             f"dirs = json.loads({json.dumps(json.dumps(list(model_dirs)))})\n"
             "out = {}\n"
             "for d in dirs:\n"

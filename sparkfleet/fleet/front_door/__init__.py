@@ -1,18 +1,15 @@
-"""The front door: one HAProxy in front of the fleet's engines, built from the inventory, in rooms of one concern
-each (import a name from the room that owns it; this package re-exports nothing):
+"""The front door: one HAProxy in front of the fleet's engines, built from the inventory. What a door host is meant
+to hold (its plan, floating address, holds and records) is planned in roles/front_door/; this package is what the
+controller does with a live door, in rooms of one concern each (import a name from the room that owns it; this
+package re-exports nothing):
 
-- `plan`: what a front door host serves and the files its stage writes (`front_door_plan`, `FrontDoor`: its
-  config, unit, users, limits and viewers maps; `Backend`, `Route`; `planned_front_doors`, `door_summary` and
-  `door_rows` for `plan`).
-- `holds`: who set a backend aside for a change and whether that operation still runs (`Hold`, `parse_holds`,
-  `stale`, `stale_holds`, `out_of_rotation`, `door_ok`, `controller_name`).
 - `runtime`: what the controller sends a front door host over SSH: HAProxy's runtime API and the drain and hold
   records beside it (`BACKEND`, `runtime_command`, `record_command`, `hold_command`, `backend_states`, ...;
   `FrontDoorRuntime`, which a rollout, an upgrade and a rollback drive).
 - `commands`: the front door's commands (`drain_host`, `undrain_host`, `front_door_status`, `status_rows`,
   `bench_target`); where the controller reaches a door is contract/reach.py `front_door_url`.
 
-Rooms import downwards only: holds <- runtime <- plan <- commands. The inventory's front door hosts are
+Rooms import downwards only: runtime <- commands. The inventory's front door hosts are
 `controller/inventory.py` `group_hosts(inventory, contract.monitoring.FRONT_DOOR_GROUP)`.
 
 HAProxy (Debian's package) rather than a proxy of our own: per-user keys are a map file, health routing is its
