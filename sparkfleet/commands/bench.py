@@ -27,9 +27,20 @@ def levels(text: str) -> list[int]:
     try:
         found = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,4,8,16, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,4,8,16, not {text!r}") from None
     if not found or any(c < 1 for c in found):
         raise argparse.ArgumentTypeError(f"concurrency levels must be positive integers, not {text!r}")
+    return found
+
+
+def tokens(text: str) -> int:
+    """`--max-tokens`: decode speed needs two tokens (fleet/bench.py `run_bench`'s rule), checked before any request."""
+    try:
+        found = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if found < 2:
+        raise argparse.ArgumentTypeError(f"{found}: give at least 2 (decode speed needs two tokens)")
     return found
 
 
@@ -48,7 +59,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", dest="api_key_argument", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=levels, default=list(DEFAULT_CONCURRENCY),
                         help="comma-separated levels (default 1,4,8,16)")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    parser.add_argument("--max-tokens", type=tokens, default=DEFAULT_MAX_TOKENS,
                         help=f"tokens per request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
                         help="let the model think (default --no-think)")
@@ -64,11 +75,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def target(args) -> tuple[str, str, str | None, float | None, str | None]:
     """(url, model, api key, roofline, engine) from --url or the inventory's host (the engine None where only its
-    /metrics can tell)."""
+    /metrics can tell); refused (exit 2) when neither or both are given, or the host cannot be benchmarked so."""
     from sparkfleet.fleet import bench
 
     if bool(args.url) == bool(args.target):
-        raise bench.BenchError("give an inventory or --url (one of them)")
+        raise Refused("give an inventory or --url (one of them)")
     api_key = os.environ.get(API_KEY_VARIABLE) or None
     if args.url:
         return args.url, args.model or DEFAULT_MODEL, api_key, args.roofline, None
@@ -84,38 +95,35 @@ def target(args) -> tuple[str, str, str | None, float | None, str | None]:
 
     hosts = spark_hosts(load_hosts(args.target, args.limit))
     if not hosts:
-        raise bench.BenchError(f"no Spark in {args.limit or args.target}: a service host serves no engine; bench a "
-                               "Spark, or its front door with --front-door")
+        raise Refused(f"no Spark in {args.limit or args.target}: a service host serves no engine; bench a "
+                      "Spark, or its front door with --front-door")
     name, data = hosts[0]
     s = parse_settings(name, data)
     if s.fleet_ca_cert and not s.backend_key_in_clear:  # its guard may answer only the fleet's certificates
-        raise bench.BenchError(f"{name}: its guard serves the fleet's TLS only (a client certificate of the fleet CA):"
-                               f" bench its front door with --front-door, or its engine through an SSH tunnel (ssh -L "
-                               f"{s.api_port}:127.0.0.1:{paths.engine_port(s.api_port)} ...) and pass --url")
+        raise Refused(f"{name}: its guard serves the fleet's TLS only (a client certificate of the fleet CA): "
+                      f"bench its front door with --front-door, or its engine through an SSH tunnel (ssh -L "
+                      f"{s.api_port}:127.0.0.1:{paths.engine_port(s.api_port)} ...) and pass --url")
     url = api_url(name, s, data)
     if url is None:
-        raise bench.BenchError(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
-                               f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
+        raise Refused(f"{name}: its API listens on loopback only: reach it through an SSH tunnel "
+                      f"(ssh -L {s.api_port}:127.0.0.1:{s.api_port} ...) and pass --url")
     roofline = args.roofline if args.roofline is not None else bench._roofline(name, data, args.max_tokens)
     return url, args.model or s.served_model_name, api_key or s.api_key, roofline, s.engine
 
 
 def run(args) -> int:
-    """0 when every request succeeded, 1 otherwise; refused (2) on bad input."""
-    from sparkfleet.contract.settings import SettingsError
+    """0 when every request succeeded, 1 otherwise; refused (2) on bad input, (1) when the server cannot be
+    benchmarked (BenchError: the warm-up request failed)."""
     from sparkfleet.fleet import bench
 
     if args.api_key_argument is not None:
         raise Refused(f"--api-key is refused: a key on the command line is seen by every user of this machine (ps, "
                       f"shell history); set {API_KEY_VARIABLE}, or give an inventory (its api_key)")
-    try:
-        url, model, api_key, roofline, engine = target(args)
-    except (bench.BenchError, SettingsError, FileNotFoundError, KeyError) as exc:
-        raise Refused(str(exc)) from exc
+    url, model, api_key, roofline, engine = target(args)
     try:
         result = bench.run_bench(url, model, api_key, args.concurrency, args.max_tokens, args.think,
                                  args.requests, roofline=roofline, timeout_s=args.timeout, engine=engine)
-    except (bench.BenchError, ValueError) as exc:
+    except bench.BenchError as exc:
         raise Refused(str(exc), FAILED) from exc
     if args.json:
         print(json.dumps(result, indent=2))

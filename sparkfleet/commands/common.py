@@ -1,5 +1,5 @@
-"""What several commands share: their common options, the argument types the parser checks, the turning of a
-domain error into the one `Refused`, and the rollout's (and rollback's, upgrade's) report lines. Light at import."""
+"""What several commands share: their common options, the argument types the parser checks, `refusing` (a class a
+command names turned into `Refused`), and the rollout's (and rollback's, upgrade's) report lines. Light at import."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import sys
 from contextlib import contextmanager
 
-from sparkfleet.refused import INVALID, Refused
+from sparkfleet.refused import INVALID, Refusal, Refused
+
 
 def batch(value: str) -> str:
     """`--batch`, checked by the parser before any plan: fleet/batches.py's rule, which `batches` splits by."""
@@ -64,41 +65,18 @@ def batched(parser: argparse.ArgumentParser) -> None:
     as_json(parser, "print the report as JSON")
 
 
-def invalid() -> tuple[type[BaseException], ...]:
-    """The input errors a command refuses with exit 2, nothing touched: a bad inventory, setting, lock or secrets
-    file, a file or a name that is not there."""
-    from sparkfleet.contract.settings import SettingsError
-    from sparkfleet.fleet.users import SecretsError
-
-    return SettingsError, FileNotFoundError, KeyError, SecretsError
-
-
-def refusal(exc: BaseException, code: int = INVALID) -> Refused:
-    """A domain error as the one refusal: its own line (settings: each problem on its line, under one heading)."""
-    if isinstance(exc, Refused):
-        return exc
-    from sparkfleet.contract.settings import SettingsError
-    from sparkfleet.controller.inventory import InventoryError
-    from sparkfleet.release.lock import LockError
-
-    if isinstance(exc, SettingsError) and not isinstance(exc, (InventoryError, LockError)):
-        return Refused(f"invalid settings:\n{exc}", code)
-    if isinstance(exc, KeyError) and exc.args:  # str(KeyError) is the repr of its message
-        return Refused(str(exc.args[0]), code)
-    return Refused(str(exc), code)
-
-
 @contextmanager
-def refusing(*also: type[BaseException], code: int = INVALID):
-    """Inside: an input error (`invalid()`, or one of `also`) leaves as `Refused` with `code`; anything else as it is."""
+def refusing(*also: type[Exception], code: int = INVALID):
+    """Inside: an exception of `also` (a class the command names, of a library or the standard library) leaves as
+    `Refused` with `code`; anything else leaves as it is. The project's refusals (sparkfleet/refused.py `Refusal`:
+    settings, inventory, lock, secrets, ...) need no wrapping: `cli.main` prints them in one line, and any other
+    exception as the bug it is (traceback, exit 3). Without `also` it changes nothing."""
     try:
         yield
-    except Refused:
+    except Refusal:
         raise
-    except Exception as exc:
-        if isinstance(exc, (*invalid(), *also)):
-            raise refusal(exc, code) from exc
-        raise
+    except also as exc:
+        raise Refused(str(exc), code) from exc
 
 
 def log(message: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from sparkfleet.commands import common
-from sparkfleet.refused import FAILED, Refused
 
 NAME = "drain"
 HELP = "set HOST aside on every front door (its requests finish first) and keep it out until undrained"
@@ -23,15 +22,12 @@ def run(args) -> int:
 
 
 def door(args, drained: bool) -> int:
-    """drain / undrain: a thin wrapper over fleet/front_door.py's drain_host and undrain_host."""
-    from sparkfleet.fleet.front_door.commands import DoorUnreachable, DrainRefused, drain_host, undrain_host
+    """drain / undrain: a thin wrapper over fleet/front_door.py's drain_host and undrain_host (their refusals:
+    DrainRefused, exit 2; DoorUnreachable, exit 1)."""
+    from sparkfleet.fleet.front_door.commands import drain_host, undrain_host
 
     act = drain_host if drained else undrain_host
-    try:
-        with common.refusing(DrainRefused):
-            report = act(args.inventory, args.host, log=common.log)
-    except DoorUnreachable as exc:
-        raise Refused(str(exc), FAILED) from exc
+    report = act(args.inventory, args.host, log=common.log)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -21,8 +21,7 @@ def run(args) -> int:
     from sparkfleet.controller.inventory import load_hosts
     from sparkfleet.fleet.project import collect_host_keys, host_key_lines, host_key_targets
 
-    with common.refusing():
-        targets, unchecked = host_key_targets(load_hosts(args.inventory, args.limit))
+    targets, unchecked = host_key_targets(load_hosts(args.inventory, args.limit))
     if unchecked:
         raise Refused(f"{', '.join(unchecked)}: no ssh_known_hosts_file in {args.inventory}: set it (with "
                       "ssh_strict_host_key_checking = \"yes\"), so that a host's key has one place to go")

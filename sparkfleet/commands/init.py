@@ -31,14 +31,12 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.fleet.project import ProjectError, host_key_lines, init_project, parse_host
-    from sparkfleet.fleet.users import SecretsError
+    from sparkfleet.fleet.project import host_key_lines, init_project, parse_host
 
-    with common.refusing(ProjectError, SecretsError):
-        sparks = [parse_host(text) for text in args.host]
-        report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
-                              secrets=Path(args.secrets) if args.secrets else None, force=args.force,
-                              front_doors=args.front_door, front_door_address=args.front_door_address)
+    sparks = [parse_host(text) for text in args.host]
+    report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
+                          secrets=Path(args.secrets) if args.secrets else None, force=args.force,
+                          front_doors=args.front_door, front_door_address=args.front_door_address)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

@@ -29,13 +29,12 @@ def arguments(parser) -> None:
 def run(args) -> int:
     from sparkfleet.contract.settings import parse_settings
     from sparkfleet.controller.inventory import load_hosts
-    from sparkfleet.fleet.logs import LogsError, logs_argv, pick_host
+    from sparkfleet.fleet.logs import logs_argv, pick_host
 
-    with common.refusing(LogsError):
-        data = pick_host(load_hosts(args.inventory), args.host)
-        services = [] if args.unit in UNITS else sorted(parse_settings(args.host, data).services)
-        argv = logs_argv(args.host, data, args.unit, services, lines=args.lines, follow=args.follow,
-                         as_json=args.json)
+    data = pick_host(load_hosts(args.inventory), args.host)
+    services = [] if args.unit in UNITS else sorted(parse_settings(args.host, data).services)
+    argv = logs_argv(args.host, data, args.unit, services, lines=args.lines, follow=args.follow,
+                     as_json=args.json)
     if not shutil.which(argv[0]):
         raise Refused("no `ssh` on this machine: install OpenSSH's client")
     sys.stdout.flush()

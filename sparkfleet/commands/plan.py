@@ -30,11 +30,10 @@ def run(args) -> int:
     from sparkfleet.release.services import plan_rows
     from sparkfleet.tables import console, literal, print_table
 
-    with common.refusing():
-        hosts = with_data(load_hosts(args.inventory, args.limit), args.data)
-        plans = plan_hosts(hosts) if args.offline else locked_plans(hosts)
-        plans_ca(plans)  # offline too: the fleet CA's files are the controller's
-        doors = [door_summary(door) for door in front_doors(args, plans)]
+    hosts = with_data(load_hosts(args.inventory, args.limit), args.data)
+    plans = plan_hosts(hosts) if args.offline else locked_plans(hosts)
+    plans_ca(plans)  # offline too: the fleet CA's files are the controller's
+    doors = [door_summary(door) for door in front_doors(args, plans)]
     found = topology(plans)
     if args.json:
         print(json.dumps({"hosts": [p.to_dict() for p in plans], **({"front_doors": doors} if doors else {}),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from sparkfleet.commands import common
-from sparkfleet.refused import Refused
 
 NAME = "recipes"
 HELP = "list the recipe catalogue: model, engine, weights, fit, measured speed"
@@ -19,10 +18,7 @@ def run(args) -> int:
     from sparkfleet.contract.recipes import catalogue
     from sparkfleet.tables import console, literal, print_table
 
-    try:
-        entries = [summary(r) for r in catalogue().values()]
-    except ValueError as exc:  # a recipe file that cannot be read: its one line
-        raise Refused(str(exc)) from exc
+    entries = [summary(r) for r in catalogue().values()]  # a recipe file that cannot be read: RecipeError, one line
     if args.json:
         print(json.dumps({"recipes": entries}, indent=2))
         return 0
@@ -31,7 +27,9 @@ def run(args) -> int:
         n = e["sparks_needed"]
         if e["kind"] != "chat":
             return "beside a chat model"
-        return "one Spark" if n == 1 else f"needs {n} Sparks" if n else f"[yellow]unknown: {literal(e['fit_problem'])}[/]"
+        if not n:
+            return f"[yellow]unknown: {literal(e['fit_problem'])}[/]"
+        return "one Spark" if n == 1 else f"needs {n} Sparks"
 
     def speed(e: dict) -> str:
         m = e.get("measured")
@@ -61,8 +59,12 @@ def summary(r) -> dict:
     if r.kind != "chat":
         entry.update(sparks_needed=None, fit_problem="a service beside the chat model: `plan` sizes its share")
         return with_measured(entry, r)
+    max_pos = (r.model.config.get("text_config") or r.model.config).get("max_position_embeddings")
+    if not isinstance(max_pos, int):
+        entry.update(sparks_needed=None, fit_problem="config.json lacks 'max_position_embeddings' (a whole number): "
+                                                     "cannot plan the fit")
+        return with_measured(entry, r)
     try:
-        max_pos = int((r.model.config.get("text_config") or r.model.config)["max_position_embeddings"])
         report = fit_report(r.model.config, r.model.weight_bytes, memory_bytes=host_memory_bytes(s["host_memory_gb"]),
                             gpu_memory_utilization=s["gpu_memory_utilization"],
                             max_model_len=min(s["max_model_len"], max_pos), kv_cache_dtype=s["kv_cache_dtype"],
@@ -76,7 +78,7 @@ def summary(r) -> dict:
             entry["roofline_problem"] = (f"the planner estimates {report.estimated_weights_bytes / 1e9:.1f} GB of "
                                          f"weights from the config, not {entry['weights_gb']:g}: it does not read "
                                          f"this format's layers or quantization yet")
-    except (KeyError, TypeError, ValueError) as exc:
+    except ValueError as exc:  # the fit's refusal of the config (e.g. "config.json lacks ..."); any other: a bug
         entry.update(sparks_needed=None, fit_problem=str(exc))
     return with_measured(entry, r)
 

@@ -32,13 +32,12 @@ def run(args) -> int:
     from sparkfleet.release.group import plan_groups
     from sparkfleet.tables import console, literal, narrow, print_table
 
-    with common.refusing():
-        ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
-        hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
-        settings = {name: parse_settings(name, data) for name, data in hosts.items()}
-        groups, problems = plan_groups(settings)
-        if problems:
-            raise SettingsError(problems)
+    ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
+    hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
+    settings = {name: parse_settings(name, data) for name, data in hosts.items()}
+    groups, problems = plan_groups(settings)
+    if problems:
+        raise SettingsError(problems)
     facts = read_hosts(args.inventory, list(hosts),
                        lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))
     with guard_client(ca) as client:
@@ -62,9 +61,8 @@ def run(args) -> int:
             for problem in alerts["problems"]:
                 out.print(f"[red]{literal(problem)}[/]")
             if alerts["firing"]:
-                print_table("alerts firing", ("alert", "host", "summary"),
-                            [(literal(a["alert"]), literal(a["host"]), literal(a["summary"])) for a in alerts["firing"]],
-                            out=out)
+                firing = [(literal(a["alert"]), literal(a["host"]), literal(a["summary"])) for a in alerts["firing"]]
+                print_table("alerts firing", ("alert", "host", "summary"), firing, out=out)
             elif not alerts["problems"]:
                 out.print("alerts: none firing")
     healthy = all(row["healthy"] for row in rows) and (door is None or door_ok(door))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-from sparkfleet.commands import common
 from sparkfleet.refused import FAILED, Refused
 
 NAME = "update"
@@ -24,8 +23,7 @@ def run(args) -> int:
     from sparkfleet.tables import clean, literal, print_table
 
     try:
-        with common.refusing():
-            report = update(args.inventory, args.limit)
+        report = update(args.inventory, args.limit)
     except UpdateError as exc:
         raise Refused(f"cannot update the lock, nothing was written: {exc}", FAILED) from exc
     if args.json:

@@ -25,8 +25,7 @@ def run(args) -> int:
     from sparkfleet.fleet.usage import HEADERS, fleet_usage, usage_rows
     from sparkfleet.tables import console, literal, print_table
 
-    with common.refusing():
-        found = fleet_usage(args.inventory)
+    found = fleet_usage(args.inventory)
     if args.json:
         print(json.dumps(found, indent=2))
     else:

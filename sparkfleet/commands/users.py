@@ -34,18 +34,17 @@ def arguments(parser) -> None:
 def run(args) -> int:
     from sparkfleet.fleet import users
 
-    with common.refusing(users.SecretsError):
-        path = users.secrets_path_of(args.inventory)
-        if args.action == "list":
-            names = users.names(users.read_secrets(path))
-            print(json.dumps({"users": names}) if args.json else "\n".join(names), end="\n" if names or args.json else "")
-            return 0
-        if args.action == "limit":
-            return limit(args, users, path)
-        if args.action == "remove":
-            key = users.edit(path, lambda doc: (users.remove(doc, args.name), None))
-        else:
-            key = users.edit(path, lambda doc: getattr(users, args.action)(doc, args.name))
+    path = users.secrets_path_of(args.inventory)
+    if args.action == "list":
+        names = users.names(users.read_secrets(path))
+        print(json.dumps({"users": names}) if args.json else "\n".join(names), end="\n" if names or args.json else "")
+        return 0
+    if args.action == "limit":
+        return limit(args, users, path)
+    if args.action == "remove":
+        key = users.edit(path, lambda doc: (users.remove(doc, args.name), None))
+    else:
+        key = users.edit(path, lambda doc: getattr(users, args.action)(doc, args.name))
     converge = f"the next converge (sparkfleet rollout {args.inventory}, or pyinfra {args.inventory} deploy.py)"
     if args.json:
         print(json.dumps({"user": args.name, "action": args.action, **({"key": key} if key else {})}))

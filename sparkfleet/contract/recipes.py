@@ -18,11 +18,20 @@ from pathlib import Path
 
 from sparkfleet import RECIPES_DIR
 from sparkfleet.contract.engines import DEFAULT_ENGINE, DESCRIPTORS, ENGINES
+from sparkfleet.refused import Refusal
 
-__all__ = ["KINDS", "MODEL_SPECIFIC", "ModelFacts", "Recipe", "catalogue", "known_model", "missing_notes",
-           "neutral_settings", "recipe"]
+__all__ = ["KINDS", "MODEL_SPECIFIC", "ModelFacts", "Recipe", "RecipeError", "catalogue", "known_model",
+           "missing_notes", "neutral_settings", "recipe"]
 
 KINDS = ("chat", "embedding", "reranker")
+
+
+class RecipeError(ValueError, Refusal):
+    """A recipe file that cannot be read or has the wrong shape, or a recipe name the catalogue lacks: one line
+    naming the file (or the name) and what is wrong; a refusal (exit 2). A ValueError, as a setting's type refuses
+    with one."""
+
+
 _NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
 # The setting that names each engine's version (its flag table); a recipe for that engine sets it.
 VERSION_SETTING = {d.name: d.version_setting for d in DESCRIPTORS.values()}
@@ -85,7 +94,7 @@ def _read(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"recipe file {path.name}: cannot be read: {exc}") from None
+        raise RecipeError(f"recipe file {path.name}: cannot be read: {exc}") from None
 
 
 def _merged(path: Path, seen: tuple[str, ...] = ()) -> dict:
@@ -97,9 +106,9 @@ def _merged(path: Path, seen: tuple[str, ...] = ()) -> dict:
     if parent is None:
         return data
     if not isinstance(parent, str) or not _NAME.fullmatch(parent) or parent in seen + (path.stem,):
-        raise ValueError(f"recipe file {path.name}: `extends` must name another recipe of the folder, without a cycle")
+        raise RecipeError(f"recipe file {path.name}: `extends` must name another recipe of the folder, without a cycle")
     if not (path.parent / f"{parent}.toml").is_file():
-        raise ValueError(f"recipe file {path.name}: `extends` names {parent!r}, which has no {parent}.toml")
+        raise RecipeError(f"recipe file {path.name}: `extends` names {parent!r}, which has no {parent}.toml")
     base = _merged(path.parent / f"{parent}.toml", seen + (path.stem,))
     engines = [d.get("settings", {}).get("engine", DEFAULT_ENGINE) if isinstance(d.get("settings", {}), dict)
                else None for d in (base, data)]
@@ -114,7 +123,7 @@ def _merged(path: Path, seen: tuple[str, ...] = ()) -> dict:
 
 
 def _parse(path: Path) -> Recipe:
-    """One recipe file, or ValueError naming the file and what is wrong with it.
+    """One recipe file, or RecipeError naming the file and what is wrong with it.
 
     `extends = "<name>"` takes the other recipe's settings, measured figures and
     model facts, under this file's own (its `measured` replaces key by key).
@@ -124,27 +133,27 @@ def _parse(path: Path) -> Recipe:
     data = _merged(path)
     name = data.get("name")
     if name != path.stem or not _NAME.fullmatch(name or ""):
-        raise ValueError(f"{where}: `name` must equal the file name ({path.stem!r}) and be lowercase [a-z0-9.-]")
+        raise RecipeError(f"{where}: `name` must equal the file name ({path.stem!r}) and be lowercase [a-z0-9.-]")
     if data.get("kind") not in KINDS:
-        raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}")
+        raise RecipeError(f"{where}: `kind` must be one of {', '.join(KINDS)}")
     model = data.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("repo"), str):
-        raise ValueError(f"{where}: needs a [model] table with `repo`")
+        raise RecipeError(f"{where}: needs a [model] table with `repo`")
     weight_bytes = model.get("weight_bytes")
     if not isinstance(weight_bytes, int) or isinstance(weight_bytes, bool) or weight_bytes <= 0:
-        raise ValueError(f"{where}: [model] `weight_bytes` must be a positive integer (bytes of the *.safetensors)")
+        raise RecipeError(f"{where}: [model] `weight_bytes` must be a positive integer (bytes of the *.safetensors)")
     for key, kind in (("settings", dict), ("measured", dict), ("notes", dict), ("sources", list), ("summary", str)):
         if not isinstance(data.get(key, kind()), kind):
-            raise ValueError(f"{where}: `{key}` must be a {kind.__name__}")
+            raise RecipeError(f"{where}: `{key}` must be a {kind.__name__}")
     if not isinstance(model.get("config", {}), dict):
-        raise ValueError(f"{where}: [model.config] must be a table")
+        raise RecipeError(f"{where}: [model.config] must be a table")
     if not isinstance(data.get("trust_remote_code", False), bool):
-        raise ValueError(f"{where}: `trust_remote_code` must be true or false")
+        raise RecipeError(f"{where}: `trust_remote_code` must be true or false")
     if not all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in data.get("notes", {}).items()):
-        raise ValueError(f"{where}: [notes] maps a figure (weight_bytes, config.KEY, measured.KEY) to its source")
+        raise RecipeError(f"{where}: [notes] maps a figure (weight_bytes, config.KEY, measured.KEY) to its source")
     neutral = data.get("neutral", [])
     if not isinstance(neutral, list) or not all(k in MODEL_SPECIFIC for k in neutral):
-        raise ValueError(f"{where}: `neutral` lists settings of {', '.join(MODEL_SPECIFIC)} that this recipe "
+        raise RecipeError(f"{where}: `neutral` lists settings of {', '.join(MODEL_SPECIFIC)} that this recipe "
                          f"sets to their neutral value (TOML has no null)")
     data["settings"] = {**data.get("settings", {}), **{k: MODEL_SPECIFIC[k] for k in neutral}}
     _check_engine(where, data["settings"])
@@ -165,19 +174,19 @@ def _check_engine(where: str, settings: dict) -> None:
     """A recipe's engine is one sparkfleet knows; one other than the default names its image and version."""
     engine = settings.get("engine", DEFAULT_ENGINE)
     if engine not in ENGINES:
-        raise ValueError(f"{where}: `engine` = {engine!r} is not one of {', '.join(ENGINES)}")
+        raise RecipeError(f"{where}: `engine` = {engine!r} is not one of {', '.join(ENGINES)}")
     if engine != DEFAULT_ENGINE and not all(settings.get(k) for k in ("engine_image", VERSION_SETTING[engine])):
-        raise ValueError(f"{where}: an {engine} recipe sets `engine_image` and `{VERSION_SETTING[engine]}`")
+        raise RecipeError(f"{where}: an {engine} recipe sets `engine_image` and `{VERSION_SETTING[engine]}`")
     image = str(settings.get("engine_image", "")).split("@")[0]
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
     owner = next((e for e, names in IMAGES.items() if repository in names), engine)
     if owner != engine:
-        raise ValueError(f"{where}: `engine_image` = {image!r} is {owner}'s image, and this recipe's engine is "
+        raise RecipeError(f"{where}: `engine_image` = {image!r} is {owner}'s image, and this recipe's engine is "
                          f"{engine}: set an image of {IMAGES[engine][0]}")
     version, rule = settings.get(VERSION_SETTING[engine]), DESCRIPTORS[engine].version_tag
     if (rule and version and repository == IMAGES[engine][0] and tag.startswith(rule.split("{", 1)[0])
             and tag != rule.format(version=version)):
-        raise ValueError(f"{where}: `engine_image` tag {tag} is not `{VERSION_SETTING[engine]}` {version}: "
+        raise RecipeError(f"{where}: `engine_image` tag {tag} is not `{VERSION_SETTING[engine]}` {version}: "
                          f"make them agree")
 
 
@@ -198,10 +207,10 @@ def catalogue(directory: Path = RECIPES_DIR) -> dict[str, Recipe]:
 
 
 def recipe(name: str, directory: Path = RECIPES_DIR) -> Recipe:
-    """The named recipe, or ValueError listing the catalogue."""
+    """The named recipe, or RecipeError listing the catalogue."""
     known = catalogue(directory)
     if name not in known:
-        raise ValueError(f"no recipe named {name!r}; the catalogue has: {', '.join(sorted(known)) or 'nothing'}")
+        raise RecipeError(f"no recipe named {name!r}; the catalogue has: {', '.join(sorted(known)) or 'nothing'}")
     return known[name]
 
 

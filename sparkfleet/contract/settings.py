@@ -37,6 +37,7 @@ from pydantic_core import ErrorDetails
 from sparkfleet import DEFAULTS_FILE
 from sparkfleet.contract.engines import ADMIN_ENV, ENGINES, VERSION_SETTINGS
 from sparkfleet.contract.recipes import catalogue, neutral_settings
+from sparkfleet.refused import Refusal
 
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")
@@ -47,11 +48,14 @@ USER_SET_KEY = "_sparkfleet_user_set"
 GROUPS_KEY = "_sparkfleet_groups"
 
 
-class SettingsError(ValueError):
-    """One or more hosts have settings that cannot work; each line names a fix.
+class SettingsError(ValueError, Refusal):
+    """One or more hosts have settings that cannot work; each line names a fix. A refusal (sparkfleet/refused.py):
+    a command prints it under "invalid settings:" and exits 2.
 
     `problems` keeps one line per host; the message says each problem once, naming every host it applies to
     (a default that is wrong for the fleet would otherwise repeat once per Spark)."""
+
+    heading: str | None = "invalid settings"
 
     def __init__(self, problems: list[str]):
         self.problems = problems

@@ -21,6 +21,7 @@ from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
 from sparkfleet.contract.monitoring import SERVICE_GROUPS, is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
+from sparkfleet.refused import Refused
 from sparkfleet.roles.pki import plans_ca
 
 
@@ -58,6 +59,8 @@ class InventoryError(SettingsError):
     """The inventory's own code failed (a file it reads is missing, a typo): one line naming the inventory and
     the error, instead of pyinfra's `UnexpectedExternalError: <exception str() failed>`."""
 
+    heading = None  # its one line says what it is: no "invalid settings" above it
+
     def __init__(self, inventory_path: str, exc: BaseException):
         if isinstance(exc, OSError) and exc.filename:
             why = f"{type(exc).__name__}: {exc.filename}: {exc.strerror}"
@@ -66,11 +69,15 @@ class InventoryError(SettingsError):
         super().__init__([f"inventory {inventory_path} failed to load: {why[:300]}: fix it, or create what it reads"])
 
 
+class NotInInventory(Refused):
+    """No inventory file at the path given, or no host or group of the name given in it: a refusal (exit 2)."""
+
+
 def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str, dict]]:
     """[(host name, merged data)] in inventory order; `limit` is a host or group name. An inventory that fails
-    to load raises InventoryError."""
+    to load raises InventoryError; a missing file or an unknown `limit`, NotInInventory."""
     if not Path(inventory_path).exists():
-        raise FileNotFoundError(f"no inventory file at {inventory_path}")
+        raise NotInInventory(f"no inventory file at {inventory_path}")
     try:
         with ctx_state.use(State()):
             inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT))
@@ -82,7 +89,7 @@ def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str,
     if limit:
         hosts = [(n, d) for n, d in hosts if n == limit or limit in inventory.get_host(n).groups]
         if not hosts:
-            raise KeyError(f"no host or group named {limit!r} in {inventory_path}")
+            raise NotInInventory(f"no host or group named {limit!r} in {inventory_path}")
     return hosts
 
 
@@ -91,7 +98,7 @@ def group_hosts(inventory_path: str, group: str) -> list[tuple[str, dict]]:
     without the inventory: nothing to ask). The front doors and the monitoring hosts are found this way."""
     try:
         return load_hosts(inventory_path, limit=group)
-    except (KeyError, FileNotFoundError):
+    except NotInInventory:
         return []
 
 

@@ -12,6 +12,7 @@ import shlex
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.reach import ssh_command
+from sparkfleet.refused import Refusal
 
 UNITS = {
     "engine": paths.UNIT_NAME,
@@ -24,8 +25,8 @@ UNITS = {
 DEFAULT_LINES = 200
 
 
-class LogsError(ValueError):
-    """The host or unit cannot be read: one line naming the fix."""
+class LogsError(ValueError, Refusal):
+    """The host or unit cannot be read: one line naming the fix (a refusal, exit 2)."""
 
 
 def unit_for(choice: str, services: list[str]) -> str:

@@ -24,6 +24,7 @@ from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
 from sparkfleet.roles.pki import PkiError, ca_paths, write_ca
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
+from sparkfleet.refused import Refusal
 
 SECRETS_HOME = Path("~/.config/sparkfleet")
 SSH_PORT = 22
@@ -49,8 +50,8 @@ GROUP_DATA_ALL = '''\
 '''
 
 
-class ProjectError(ValueError):
-    """`init` or `hostkeys` cannot start: one line naming the problem and the fix."""
+class ProjectError(ValueError, Refusal):
+    """`init` or `hostkeys` cannot start: one line naming the problem and the fix (a refusal, exit 2)."""
 
 
 @dataclass(frozen=True)

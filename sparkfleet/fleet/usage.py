@@ -125,11 +125,12 @@ def fleet_usage(inventory: str) -> dict:
     from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
     from sparkfleet.contract.reach import front_door_url
     from sparkfleet.controller.inventory import group_hosts
+    from sparkfleet.refused import Refused
 
     hosts = group_hosts(inventory, FRONT_DOOR_GROUP)
     if not hosts:
-        raise KeyError(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: usage is counted at the front door; add one "
-                       "(see inventory/office_front_door.py)")
+        raise Refused(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: usage is counted at the front door; add one "
+                      "(see inventory/office_front_door.py)")
     doors, found = [], []
     for name, data in hosts:
         s = parse_settings(name, data)

@@ -28,13 +28,15 @@ from pydantic import TypeAdapter, ValidationError
 from pyinfra.api.exceptions import PyinfraError
 
 from sparkfleet.contract.settings import FrontDoorUser, Name, UserKey
+from sparkfleet.refused import Refusal
 
 SECRETS_VARIABLE = "SPARKFLEET_SECRETS"
 KEY_BYTES = 32  # secrets.token_urlsafe: 43 characters, within UserKey's grammar
 
 
-class SecretsError(PyinfraError):
-    """The secrets file is missing, unreadable or malformed, or a user command cannot apply: one line.
+class SecretsError(PyinfraError, Refusal):
+    """The secrets file is missing, unreadable or malformed, or a user command cannot apply: one line (a refusal,
+    exit 2).
 
     A PyinfraError, so that raised while pyinfra loads the inventory it prints the line, not a traceback."""
 

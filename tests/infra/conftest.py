@@ -15,7 +15,7 @@ import tempfile
 import pytest
 import testinfra
 
-from sparkfleet.controller.inventory import load_hosts
+from sparkfleet.controller.inventory import NotInInventory, load_hosts
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.plan import plan_hosts
@@ -163,6 +163,6 @@ def chat_ui_of(config):
     _plans(config)
     try:
         names = [name for name, _ in load_hosts(config.getoption("--inventory"), CHAT_UI_GROUP)]
-    except KeyError:
+    except NotInInventory:  # no such group
         names = []
     return chat_ui_plan(names, config._sparkfleet_all_plans)

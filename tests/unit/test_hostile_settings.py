@@ -18,12 +18,12 @@ import pytest
 from pydantic import ValidationError
 
 from sparkfleet import cli
-from sparkfleet.commands.common import invalid, refusal
 from sparkfleet.roles.guard import guard_plan
 from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.release.plan import plan_hosts
 from sparkfleet.release.render import systemd_quote
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, Settings, parse_settings
+from sparkfleet.refused import Refusal
 
 from .helpers import DEFAULTS, host_data
 
@@ -69,11 +69,11 @@ def plan_settings():
 
         try:
             plan_hosts([("spark-x", inventory_data(data))], resolve=hub, resolve_image=registry)
-        except invalid() as exc:
+        except Refusal as exc:  # what cli.main prints as a refusal
             assert not asked, f"the {asked} asked before the refusal"
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                code = cli.refuse(refusal(exc))
+                code = cli.refuse(exc)
             return code, err.getvalue()
         return 0, f"planned; asked: {asked}"
 

@@ -13,14 +13,17 @@ from sparkfleet.contract.settings import parse_settings
 from sparkfleet.roles.front_door.holds import controller_name, out_of_rotation
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.roles.front_door.records import record_command, save_state_command, undrain_command
+from sparkfleet.refused import FAILED, Refusal, Refused
 
 
-class DrainRefused(Exception):
-    """Bad input to drain or undrain (no such host, no front door, not a backend): nothing was touched."""
+class DrainRefused(Refusal):
+    """Bad input to drain or undrain (no such host, no front door, not a backend): nothing was touched (exit 2)."""
 
 
-class DoorUnreachable(Exception):
-    """A front door did not answer, or did not take a change; the message says what was changed."""
+class DoorUnreachable(Refusal):
+    """A front door did not answer, or did not take a change; the message says what was changed (exit 1)."""
+
+    code = FAILED
 
 
 def _checked(inventory: str, host: str) -> FrontDoorRuntime:
@@ -146,13 +149,13 @@ def bench_target(inventory: str, user: str | None = None) -> tuple[str, str, str
     address of two doors), for `bench --front-door` and the demo's chat."""
     runtime = FrontDoorRuntime.of(inventory)
     if not runtime.doors:
-        raise KeyError(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: add one (see inventory/office_front_door.py)")
+        raise Refused(f"no `{FRONT_DOOR_GROUP}` group in {inventory}: add one (see inventory/office_front_door.py)")
     name, data = runtime.doors[0]
     s = parse_settings(name, data)
     if not s.front_door_users:
-        raise KeyError(f"{name}: setting `front_door_users` is empty: give the front door at least one user")
+        raise Refused(f"{name}: setting `front_door_users` is empty: give the front door at least one user")
     user = user or min(s.front_door_users)
     if user not in s.front_door_users:
-        raise KeyError(f"{name}: no user {user!r} in front_door_users")
+        raise Refused(f"{name}: no user {user!r} in front_door_users")
     return clients_url(name, s, data), s.served_model_name, s.front_door_users[user].key
 
