@@ -4,7 +4,16 @@ Each operation costs the controller pyinfra's bookkeeping (the call stack it rea
 global arguments it resolves from the host's data), a few milliseconds a host whether or not it yields a
 command. sparkfleet's operations decide from one batched read (sparkfleet/host/state.py), so that decision can
 be made before pyinfra is asked: an operation that would yield nothing on this host is not registered, and the
-caller gets UNCHANGED, which answers like the meta of an operation that changed nothing.
+caller gets UNCHANGED, pyinfra's own OperationMeta completed as an operation that ran no command (what pyinfra
+itself hands back for an operation it does not run on a host, `_run_once`, made complete).
+
+The question asked is pyinfra's own (OperationMeta.will_change, and its check for changes when an operation is
+registered): does the operation's generator yield a command? It is asked of the same generator, to its first
+command. Up to that command a generator reads the host and decides: it looks at nothing pyinfra sets only while
+it runs an operation (host.current_op_*), so it answers this probe as it answers pyinfra, and it changes nothing
+on the controller (no held read forgotten, no run state touched), so being asked has no effect.
+tests/unit/test_drift.py holds every operation here to both. What an operation checks of its call (secret_file's
+`name=`) is checked at the call (operations.py `named`), before either asks.
 
 That read is the host as it was before this run. So the decision is made up front only while no operation of
 this run will change the host: once one will (a hand-edited file, a stopped unit, a restart asked for, a first
@@ -20,30 +29,22 @@ from __future__ import annotations
 import functools
 
 from pyinfra import host, state
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput
 
 from sparkfleet.host.run import run_of
 
 
-class Unchanged:
-    """The answers of an operation's meta (pyinfra's OperationMeta) for one that ran and changed nothing."""
-
-    will_change = False
-    executed = False
-
-    def did_change(self) -> bool:
-        return False
-
-    def did_not_change(self) -> bool:
-        return True
-
-    def did_succeed(self, _raise_if_not_complete: bool = True) -> bool:
-        return True
-
-    def is_complete(self) -> bool:
-        return True
+def completed_unchanged() -> OperationMeta:
+    """pyinfra's OperationMeta of an operation that ran, succeeded and sent no command: will_change, did_change()
+    and executed False, did_succeed() and is_complete() True, no output (tests/unit/test_drift.py compares every
+    public answer with a registered operation's that yielded nothing)."""
+    meta = OperationMeta("sparkfleet-unchanged", is_change=False)
+    meta.set_complete(True, [], CommandOutput([]))
+    return meta
 
 
-UNCHANGED = Unchanged()
+UNCHANGED = completed_unchanged()
 
 
 def would_change(op, args: tuple, kwargs: dict) -> bool:
@@ -67,4 +68,5 @@ def only_on_drift(op):
         return UNCHANGED
 
     call._inner = op._inner
+    call.only_on_drift = True
     return call

@@ -15,7 +15,7 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.operations.util.files import chmod, chown
 
-from sparkfleet.host.state import file_state, forget, installed_packages, system_user, unit_state
+from sparkfleet.host.state import file_state, installed_packages, system_user, unit_state
 from sparkfleet.host.drift import only_on_drift
 
 
@@ -34,13 +34,9 @@ def _file_commands(dest: str, data: bytes, mode: str | int, user: str | None, gr
     if have and have["type"] == "dir":
         raise OperationError(f"{host.name}: {dest} is a directory, where sparkfleet puts a file: move it away")
     if have and have["sha256"] == want:
-        commands = ([chmod(dest, f"{_mode(mode):o}")] if have["mode"] != _mode(mode) else []) + (
+        yield from ([chmod(dest, f"{_mode(mode):o}")] if have["mode"] != _mode(mode) else []) + (
             [chown(dest, user, group)] if _owner_drift(have, user, group) else [])
-        if commands:
-            forget(host, dest)
-        yield from commands
         return
-    forget(host, dest)
     if have is None:
         yield StringCommand("mkdir -p", QuoteString(str(Path(dest).parent)))
     elif have["type"] == "link":
@@ -95,7 +91,6 @@ def managed_directory(path: str, mode: str | int = "0755", user: str | None = No
     if have and have["mode"] == _mode(mode) and not _owner_drift(have, user, group):
         host.noop(f"directory {path} is current")
         return
-    forget(host, path)
     if have is None:
         yield StringCommand("mkdir -p", QuoteString(path))
     if user or group:
@@ -116,7 +111,6 @@ def managed_permissions(path: str, mode: str | int, user: str | None = None, gro
     if not commands:
         host.noop(f"{path} is {_mode(mode):o}, owned as wanted")
         return
-    forget(host, path)
     yield from commands
 
 
@@ -130,7 +124,6 @@ def managed_absent(path: str):
         return
     if have["type"] == "dir":
         raise OperationError(f"{host.name}: {path} is a directory, where sparkfleet removes a file: remove it by hand")
-    forget(host, path)
     yield StringCommand("rm -f", QuoteString(path))
 
 
@@ -158,7 +151,6 @@ def managed_unit(service: str, running: bool | None = None, enabled: bool | None
         host.noop(f"{service} is {'running' if have['running'] else 'stopped'}"
                   f" and {'enabled' if have['enabled'] else 'disabled'}")
         return
-    forget(host, service)
     for verb in verbs:
         yield StringCommand("systemctl", verb) if verb == "daemon-reload" else StringCommand(
             "systemctl", verb, QuoteString(service))
@@ -184,8 +176,6 @@ def managed_packages(packages: list[str], update: bool = True, extra_install_arg
         return
     if masked:
         yield StringCommand("systemctl mask --", *(QuoteString(u) for u in masked))
-        for unit in masked:
-            forget(host, unit)
     if update:
         yield noninteractive_apt("update")
     install = f"install {extra_install_args}".strip()

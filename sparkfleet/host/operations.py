@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import secrets
@@ -30,7 +31,7 @@ from sparkfleet.host.facts import (
     release_problem,
 )
 from sparkfleet.host.run import run_of
-from sparkfleet.host.state import fact, file_state, forget, unit_files
+from sparkfleet.host.state import fact, file_state, unit_files
 from sparkfleet.release.group import FABRIC_ENV
 from sparkfleet.host.drift import only_on_drift
 
@@ -146,6 +147,23 @@ def old_models_removed(model_root: str, keep: list[str]):
         yield StringCommand("rm -rf", QuoteString(directory))
 
 
+def named(op):
+    """An operation refused when called without `name=`, at the call (pyinfra prints an unnamed operation's
+    arguments): the refusal holds whether or not the operation would change anything, and its generator, which
+    only_on_drift and pyinfra both ask, does not look at how it was called."""
+
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        if not kwargs.get("name"):
+            dest = kwargs.get("dest", args[0] if args else "?")
+            raise OperationValueError(f"{op.__name__}({dest}) needs name=: pyinfra would print its arguments")
+        return op(*args, **kwargs)
+
+    call._inner = op._inner
+    return call
+
+
+@named
 @only_on_drift
 @operation()
 def secret_file(dest: str, content: str):
@@ -155,17 +173,13 @@ def secret_file(dest: str, content: str):
     The bytes land in an empty 0600 file made first in dest's directory (SFTP
     keeps an existing file's mode), which is then renamed over dest: no moment
     where the secret is readable by others, and no half-written file. Call it
-    with `name=`: pyinfra prints an unnamed operation's arguments.
+    with `name=` (`named`): pyinfra prints an unnamed operation's arguments.
     """
-    called = host.current_op_global_arguments  # None: only_on_drift asking whether it would change anything
-    if called is not None and not called.get("name"):
-        raise OperationValueError(f"secret_file({dest}) needs name=: pyinfra would print its arguments")
     want = hashlib.sha256(content.encode()).hexdigest()
     found = file_state(host, dest) or {}
     if found.get("sha256") == want and found.get("mode") == 0o600:
         host.noop(f"{dest} is current (0600)")
         return
-    forget(host, dest)
     if found.get("sha256") == want:
         yield StringCommand("chmod 0600", QuoteString(dest))
         return

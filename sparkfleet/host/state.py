@@ -141,7 +141,12 @@ class UnitState(HostState):
 
 
 def _changes_so_far(host) -> int:
-    """How many of this host's operations have run commands in this run: a snapshot older than the last is stale."""
+    """How many of this host's operations have run commands in this run: a snapshot older than the last is stale.
+
+    This count is the only thing that makes a held answer stale. An operation does not announce a change it will
+    make (pyinfra and host/drift.py's only_on_drift ask its generator whether it would yield a command, and that
+    question must change nothing); before the change runs, the host still is what was read, and after it, pyinfra
+    counts the operation executed. A retried operation (`_retries`) decides again from what it read first."""
     state = getattr(host, "state", None)
     if not getattr(state, "is_executing", False):
         return 0
@@ -184,18 +189,16 @@ def _covered(path: str) -> bool:
 
 def file_state(host, path: str) -> dict | None:
     """A path's {type, mode, user, group, sha256}, None when absent."""
-    held = snapshot(host)
-    if path in held.get("forgotten", ()) or not _covered(path):
+    if not _covered(path):
         return fact(host, PathState, path=path)["files"].get(path)
-    return held["files"].get(path)
+    return snapshot(host)["files"].get(path)
 
 
 def unit_state(host, unit: str) -> dict:
     """A unit's {running, enabled, failed}: a sparkfleet unit the read did not list has no file and is not loaded."""
-    held = snapshot(host)
-    if unit in held.get("forgotten", ()) or not (unit.startswith(UNIT_PREFIX) or unit in paths.MANAGED_UNITS):
+    if not (unit.startswith(UNIT_PREFIX) or unit in paths.MANAGED_UNITS):
         return fact(host, UnitState, unit=unit)["units"].get(unit, dict(NO_UNIT))
-    return {**NO_UNIT, **held["units"].get(unit, {})}
+    return {**NO_UNIT, **snapshot(host)["units"].get(unit, {})}
 
 
 def unit_files(host) -> list[str]:
@@ -213,12 +216,6 @@ def installed_packages(host) -> dict[str, str]:
 def system_user(host, name: str) -> dict | None:
     """A managed user's {uid, home, shell}; None when the host has no such user."""
     return snapshot(host).get("users", {}).get(name)
-
-
-def forget(host, name: str) -> None:
-    """An operation is about to change this path or unit: a later read in this phase asks the host again."""
-    held = snapshot(host)
-    held.setdefault("forgotten", set()).add(name)
 
 
 _SECTION = "@@sparkfleet-fact"

@@ -218,9 +218,19 @@ def test_secret_file_current_is_a_noop_and_a_loose_mode_is_tightened():
     assert run_op(secret_file, secret_facts(digest, 644), ENV, SECRET)[0] == [f"chmod 0600 {ENV}"]
 
 
-def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_arguments():
-    with pytest.raises(OperationValueError, match=r"needs name="):
-        run_op(secret_file, secret_facts(None, None), ENV, SECRET, op_name=None)
+SECRET_SHA = "92de184ac1eeb7142f4292ceb7df560bf5ec905f6b8589084bc5dbf44883e489"  # sha256 of SECRET
+
+
+@pytest.mark.parametrize("found", [(None, None), (SECRET_SHA, 600)], ids=["would change", "current"])
+def test_secret_file_refuses_to_run_unnamed_where_pyinfra_would_print_its_arguments(found):
+    """Refused at the call, on a host it would change and on one where it is current alike (its generator, which
+    only_on_drift and pyinfra ask, never looks at how it was called)."""
+    host = create_host(FakeState(), facts=secret_facts(*found))
+    with ctx_state.use(host.state), ctx_host.use(host):
+        with pytest.raises(OperationValueError, match=r"secret_file\(/etc/sparkfleet/engine.env\) needs name="):
+            secret_file(ENV, SECRET)
+        with pytest.raises(OperationValueError, match=r"needs name="):
+            secret_file(dest=ENV, content=SECRET, name="")
 
 
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
