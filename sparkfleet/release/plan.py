@@ -153,7 +153,10 @@ class HostPlan:
     def model_dir(self) -> str:
         return model_dir(self.settings.model_root, self.settings.model_repo, self.manifest)
 
-    def _release_body(self, manifest: Manifest, with_services: bool) -> dict:
+    def _release_body(self, with_services: bool) -> dict:
+        manifest = self.manifest
+        if manifest is None:  # release_id and chat_release_id have none to give
+            raise ValueError(f"{self.name}: no manifest, so no release")
         return {
             "model": [manifest.hub, manifest.repo, manifest.pin, manifest.digest],
             "image": self.engine_ref,  # pinned: the same bytes by tag or by digest are one release
@@ -174,16 +177,14 @@ class HostPlan:
         engine arguments, container options, each service's, and engine_env (keyed: `env_digest`)."""
         if not self.manifest:
             return None
-        return hashlib.sha256(json.dumps(self._release_body(self.manifest, True),
-                                         sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._release_body(True), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def chat_release_id(self) -> str | None:
         """The chat model's part of the release: what its unit names, so adding a service never restarts it."""
         if not self.manifest:
             return None
-        return hashlib.sha256(json.dumps(self._release_body(self.manifest, False),
-                                         sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._release_body(False), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def engine(self) -> Engine:
