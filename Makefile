@@ -5,7 +5,7 @@ HOSTS ?= 3
 E2E_FLEETS ?= default,b,c
 comma := ,
 
-.PHONY: venv demo test unit unit-offline install-check e2e down
+.PHONY: venv demo test fast unit unit-offline install-check e2e down
 
 venv:
 	@bash scripts/venv.sh
@@ -24,12 +24,21 @@ demo: venv
 	$(PY) -m tools.bench_front_door inventory/sim_chat_ui.py --chat
 	@echo "Colleagues sign in at $$($(PY) -m sim sign-in-url) with their own key (demo's: demo-user-key-0123456789)"
 
-## Unit tests, then end-to-end tests against the simulated fleets.
+## The fast lane first (ruff, mypy, the unit tests that run no program), then the unit tests that run one (HAProxy,
+## Prometheus, the node exporter, Chromium: tests/tiers.py), the simulator's tests and the end-to-end tests.
 test: venv
+	$(MAKE) --no-print-directory fast
 	@bash sim/bootstrap.sh
-	$(MAKE) --no-print-directory unit
+	$(PY) -m pytest tests/unit -n 2 -q -p no:cacheprovider --lane programs
 	$(PY) -m pytest tests/sim -n 2 -q -p no:cacheprovider
 	$(MAKE) --no-print-directory e2e
+
+## The fast lane (within 3 minutes on 2 cores, nothing to install): ruff (pyproject.toml [tool.ruff]), mypy on
+## contract/, release/, model/ ([tool.mypy]), and the unit tests of no tier (`--lane fast`: no program of this machine).
+fast: venv
+	.venv/bin/ruff check sparkfleet files tools
+	.venv/bin/mypy
+	$(PY) -m pytest tests/unit -n 2 -q -p no:cacheprovider --lane fast
 
 ## Two workers (pytest-xdist): the tests wait on their loopback servers and subprocesses as much as they compute.
 unit: venv

@@ -18,11 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = "Qwen/Qwen3.5-35B-A3B-FP8"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=tiers.LANES, default=None,
+                     help="fast: only the tests that run no program of this machine (no tier of tests/tiers.py), "
+                          "as `make fast` runs them; programs: only the tests that run one")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m "not haproxy"` leaves out the fixtures' users too
 def pytest_collection_modifyitems(config, items):
     """The test tiers (tests/tiers.py): the markers of the fixtures each test uses, and one skip reason where a
-    tier's program is not installed here."""
+    tier's program is not installed here; with --lane, the tests of the other lane deselected."""
     tiers.mark_and_skip(items)
+    lane = config.getoption("--lane", None)
+    if lane:
+        kept, other = tiers.split_lane(items, lane)
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = kept
 
 
 def free_port() -> int:

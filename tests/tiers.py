@@ -5,6 +5,7 @@ A test that runs one says so with its marker (`@pytest.mark.haproxy`); a fixture
 carries the marker too. tests/conftest.py's one hook (`pytest_collection_modifyitems`) does both before `-m`
 selects: `-m "not haproxy"` leaves them out, and where the program is missing each is skipped with one reason
 naming the Debian package that brings it (`sim/bootstrap.sh` installs them all). docs/development.md, "Test tiers".
+`--lane fast` keeps the tests of no tier (`make fast`, the first step of `make test`), `--lane programs` the others.
 """
 
 from __future__ import annotations
@@ -69,6 +70,25 @@ def skip_reason(marker: str) -> str | None:
         return None
     return (f"needs {', '.join(missing)} ({tool.what}): apt-get install {tool.package} "
             f"(sim/bootstrap.sh installs it); or leave the tier out: -m 'not {marker}'")
+
+
+# `make fast` (the first step of `make test`) runs the tests of no tier; `make test` runs the others after it
+LANES = ("fast", "programs")
+
+
+def runs_a_program(item) -> bool:
+    """Whether the item carries a tier's marker (after mark_and_skip: its fixtures' tiers too)."""
+    return any(item.get_closest_marker(marker) is not None for marker in TOOLS)
+
+
+def split_lane(items, lane: str) -> tuple[list, list]:
+    """(the items of `lane`, the others): "fast" the items that run no program, "programs" those that do."""
+    if lane not in LANES:
+        raise ValueError(f"unknown lane {lane!r}: one of {', '.join(LANES)}")
+    kept, other = [], []
+    for item in items:
+        (kept if runs_a_program(item) == (lane == "programs") else other).append(item)
+    return kept, other
 
 
 def mark_and_skip(items) -> None:

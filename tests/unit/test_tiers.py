@@ -51,3 +51,20 @@ def test_an_unknown_tier_is_refused():
 def test_every_tier_is_a_declared_marker(pytestconfig):
     declared = {line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")}
     assert set(tiers.TOOLS) <= declared
+
+
+class _Item:
+    def __init__(self, *markers: str):
+        self.markers = markers
+
+    def get_closest_marker(self, name):
+        return name if name in self.markers else None
+
+
+def test_the_lanes_split_the_tests_by_tier():
+    """`--lane fast` (make fast) keeps the tests of no tier, `--lane programs` the others: each test in one lane."""
+    plain, door, page = _Item(), _Item("haproxy"), _Item("prometheus", "chromium")
+    assert tiers.split_lane([plain, door, page], "fast") == ([plain], [door, page])
+    assert tiers.split_lane([plain, door, page], "programs") == ([door, page], [plain])
+    with pytest.raises(ValueError, match="unknown lane"):
+        tiers.split_lane([plain], "slow")
