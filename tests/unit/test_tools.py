@@ -78,3 +78,15 @@ def test_the_soak_runs_as_documented():
     edges = graph()
     assert edges["tools.soak.__main__"] >= {"tools.soak", "tools.soak_fleet"}
     assert "tools.soak_fleet" not in edges["tools.soak"]
+
+
+def test_every_python_helper_in_files_is_linted():
+    """The host helpers are Python without the extension: ruff reads each one only where pyproject.toml lists it
+    ([tool.ruff] extend-include), so a new helper is listed there too (`make fast` lints files/)."""
+    import tomllib
+
+    root = TOOLS.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["ruff"]["extend-include"])
+    helpers = {f"files/{p.name}" for p in (root / "files").iterdir()
+               if p.is_file() and not p.suffix and p.read_bytes().startswith(b"#!/usr/bin/env python3")}
+    assert helpers and listed == helpers
