@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import shlex
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.reach import http_url
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.roles import haproxy
+from sparkfleet.roles.desired import (Absent, Command, DesiredState, Directory, File, HttpWait, Unit, UnitRemoved,
+                                      desired, secret)
 from sparkfleet.release import render
+from sparkfleet.release.image import ImagePin
 from sparkfleet.release.plan import HostPlan
 
 # What the door's users map names the chat UI's key: no user can be called this (a Name starts with a letter or
@@ -227,3 +231,55 @@ def version_change_command(old_digest: str | None, new_digest: str) -> str | Non
     return (f"systemctl stop {paths.CHAT_UI_UNIT_NAME} && mkdir -p -m 0700 {backups} && "
             f"if [ -f {db} ]; then rm -f {old} && python3 -c {shlex.quote(backup)} {db} {old}; fi && "
             f"if [ -f {new} ]; then rm -f {db}-wal {db}-shm && cp -p {new} {db}; fi")
+
+
+# --- what the stages ensure (roles/desired.py) ----------------------------------------------------------------
+
+IMAGE_RECORD = f"{paths.CHAT_UI_DIR}/image.json"  # the digest the unit runs: what a version change moves from
+START_WAIT_S = 300  # a first start on a small box: Open WebUI's imports and its database's migrations
+
+
+def recorded_digest(record: str | None) -> str | None:
+    """The image digest IMAGE_RECORD names (as read from the host: untrusted text), None without one."""
+    try:
+        found = json.loads(record) if record else {}
+    except ValueError:
+        return None
+    digest = found.get("digest") if isinstance(found, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def chat_ui_state(ui: ChatUi, door_plans: list[HostPlan], pin: ImagePin, default_model: str,
+                  record: str | None) -> DesiredState:
+    """What the chat UI stage ensures on its host: its root-only directory and data (kept across versions), its
+    settings and secrets (0600), the door's certificate where it trusts one, its database kept before a version
+    change (`record`: IMAGE_RECORD as read from the host), its unit running `pin`, and the digest recorded; a
+    change of unit, settings or certificate is a restart, after which it must answer."""
+    door = door_endpoint(door_plans)
+    ca = (File(paths.CHAT_UI_DOOR_CA, "The door's certificate, which the chat UI trusts", src=door.ca) if door.ca else
+          Absent(paths.CHAT_UI_DOOR_CA, f"{paths.CHAT_UI_DOOR_CA} absent (the door's certificate: none needed)"))
+    move = version_change_command(recorded_digest(record), pin.digest)
+    changes = (paths.CHAT_UI_UNIT_PATH, paths.CHAT_UI_ENV, paths.CHAT_UI_DOOR_CA)
+    return desired(
+        Directory(paths.CHAT_UI_DIR, "Chat UI directory (root-only)", mode="0700"),
+        Directory(paths.CHAT_UI_DATA, "Chat UI data (chats and settings; kept across versions)", mode="0700"),
+        secret(paths.CHAT_UI_ENV, "Chat UI settings and secrets (root-only)", env_file(ui, door, default_model)),
+        ca,
+        Command(f"Chat UI's database kept before its version changes ({paths.CHAT_UI_BACKUPS})", move)
+        if move else None,
+        File(paths.CHAT_UI_UNIT_PATH, "Chat UI unit", content=unit(ui, pin.ref, door_ca=bool(door.ca))),
+        Unit(paths.CHAT_UI_UNIT_NAME, "Chat UI enabled and running", restart_on=changes,
+             daemon_reload_on=(paths.CHAT_UI_UNIT_PATH,)),
+        File(IMAGE_RECORD, "Chat UI's image recorded",
+             content=json.dumps({"digest": pin.digest, "ref": pin.ref}) + "\n"),
+        HttpWait(f"Chat UI answers on loopback port {ui.local_port}", f"http://127.0.0.1:{ui.local_port}{HEALTH}",
+                 START_WAIT_S, 5, f"the chat UI did not answer within {START_WAIT_S}s: journalctl -u "
+                 f"{paths.CHAT_UI_UNIT_NAME}", when=(paths.CHAT_UI_UNIT_NAME, *changes)))
+
+
+def no_chat_ui_state() -> DesiredState:
+    """A host outside the group chat_ui runs no chat UI: one it ran before is stopped and its unit and settings
+    removed. Its data directory stays (people's chats: an office removes it by hand, or moves it)."""
+    why = f"this host is not in the group {paths.CHAT_UI_GROUP}"
+    return desired(UnitRemoved(paths.CHAT_UI_UNIT_NAME, paths.CHAT_UI_UNIT_PATH, why),
+                   [Absent(path, f"{path} removed ({why})") for path in (paths.CHAT_UI_ENV, paths.CHAT_UI_DOOR_CA)])

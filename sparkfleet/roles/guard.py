@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sparkfleet.roles import chat_ui, haproxy
+from sparkfleet.roles import chat_ui, haproxy, pki
+from sparkfleet.roles.desired import DesiredState, Directory, File, Packages, Unit, desired, secret
 from sparkfleet.contract import monitoring, paths
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
@@ -107,3 +108,27 @@ def guard_plan(plan: HostPlan, runs_chat_ui: bool = False) -> Guard | None:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
     return Guard(plan.name, listeners, s.api_key, plan.backend_tls,
                  chat_ui_listener(plan) if runs_chat_ui and s.api_key else None)
+
+
+def guard_state(plan: HostPlan, runs_chat_ui: bool = False) -> DesiredState:
+    """What the guard stage ensures on one host: Debian's HAProxy installed (the front door runs it too) with
+    Debian's own unit off, and the guard (its config, its 0600 key map, its unit) running; off on a host that runs
+    no engine. A change of rules, key or this host's TLS files (`pki.TLS_FILES`, which tasks/tls.py puts first) is a
+    reload (connections in flight finish); a changed unit is a restart. SettingsError as `guard_plan`."""
+    wanted = guard_plan(plan, runs_chat_ui)
+    tls = pki.TLS_FILES if plan.backend_tls else ()
+    haproxy_itself = (Packages("HAProxy installed", ("haproxy",)),
+                      Unit("haproxy.service", "Debian's own haproxy.service off (sparkfleet runs its own units)",
+                           running=False, enabled=False))
+    if wanted is None:
+        return desired(haproxy_itself, Unit(paths.GUARD_UNIT_NAME, "Guard off (this host runs no engine)",
+                                            running=False, enabled=False), after=tls)
+    return desired(
+        haproxy_itself,
+        Directory(paths.GUARD_DIR, "Guard config directory (root-only)", mode="0700"),
+        File(paths.GUARD_CONFIG, "Guard config", content=wanted.config()),
+        secret(paths.GUARD_KEY_MAP, "Guard's backend key (root-only)", wanted.key_map()),
+        File(paths.GUARD_UNIT_PATH, "Guard unit", content=wanted.unit()),
+        Unit(paths.GUARD_UNIT_NAME, "Guard enabled and running", restart_on=(paths.GUARD_UNIT_PATH,),
+             reload_on=(paths.GUARD_CONFIG, paths.GUARD_KEY_MAP, *tls), daemon_reload_on=(paths.GUARD_UNIT_PATH,)),
+        after=tls)

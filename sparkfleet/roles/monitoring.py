@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 import yaml
 
+from sparkfleet import FILES_DIR
 from sparkfleet.contract import engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
 from sparkfleet.roles import haproxy, pki
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.roles.status_page import prometheus_flags
+from sparkfleet.roles.desired import Command, DesiredState, Directory, File, HttpWait, Packages, Unit, desired, secret
+from sparkfleet.roles.status_page import console_files, prometheus_flags
 from sparkfleet.release import render
 from sparkfleet.release.plan import HostPlan
 
@@ -255,3 +257,89 @@ def textfile_units() -> tuple[str, str]:
     return (t.get_template("sparkfleet-textfile.service.j2").render(
                 textfile=m.TEXTFILE, serving=paths.SERVING_FILE, textfile_dir=m.TEXTFILE_DIR),
             t.get_template("sparkfleet-textfile.timer.j2").render(interval_s=TEXTFILE_INTERVAL_S))
+
+
+# --- what the stages ensure (roles/desired.py) ----------------------------------------------------------------
+
+
+def _masked_install(package: str, what: str, why: str) -> tuple[Packages, Unit]:
+    """A Debian package whose own unit (which Debian starts at the install, on every address) is masked before
+    apt runs, so it never starts, and kept off: sparkfleet runs its own unit."""
+    debian_unit = paths.MONITORING_PACKAGES[package]
+    return (Packages(f"{what} installed (Debian's unit masked first: it never starts)",
+                     (package,), masked=(debian_unit,), extra_install_args="--no-install-recommends"),
+            Unit(debian_unit, f"Debian's {debian_unit} off ({why})", running=False, enabled=False))
+
+
+def monitoring_state(host: str, plans: dict[str, HostPlan], groups: dict[str, set[str]]) -> DesiredState:
+    """What the monitoring stage ensures on `host`: Prometheus from Debian's package under its own unit on
+    127.0.0.1, its files (the key and, over TLS, this host's key as its own 0600 copies: it runs as prometheus), the
+    status page, and Alertmanager where `alertmanager_webhook_url` is set. A changed config or rule file is checked
+    with promtool and reloaded; a changed unit is a restart; ready before the host counts as converged.
+    SettingsError as `monitoring_plan` (or the fleet CA's)."""
+    wanted = monitoring_plan(host, plans, groups)
+    s, owner = wanted.settings, (m.PROMETHEUS_USER, m.PROMETHEUS_USER)
+    tls_key = pki.host_key_pem(pki.ca_of(s), host) if wanted.backend_tls else None
+    files = (m.PROMETHEUS_RULES, m.PROMETHEUS_CONFIG)
+    return desired(
+        _masked_install(m.PROMETHEUS_PACKAGE, "Prometheus", "sparkfleet runs its own, on loopback"),
+        Directory(m.PROMETHEUS_DIR, "Prometheus config directory", mode="0750", owner=("root", m.PROMETHEUS_USER)),
+        Directory(m.PROMETHEUS_DATA, "Prometheus data directory", mode="0750", owner=owner),
+        secret(m.PROMETHEUS_KEY, "Prometheus's backend key (0600)", wanted.key + "\n", owner=owner),
+        secret(m.PROMETHEUS_TLS_KEY, "Prometheus's TLS key (0600)", tls_key, owner=owner) if tls_key else None,
+        File(m.PROMETHEUS_RULES, "Prometheus alert rules", content=wanted.rules()),
+        File(m.PROMETHEUS_CONFIG, "Prometheus config", content=wanted.config()),
+        Command("Prometheus config and rules pass promtool",
+                f"promtool check config --syntax-only {m.PROMETHEUS_CONFIG} >/dev/null && "
+                f"promtool check rules {m.PROMETHEUS_RULES} >/dev/null", when=files),
+        # the office status page: Prometheus reads a console template at each request (a change needs no reload)
+        Directory(m.PROMETHEUS_CONSOLES, "Prometheus consoles (the status page)"),
+        Directory(m.PROMETHEUS_CONSOLE_LIBRARIES, "Prometheus console libraries (none needed)"),
+        [File(dest, "The status page (a console template)", content=text) for dest, text in console_files().items()],
+        _alertmanager_state(wanted) if wanted.alertmanager else None,
+        File(m.PROMETHEUS_UNIT_PATH, "Prometheus unit", content=wanted.unit()),
+        Unit(m.PROMETHEUS_UNIT_NAME, f"Prometheus on 127.0.0.1:{s.monitoring_port}",
+             restart_on=(m.PROMETHEUS_UNIT_PATH,), reload_on=(*files, m.PROMETHEUS_KEY),
+             daemon_reload_on=(m.PROMETHEUS_UNIT_PATH,)),
+        HttpWait("Prometheus is ready", f"http://127.0.0.1:{s.monitoring_port}{m.PROMETHEUS_READY_PATH}",
+                 s.health_timeout_s, 2, f"Prometheus is not ready after {s.health_timeout_s}s",
+                 when=(m.PROMETHEUS_UNIT_NAME, m.PROMETHEUS_UNIT_PATH)))
+
+
+def _alertmanager_state(wanted: Monitoring) -> DesiredState:
+    """Alertmanager (Debian's package, its own unit on loopback, no cluster port): every alert to the webhook,
+    whose URL is a secret (a 0600 file owned by prometheus, never in the plan or the unit)."""
+    owner = (m.PROMETHEUS_USER, m.PROMETHEUS_USER)
+    return desired(
+        _masked_install(m.ALERTMANAGER_PACKAGE, "Alertmanager", "it listens on every address"),
+        Directory(m.ALERTMANAGER_DIR, "Alertmanager config directory", mode="0750",
+                  owner=("root", m.PROMETHEUS_USER)),
+        Directory(m.ALERTMANAGER_DATA, "Alertmanager data directory", mode="0750", owner=owner),
+        secret(m.ALERTMANAGER_CONFIG, "Alertmanager config (0600: its webhook)", wanted.alertmanager_config(),
+               owner=owner),
+        File(m.ALERTMANAGER_UNIT_PATH, "Alertmanager unit", content=wanted.alertmanager_unit()),
+        Unit(m.ALERTMANAGER_UNIT_NAME, f"Alertmanager on 127.0.0.1:{wanted.settings.alertmanager_port}",
+             restart_on=(m.ALERTMANAGER_UNIT_PATH,), reload_on=(m.ALERTMANAGER_CONFIG,),
+             daemon_reload_on=(m.ALERTMANAGER_UNIT_PATH,)))
+
+
+def node_metrics_state(cert: str | None) -> DesiredState:
+    """What the node_metrics stage ensures on a Spark: Debian's node exporter under its own unit on loopback (the
+    LAN reaches it only through the guard's NODE_METRICS_PATH, with the backend key), and a timer writing the GB10's
+    and the watchdog's state for its textfile collector; with this host's fleet certificate in force (`cert`), when
+    it ends (the alert TlsCertificateExpiring). A changed unit is a restart."""
+    service, timer = textfile_units()
+    reader, timer_path = paths.unit_path(m.TEXTFILE_UNIT), paths.unit_path(m.TEXTFILE_TIMER)
+    return desired(
+        _masked_install(m.NODE_EXPORTER_PACKAGE, "Node exporter", "it listens on every address"),
+        Directory(m.TEXTFILE_DIR, "Textfile collector directory"),
+        File(paths.TLS_EXPIRY_TEXTFILE, "This host's certificate expiry (textfile)",
+             content=pki.expiry_metric(cert)) if cert else None,
+        File(m.TEXTFILE, "Helper sparkfleet-textfile", src=str(FILES_DIR / "sparkfleet-textfile"), mode="0755"),
+        File(reader, "Textfile unit", content=service),
+        File(timer_path, "Textfile timer", content=timer),
+        Unit(m.TEXTFILE_TIMER, "Textfile timer on", restart_on=(timer_path, reader, m.TEXTFILE),
+             daemon_reload_on=(timer_path, reader)),
+        File(m.NODE_EXPORTER_UNIT_PATH, "Node exporter unit", content=node_exporter_unit()),
+        Unit(m.NODE_EXPORTER_UNIT_NAME, "Node exporter on 127.0.0.1", restart_on=(m.NODE_EXPORTER_UNIT_PATH,),
+             daemon_reload_on=(m.NODE_EXPORTER_UNIT_PATH,)))

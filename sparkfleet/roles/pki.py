@@ -26,9 +26,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sparkfleet.contract import paths
 from sparkfleet.contract.monitoring import TLS_EXPIRY_METRIC, backend_hop
 from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError, parse_settings
 from sparkfleet.release.plan import fleet_tls
+from sparkfleet.roles.desired import DesiredState, Directory, File, desired, secret
 
 CA_DAYS = 3650
 HOST_DAYS = 90  # a host's certificate; re-issued by the converge that finds it within RENEW_BEFORE of its end
@@ -296,3 +298,22 @@ def hosts_ca(hosts: list[tuple[str, dict]]) -> FleetCA | None:
     if problems:
         raise SettingsError(problems)
     return ca_of(next(iter(settings.values()))) if tls else None
+
+
+# This host's TLS files, which its guard, its front door and Prometheus read: a change of any reloads them.
+TLS_FILES = (paths.TLS_CA, paths.TLS_HOST_KEY, paths.TLS_HOST_CERT)
+
+
+def tls_state(ca: FleetCA, name: str, address: str, current: str | None) -> tuple[DesiredState, str]:
+    """Host `name`'s TLS files (the fleet CA's certificate, its derived key, its certificate) and the certificate
+    in force after them: `current` (as read from the host) where it stands, else one issued now (`wrong` says
+    why). The current one is kept otherwise: a new one each run would reload every HAProxy each run."""
+    names = host_names(name, address)
+    why = wrong(ca, current, name, names)
+    cert = issue(ca, name, names) if why else current
+    issued = File(paths.TLS_HOST_CERT, f"This host's certificate issued by the fleet CA (the current one: {why})",
+                  content=cert) if why else None
+    return desired(Directory(paths.TLS_DIR, "Fleet TLS directory"),
+                   File(paths.TLS_CA, "Fleet CA certificate", content=ca.cert_pem),
+                   secret(paths.TLS_HOST_KEY, "This host's TLS key (root-only)", host_key_pem(ca, name)),
+                   issued), cert

@@ -186,10 +186,13 @@ def test_a_host_leaving_the_group_front_door_keeps_none_of_a_doors_files_or_unit
     """Every file the contract puts in the door's directory (the users' keys, the engines' key among them) and every
     unit of a door is what `no_front_door` removes from a host outside the group."""
     from sparkfleet.contract import monitoring, paths
-    from sparkfleet.tasks.front_door import DOOR_FILES, DOOR_UNITS
+    from sparkfleet.roles.front_door.desired import DOOR_FILES, DOOR_UNITS, no_door_state
 
     in_door_dir = {value for module in (paths, monitoring) for name, value in vars(module).items()
                    if name.isupper() and isinstance(value, str) and value.startswith(paths.FRONT_DOOR_DIR + "/")}
     assert in_door_dir and in_door_dir == set(DOOR_FILES)
     assert set(DOOR_UNITS) == {paths.FRONT_DOOR_UNIT_NAME, paths.DOOR_ADDRESS_UNIT_NAME, paths.USAGE_SAVE_UNIT,
                                paths.USAGE_SAVE_TIMER}
+    gone = no_door_state()  # what the stage no_front_door ensures
+    assert set(gone.absent) == set(DOOR_FILES) and set(gone.removed_units) == set(DOOR_UNITS)
+    assert not gone.files and not gone.units
