@@ -33,6 +33,7 @@ TOOLS = {
     "node_exporter": Tool((("prometheus-node-exporter",),), "prometheus-node-exporter",
                           "the node exporter's metric names"),
     "chromium": Tool((("chromium", "chromium-browser"),), "chromium", "the status page's screenshot"),
+    "keepalived": Tool((("keepalived",),), "keepalived", "keepalived's own check of the floating address's config"),
 }
 _ATTRIBUTE = "sparkfleet_tiers"
 
