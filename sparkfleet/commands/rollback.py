@@ -5,7 +5,6 @@ rollback that would drain the last backend a front door has for a model is refus
 from __future__ import annotations
 
 from sparkfleet.commands import common
-from sparkfleet.refused import Refused
 
 NAME = "rollback"
 HELP = "switch hosts to their previous release (no download)"
@@ -22,14 +21,10 @@ def run(args) -> int:
     from sparkfleet.fleet.batches import cohorts
     from sparkfleet.fleet.rollout import load_whole_groups, members_in_data, rollback, served_names
 
-    with common.refusing():
-        hosts = spark_hosts(load_whole_groups(args.inventory, args.limit))  # a group rolls back whole
-        sparks = spark_hosts(load_hosts(args.inventory))  # every Spark: the peers that keep a model in rotation
+    hosts = spark_hosts(load_whole_groups(args.inventory, args.limit))  # a group rolls back whole
+    sparks = spark_hosts(load_hosts(args.inventory))  # every Spark: the peers that keep a model in rotation
     names, groups = [name for name, _ in hosts], members_in_data(hosts)
-    try:
-        cohorts(names, groups)
-    except ValueError as exc:  # a group whose members' lists disagree
-        raise Refused(str(exc)) from None
+    cohorts(names, groups)  # a group whose members' lists disagree is refused here
     reports = rollback(args.inventory, names, groups, served_names(sparks), log=common.log)
     common.print_reports(reports, args.json)
     return 0 if all(r.result == "rolled back" for r in reports) else 1

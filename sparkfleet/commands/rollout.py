@@ -17,8 +17,7 @@ def run(args) -> int:
     from sparkfleet.fleet.rollout import chat_models, holds_what_it_needs, planned, read_before, report_json, \
         rollout, service_hosts_last
 
-    with common.refusing():
-        before = planned(args.inventory, args.limit, args.data)
+    before = planned(args.inventory, args.limit, args.data)
     before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate)
     releases = {p.name: ((before.installed[p.name] or {}).get("release_id"), p.release_id) for p in before.plans}
     prepared = {p.name for p in before.plans if holds_what_it_needs(p, before.installed[p.name] or {})}

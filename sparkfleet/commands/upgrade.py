@@ -26,8 +26,7 @@ def run(args) -> int:
     from sparkfleet.host.upgrade import refused_changes
     from sparkfleet.tables import literal, print_table
 
-    with common.refusing():
-        before = planned(args.inventory, args.limit, args.data, service_hosts=False)  # DGX OS updates: the Sparks'
+    before = planned(args.inventory, args.limit, args.data, service_hosts=False)  # DGX OS updates: the Sparks'
     plans = before.plans
     refusals = {p.name: (lambda sim, p=p: refused_changes(p.name, p.settings, sim.changes, p.group is not None))
                 for p in plans}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sparkfleet.contract.settings import SettingsError
 from sparkfleet.refused import FAILED, Refused
 
 Cohort = tuple[str, ...]  # what changes together: one host, or a group's members head first
@@ -51,14 +52,14 @@ def batches(hosts: list, batch: str = "1", canary: bool = False) -> list[list]:
 
 def cohorts(hosts: list[str], groups: dict[str, Cohort]) -> list[Cohort]:
     """The cohorts of `hosts`, in their order: a single host alone, a group once (head first) where its first
-    member appears. Raises ValueError when a group is only partly in `hosts`."""
+    member appears. A group only partly in `hosts` is refused (SettingsError: the selection, not a bug)."""
     found: list[Cohort] = []
     for h in hosts:
         cohort = groups.get(h, (h,))
         missing = [m for m in cohort if m not in hosts]
         if missing:
-            raise ValueError(f"{h}: its group {cohort_name(cohort)} is only partly selected ({', '.join(missing)} "
-                             "missing): roll out the whole group")
+            raise SettingsError([f"{h}: its group {cohort_name(cohort)} is only partly selected "
+                                 f"({', '.join(missing)} missing): roll out the whole group"])
         if cohort not in found:
             found.append(cohort)
     return found

@@ -86,7 +86,6 @@ def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts
     """The inventory (a `limit` widened to whole groups) planned from the project's lock with `--data` over it;
     `service_hosts` False: the Sparks only (a platform upgrade is theirs). SettingsError for a group only partly
     planned, before any host is read."""
-    from sparkfleet.contract.settings import SettingsError
     from sparkfleet.controller.inventory import load_hosts, locked_plans, spark_hosts, with_data
 
     hosts = with_data(load_whole_groups(inventory, limit), data)
@@ -96,10 +95,7 @@ def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts
         if limit else []
     before = Before([p for p in plans if not p.is_service], dict(hosts), [p.name for p in plans if p.is_service],
                     members_of(plans), peers=served_names(left_out))
-    try:
-        cohorts(before.names, before.groups)
-    except ValueError as exc:
-        raise SettingsError([str(exc)]) from None
+    cohorts(before.names, before.groups)  # a group only partly selected is refused here, before any host is read
     return before
 
 

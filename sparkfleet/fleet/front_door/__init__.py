@@ -3,9 +3,9 @@ to hold (its plan, floating address, holds and records) is planned in roles/fron
 controller does with a live door, in rooms of one concern each (import a name from the room that owns it; this
 package re-exports nothing):
 
-- `runtime`: what the controller sends a front door host over SSH: HAProxy's runtime API and the drain and hold
-  records beside it (`BACKEND`, `runtime_command`, `record_command`, `hold_command`, `backend_states`, ...;
-  `FrontDoorRuntime`, which a rollout, an upgrade and a rollback drive).
+- `runtime`: what the controller asks a front door host over SSH and reads back (`states_command`, `backend_states`,
+  `in_rotation`, the door survey, ...; `FrontDoorRuntime`, which the one batch loop of rollout, upgrade and rollback
+  drives); the commands that write the drain and hold records are roles/front_door/records.py's.
 - `commands`: the front door's commands (`drain_host`, `undrain_host`, `front_door_status`, `status_rows`,
   `bench_target`); where the controller reaches a door is contract/reach.py `front_door_url`.
 
