@@ -106,12 +106,18 @@ class Browser:
         """The door's page, the key typed and sent; True once Open WebUI's chat box is there, False when the page
         stays (the door refused the key)."""
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.wait import WebDriverWait
 
         self.driver.get(self.url + "/")
         assert self.driver.current_url.endswith(chat_ui.LOGIN_PATH), self.driver.current_url
-        self.driver.find_element(By.ID, "key").send_keys(key)
+        field = self.driver.find_element(By.ID, "key")
+        field.send_keys(key)
         self.driver.find_element(By.ID, "sign-in").click()
         deadline = time.monotonic() + SIGN_IN_S
+        # the form's page is left either way (the door answers the POST with a redirect to the UI, or with its sign-in
+        # page again): judged on the next page, not on the form still showing before the browser has moved on
+        WebDriverWait(self.driver, SIGN_IN_S).until(expected_conditions.staleness_of(field))
         while time.monotonic() < deadline:
             if self.driver.current_url.endswith(chat_ui.LOGIN_PATH) and self.driver.find_elements(By.ID, "key"):
                 return False
