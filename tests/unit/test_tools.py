@@ -4,54 +4,16 @@ sits on top of its decisions and its glue to the fleet, each tool on what it use
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import tools
-from tests.unit.test_layers import module_name
+from tests.unit.test_layers import circles, graph as package_graph
 
 TOOLS = Path(tools.__file__).resolve().parent
 
 
-def imports(path: Path, package: Path = TOOLS) -> set[str]:
-    """Every module of the tools package a file imports, at the top or inside a function."""
-    name = package.name
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name == name or a.name.startswith(f"{name}."))
-        elif isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(f"{name}."):
-            for alias in node.names:
-                candidate = package.parent / f"{node.module}.{alias.name}".replace(".", "/")
-                is_module = candidate.with_suffix(".py").exists() or candidate.is_dir()
-                found.add(f"{node.module}.{alias.name}" if is_module else node.module)
-    return found
-
-
 def graph(package: Path = TOOLS) -> dict[str, set[str]]:
-    return {module_name(p, package): imports(p, package) for p in package.rglob("*.py")}
-
-
-def circles(edges: dict[str, set[str]]) -> list[str]:
-    """Each circle found by a depth-first walk, as `a -> b -> a`."""
-    seen: dict[str, int] = {}  # 1: on the current path, 2: done
-    found: list[str] = []
-
-    def visit(node: str, trail: list[str]) -> None:
-        seen[node] = 1
-        for nxt in sorted(edges.get(node, ())):
-            if nxt == node or nxt not in edges:
-                continue
-            if seen.get(nxt) == 1:
-                found.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
-            elif nxt not in seen:
-                visit(nxt, trail + [nxt])
-        seen[node] = 2
-
-    for start in sorted(edges):
-        if start not in seen:
-            visit(start, [start])
-    return found
+    return package_graph(package)
 
 
 def test_the_tools_import_no_circle():
