@@ -3,8 +3,6 @@ PY := .venv/bin/python
 HOSTS ?= 3
 # the simulated fleets `make e2e` runs on at once, one pytest-xdist worker each ("default": `python -m sim`'s)
 E2E_FLEETS ?= default,b,c
-# the chat UI's e2e module runs beside them, from the start, on a fleet of its own
-CHAT_UI_FLEET ?= ui
 comma := ,
 
 .PHONY: venv demo test fast unit unit-offline install-check e2e down
@@ -55,21 +53,14 @@ install-check: venv
 	$(PY) -m pytest tests/e2e/test_install.py -q -p no:cacheprovider
 
 ## The e2e modules split between the fleets of E2E_FLEETS (each worker brings its own up), images built once first;
-## the chat UI's module meanwhile on a fleet of its own (CHAT_UI_FLEET), from the start: the longest module, and one
-## whose fleet no other module follows (a rollout right after it on the same fleet once showed no fetch progress).
-## The extra fleets are taken down after, the default one is left as the tests left it.
+## the extra fleets are taken down after, the default one is left as the tests left it.
 e2e: venv
 	@bash sim/bootstrap.sh
 	$(PY) -m sim build
-	@mkdir -p artifacts
-	SPARKFLEET_SIM_FLEET=$(CHAT_UI_FLEET) $(PY) -m pytest tests/e2e/test_chat_ui.py -v --durations=5 \
-		-p no:cacheprovider > artifacts/e2e-chat-ui.log 2>&1 & ui=$$!; \
-	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e --ignore=tests/e2e/test_chat_ui.py -v --durations=15 \
-		-p no:cacheprovider -n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder; \
-	rc=$$?; wait $$ui; ui_rc=$$?; echo "--- the chat UI's module (fleet $(CHAT_UI_FLEET)):"; cat artifacts/e2e-chat-ui.log; \
-	for f in $(filter-out default,$(subst $(comma), ,$(E2E_FLEETS))) $(CHAT_UI_FLEET); do $(PY) -m sim --fleet $$f down; done; \
-	[ $$rc -ne 0 ] && exit $$rc; exit $$ui_rc
+	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e -v --durations=15 -p no:cacheprovider \
+		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder; rc=$$?; \
+	for f in $(filter-out default,$(subst $(comma), ,$(E2E_FLEETS))); do $(PY) -m sim --fleet $$f down; done; exit $$rc
 
 down: venv
 	$(PY) -m sim down
-	for f in $(subst $(comma), ,$(E2E_FLEETS)) $(CHAT_UI_FLEET); do $(PY) -m sim --fleet $$f down; done
+	for f in $(subst $(comma), ,$(E2E_FLEETS)); do $(PY) -m sim --fleet $$f down; done
