@@ -180,6 +180,10 @@ def test_keepalived_config(preempt, unicast):
     assert "10.0.0.100/24 dev eth0" in conf and "advert_int 1" in conf
     assert "https://127.0.0.1:8080/health" in conf and "interval 1" in conf and "fall 2" in conf
     assert ("unicast_peer {\n        10.0.0.11\n    }" in conf) is unicast
+    # unicast: an advert from an address that is no door's is dropped, never yielded to (keepalived's
+    # check_unicast_src, inside the instance); multicast has no peer list to check against
+    instance = conf[conf.index("vrrp_instance"):]
+    assert ("\n    check_unicast_src\n" in instance) is unicast
     with pytest.raises(ValueError):
         fd_address.keepalived_conf(doors, "door-2", "eth0 dev lo", 8080, tls=False)
 
