@@ -118,6 +118,10 @@ gpu_memory_budget = 0.95  # the chat's gpu_memory_utilization + every service's 
 # ones: the least recently used of those is stopped first (docs/several-models.md)
 on_demand_idle_s = 900
 on_demand_max_waiting = 32  # requests a stopped on-demand model holds while it starts (and then at once); 503 past it
+# an on-demand engine serves at least this long (from its first answer) before another's start may stop it for room:
+# a start that needs its room waits (its requests held) for the rest, so models asked in turn swap at most once per
+# this long, not on every request; 0: stopped at once (docs/several-models.md)
+on_demand_min_resident_s = 300
 
 # --- Planning: what the fit and speed estimates assume about a host ----------
 host_memory_gb = 128  # a Spark's unified memory

@@ -52,7 +52,7 @@ def host_memory_bytes(host_memory_gb: float) -> int:
 
 
 def memory_plan(budget: float, memory_bytes: int, shares: dict[str, tuple[str, float, int]], wait_s: int,
-                on_demand: frozenset[str] = frozenset()) -> dict:
+                on_demand: frozenset[str] = frozenset(), min_resident_s: int = 0) -> dict:
     """The host's one memory plan: the budget, each engine's unit, share, bytes and loopback port (by name: "chat",
     each service), the most they hold at once and whether it fits, and the order its engines start in. The planner
     refuses one that does not fit, `plan` prints it, and sparkfleet-memcheck reads it from paths.MEMORY_PLAN
@@ -61,15 +61,18 @@ def memory_plan(budget: float, memory_bytes: int, shares: dict[str, tuple[str, f
 
     The engines named in `on_demand` run only while asked: they must each fit beside every always-on engine, not
     beside each other (the start check stops the least recently used one first), so the most held at once is the
-    always-on shares and the largest on-demand one; they start after every always-on engine."""
+    always-on shares and the largest on-demand one; they start after every always-on engine. Each serves at least
+    `min_resident_s` (counted from its proxy's start: its first answer) before another's start may stop it
+    (files/sparkfleet_host/eviction.py)."""
     always = [share for name, (_, share, _) in shares.items() if name not in on_demand]
     largest = max((share for name, (_, share, _) in shares.items() if name in on_demand), default=None)
     total, fits = within_budget([*always, *([largest] if largest is not None else [])], budget)
     order = sorted(shares, key=lambda name: name in on_demand)
     return {"budget": budget, "total": total, "fits": fits,
-            **({"guard_stats": paths.GUARD_STATS_SOCKET} if on_demand else {}),
+            **({"guard_stats": paths.GUARD_STATS_SOCKET, "min_resident_s": min_resident_s} if on_demand else {}),
             "shares": {name: {"unit": unit, "share": share, "bytes": int(share * memory_bytes), "engine_port": port,
-                              **({"on_demand": True} if name in on_demand else {})}
+                              **({"on_demand": True, "proxy": paths.on_demand_proxy(name)} if name in on_demand
+                                 else {})}
                        for name, (unit, share, port) in shares.items()},
             "start": {"order": [shares[name][0] for name in order], "wait_s": wait_s,
                       "serving": paths.SERVING_FILE}}

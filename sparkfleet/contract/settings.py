@@ -404,6 +404,8 @@ class Settings(_EngineVersions):
     gpu_memory_budget: float = Field(gt=0, le=1)
     on_demand_idle_s: int = Field(ge=10, le=7 * 86400)
     on_demand_max_waiting: int = Field(ge=1, le=4096)
+    # how long an on-demand engine serves before another's start may stop it for room (0: at once); an hour at most
+    on_demand_min_resident_s: int = Field(ge=0, le=3600)
 
     host_memory_gb: float = Field(gt=0)
     memory_bandwidth_gbs: float = Field(gt=0)

@@ -327,7 +327,8 @@ def memory_plan(s: Settings, services: dict[str, Service]) -> dict:
                       paths.engine_port(_required(svc.api_port)))
                for name, svc in services.items()}}
     return formats.memory_plan(s.gpu_memory_budget, host_memory_bytes(s.host_memory_gb), rows, s.health_timeout_s,
-                               frozenset(name for name, svc in services.items() if svc.on_demand))
+                               frozenset(name for name, svc in services.items() if svc.on_demand),
+                               s.on_demand_min_resident_s)
 
 
 def oversubscribed(host: str, s: Settings, plan: dict, needs: dict[str, float]) -> str:

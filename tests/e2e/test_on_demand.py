@@ -16,6 +16,7 @@ from tests.waiting import wait_until
 HOST = "spark-1"
 IDLE_S = 20
 LOAD_S = 3  # the vLLM stand-in's load time (its knob: the host's knob file wins over SIM_LOAD_DELAY_S)
+RESIDENT_S = 10  # on_demand_min_resident_s: a model asked through the door serves this long before it may be stopped
 
 
 def active(state: dict, *units: str) -> list[str]:
@@ -47,7 +48,8 @@ def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_pat
     def write(services: dict) -> str:
         several.write_text(
             f"import runpy\n_d = runpy.run_path({base!r})\n"
-            f"_own = {{'services': {services!r}, 'gpu_memory_utilization': 0.4, 'watchdog_interval_s': 5}}\n"
+            f"_own = {{'services': {services!r}, 'gpu_memory_utilization': 0.4, 'watchdog_interval_s': 5, "
+            f"'on_demand_min_resident_s': {RESIDENT_S}}}\n"
             f"sparks = [(n, {{**d, **_own}} if n == {HOST!r} else d) for n, d in _d['sparks']]\n"
             "front_door = _d['front_door']\nmonitoring = _d['monitoring']\n")
         return str(several)
@@ -79,16 +81,23 @@ def test_always_on_and_on_demand_models_share_one_spark(converged_fleet, tmp_pat
                                                 messages=[{"role": "user", "content": "wake up"}])
         first_token = next(c for c in stream if c.choices and (c.choices[0].delta.content
                                                                or getattr(c.choices[0].delta, "reasoning", None)))
-        waited = time.monotonic() - asked
+        answered = time.monotonic()
+        waited = answered - asked
         print(f"\nfirst token from the stopped on-demand model after {waited:.2f} s (load time {LOAD_S} s)")
         assert first_token and LOAD_S <= waited < 60, waited
         assert active(converged_fleet, "sparkfleet-vllm-long") == ["active"]
 
-        # the other on-demand model does not fit beside it: the least recently used on-demand one makes room
+        # the other on-demand model does not fit beside it: the least recently used on-demand one makes room, once
+        # it has served its minimum residency (the request waits for the rest, then is answered)
         since = ssh(converged_fleet, HOST, "date +%s")
         reply = client.chat.completions.create(model="Qwen3.5-35B-A3B-short", max_tokens=4,
                                                messages=[{"role": "user", "content": "hello"}])
         assert reply.usage.completion_tokens > 0
+        assert time.monotonic() - answered >= RESIDENT_S - 2  # long began serving just before its first token
+        waits = ssh(converged_fleet, HOST, f"journalctl -u sparkfleet-vllm-short --since @{since} --no-pager -o cat"
+                                           " | grep -F ' waits ' || true")
+        assert ("sparkfleet-vllm-short.service waits" in waits and "sparkfleet-vllm-long.service has served for"
+                in waits and f"stays at least {RESIDENT_S} s (on_demand_min_resident_s)" in waits), waits
         assert active(converged_fleet, "sparkfleet-vllm-long", "sparkfleet-vllm-short") == ["inactive", "active"]
         room = ssh(converged_fleet, HOST, f"journalctl -u sparkfleet-vllm-short --since @{since} --no-pager -o cat"
                                           " | grep -F 'to make room' || true")

@@ -215,6 +215,7 @@ def test_the_eviction_stops_on_demand_engines_least_recently_used_first_and_only
     unit fits, never touches the always-on chat engine nor the unit starting."""
     memory = plan_hosts([("spark-a", host_data(gpu_memory_utilization=0.5, services=ON_DEMAND))])[0].memory_plan
     memory["guard_stats"] = str(tmp_path / "stats.sock")
+    memory["min_resident_s"] = 0  # the order alone here; the residency: test_on_demand_residency.py
     path = tmp_path / "memory.json"
     path.write_text(memory_plan_json(memory))
     eviction, stopped = shared.eviction, []
