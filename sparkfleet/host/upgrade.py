@@ -5,31 +5,44 @@ needs a reboot. The fact reads the simulation; `sparkfleet upgrade` acts on it (
 What is installed is exactly what was checked: the lists may refresh between the simulation (planned) and the
 install (after the drain and the canary's baseline), so the install names each simulated package at its simulated
 version (`install_command`), and apt is asked again on the host right before (`checked_upgrade`): anything else it
-offers then is refused (`offered_problem`), nothing installed. Names and versions are apt's output, untrusted: off
-Debian's grammar the simulation is unreadable, and each one reaches the shell quoted.
+offers then is refused (`offered_problem`), nothing installed. That second look and the install are one command on
+the host, under apt's lists lock from before the one to after the other (`checked_command`, `host/apt_locked.py`),
+so no refresh comes between them. Names and versions are apt's output, untrusted: off Debian's grammar the
+simulation is unreadable, and each one reaches the shell quoted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from pathlib import Path
 
-from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings
+from sparkfleet.host import apt_locked
+from sparkfleet.host.apt_locked import (  # noqa: F401  (the parser's names, imported from here too)
+    END,
+    INST,
+    LISTS_LOCK,
+    LOCK_WAIT_S,
+    PACKAGE,
+    REFUSED_OP,
+    REMV,
+    SIMULATED,
+    VERSION,
+    Change,
+    Simulation,
+    offered_problem,
+    read_simulation,
+)
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.preflight import refused_by, refused_lists
 
-# `apt-get -s upgrade`: "Inst nvidia-driver-580-open [580.95.05-1] (580.95.99-1 DGX:stable [arm64])"; no [old]: new
-INST = re.compile(r"Inst (?P<package>\S+) (?:\[(?P<old>[^\]]+)\] )?\((?P<new>\S+)")
-REMV = re.compile(r"Remv (?P<package>\S+)")  # what an install would remove (an upgrade never does)
-# Debian policy 5.6.1 (a name, apt's ":arch" for a foreign one) and 5.6.12 (a version): what may reach apt's command
-PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(?::[a-z0-9][a-z0-9-]*)?")
-VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~:-]*")
-SIMULATED = "^(Inst|Remv|E:) "  # the lines a simulation's answer keeps (grep -E)
 KERNEL = re.compile(r"linux-image-(?P<release>\d\S*)")  # the version `uname -r` reports once booted on it
 DRIVER = re.compile(r"nvidia-driver-\d+(?:-server)?(?:-open)?")  # DGX OS's driver package, its version the driver's
 # what a reboot loads: the kernel, its modules, the driver's kernel modules (a user-space library alone is not)
@@ -39,51 +52,11 @@ DPKG_FLAGS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-conf
 UPGRADE_FLAGS = f"{DPKG_FLAGS} --with-new-pkgs"
 
 
-@dataclass(frozen=True)
-class Change:
-    package: str
-    old: str | None  # None: a new package (a new kernel's)
-    new: str
-
-    def line(self) -> str:
-        return f"{self.package} {self.old or '(new)'} -> {self.new}"
-
-
-@dataclass(frozen=True)
-class Simulation:
-    """What `apt-get upgrade` would change on a host, within its apt pins, and whether it asks for a reboot now."""
-
-    changes: tuple[Change, ...]
-    reboot_required: bool  # /var/run/reboot-required is there already
-    removed: tuple[str, ...] = ()  # packages it would remove (an install's simulation)
-
-
-END = "end of the simulation"  # its last line: an answer cut short is not an empty upgrade
-
-
-def _off_grammar(line: str) -> bool:
-    """An `Inst` or `Remv` line whose package or version is not Debian's (or not apt's usual line at all)."""
-    found = INST.match(line) if line.startswith("Inst ") else REMV.match(line)
-    if found is None:
-        return True
-    fields = found.groupdict()
-    return not PACKAGE.fullmatch(fields["package"]) or any(
-        fields.get(k) is not None and not VERSION.fullmatch(fields[k]) for k in ("old", "new"))
-
-
 def parse_simulation(lines: list[str]) -> Simulation | Unreadable:
     """The fact's output: `Inst` (and `Remv`) lines, `reboot-required`, END; an apt error line, no END, or a name or
-    version off Debian's grammar makes it unreadable (nothing is installed on a guess)."""
-    source = "apt-get (simulated)"
-    errors = [line for line in lines if line.startswith("E:")]
-    if errors or END not in lines:
-        return Unreadable(source, errors[0][:200] if errors else "its answer was cut short")
-    odd = [line for line in lines if line.startswith(("Inst ", "Remv ")) and _off_grammar(line)]
-    if odd:
-        return Unreadable(source, f"{odd[0][:120]!r} names a package or version off Debian's grammar")
-    changes = tuple(Change(m["package"], m["old"], m["new"]) for m in map(INST.match, lines) if m)
-    removed = tuple(m["package"] for m in map(REMV.match, lines) if m)
-    return Simulation(changes, "reboot-required" in lines, removed)
+    version off Debian's grammar makes it unreadable (nothing is installed on a guess): apt_locked's one reader."""
+    found = read_simulation(lines)
+    return Unreadable("apt-get (simulated)", found) if isinstance(found, str) else found
 
 
 class UpgradeSimulation(FactBase):
@@ -150,7 +123,6 @@ def needs_reboot(sim: Simulation) -> bool:
 # the upgrade stage's operations, by name: `sparkfleet upgrade` reads its hosts' results by them (fleet/upgrade.py)
 UPGRADE_OP = "Packages upgraded (exactly the checked versions, once apt offers just those again)"
 REBOOT_OP = "Rebooted for the new kernel or driver (or as the host asked), and back over SSH"
-REFUSED_OP = "Upgrade refused"  # an operation's name, or the start of the line checked_upgrade refuses with
 
 
 def _targets(changes) -> list[QuoteString]:
@@ -171,45 +143,21 @@ def recheck_command(changes) -> StringCommand:
                          f"2>&1 | grep -E '{SIMULATED}'; echo {shlex.quote(END)}")
 
 
-def _few(items: list[str], most: int = 2) -> str:
-    return ", ".join(items[:most]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
-
-
-def offered_problem(name: str, checked, offered: Simulation | Unreadable) -> str | None:
-    """None when apt, asked again right before installing, would make exactly the `checked` changes; else the
-    refusal's one line (what it offers beyond the check, what it no longer offers, what it would remove)."""
-    head = f"{REFUSED_OP}: {name}: "
-    if isinstance(offered, Unreadable):
-        return (f"{head}apt, asked again right before installing: {offered.problem}; nothing installed: run "
-                f"`sparkfleet upgrade` again once apt answers")
-    want, have = set(checked), set(offered.changes)
-    if want == have and not offered.removed:
-        return None
-    found = [f"now also {_few([c.line() for c in offered.changes if c not in want])}" if have - want else "",
-             f"no longer offered: {_few([c.line() for c in checked if c not in have])}" if want - have else "",
-             f"would remove {_few(list(offered.removed))}" if offered.removed else ""]
-    return (f"{head}apt now offers another upgrade than the one checked (its lists changed since); nothing "
-            f"installed: {'; '.join(f for f in found if f)}; run `sparkfleet upgrade` again: it checks what apt "
-            f"offers now")
-
-
-def _second_look(state, host, changes, problem: list[str]) -> bool:
-    """Ask apt again (recheck_command) and keep the refusal's line, if any, for the operation's next command."""
-    _, output = host.run_shell_command(recheck_command(changes))
-    found = offered_problem(host.name, changes, parse_simulation(output.stdout_lines))
-    if found:
-        problem.append(found)
-    return True
+def checked_command(name: str, changes, lock: str = LISTS_LOCK, wait_s: float = LOCK_WAIT_S) -> StringCommand:
+    """One command on the host: under apt's lists lock (`lock`, waited for up to `wait_s`), apt asked again
+    (recheck_command) and, only where it offers exactly `changes`, their install (install_command); else the
+    refusal's line on stderr and exit 1, nothing installed. `host/apt_locked.py`'s own source runs it (`python3
+    -c`), with each value one quoted argument."""
+    checked = json.dumps([[c.package, c.old, c.new] for c in changes])
+    return StringCommand("python3", "-c", QuoteString(Path(apt_locked.__file__).read_text()), QuoteString(name),
+                         QuoteString(lock), str(float(wait_s)), QuoteString(checked),
+                         QuoteString(recheck_command(changes).get_raw_value()),
+                         QuoteString(install_command(changes).get_raw_value()))
 
 
 @operation(is_idempotent=False)
 def checked_upgrade(changes):
     """Exactly `changes` installed (install_command), once apt, asked again on the host right before, offers just
-    those; else the refusal's line on stderr and a failure, nothing installed. The second look runs when the
-    operation does, never when it is planned."""
-    changes, problem = tuple(changes), []
-    yield FunctionCommand(_second_look, (changes, problem), {})
-    if problem:
-        yield StringCommand("printf '%s\\n'", QuoteString(problem[0]), ">&2; exit 1")
-        return
-    yield install_command(changes)
+    those; else the refusal's line on stderr and a failure, nothing installed. The second look and the install are
+    one command under apt's lists lock (checked_command): no list refresh between them."""
+    yield checked_command(host.name, tuple(changes))

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import FunctionCommand
-from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.fleet.converge import HostResult
@@ -20,6 +19,7 @@ from sparkfleet.host.upgrade import (
     REFUSED_OP,
     Change,
     Simulation,
+    checked_command,
     checked_upgrade,
     install_command,
     offered_problem,
@@ -107,40 +107,121 @@ def test_what_reaches_the_shell_is_quoted_even_past_the_parser():
     assert words[words.index("--") + 1] == "curl;touch /tmp/pwned=2 $(id)"
 
 
-class Host:
-    """The host as the operation sees it when it runs: apt's answer to the second look."""
-
-    def __init__(self, answer: list[str]):
-        self.name, self.answer, self.asked = "spark-a", answer, []
-
-    def run_shell_command(self, command, **kwargs):
-        self.asked.append(str(command))
-        return True, CommandOutput([OutputLine("stdout", line) for line in self.answer])
-
-
-def run_op(answer: list[str]) -> tuple[list[str], Host]:
-    """The operation's commands as pyinfra runs them: a Python step is run before the next command is asked for."""
-    target, commands = Host(answer), []
-    for command in checked_upgrade._inner(CHECKED):
-        if isinstance(command, FunctionCommand):
-            assert command.function(SimpleNamespace(), target, *command.args, **command.kwargs) is True
-            commands.append("<second look>")
-        else:
-            commands.append(str(command))
-    return commands, target
+# apt on the host, as the one command meets it: `apt-get -s` answers the simulation in $APT_ANSWER, an install and
+# `apt-mark` answer nothing; each call is logged with whether apt's lists lock ($APT_LISTS_LOCK) was free to take
+# for another process then (an `apt-get update` starting would have taken it), as apt takes it (fcntl)
+FAKE_APT = """#!{python}
+import fcntl, json, os, sys
+fd = os.open(os.environ["APT_LISTS_LOCK"], os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lists = "free"
+except OSError:
+    lists = "held"
+with open(os.environ["APT_LOG"], "a") as log:
+    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:], lists]) + "\\n")
+if "-s" in sys.argv[1:]:
+    print(open(os.environ["APT_ANSWER"]).read(), end="")
+"""
 
 
-def test_the_operation_installs_the_checked_list_after_apt_offered_it_again():
-    commands, target = run_op([inst(c) for c in CHECKED] + [END])
-    assert commands == ["<second look>", str(install_command(CHECKED))]
-    assert target.asked == [str(recheck_command(CHECKED))]
+@pytest.fixture
+def host_apt(tmp_path):
+    """Runs the operation's one command as the host's shell would, against the fake apt: (the simulation apt
+    answers now, the lock's wait) -> (exit status, stderr, the logged apt calls)."""
+    import json
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("apt-get", "apt-mark"):
+        (bin_dir / name).write_text(FAKE_APT.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    lock = tmp_path / "lists.lock"
+
+    def run(answer: list[str], wait_s: float = 5, command=None) -> tuple[int, str, list[list[str]]]:
+        (tmp_path / "answer").write_text("".join(f"{line}\n" for line in answer))
+        (tmp_path / "log").write_text("")
+        command = command or checked_command("spark-a", CHECKED, lock=str(lock), wait_s=wait_s)
+        proc = subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, timeout=60, env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin", "APT_LISTS_LOCK": str(lock), "APT_LOG": str(tmp_path / "log"),
+            "APT_ANSWER": str(tmp_path / "answer")})
+        calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+        return proc.returncode, proc.stderr, calls
+
+    run.lock = lock
+    return run
 
 
-def test_the_operation_refuses_what_apt_offers_beyond_the_check_and_installs_nothing():
-    commands, _ = run_op([inst(c) for c in (*CHECKED, REFUSED_KERNEL)] + [END])
-    assert commands[0] == "<second look>" and len(commands) == 2
-    assert "apt-get" not in commands[1] and commands[1].endswith(">&2; exit 1")
-    assert "linux-image-6.17.0-1009-nvidia" in shlex.split(commands[1])[2]
+def test_the_operation_is_one_command_on_the_host_no_second_look_of_its_own(monkeypatch):
+    """Issue 50: the second look and the install were two SSH commands, and a list refresh could come between
+    them; now the operation yields one command, the check and the install inside it."""
+    from sparkfleet.host import upgrade
+
+    monkeypatch.setattr(upgrade, "host", SimpleNamespace(name="spark-a"))
+    commands = list(checked_upgrade._inner(CHECKED))
+    assert not any(isinstance(c, FunctionCommand) for c in commands)
+    assert [str(c) for c in commands] == [str(checked_command("spark-a", CHECKED))]
+    assert str(commands[0]).startswith("python3 -c ")
+
+
+def test_the_operation_installs_the_checked_list_after_apt_offered_it_again(host_apt):
+    rc, err, calls = host_apt([inst(c) for c in CHECKED] + [END])
+    assert (rc, err) == (0, ""), err
+    checked, install, auto = calls
+    assert checked[:-1] == ["apt-get", "-s", *DPKG.split(), "install", "--", *(f"{c.package}={c.new}" for c in CHECKED)]
+    assert install[:-1] == ["apt-get", "-y", "-q", *DPKG.split(), "install", "--",
+                            *(f"{c.package}={c.new}" for c in CHECKED)]
+    assert auto[:-1] == ["apt-mark", "auto", "--", KERNEL.package]
+
+
+def test_no_list_refresh_can_come_between_the_second_look_and_the_install(host_apt):
+    """apt's lists lock (an fcntl lock, as `apt-get update` takes it) is held by the command from before apt is
+    asked again until the install has ended: a refresh tried at either moment would find it taken."""
+    rc, err, calls = host_apt([inst(c) for c in CHECKED] + [END])
+    assert rc == 0 and [call[-1] for call in calls] == ["held", "held", "held"], calls
+
+
+def test_a_refresh_running_is_waited_for_and_one_that_does_not_end_refuses_with_nothing_installed(host_apt):
+    """An `apt-get update` holding the lists lock: the command waits for it (then checks the lists as they are
+    after it), and past its wait refuses in one line, apt not even asked."""
+    import fcntl
+    import os
+    import threading
+
+    fd = os.open(host_apt.lock, os.O_RDWR | os.O_CREAT)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    try:
+        rc, err, calls = host_apt([inst(c) for c in CHECKED] + [END], wait_s=0)
+    finally:
+        timer = threading.Timer(0.5, lambda: os.close(fd))
+        timer.start()
+    assert (rc, calls) == (1, [])
+    assert err.strip() == (f"{REFUSED_OP}: spark-a: apt's lists ({host_apt.lock}) stayed locked by another process "
+                           "(a list refresh) for 0 s; nothing installed: run `sparkfleet upgrade` again once it ends")
+    timer.join()
+    rc, err, calls = host_apt([inst(c) for c in CHECKED] + [END], wait_s=30)  # released within its wait
+    assert rc == 0 and len(calls) == 3, err
+
+
+def test_the_operation_refuses_what_apt_offers_beyond_the_check_and_installs_nothing(host_apt):
+    rc, err, calls = host_apt([inst(c) for c in (*CHECKED, REFUSED_KERNEL)] + [END])
+    assert rc == 1 and [call[1] for call in calls] == ["-s"]  # asked again, nothing installed
+    [line] = err.splitlines()
+    assert line.startswith(f"{REFUSED_OP}: spark-a: apt now offers another upgrade than the one checked")
+    assert "linux-image-6.17.0-1009-nvidia" in line and line == offered_problem(
+        "spark-a", CHECKED, parse_simulation([inst(c) for c in (*CHECKED, REFUSED_KERNEL)] + [END]))
+
+
+def test_a_hostile_host_name_or_package_reaches_the_host_as_one_argument_each(host_apt):
+    """The host's name and apt's values are each one quoted argument of the one command: none becomes shell."""
+    hostile = Change("curl;touch /tmp/pwned", "1", "2 $(id)")
+    command = checked_command("spark-a'; id; '", (hostile,), lock=str(host_apt.lock))
+    rc, err, calls = host_apt(["Inst curl;touch /tmp/pwned [1] (2 x [arm64])", END], command=command)
+    assert rc == 1 and [call[1] for call in calls] == ["-s"]
+    assert calls[0][-2] == "curl;touch /tmp/pwned=2 $(id)"
+    assert err.startswith(f"{REFUSED_OP}: spark-a'; id; ': apt, asked again right before installing: ")
 
 
 def test_a_refusal_at_the_second_look_is_reported_as_refused():
