@@ -103,7 +103,9 @@ speculative_method = None  # "mtp": the model's own MTP layer drafts tokens (--s
 num_speculative_tokens = None  # draft tokens per step (1-8) with speculative_method (the MTP recipe: 2)
 extra_engine_args = []  # more vLLM flags, each checked against the flag table; flags that open vLLM's admin
 #                         surface or write prompts to the journal are refused
-engine_env = {}  # secret: extra environment for the engine container; admin-surface keys are refused
+engine_env = {}  # secret: extra environment for the engine container, by allow-list: the pinned engine's reviewed
+#                  variables and a few general ones (docs/settings.md, "Engine environment by allow-list")
+sim_engine_knobs = False  # True only in the simulator's inventories: engine_env may set its stand-ins' SIM_* knobs
 allow_trust_remote_code = False  # True: --trust-remote-code where the recipe says trust_remote_code (hub code as root)
 
 # --- RAG services beside the chat model: each its own vLLM unit, port and model ---------------

@@ -60,7 +60,9 @@ _common = {
     "api_host": "0.0.0.0",  # the host's port 8000 is published on the controller's 127.0.0.1
     "api_key": "sim-key",
     "gpu_memory_utilization": 0.3,  # the sim hosts share 24 GiB
-    # the vLLM stand-in's pace (sim/engine): the reference decode rate, a 100 ms first token
+    # the vLLM stand-in's pace (sim/engine): the reference decode rate, a 100 ms first token; SIM_* knobs pass
+    # engine_env's allow-list only where sim_engine_knobs is set (docs/settings.md, "Engine environment by allow-list")
+    "sim_engine_knobs": True,
     "engine_env": {"SIM_TOKENS_PER_S": "50", "SIM_FIRST_TOKEN_DELAY_MS": "100"},
     # Ray on a tensor_parallel_hosts member: one CPU and a 100 MB object store (the sim hosts share 2 cores)
     "ray_start_args": ["--num-cpus", "1", "--object-store-memory", "100000000"],

@@ -398,6 +398,7 @@ class Settings(_EngineVersions):
     num_speculative_tokens: int | None = Field(ge=1, le=8)
     extra_engine_args: list[Text]
     engine_env: dict[EngineEnvName, Text] = _secret()
+    sim_engine_knobs: bool  # the simulator's inventories alone: engine_env may set its stand-ins' SIM_* knobs
     allow_trust_remote_code: bool
 
     services: dict[ServiceName, Service]

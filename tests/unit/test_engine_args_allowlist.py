@@ -122,7 +122,7 @@ def test_reviewed_flags_and_values_are_accepted(engine, args):
 
 
 def test_reviewed_environment_variables_are_accepted():
-    accepted(**LLAMA, engine_env={"LLAMA_ARG_FLASH_ATTN": "on", "LLAMA_ARG_CACHE_TYPE_K": "q8_0", "OTHER": "kept"})
+    accepted(**LLAMA, engine_env={"LLAMA_ARG_FLASH_ATTN": "on", "LLAMA_ARG_CACHE_TYPE_K": "q8_0", "TZ": "UTC"})
     accepted(engine_env={"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_PLUGINS": "a,b", "NCCL_DEBUG": "INFO"})
 
 

@@ -20,7 +20,7 @@ SECRET = "sk-live-0123456789"
 
 
 def plan(**overrides):
-    [found] = plan_hosts([("spark-a", host_data(**{"api_key": "fleet-key-1", **overrides}))],
+    [found] = plan_hosts([("spark-a", host_data(**{"api_key": "fleet-key-1", "sim_engine_knobs": True, **overrides}))],
                          resolve=lambda s: (MANIFEST, qwen35_config(), None))
     return found
 
@@ -41,7 +41,7 @@ def test_no_env_keeps_the_release_id_it_had():
 
 
 def test_the_same_env_gives_the_same_id_on_every_run():
-    env = {"B_VAR": "2", "A_VAR": SECRET}
+    env = {"SIM_B": "2", "SIM_A": SECRET}  # the sim's knobs: engine_env passes reviewed names only
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from tests.unit.test_release_env import plan; "
             "print(plan(engine_env=json.loads(sys.argv[2])).release_id)")
     runs = {subprocess.run([sys.executable, "-c", code, str(ROOT), json.dumps(env)], capture_output=True, text=True,
@@ -50,12 +50,12 @@ def test_the_same_env_gives_the_same_id_on_every_run():
 
 
 def test_the_id_is_keyed_and_reveals_no_value():
-    secret = plan(engine_env={"HF_TOKEN_X": SECRET})
+    secret = plan(engine_env={"SIM_TOKEN_X": SECRET})
     body = secret._release_body(True)
     assert SECRET not in json.dumps(body) and SECRET not in json.dumps(secret.to_dict(), default=str)
     plain = [hashlib.sha256(text.encode()).hexdigest() for text in
-             (SECRET, json.dumps({"HF_TOKEN_X": SECRET}), json.dumps({"HF_TOKEN_X": SECRET}, sort_keys=True),
-              json.dumps(sorted({"HF_TOKEN_X": SECRET}.items())))]
+             (SECRET, json.dumps({"SIM_TOKEN_X": SECRET}), json.dumps({"SIM_TOKEN_X": SECRET}, sort_keys=True),
+              json.dumps(sorted({"SIM_TOKEN_X": SECRET}.items())))]
     assert body["env"] not in plain  # not a plain hash: a guessed value cannot be checked against the id
-    other_key = plan(api_key="fleet-key-2", engine_env={"HF_TOKEN_X": SECRET})
+    other_key = plan(api_key="fleet-key-2", engine_env={"SIM_TOKEN_X": SECRET})
     assert other_key._release_body(True)["env"] != body["env"]  # keyed: another fleet's key, another digest

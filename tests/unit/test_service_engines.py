@@ -60,7 +60,7 @@ LLAMA = {"recipe": "qwen3-8b-gguf", "model_repo": GGUF_REPO, "model_files": GGUF
          "llamacpp_version": "11669", "served_model_name": "tiny-llama", "max_model_len": 2048, "api_port": 8004}
 # the simulated Spark's own settings that a vLLM stand-in needs and llama.cpp does not
 SIM_HOST = {"gpu_memory_utilization": 0.3, "api_host": "0.0.0.0", "api_key": "sim-key-0123456789",
-            "engine_env": {"SIM_TOKENS_PER_S": "50"}}
+            "sim_engine_knobs": True, "engine_env": {"SIM_TOKENS_PER_S": "50"}}
 
 
 def gguf_resolver():

@@ -215,8 +215,8 @@ def test_the_backend_flag_is_owned_by_the_group_settings():
 
 
 def test_each_member_gets_its_fabric_environment():
-    head, worker = plan_hosts(pair({"engine_env": {"SIM_TOKENS_PER_S": "50"}},
-                                   {"engine_env": {"SIM_TOKENS_PER_S": "50"}}), resolve=hub)
+    head, worker = plan_hosts(pair({"engine_env": {"SIM_TOKENS_PER_S": "50"}, "sim_engine_knobs": True},
+                                   {"engine_env": {"SIM_TOKENS_PER_S": "50"}, "sim_engine_knobs": True}), resolve=hub)
     assert worker.render_engine_env().splitlines()[1:] == [
         "GLOO_SOCKET_IFNAME=enp1s0f0np0",
         "MASTER_ADDR=192.168.100.1",
@@ -296,7 +296,8 @@ def test_the_heads_vllm_unit_binds_to_its_ray_node():
 
 # --- Ray's token auth ------------------------------------------------------------------------------------------
 
-SECRETS = {"api_key": "sk-the-api-key-0123456789", "engine_env": {"SIM_TOKENS_PER_S": "50", "MY_SECRET": "s3cr3t-env"}}
+SECRETS = {"api_key": "sk-the-api-key-0123456789", "sim_engine_knobs": True,
+           "engine_env": {"SIM_TOKENS_PER_S": "50", "SIM_SECRET": "s3cr3t-env"}}
 
 
 def test_the_ray_units_turn_on_token_auth_and_carry_neither_the_api_key_nor_engine_env():
@@ -307,7 +308,7 @@ def test_the_ray_units_turn_on_token_auth_and_carry_neither_the_api_key_nor_engi
         assert {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token"} <= set(env), env
         assert "/etc/sparkfleet/ray.token:/etc/sparkfleet/ray.token:ro" in argv
         assert "--env-file" not in argv and "engine.env" not in unit
-        for secret in ("sk-the-api-key-0123456789", "s3cr3t-env", "MY_SECRET", "VLLM_API_KEY", "RAY_AUTH_TOKEN="):
+        for secret in ("sk-the-api-key-0123456789", "s3cr3t-env", "SIM_SECRET", "VLLM_API_KEY", "RAY_AUTH_TOKEN="):
             assert secret not in unit, secret
     head = plan_hosts(pair(SECRETS, SECRETS), resolve=hub)[0]
     assert {"RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/etc/sparkfleet/ray.token"} <= set(

@@ -10,6 +10,7 @@ from sparkfleet.contract.engines import EngineDescriptor
 from sparkfleet.contract.formats import API_KEY_VARS
 from sparkfleet.contract.settings import Service, Settings
 from sparkfleet.model.gguf import entry_file, is_gguf
+from sparkfleet.release.engines import environment
 from sparkfleet.release.engines.table import FlagTable, load_table, table_versions
 
 TRUST_REMOTE_CODE = "--trust-remote-code"
@@ -84,7 +85,7 @@ class Engine:
     admin_flags: dict[str, str] = {}  # flags that open an admin surface, run code or log users' text: {flag: why}
     owned_dests: dict[str, str] = {}  # {flag destination: the setting that sparkfleet sets it from}
     command: tuple[str, ...] = ()  # arguments before the flags (SGLang's `-m sglang.launch_server`)
-    env_prefixes: tuple[str, ...] = ()  # its own engine_env variables: each reviewed (the flag table) or refused
+    env_prefixes: tuple[str, ...] = ()  # its own engine_env variables: refused unless its flag table reviews them
     # A pooling engine's (descriptor.pooling) arguments that make a model serve each RAG kind ("embedding",
     # "reranker"), and the flag destinations a service's keys own: {destination: the key, as a refusal names it}
     pooling_args: dict[str, tuple[str, ...]] = {}
@@ -168,14 +169,14 @@ class Engine:
                     or spec.get("dest") in self.owned_dests)
 
     def env_problems(self, name: str, s: Settings, table: FlagTable) -> list[str]:
-        """engine_env's variables of this engine: the env form of a refused flag, or one off the reviewed list
-        (the key variables are `problems`' own)."""
-        refused = {spec["env"]: flag for flag, spec in table.flags.items()
+        """engine_env by allow-list, as a whole (release/engines/environment.py): the env form of a refused flag, and
+        every variable that is neither reviewed by this engine's table nor a general one (the key variables are
+        `problems`' own, the admin ones the settings', a group's derived ones release/group.py's)."""
+        refused = {spec["env"]: table.canonical(flag) for flag, spec in table.flags.items()
                    if spec.get("env") and not spec.get("negates") and self.refuses(table, flag)}
         keys = set(API_KEY_VARS) | {self.key_var}
-        problems = [f"engine_env sets {var}, which is {self.label}'s {refused[var]}: remove it from engine_env"
-                    for var in s.engine_env if var in refused and var not in keys]
-        problems += table.unreviewed_env(s.engine_env, self.env_prefixes, lambda var: var in refused or var in keys)
+        problems = environment.env_problems(s.engine_env, table, self.label, self.env_prefixes, refused,
+                                            lambda var: var in keys or var in engines.ADMIN_ENV, s, self.name)
         return [f"{name}: {p}" for p in problems]
 
     def problems(self, name: str, s: Settings, args: list[str], gguf: bool | None,

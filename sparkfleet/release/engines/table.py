@@ -16,10 +16,18 @@ REVIEW_FIX = ("remove it, or ask for it to be reviewed and added to the table's 
 # What a reviewed value may be: (the pattern of one value, as a refusal names it). None: a switch, no value.
 _NUMBER = r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?[kKmMgGtT]?"  # 8192, 0.7, -1, 16k (vLLM's human ints)
 _WORD = r"[A-Za-z0-9][A-Za-z0-9_+-]*"
+_INTERFACE = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}"  # a Linux interface name (IFNAMSIZ), as settings' InterfaceName
 KINDS: dict[str, tuple[str | None, str] | None] = {
     "none": None, "number": (_NUMBER, "a number"), "word": (_WORD, "a name of letters, digits and _ + -"),
     "words": (rf"{_WORD}(?:,{_WORD})*", "names of letters, digits and _ + -, separated by commas"),
-    "choice": (_WORD, "one of the flag's choices"), "json": (None, "a JSON object of names and numbers")}
+    "choice": (_WORD, "one of the flag's choices"), "json": (None, "a JSON object of names and numbers"),
+    # the general engine_env variables' kinds (release/engines/environment.py), and the simulator's knobs'
+    "count": (r"[1-9][0-9]{0,3}", "a whole number from 1 to 9999"),
+    "indexes": (r"[0-9]{1,2}(?:,[0-9]{1,2})*", "device indexes separated by commas, such as 0 or 0,1"),
+    "interfaces": (rf"[\^=]?{_INTERFACE}(?:,{_INTERFACE})*", "interface names of at most 15 letters, digits and "
+                   "_ . : - separated by commas (^ or = first)"),
+    "zone": (r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+){0,2}", "a time zone's name such as UTC or Europe/Berlin"),
+    "knob": (r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,31}", "at most 32 letters, digits and _ . + - (a number or a word)")}
 # A switch's value as an environment variable (llama.cpp reads LLAMA_ARG_X=1 as --x, =0 as its --no- form).
 _SWITCH = r"(?i:1|0|true|false|on|off|enabled|disabled)"
 # Where a value would load bytes sparkfleet did not pin and verify, in the order they are told apart.
@@ -72,8 +80,8 @@ class FlagTable:
     label: str = "vLLM"  # the engine as messages name it
     version_setting: str = "vllm_version"
     # The hand-kept review (the table's "reviewed"): {"flags": {flag: kind}, "env": {variable: kind}}, kinds of
-    # KINDS. Nothing else passes extra_engine_args or the engine's own variables in engine_env, so a flag a new
-    # release adds is refused until someone reads what it does.
+    # KINDS. Nothing else passes extra_engine_args, and in engine_env nothing else but the few general variables of
+    # release/engines/environment.py, so a flag a new release adds is refused until someone reads what it does.
     review: dict = field(default_factory=dict)
     KINDS = KINDS
 
@@ -158,19 +166,13 @@ class FlagTable:
                     break
         return found
 
-    def unreviewed_env(self, env: dict[str, str], prefixes: tuple[str, ...],
-                       refused: Callable[[str], bool]) -> list[str]:
-        """The engine's own variables (named with one of `prefixes`) that are off the reviewed list, or whose
-        value is not of their kind; `refused(var)`: another check names it already."""
-        allowed, found = self.reviewed_env(), []
-        for var in env:
-            if not var.startswith(prefixes) or refused(var):
-                continue
-            if var not in allowed:
-                found.append(f"engine_env sets {var}, which is not on sparkfleet's reviewed list for {self.label} "
-                             f"{self.version}: {REVIEW_FIX.replace('remove it', 'remove it from engine_env')}")
-            elif why := value_problem(env[var], *allowed[var]):
-                found.append(f"engine_env sets {var}, whose value {why}: set another value or remove it")
+    def flag_env(self) -> dict[str, str]:
+        """{variable: the flag it sets}: every variable the engine reads as a flag's value (llama.cpp's LLAMA_ARG_*,
+        MTMD_BACKEND_DEVICE), each named after its first flag that is no --no- form, as the table spells it."""
+        found: dict[str, str] = {}
+        for flag, spec in self.flags.items():
+            if spec.get("env") and not spec.get("negates"):
+                found.setdefault(spec["env"], flag)
         return found
 
     def value_problem(self, flag: str, value: str, setting: str) -> str | None:
