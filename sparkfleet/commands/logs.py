@@ -1,8 +1,8 @@
-"""`sparkfleet logs INVENTORY HOST`: a unit's journal on one host, over SSH (this process becomes ssh)."""
+"""`sparkfleet logs INVENTORY HOST`: a unit's journal on one host, over SSH, each line the host printed through the
+terminal sanitizer (fleet/logs.py `run_shown`)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
@@ -29,7 +29,7 @@ def arguments(parser) -> None:
 def run(args) -> int:
     from sparkfleet.contract.settings import parse_settings
     from sparkfleet.controller.inventory import load_hosts
-    from sparkfleet.fleet.logs import logs_argv, pick_host
+    from sparkfleet.fleet.logs import logs_argv, pick_host, run_shown
 
     data = pick_host(load_hosts(args.inventory), args.host)
     services = [] if args.unit in UNITS else sorted(parse_settings(args.host, data).services)
@@ -38,4 +38,4 @@ def run(args) -> int:
     if not shutil.which(argv[0]):
         raise Refused("no `ssh` on this machine: install OpenSSH's client")
     sys.stdout.flush()
-    os.execvp(argv[0], argv)  # the journal streams straight to this terminal; Ctrl-C ends --follow
+    return run_shown(argv, sys.stdout, sys.stderr, as_json=args.json)  # Ctrl-C ends --follow
