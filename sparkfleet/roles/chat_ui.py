@@ -2,9 +2,12 @@
 
 Who a person is, is decided at the front door, never by Open WebUI:
 - A browser signs in at the door's chat port with the person's own key (the sign-in page is the door's). The door
-  keeps it in an HttpOnly cookie, checks it against the users' map on every request, and tells Open WebUI who is
-  asking in trusted headers it sets itself (any a client sent are dropped). Open WebUI makes the account on first
-  sight (`WEBUI_AUTH_TRUSTED_EMAIL_HEADER`), with no sign-up and no password of its own. A removed user's key stops
+  keeps it in an HttpOnly cookie (`__Host-` over TLS: cookie_name), sets and clears it only for a form of its own
+  page (never one another site's page sent, nor a GET), refuses a request naming it twice, checks it against the
+  users' map on every request, strips it before Open WebUI, and tells Open WebUI who is asking (and where from:
+  X-Forwarded-For and -Proto) in headers it sets itself (any a client sent are dropped). Open WebUI makes the
+  account on first sight (`WEBUI_AUTH_TRUSTED_EMAIL_HEADER`), with no sign-up and no password of its own. Its own
+  "Sign out" leads to the door's sign-out page (`WEBUI_AUTH_SIGNOUT_REDIRECT_URL`). A removed user's key stops
   opening it at the converge that removes them; a rotated key is a new sign-in to the same account (same chats).
 - Open WebUI's own requests to the models come back through the door's API with a key of its own (derived, below)
   and a JWT naming the person (`FORWARD_USER_INFO_HEADER_JWT_SECRET`, HS256, 5 minutes). The door verifies it
@@ -48,7 +51,7 @@ EMAIL_HEADER, NAME_HEADER, ROLE_HEADER = "X-Sparkfleet-User-Email", "X-Sparkflee
 DOOR_HEADER = "X-Sparkfleet-Door"  # the engines' key, from the door to the UI's guard
 JWT_HEADER = "X-OpenWebUI-User-Jwt"
 JWT_ENV = "SPARKFLEET_CHAT_UI_JWT"  # what the door's secrets file sets, which its config's jwt_verify reads
-COOKIE = "sparkfleet_key"
+COOKIE = "sparkfleet_key"  # over TLS, with the prefix __Host- (cookie_name)
 LOGIN_PATH, LOGOUT_PATH = "/sparkfleet/login", "/sparkfleet/logout"
 HEALTH = "/health"  # Open WebUI's own
 IMAGE_DATA = "/app/backend/data"  # where the official image keeps its data
@@ -121,6 +124,12 @@ def derived(api_key: str, purpose: str) -> str:
     return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
 
+def cookie_name(tls: bool) -> str:
+    """The door's cookie, as its config names it: over TLS `__Host-` prefixed, which a browser keeps only Secure,
+    for Path=/ and without a Domain, so no page of a neighbouring site (another subdomain) can set one beside it."""
+    return f"__Host-{COOKIE}" if tls else COOKIE
+
+
 def ui_key(api_key: str) -> str:
     return derived(api_key, "key")
 
@@ -176,6 +185,8 @@ def env_file(ui: ChatUi, door: DoorEndpoint, default_model: str) -> str:
         "ENABLE_PERSISTENT_CONFIG": "False",
         "ENABLE_SIGNUP": "False",
         "ENABLE_LOGIN_FORM": "False",
+        # its own "Sign out" ends on the door's sign-out page, whose button signs the browser out of the door
+        "WEBUI_AUTH_SIGNOUT_REDIRECT_URL": LOGOUT_PATH,
         "DEFAULT_USER_ROLE": "user",
         "WEBUI_AUTH_TRUSTED_EMAIL_HEADER": EMAIL_HEADER,
         "WEBUI_AUTH_TRUSTED_NAME_HEADER": NAME_HEADER,

@@ -6,11 +6,14 @@ edits. The module leaves the fleet as inventory/sim_front_door.py has it (no cha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -289,3 +292,82 @@ def test_a_version_change_keeps_bobs_chats_and_a_rollback_restores_the_previous_
     assert running_image(state) == before
     wait_until(lambda: any(marker in c for c in bobs_chats(url, key_of(secrets, "bob"))), 120,
                "bob's chat after the rollback", ignore=(requests.RequestException, ValueError, KeyError, TypeError))
+
+# --- login CSRF: another site's page neither signs a person in as someone else nor out (issue 50) ----------------
+
+ATTACKER_FORM = """<!doctype html><html><body>
+<form method="post" action="{action}"><input name="key" value="{key}"></form>
+<script>document.forms[0].submit()</script></body></html>"""
+
+
+@contextlib.contextmanager
+def another_site(pages: dict[str, str]):
+    """Another site's pages, served from this machine's loopback (where the browser runs) on a free port: an
+    origin other than the door's (its address on the sim's network). Its URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages[self.path].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def door_cookie(browser: Browser) -> str | None:
+    """The door's cookie in this browser (HttpOnly: WebDriver reads it, a page's script cannot), None without one."""
+    browser.driver.get(browser.url + chat_ui.LOGIN_PATH)
+    found = browser.driver.get_cookie(chat_ui.COOKIE)
+    return found["value"] if found else None
+
+
+def test_another_sites_form_neither_signs_alice_in_as_bob_nor_signs_her_out(office):
+    """alice, signed in, opens pages of another site: one auto-submits bob's key to the door's sign-in (his page
+    would switch her into his account, her next messages stored where he reads them), one a form to the sign-out,
+    one sends her to the sign-out path. She stays alice. Her own sign-out (Open WebUI's leads to the door's page,
+    whose button posts it) signs her out."""
+    from selenium.webdriver.common.by import By
+
+    state, inventory, secrets, url = office
+    alice_key, bob_key = key_of(secrets, "alice"), key_of(secrets, "bob")
+    login, logout = url + chat_ui.LOGIN_PATH, url + chat_ui.LOGOUT_PATH
+    pages = {"/sign-in-as-bob": ATTACKER_FORM.format(action=login, key=bob_key),
+             "/sign-out": ATTACKER_FORM.format(action=logout, key=""),
+             "/link-to-sign-out": f'<!doctype html><script>location.href = "{logout}"</script>'}
+    alice = Browser(url)
+    try:
+        assert alice.sign_in(alice_key)
+        with another_site(pages) as site:
+            for attack in pages:
+                alice.driver.get(site + attack)
+                wait_until(lambda: alice.driver.current_url.startswith(url), 30, f"{attack}: the door's answer")
+                assert door_cookie(alice) == alice_key, attack
+        alice.driver.get(url + "/")
+        wait_until(lambda: alice.driver.find_elements(By.ID, "chat-input"), SIGN_IN_S, "alice's chat, still open")
+        # Open WebUI's own sign-out sends the browser to the door's sign-out page
+        with requests.Session() as s:
+            s.cookies.set(chat_ui.COOKIE, alice_key)
+            token = s.post(f"{url}/api/v1/auths/signin", json={"email": "", "password": ""}, timeout=30).json()["token"]
+            out = s.post(f"{url}/api/v1/auths/signout", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            assert out.json().get("redirect_url") == chat_ui.LOGOUT_PATH, out.text
+        alice.driver.get(logout + "?state=logout")
+        assert door_cookie(alice) == alice_key  # the page itself signs nobody out
+        alice.driver.get(logout)
+        alice.driver.find_element(By.ID, "sign-out").click()
+        wait_until(lambda: alice.driver.get_cookie(chat_ui.COOKIE) is None, 30, "alice signed out by her own button")
+        alice.driver.get(url + "/")
+        assert alice.driver.current_url.endswith(chat_ui.LOGIN_PATH), alice.driver.current_url
+    finally:
+        alice.close()
+
