@@ -165,10 +165,10 @@ backend_key_in_clear = False  # True: the doors, Prometheus and status ask the g
 # Basic auth; offered where the front door host is also a `monitoring` host (0600 on it, as a SHA-256 only)
 front_door_viewers = {}
 # The chat UI for colleagues (docs/chat-ui.md): Open WebUI on the host of the inventory group `chat_ui` (one Spark),
-# on loopback, reached only through each front door, where people sign in with their own key
+# on a unix socket only its guard reaches, so only through each front door, where people sign in with their own key
 chat_ui_image = "ghcr.io/open-webui/open-webui:v0.12.4"  # pinned by digest in the release lock at the first plan
 chat_ui_port = 3000  # where browsers reach it on each front door: http(s)://<front door>:3000/
-chat_ui_host_port = 8095  # its guard's port on its own host (the doors' only way in; Open WebUI on loopback)
+chat_ui_host_port = 8095  # its guard's port on its own host (the doors' only way in; Open WebUI on no port)
 # Two or more doors, one address (docs/front-door.md, "Two doors, one address"): set only on the front_door group
 front_door_address = None  # the floating IPv4 address with its prefix, e.g. "10.0.0.100/24"; None = one door, as before
 front_door_address_preempt = False  # True: the address goes back to the first door once it is healthy again

@@ -164,7 +164,7 @@ SERVERS_SAVE = f"{BIN_DIR}/sparkfleet-servers-save"
 USAGE_SAVE_UNIT = "sparkfleet-usage-save.service"
 USAGE_SAVE_TIMER = "sparkfleet-usage-save.timer"
 USAGE_SNAPSHOT_S = 5
-# The chat UI (Open WebUI, on the host of the inventory group chat_ui): its container on loopback, its data on the
+# The chat UI (Open WebUI, on the host of the inventory group chat_ui): its container on a socket, its data on the
 # host (chats, settings: SQLite), the copies of its database kept at each version change, its 0600 settings file
 CHAT_UI_GROUP = "chat_ui"
 CHAT_UI_UNIT_NAME = "sparkfleet-chat-ui.service"
@@ -201,6 +201,11 @@ HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; 
 
 # What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
 # manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
+# Open WebUI's only listener (roles/chat_ui.py): a unix socket, never a port (its host's network is the engines'), in a
+# directory of the chroot (root:haproxy 0710) that the guard's HAProxy reaches after its chroot and only the chat UI's
+# container mounts: no other user or container of the host gets in
+CHAT_UI_SOCKET_DIR = f"{HAPROXY_CHROOT}/sparkfleet-chat-ui"
+CHAT_UI_SOCKET = f"{CHAT_UI_SOCKET_DIR}/open-webui.sock"
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{HOST_MODULE}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING,

@@ -404,19 +404,22 @@ def health_gate_results(state) -> dict[str, str]:
     return results
 
 
-def http_wait_command(url: str, timeout_s: int, max_time_s: int, failure: str, insecure: bool = False) -> str:
-    """The shell loop of `http_wait`: curl asks `url` once a second, at most `timeout_s` times, each ask given
-    `max_time_s`; 0 at the first 2xx or 3xx, else (no sleep after the last) `failure` and curl's last error on
-    stderr, and 1. Every value is one quoted word."""
-    curl = shlex.join(["curl", "-fsSk" if insecure else "-fsS", "--max-time", str(int(max_time_s)), "-o", "/dev/null",
-                       url])
+def http_wait_command(url: str, timeout_s: int, max_time_s: int, failure: str, insecure: bool = False,
+                      unix_socket: str | None = None) -> str:
+    """The shell loop of `http_wait`: curl asks `url` (on `unix_socket`, where given) once a second, at most
+    `timeout_s` times, each ask given `max_time_s`; 0 at the first 2xx or 3xx, else (no sleep after the last)
+    `failure` and curl's last error on stderr, and 1. Every value is one quoted word."""
+    on_socket = ["--unix-socket", unix_socket] if unix_socket else []
+    curl = shlex.join(["curl", "-fsSk" if insecure else "-fsS", "--max-time", str(int(max_time_s)), *on_socket,
+                       "-o", "/dev/null", url])
     tries = int(timeout_s)
     return (f"for i in $(seq {tries}); do err=$({curl} 2>&1) && exit 0; [ $i -lt {tries} ] && sleep 1; done; "
             f"printf '%s (%s)\\n' {shlex.quote(failure)} \"$err\" >&2; exit 1")
 
 
 @operation(is_idempotent=False)
-def http_wait(url: str, timeout_s: int, max_time_s: int, failure: str, insecure: bool = False):
+def http_wait(url: str, timeout_s: int, max_time_s: int, failure: str, insecure: bool = False,
+              unix_socket: str | None = None):
     """Wait until a service on the host answers `url` (a stage calls it only after the service (re)started): the
-    front door's /health, Prometheus's readiness, the chat UI's /health (http_wait_command)."""
-    yield http_wait_command(url, timeout_s, max_time_s, failure, insecure)
+    front door's /health, Prometheus's readiness, the chat UI's /health on its socket (http_wait_command)."""
+    yield http_wait_command(url, timeout_s, max_time_s, failure, insecure, unix_socket)

@@ -13,8 +13,11 @@ Who a person is, is decided at the front door, never by Open WebUI:
   and a JWT naming the person (`FORWARD_USER_INFO_HEADER_JWT_SECRET`, HS256, 5 minutes). The door verifies it
   (`jwt_verify`) and counts and limits the request as that person's; the UI's key with no valid token reaches
   nothing but the model list.
-- Open WebUI listens on loopback only; the doors reach it through its host's guard, which wants the engines' key in
-  a header of its own (Open WebUI uses Authorization for its sessions), so no other LAN host can speak for the door.
+- Open WebUI listens on no port: only on a unix socket in a directory of the guard's chroot (root:haproxy 0710,
+  mounted into its container alone), so no local process, engine or other user of its host reaches it (its host's
+  network is the engines'). The doors reach it through its host's guard, which wants the engines' key in a header of
+  its own (Open WebUI uses Authorization for its sessions), so no other LAN host can speak for the door. What
+  reaches the socket is the guard, so Open WebUI trusts the forwarded headers there (the door is their only author).
 
 Its secrets (the UI's key, the signing secret, its session secret) are derived from the engines' api_key (HMAC):
 nothing new to keep, and a new api_key renews them all. They reach Open WebUI in a 0600 file its shell reads at
@@ -57,6 +60,8 @@ HEALTH = "/health"  # Open WebUI's own
 IMAGE_DATA = "/app/backend/data"  # where the official image keeps its data
 ENV_IN_CONTAINER = "/run/sparkfleet-chat-ui.env"
 CA_IN_CONTAINER = "/run/sparkfleet-chat-ui-door-ca.pem"
+SOCKET_DIR_IN_CONTAINER = "/run/sparkfleet-chat-ui"  # paths.CHAT_UI_SOCKET_DIR, mounted
+SOCKET_IN_CONTAINER = f"{SOCKET_DIR_IN_CONTAINER}/{paths.CHAT_UI_SOCKET.rpartition('/')[2]}"
 
 
 @dataclass(frozen=True)
@@ -67,11 +72,6 @@ class ChatUi:
     address: str  # the host's LAN address: the doors' server line
     settings: Settings  # its host's
     tls: bool = False  # the guards serve TLS (the door presents its certificate)
-
-    @property
-    def local_port(self) -> int:
-        """Where Open WebUI listens on its host's loopback."""
-        return engine_port(self.settings.chat_ui_host_port)
 
     @property
     def target(self) -> str:
@@ -94,7 +94,7 @@ def chat_ui_plan(names: list[str], plans: dict[str, HostPlan]) -> ChatUi | None:
     taken = {"api_port": s.api_port, "peer_port": s.peer_port, **{f"service {n}'s api_port": v.api_port
                                                                    for n, v in s.services.items()}}
     for what, port in taken.items():
-        if s.chat_ui_host_port in (port, engine_port(port)) or engine_port(s.chat_ui_host_port) == port:
+        if s.chat_ui_host_port in (port, engine_port(port)):
             problems.append(f"{plan.name}: setting `chat_ui_host_port` = {s.chat_ui_host_port} collides with {what} "
                             f"{port}: pick another port")
     if not s.api_key:
@@ -220,11 +220,14 @@ def env_file(ui: ChatUi, door: DoorEndpoint, default_model: str) -> str:
 
 
 def unit(ui: ChatUi, image_ref: str, door_ca: bool = False) -> str:
-    """The chat UI's systemd unit: its container on the host's network, bound to loopback, its data on the host."""
+    """The chat UI's systemd unit: its container on the host's network for its own requests, listening on its unix
+    socket only (the guard alone reaches it, so the forwarded headers there are the door's: trusted), its data on
+    the host."""
     command = (f"set -a; . {ENV_IN_CONTAINER}; set +a; exec python3 -m uvicorn open_webui.main:app "
-               f"--host 127.0.0.1 --port {ui.local_port} --forwarded-allow-ips 127.0.0.1")
+               f"--uds {SOCKET_IN_CONTAINER} --forwarded-allow-ips \"*\"")
     return render._templates.get_template("sparkfleet-chat-ui.service.j2").render(
         image=image_ref, container=paths.CHAT_UI_CONTAINER, data=paths.CHAT_UI_DATA, image_data=IMAGE_DATA,
+        socket_dir=paths.CHAT_UI_SOCKET_DIR, socket_dir_in_container=SOCKET_DIR_IN_CONTAINER,
         env=paths.CHAT_UI_ENV, env_in_container=ENV_IN_CONTAINER, command=shlex.quote(command), q=shlex.quote,
         door_ca=f"{paths.CHAT_UI_DOOR_CA}:{CA_IN_CONTAINER}:ro" if door_ca else None)
 
@@ -264,13 +267,14 @@ def chat_ui_state(ui: ChatUi, door_plans: list[HostPlan], pin: ImagePin, default
                   record: str | None) -> DesiredState:
     """What the chat UI stage ensures on its host: its root-only directory and data (kept across versions), its
     settings and secrets (0600), the door's certificate where it trusts one, its database kept before a version
-    change (`record`: IMAGE_RECORD as read from the host), its unit running `pin`, and the digest recorded; a
-    change of unit, settings or certificate is a restart, after which it must answer."""
+    change (`record`: IMAGE_RECORD as read from the host), its socket's directory (the guard's HAProxy's group
+    only), its unit running `pin`, and the digest recorded; a change of unit, settings, certificate or socket
+    directory is a restart, after which it must answer on its socket."""
     door = door_endpoint(door_plans)
     ca = (File(paths.CHAT_UI_DOOR_CA, "The door's certificate, which the chat UI trusts", src=door.ca) if door.ca else
           Absent(paths.CHAT_UI_DOOR_CA, f"{paths.CHAT_UI_DOOR_CA} absent (the door's certificate: none needed)"))
     move = version_change_command(recorded_digest(record), pin.digest)
-    changes = (paths.CHAT_UI_UNIT_PATH, paths.CHAT_UI_ENV, paths.CHAT_UI_DOOR_CA)
+    changes = (paths.CHAT_UI_UNIT_PATH, paths.CHAT_UI_ENV, paths.CHAT_UI_DOOR_CA, paths.CHAT_UI_SOCKET_DIR)
     return desired(
         Directory(paths.CHAT_UI_DIR, "Chat UI directory (root-only)", mode="0700"),
         Directory(paths.CHAT_UI_DATA, "Chat UI data (chats and settings; kept across versions)", mode="0700"),
@@ -278,14 +282,18 @@ def chat_ui_state(ui: ChatUi, door_plans: list[HostPlan], pin: ImagePin, default
         ca,
         Command(f"Chat UI's database kept before its version changes ({paths.CHAT_UI_BACKUPS})", move)
         if move else None,
+        # in the guard's chroot, where its HAProxy (group haproxy) connects; a directory made anew is mounted anew
+        Directory(paths.CHAT_UI_SOCKET_DIR, "Chat UI's socket directory (root and the guard's HAProxy only)",
+                  mode="0710", owner=("root", haproxy.USER)),
         File(paths.CHAT_UI_UNIT_PATH, "Chat UI unit", content=unit(ui, pin.ref, door_ca=bool(door.ca))),
         Unit(paths.CHAT_UI_UNIT_NAME, "Chat UI enabled and running", restart_on=changes,
              daemon_reload_on=(paths.CHAT_UI_UNIT_PATH,)),
         File(IMAGE_RECORD, "Chat UI's image recorded",
              content=json.dumps({"digest": pin.digest, "ref": pin.ref}) + "\n"),
-        HttpWait(f"Chat UI answers on loopback port {ui.local_port}", f"http://127.0.0.1:{ui.local_port}{HEALTH}",
+        HttpWait(f"Chat UI answers on its socket {paths.CHAT_UI_SOCKET}", f"http://open-webui{HEALTH}",
                  START_WAIT_S, 5, f"the chat UI did not answer within {START_WAIT_S}s: journalctl -u "
-                 f"{paths.CHAT_UI_UNIT_NAME}", when=(paths.CHAT_UI_UNIT_NAME, *changes)))
+                 f"{paths.CHAT_UI_UNIT_NAME}", when=(paths.CHAT_UI_UNIT_NAME, *changes),
+                 unix_socket=paths.CHAT_UI_SOCKET))
 
 
 def no_chat_ui_state() -> DesiredState:

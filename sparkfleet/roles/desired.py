@@ -154,6 +154,7 @@ class HttpWait:
     failure: str
     when: tuple[str, ...]
     insecure: bool = False  # https to the host's own service: its certificate is not checked (curl -k)
+    unix_socket: str | None = None  # asked on this unix socket (curl --unix-socket): the URL's host is only a name
 
     @property
     def key(self) -> str:

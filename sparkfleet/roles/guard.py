@@ -43,7 +43,7 @@ class Guard:
     listeners: tuple[Listener, ...]
     api_key: str | None
     tls: bool = False  # TLS only, a client certificate of the fleet CA required (the fleet has a backend hop)
-    chat_ui: dict | None = None  # the chat UI on this host: {"bind", "local", "header"} (roles/chat_ui.py)
+    chat_ui: dict | None = None  # the chat UI on this host: {"bind", "local" (its socket), "header"} (roles/chat_ui.py)
 
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
@@ -74,10 +74,11 @@ def on_demand_errors(served_name: str, wait_s: int) -> dict[int, str]:
 
 
 def chat_ui_listener(plan: HostPlan) -> dict:
-    """What the guard of the chat UI's host adds: its LAN port, Open WebUI on loopback, the door's header."""
+    """What the guard of the chat UI's host adds: its LAN port, Open WebUI's unix socket as HAProxy reaches it after
+    its chroot (it connects from there: the path in the chroot), the door's header."""
     s = plan.settings
     return {"bind": haproxy.address(s.api_host, s.chat_ui_host_port),
-            "local": haproxy.address(paths.ENGINE_HOST, paths.engine_port(s.chat_ui_host_port)),
+            "local": f"unix@{paths.CHAT_UI_SOCKET.removeprefix(paths.HAPROXY_CHROOT)}",
             "header": chat_ui.DOOR_HEADER}
 
 

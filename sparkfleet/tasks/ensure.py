@@ -78,5 +78,6 @@ def _ensure(step: Step, any_of: Callable[[Iterable[str]], bool]) -> bool:
         if not any_of(step.when):
             return False
         return http_wait(name=step.name, url=step.url, timeout_s=step.timeout_s, max_time_s=step.max_time_s,
-                         failure=step.failure, insecure=step.insecure).will_change
+                         failure=step.failure, insecure=step.insecure,
+                         **({"unix_socket": step.unix_socket} if step.unix_socket else {})).will_change
     raise TypeError(f"not a step of a desired state: {step!r}")

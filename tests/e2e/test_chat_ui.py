@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -267,6 +268,16 @@ def test_the_ui_is_reached_only_through_the_door_and_a_forged_identity_is_refuse
                  chat_ui.JWT_HEADER: "eyJhbGciOiJIUzI1NiJ9.eyJlbWFpbCI6ImJvYkBzcGFya2ZsZWV0LmludmFsaWQifQ.AAAA"},
         json={"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert forged.status_code == 401, forged.text
+
+
+def test_the_chat_ui_hosts_testinfra_checks_pass(office):
+    """tests/infra/test_chat_ui.py against this module's inventory (the session's has no chat UI): among them, no
+    TCP port where Open WebUI listened, and its socket out of reach of an unprivileged local process."""
+    state, inventory, secrets, url = office
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/infra/test_chat_ui.py", "--inventory", inventory,
+                           "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
 def running_image(state) -> str:

@@ -4,8 +4,11 @@ Open WebUI's requests as the person its signed token names, and refuses a forged
 
 from __future__ import annotations
 
+import shlex
 import socket
+import socketserver
 import sqlite3
+import threading
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +24,8 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import SettingsError
-from sparkfleet.roles import chat_ui, guard
+from sparkfleet.release.image import ImagePin
+from sparkfleet.roles import chat_ui, guard, haproxy
 from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.tiers import needs
@@ -41,7 +45,7 @@ def ui_plans(**over):
 def test_one_spark_runs_it_and_its_door_port_and_host_port_are_checked():
     ps = ui_plans()
     ui = chat_ui.chat_ui_plan(["spark-b"], ps)
-    assert (ui.host, ui.address, ui.local_port) == ("spark-b", "10.0.0.2", paths.engine_port(8095))
+    assert (ui.host, ui.address, ui.target) == ("spark-b", "10.0.0.2", "10.0.0.2:8095")
     assert chat_ui.chat_ui_plan([], ps) is None
     with pytest.raises(SettingsError, match="one host runs the chat UI"):
         chat_ui.chat_ui_plan(["spark-a", "spark-b"], ps)
@@ -61,6 +65,37 @@ def test_one_spark_runs_it_and_its_door_port_and_host_port_are_checked():
 def test_hostile_chat_ui_settings_are_refused_naming_the_setting(setting, value):
     with pytest.raises(SettingsError, match=setting):
         plans(**{"spark-a": {setting: value}})
+
+
+def test_open_webui_listens_on_a_socket_only_the_guard_reaches_never_on_a_port():
+    """Open WebUI shares its host's network with the engines: on a port of loopback, any local process (an engine
+    running a hub's code) could send it a door's identity headers. It binds a unix socket instead, in a directory of
+    the guard's chroot (root and HAProxy's group only, 0710) that only its own container mounts; the guard's server
+    line names that socket as its chrooted HAProxy sees it, and the stage's wait asks there too."""
+    ps = ui_plans()
+    ui = chat_ui.chat_ui_plan(["spark-b"], ps)
+    unit = chat_ui.unit(ui, "r/x:1")
+    [command] = [shlex.split(line)[-1] for line in unit.splitlines() if "open_webui.main:app" in line]
+    uvicorn = shlex.split(command.partition("exec ")[2])
+    assert uvicorn[uvicorn.index("--uds") + 1] == chat_ui.SOCKET_IN_CONTAINER
+    assert "--host" not in uvicorn and "--port" not in uvicorn and "--fd" not in uvicorn
+    # a unix socket's peer has no address: uvicorn trusts the forwarded headers there only with "*" (the guard is
+    # all that connects, and the door their only author)
+    assert uvicorn[uvicorn.index("--forwarded-allow-ips") + 1] == "*"
+    assert chat_ui.SOCKET_IN_CONTAINER == f"{chat_ui.SOCKET_DIR_IN_CONTAINER}/{Path(paths.CHAT_UI_SOCKET).name}"
+    assert f"--volume {paths.CHAT_UI_SOCKET_DIR}:{chat_ui.SOCKET_DIR_IN_CONTAINER} " in unit
+    assert paths.CHAT_UI_SOCKET_DIR.startswith(f"{paths.HAPROXY_CHROOT}/")
+    config = guard.guard_plan(ps["spark-b"], runs_chat_ui=True).config()
+    servers = [line.split() for line in config.splitlines() if line.split()[:2] == ["server", "ui"]]
+    assert servers == [["server", "ui", f"unix@{paths.CHAT_UI_SOCKET.removeprefix(paths.HAPROXY_CHROOT)}"]]
+    old_port = str(paths.engine_port(8095))  # where it listened on loopback before
+    assert old_port not in unit and old_port not in config
+    state = chat_ui.chat_ui_state(ui, [ps["spark-a"]], ImagePin("r/x:1", "sha256:" + "1" * 64, "given"), NAME, None)
+    directory = state.directories[paths.CHAT_UI_SOCKET_DIR]
+    assert (directory.mode, directory.owner) == ("0710", ("root", haproxy.USER))
+    assert paths.CHAT_UI_SOCKET_DIR in state.units[paths.CHAT_UI_UNIT_NAME].restart_on  # remade: mounted anew
+    [wait] = state.waits.values()
+    assert wait.unix_socket == paths.CHAT_UI_SOCKET and old_port not in wait.url
 
 
 def test_two_users_one_account_apart_only_by_case_are_refused():
@@ -297,27 +332,48 @@ def test_a_key_that_is_no_longer_a_user_opens_nothing(door):
     assert answer.status_code == 303 and answer.headers["Location"] == chat_ui.LOGIN_PATH
 
 
+class _UnixHttp(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def _on_socket(recorder: Recorder, path: Path):
+    """`recorder`'s handler (the same `seen`) also answering on a unix socket at `path`, as Open WebUI does."""
+    server = _UnixHttp(str(path), recorder.server.RequestHandlerClass)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @needs("haproxy")
 def test_the_guard_lets_only_a_door_reach_the_ui(tmp_path):
+    """The guard's own config (its chroot taken away: the socket moved under tmp_path, where the chroot would find
+    it), the UI a recorder on a unix socket: only the engines' key in the door's header gets a request through."""
     ui_server = Recorder({})
     port = _port()
     plan = ui_plans(chat_ui_host_port=port, api_host="127.0.0.1")["spark-b"]
     g = guard.guard_plan(plan, runs_chat_ui=True)
     (tmp_path / Path(paths.GUARD_KEY_MAP).name).write_text(g.key_map())
+    in_chroot = paths.CHAT_UI_SOCKET.removeprefix(paths.HAPROXY_CHROOT)
     moved = {paths.GUARD_DIR: str(tmp_path), paths.GUARD_STATS_SOCKET: str(tmp_path / "stats.sock"),
-             f"127.0.0.1:{paths.engine_port(port)}": f"127.0.0.1:{ui_server.port}"}
+             f"unix@{in_chroot}": f"unix@{tmp_path / 'ui.sock'}"}
     config = _runnable(g.config(), moved)
+    assert f"unix@{tmp_path / 'ui.sock'}" in config
     config = "\n".join(line for line in config.splitlines() if line.strip() != "bind 127.0.0.1:8000")
     (tmp_path / "guard.cfg").write_text(config + "\n")
     proc = _start([tmp_path / "guard.cfg"])
     try:
-        url = f"http://127.0.0.1:{port}/api/chats"
-        wait_for(lambda: requests.get(url, timeout=1).status_code == 401)
-        impersonating = {chat_ui.EMAIL_HEADER: "alice@sparkfleet.invalid", chat_ui.DOOR_HEADER: "Bearer guess"}
-        assert requests.get(url, headers=impersonating, timeout=5).status_code == 401
-        assert not ui_server.seen
-        assert requests.get(url, headers={chat_ui.DOOR_HEADER: f"Bearer {KEY}"}, timeout=5).status_code == 200
-        assert chat_ui.DOOR_HEADER.lower() not in {k.lower() for k in ui_server.seen[-1][2]}
+        with _on_socket(ui_server, tmp_path / "ui.sock"):
+            url = f"http://127.0.0.1:{port}/api/chats"
+            wait_for(lambda: requests.get(url, timeout=1).status_code == 401)
+            impersonating = {chat_ui.EMAIL_HEADER: "alice@sparkfleet.invalid", chat_ui.DOOR_HEADER: "Bearer guess"}
+            assert requests.get(url, headers=impersonating, timeout=5).status_code == 401
+            assert not ui_server.seen
+            assert requests.get(url, headers={chat_ui.DOOR_HEADER: f"Bearer {KEY}"}, timeout=5).status_code == 200
+            assert chat_ui.DOOR_HEADER.lower() not in {k.lower() for k in ui_server.seen[-1][2]}
     finally:
         proc.terminate()
         proc.wait()

@@ -5,6 +5,7 @@ line naming what did not answer, and keeps every value one quoted word."""
 from __future__ import annotations
 
 import shlex
+import socketserver
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,6 +58,30 @@ def test_it_fails_after_its_tries_naming_what_did_not_answer_and_why(server):
 def test_a_closed_port_fails_too():
     done = run(http_wait_command(f"http://127.0.0.1:{free_port()}/health", 1, 1, "the chat UI did not answer"))
     assert done.returncode == 1 and done.stderr.startswith("the chat UI did not answer (")
+
+
+class UnixHttp(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def test_it_asks_on_a_unix_socket_where_given(tmp_path):
+    """The chat UI listens on a unix socket only: the same loop, curl told the socket (the URL's host a name)."""
+    path = tmp_path / "ui.sock"
+    httpd = UnixHttp(str(path), Answers)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    Answers.asked = 0
+    try:
+        done = run(http_wait_command("http://open-webui/health", 5, 2, "the chat UI did not answer",
+                                     unix_socket=str(path)))
+        assert done.returncode == 0 and Answers.asked == 1 and done.stderr == ""
+        assert f"--unix-socket {shlex.quote(str(path))} " in http_wait_command("http://x/", 1, 1, "x",
+                                                                              unix_socket=str(path))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    gone = run(http_wait_command("http://open-webui/health", 1, 1, "the chat UI did not answer",
+                                 unix_socket=str(path)))
+    assert gone.returncode == 1 and gone.stderr.startswith("the chat UI did not answer (")
 
 
 def test_hostile_values_stay_one_word_each(tmp_path):
