@@ -198,14 +198,14 @@ TLS_HOST_KEY = f"{TLS_HOST_CERT}.key"  # 0600: its key, derived from the CA's an
 # TEXTFILE_DIR), written by the node_metrics stage from the certificate the converge left in force
 TLS_EXPIRY_TEXTFILE = f"{STATE_DIR}/textfile/sparkfleet-tls.prom"
 HAPROXY_CHROOT = "/var/lib/haproxy"  # Debian's haproxy package makes it empty; both HAProxy units chroot there
-
-# What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
-# manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
 # Open WebUI's only listener (roles/chat_ui.py): a unix socket, never a port (its host's network is the engines'), in a
 # directory of the chroot (root:haproxy 0710) that the guard's HAProxy reaches after its chroot and only the chat UI's
 # container mounts: no other user or container of the host gets in
 CHAT_UI_SOCKET_DIR = f"{HAPROXY_CHROOT}/sparkfleet-chat-ui"
 CHAT_UI_SOCKET = f"{CHAT_UI_SOCKET_DIR}/open-webui.sock"
+
+# What one batched read of a host's state covers (sparkfleet/host/state.py): every file and directory sparkfleet
+# manages outside the model root. A `*` is the last component's wildcard (depth 1: never a model's bytes).
 MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{HOST_MODULE}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING,
