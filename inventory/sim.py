@@ -29,11 +29,13 @@ except FileNotFoundError:
 # The release lock of this fleet (sparkfleet.lock), beside its state: `sim down` and a new engine image remove it.
 _os.environ.setdefault("SPARKFLEET_LOCK", str(_STATE_FILE.parent / "sparkfleet.lock"))
 
-# The fleet CA, made once beside the state and kept (its hosts' certificates chain to it), as `sparkfleet init`
-# makes an office's beside its secrets. The sim's own inventories keep the backend hops in plain http
+# The fleet CA, made once per fleet and kept (its hosts' certificates chain to it), outside this checkout as
+# `sparkfleet init` makes an office's beside its secrets (a CA key inside a git work tree is refused: roles/pki.py).
+# The sim's own inventories keep the backend hops in plain http
 # (`backend_key_in_clear`: the sim's LAN is this machine's Docker network), so a door's converge and a Spark's agree
 # whichever of them a test runs; inventory/sim_two_doors.py (`make demo`'s last step) turns it off: TLS on every hop.
-_ca_cert, _ca_key = str(_STATE_FILE.parent / "fleet-ca.crt"), str(_STATE_FILE.parent / "fleet-ca.key")
+_ca_dir = _Path.home() / ".config" / "sparkfleet"
+_ca_cert, _ca_key = (str(_ca_dir / f"sim-{_FLEET or 'default'}.ca.{ext}") for ext in ("crt", "key"))
 _write_ca(_Path(_ca_cert), _Path(_ca_key))
 
 _common = {

@@ -17,6 +17,7 @@ from sparkfleet.commands import (
     logs,
     plan,
     recipes,
+    rekey,
     rollback,
     rollout,
     status,
@@ -29,7 +30,7 @@ from sparkfleet.commands import (
 from sparkfleet.refused import BUG, FAILED, INVALID, Refusal, Refused
 
 # In `sparkfleet --help`'s order. Each: NAME, HELP, arguments(parser), run(args) (sparkfleet/commands/__init__.py).
-COMMANDS = (init, hostkeys, recipes, plan, status, usage, rollout, upgrade, rollback, fetch, users, logs, drain,
+COMMANDS = (init, hostkeys, rekey, recipes, plan, status, usage, rollout, upgrade, rollback, fetch, users, logs, drain,
             undrain, update, bench, dashboard)
 
 

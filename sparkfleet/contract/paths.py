@@ -192,8 +192,11 @@ GUARD_STATS_SOCKET = f"/run/{GUARD_RUNTIME_NAME}/stats.sock"
 # at converge; HAProxy loads `<crt>.key` beside a certificate by itself (ssl-load-extra-files, "all" by default)
 TLS_DIR = f"{CONFIG_DIR}/tls"
 TLS_CA = f"{TLS_DIR}/ca.crt"  # 0644: the fleet CA, which every guard and every caller of one verifies against
-TLS_HOST_CERT = f"{TLS_DIR}/host.crt"  # 0644: this host's certificate (server and client), re-issued before expiry
-TLS_HOST_KEY = f"{TLS_HOST_CERT}.key"  # 0600: its key, derived from the CA's and the host's name (the same each run)
+TLS_HOST_CERT = f"{TLS_DIR}/host.crt"  # 0644: this host's certificate (client use too on a door, a monitoring host)
+TLS_HOST_KEY = f"{TLS_HOST_CERT}.key"  # 0600: its key, derived from the CA's, the host's name and its key generation
+# a door's peers link (HAProxy's shared usage table): pinned to the doors, not chained to the fleet CA
+TLS_PEERS_CA = f"{TLS_DIR}/peers.crt"  # 0644: every door's self-signed peers certificate, the only ones it trusts
+TLS_PEERS_PEM = f"{TLS_DIR}/peers.pem"  # 0600: this door's peers certificate and its key
 # 0644: when the host's certificate ends, for the node exporter's textfile collector (contract/monitoring.py
 # TEXTFILE_DIR), written by the node_metrics stage from the certificate the converge left in force
 TLS_EXPIRY_TEXTFILE = f"{STATE_DIR}/textfile/sparkfleet-tls.prom"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from sparkfleet.contract import private_files
 from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
 from sparkfleet.roles.pki import PkiError, ca_paths, write_ca
@@ -83,23 +84,16 @@ def default_secrets(project: Path) -> Path:
     return (SECRETS_HOME / f"{project.resolve().name}.json").expanduser()
 
 
-def git_work_tree(path: Path) -> Path | None:
-    """The git work tree holding `path` (the nearest ancestor with a .git), or None."""
-    for parent in (path, *path.parents):
-        if (parent / ".git").exists():
-            return parent
-    return None
-
-
 def check_secrets_place(secrets: Path, project: Path) -> None:
-    """Refuse a secrets file inside the project or any git work tree: it would be committed, or copied along."""
+    """Refuse a secrets file inside the project or any git work tree: it would be committed, or copied along (the
+    rule: contract/private_files.py `exposed`, which the fleet CA's key is held to as well)."""
     secrets, project = secrets.resolve(), project.resolve()
-    if secrets.is_relative_to(project):
+    found = private_files.exposed(secrets, project)
+    if found and found[0] == "project":
         raise ProjectError(f"--secrets {secrets} is inside the project {project}: keep the keys outside it, "
                            f"e.g. {default_secrets(project)}")
-    tree = git_work_tree(secrets.parent)
-    if tree:
-        raise ProjectError(f"--secrets {secrets} is inside the git work tree {tree}: keep the keys out of any "
+    if found:
+        raise ProjectError(f"--secrets {secrets} is inside the git work tree {found[1]}: keep the keys out of any "
                            "repository (pass --secrets with a path outside it)")
 
 

@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import secrets
-import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TypeVar
 from pydantic import TypeAdapter, ValidationError
 from pyinfra.api.exceptions import PyinfraError
 
+from sparkfleet.contract import private_files
 from sparkfleet.contract.settings import FrontDoorUser, Name, UserKey
 from sparkfleet.refused import Refusal
 
@@ -54,16 +54,15 @@ def read_secrets(path: str | os.PathLike) -> dict:
     """The secrets file as a dict ({"api_key": ..., "users": {name: key}}), checked; what an inventory calls."""
     path = Path(path).expanduser()
     try:
-        mode = path.stat().st_mode
+        problem = private_files.open_to_others(path, "the secrets file")
         text = path.read_text()
     except FileNotFoundError:
         raise SecretsError(f"no secrets file at {path}: it holds the api_key and users' keys; "
                            "`sparkfleet init` writes one, or fix the path the inventory names") from None
     except OSError as exc:
         raise SecretsError(f"cannot read the secrets file {path} ({exc.strerror}): make it readable by you") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretsError(f"the secrets file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
-                           f"chmod 600 {path}")
+    if problem:
+        raise SecretsError(problem)
     try:
         doc = json.loads(text)
     except ValueError as exc:

@@ -91,6 +91,7 @@ def unit(description: str, config: str, runtime_dir: str, limits: Limits, state_
 
 
 def fleet_tls() -> str:
-    """The options of a TLS hop between fleet hosts (a door to a guard, a door to its peer): TLS, the other end's
-    chain verified against the fleet CA, this host's certificate presented (its key loaded from beside it)."""
+    """The options of a TLS hop to a guard (a door's backends, its chat UI): TLS, the other end's chain verified
+    against the fleet CA, this host's certificate presented (its key loaded from beside it). The doors' peers link
+    trusts only the doors instead (roles/front_door/address.py `peers_tls`)."""
     return f"ssl verify required ca-file {paths.TLS_CA} crt {paths.TLS_HOST_CERT}"

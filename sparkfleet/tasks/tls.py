@@ -1,8 +1,10 @@
 """Part of the guard stage, on every host of a fleet whose hops are TLS (`HostPlan.backend_tls`): the fleet CA's
-certificate, this host's key (derived from the CA's: the same bytes on every converge) and its certificate, issued
-here by the controller only when the host's current one is wrong (roles/pki.py `tls_state`, `wrong`: another CA,
-another key, a missing name, within 30 days of its end); otherwise nothing changes. The current certificate is read
-with preflight's facts (host/preflight.py `converge_reads`): no round trip of its own.
+certificate, this host's key (derived from the CA's and its key generation: the same bytes on every converge until
+`sparkfleet rekey` bumps it) and its certificate, for client use too only on a host of the groups that ask the
+guards (`pki.is_client`: a door, a monitoring host), issued here by the controller only when the host's current one
+is wrong (roles/pki.py `tls_state`, `wrong`: another CA, another key, a missing name, another use, within 30 days of
+its end); otherwise nothing changes. The current certificate is read with preflight's facts
+(host/preflight.py `converge_reads`): no round trip of its own.
 
 `host_tls` runs once per host and run (the guard stage first); the front door and node metrics stages get its
 result back: what changed (a reload of the door) and the certificate in force (its expiry metric).
@@ -41,5 +43,6 @@ def _host_tls(plan: HostPlan) -> HostTls:
         ca = pki.ca_of(plan.settings)
     except SettingsError as exc:
         raise DeployRefused(f"invalid fleet CA; no host was changed:\n{exc}") from None
-    wanted, cert = pki.tls_state(ca, plan.name, plan.lan_address, fact(host, JsonFile, path=paths.TLS_HOST_CERT))
+    wanted, cert = pki.tls_state(ca, plan.name, plan.lan_address, fact(host, JsonFile, path=paths.TLS_HOST_CERT),
+                                 client=pki.is_client(host.groups))
     return HostTls(ensure(wanted), cert)

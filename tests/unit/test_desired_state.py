@@ -115,7 +115,7 @@ def test_the_doors_state_holds_its_keys_in_0600_files_and_reloads_on_every_map(t
     maps = {paths.FRONT_DOOR_CONFIG, paths.FRONT_DOOR_USERS_MAP, paths.FRONT_DOOR_BACKEND_MAP,
             paths.FRONT_DOOR_LIMITS_MAP, paths.FRONT_DOOR_USAGE_LUA, paths.FRONT_DOOR_CHAT_UI_USERS,
             paths.FRONT_DOOR_SECRETS, paths.FRONT_DOOR_LOGIN_PAGE, m.FRONT_DOOR_VIEWERS_MAP, paths.FRONT_DOOR_TLS_PEM}
-    assert set(unit.reload_on) == maps | set(pki.TLS_FILES) and state.after == pki.TLS_FILES
+    assert set(unit.reload_on) == maps | set(pki.TLS_FILES) | set(pki.PEERS_FILES) and state.after == pki.TLS_FILES
     for key in (ALICE, BOB, KEY):
         holders = {f.path for f in state.files.values() if f.content and key in f.content}
         assert holders and all(state.files[p].secret for p in holders), (key, holders)

@@ -248,10 +248,11 @@ def _ask(sock_path: str, command: str) -> str:
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_two_doors_share_the_per_user_rate_through_peers(tmp_path, tls):
     """Requests to one door: the other door's table shows the same rate (and holds the limit); where the hops are
-    TLS, the peers link is too (each door's fleet certificate, the other's verified against the fleet CA)."""
+    TLS, the peers link is too (each door's own peers certificate, the other's checked against the doors' list)."""
     import dataclasses
+    from pathlib import Path
 
-    from sparkfleet.roles import haproxy, pki
+    from sparkfleet.roles import pki
 
     engine = Server(make_model(tmp_path / "model"), "--served-model-name", NAME, "--api-key", KEY,
                     SIM_TOKENS_PER_S="500", SIM_FIRST_TOKEN_DELAY_MS="5")
@@ -262,10 +263,11 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path, tls):
     doors = fd_address.door_set(names, found)
     assert doors.peers_server_options is None  # plain hops (backend_key_in_clear): a plain peers link
     if tls:
-        doors = dataclasses.replace(doors, peers_server_options=haproxy.fleet_tls())
+        doors = dataclasses.replace(doors, peers_server_options=fd_address.PEERS_TLS)
         ca_cert, ca_key = pki.new_ca()
         (tmp_path / "ca.crt").write_bytes(ca_cert)
         (tmp_path / "ca.key").write_bytes(ca_key)
+        (tmp_path / "ca.key").chmod(0o600)
         ca = pki.load_ca(tmp_path / "ca.crt", tmp_path / "ca.key")
     procs = []
     try:
@@ -284,10 +286,11 @@ def test_two_doors_share_the_per_user_rate_through_peers(tmp_path, tls):
                     f"peer {m} 127.0.0.1:{peer_ports[m]}"
             config = d.config()
             if tls:
-                assert all(f"default-{kind} {haproxy.fleet_tls()}" in config for kind in ("bind", "server"))
-                (tmp / "host.crt").write_text(pki.issue(ca, n, (n,)))
-                (tmp / "host.crt.key").write_text(pki.host_key_pem(ca, n))
-                moved.update({paths.TLS_CA: str(tmp_path / "ca.crt"), paths.TLS_HOST_CERT: str(tmp / "host.crt")})
+                assert all(f"default-{kind} {fd_address.PEERS_TLS}" in config for kind in ("bind", "server"))
+                peers = pki.peers_state(ca, n, [(door.name, door.lan_address) for door in doors.doors])
+                for path, f in peers.files.items():
+                    (tmp / Path(path).name).write_text(f.content)
+                    moved[path] = str(tmp / Path(path).name)
             procs.append(start_haproxy(config, tmp, moved))
         for n in names:
             wait_for(lambda n=n: requests.get(f"http://127.0.0.1:{ports[n]}/health").status_code == 200)

@@ -126,7 +126,7 @@ def test_the_controller_verifies_the_guards_name(tls_guard):
 def test_a_door_reaches_the_tls_guard_with_its_certificate_and_checks_over_tls(tls_guard, tmp_path):
     tmp, ca, p, _, port = tls_guard
     (tmp_path / "ca.crt").write_text(ca.cert_pem)
-    (tmp_path / "host.crt").write_text(pki.issue(ca, "door", pki.host_names("door", "127.0.0.1")))
+    (tmp_path / "host.crt").write_text(pki.issue(ca, "door", pki.host_names("door", "127.0.0.1"), client=True))
     (tmp_path / "host.crt.key").write_text(pki.host_key_pem(ca, "door"))
     door_port = free_port()
     settings = p.settings.model_copy(update={"front_door_users": {"alice": FrontDoorUser(key=USER_KEY)},

@@ -61,6 +61,7 @@ def test_a_missing_or_foreign_file_is_refused_in_one_line(tmp_path, which):
         pki.load_ca(crt, key)
     assert "\n" not in str(exc.value)
     target.write_text("not a pem\n")
+    target.chmod(0o600)
     with pytest.raises(pki.PkiError, match="is not a PEM|is not an unencrypted PEM"):
         pki.load_ca(crt, key)
 
@@ -69,6 +70,7 @@ def test_a_leaf_certificate_is_no_ca(tmp_path, ca):
     crt, key = tmp_path / "leaf.crt", tmp_path / "leaf.key"
     crt.write_text(pki.issue(ca, "spark-a", NAMES))
     key.write_text(pki.host_key_pem(ca, "spark-a"))
+    key.chmod(0o600)
     with pytest.raises(pki.PkiError, match="is not a CA certificate"):
         pki.load_ca(crt, key)
 
@@ -211,6 +213,7 @@ def test_status_reads_a_certificates_end_from_the_hosts_text_and_flags_it_14_day
     cert, key = pki.new_ca()
     (tmp_path / "ca.crt").write_bytes(cert)
     (tmp_path / "ca.key").write_bytes(key)
+    (tmp_path / "ca.key").chmod(0o600)
     ca = pki.load_ca(tmp_path / "ca.crt", tmp_path / "ca.key")
     day = pki.ends(pki.issue(ca, "spark-1", ("spark-1",)))
     assert day == f"{dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=pki.HOST_DAYS):%Y-%m-%d}"

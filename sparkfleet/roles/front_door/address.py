@@ -49,8 +49,8 @@ class DoorSet:
     preempt: bool
     unicast: bool
     peers_port: int
-    # TLS on the peers link where the hops are TLS (haproxy.fleet_tls: the fleet CA's certificates both ways), the
-    # peers section's `default-bind` and `default-server`; None: plain TCP between the doors.
+    # TLS on the peers link where the hops are TLS (`peers_tls`: each door's own peers certificate, only the doors'
+    # trusted), the peers section's `default-bind` and `default-server`; None: plain TCP between the doors.
     peers_server_options: str | None = None
 
     @property
@@ -160,9 +160,15 @@ def door_set(names: list[str], plans: dict[str, HostPlan]) -> DoorSet | None:
                    first.front_door_address_preempt, first.front_door_vrrp_unicast, port, peers_tls(plans[names[0]]))
 
 
+PEERS_TLS = f"ssl verify required ca-file {paths.TLS_PEERS_CA} crt {paths.TLS_PEERS_PEM}"
+
+
 def peers_tls(plan: HostPlan) -> str | None:
-    """The peers link's TLS options where the fleet's hops are TLS (its plan's backend_tls), else None."""
-    return haproxy.fleet_tls() if plan.backend_tls else None
+    """The peers link's TLS options where the fleet's hops are TLS (its plan's backend_tls), else None: TLS both
+    ways, each door presenting its own peers certificate and trusting only the doors' (roles/pki.py `peers_state`:
+    pinned, not the fleet CA, whose certificates every Spark holds). HAProxy's peers listener checks no name, so
+    the trust file is the whole check."""
+    return PEERS_TLS if plan.backend_tls else None
 
 
 def interface_for(host: str, address: str, ip_json: str) -> str:

@@ -60,7 +60,10 @@ def door_state(door: FrontDoor, networks: str | None = None, gone: Sequence[Hold
         if door.status_page else None,  # the status page's viewers (digests of their passwords)
         secret(paths.FRONT_DOOR_TLS_PEM, "Front door TLS certificate and key (root-only)", door.tls_pem())
         if door.tls else None)
-    reload_on = (*files.files, *maps.files, *tls)
+    # the peers link (two or more doors, over TLS): this door's peers certificate, and the doors' it trusts
+    peers = (pki.peers_state(pki.ca_of(s), door.host, [(d.name, d.lan_address) for d in door.doors.doors])
+             if door.doors and door.peers and door.peers["default_server"] else desired())
+    reload_on = (*files.files, *maps.files, *tls, *peers.files)
     return desired(
         # HAProxy itself: the guard stage
         Packages("socat installed (the front door's runtime API)", ("socat",)),
@@ -74,6 +77,7 @@ def door_state(door: FrontDoor, networks: str | None = None, gone: Sequence[Hold
              mode="0755"),
         None if door.chat_ui else [Absent(path, f"{path} removed (no chat UI)") for path in CHAT_UI_FILES],
         maps,
+        peers,
         File(paths.FRONT_DOOR_UNIT_PATH, "Front door unit", content=door.unit()),
         Unit(paths.FRONT_DOOR_UNIT_NAME, "Front door enabled and running", restart_on=(paths.FRONT_DOOR_UNIT_PATH,),
              reload_on=reload_on, daemon_reload_on=(paths.FRONT_DOOR_UNIT_PATH,)),
