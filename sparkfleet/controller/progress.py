@@ -219,7 +219,9 @@ _PRINTABLE = shlex.quote(r"\11\12\15\40-\176")
 def poll_command(unit: str | None, since: int | None) -> str:
     """The host's clock, its fetch progress file and, for an engine `unit` once `since` (the host's clock when the
     watch began) is known, the unit's phase lines since then. Every value quoted."""
-    parts = ["date +%s", f"echo {_MARK}", f"cat {shlex.quote(paths.FETCH_PROGRESS)} 2>/dev/null"]
+    # `|| true`: no progress file yet (a host just booted: /run is empty until its first fetch) is an answer too;
+    # a failed cat failed the poll, and the watch began only once the fetch had written one, too late to count it
+    parts = ["date +%s", f"echo {_MARK}", f"cat {shlex.quote(paths.FETCH_PROGRESS)} 2>/dev/null || true"]
     if unit and since is not None:
         keys = " ".join(f"-e {shlex.quote(key)}" for key in dict.fromkeys(p.key for p in PHASE_LINES))
         parts += [f"echo {_MARK}",

@@ -206,7 +206,7 @@ def test_the_standins_start_reads_phase_by_phase_as_vllms(tmp_path):
 
 def test_the_poll_command_reads_the_file_then_the_journal_since_the_watch_began():
     first = progress.poll_command(paths.UNIT_NAME, None)
-    assert first == f"date +%s; echo @@sparkfleet-progress; cat {paths.FETCH_PROGRESS} 2>/dev/null"
+    assert first == f"date +%s; echo @@sparkfleet-progress; cat {paths.FETCH_PROGRESS} 2>/dev/null || true"
     later = progress.poll_command(paths.UNIT_NAME, 1700000000)
     assert f"journalctl --no-pager --all -o cat -u {paths.UNIT_NAME} --since @1700000000 2>/dev/null" in later
     assert "-e 'Loading safetensors checkpoint shards'" in later
@@ -217,6 +217,19 @@ def test_the_poll_command_reads_the_file_then_the_journal_since_the_watch_began(
     now, text, lines = progress.read_poll(answer)
     assert (now, json.loads(text), lines) == (1700000004, {"state": "x"}, ["vLLM API server version 0.33.0"])
     assert progress.read_poll("") == (None, "", [])
+
+
+def test_a_host_without_a_progress_file_answers_the_poll_with_its_clock(monkeypatch, tmp_path):
+    """A host that just booted has no progress file (/run is empty): the poll still succeeds with the host's
+    clock, so the watch begins before the fetch writes its first file. (A failed poll left the watch's start
+    unset until the file appeared, later than the fetch's start: its progress was then taken for an earlier
+    run's and never shown, the rollout after the chat UI's reboot of spark-1.)"""
+    monkeypatch.setattr(paths, "FETCH_PROGRESS", str(tmp_path / "absent" / "fetch-progress.json"))
+    for unit, since in ((None, None), (paths.UNIT_NAME, None), (None, 1700000000)):
+        done = subprocess.run(["sh", "-c", progress.poll_command(unit, since)], capture_output=True, text=True)
+        assert done.returncode == 0, (unit, since, done)
+        now, text, lines = progress.read_poll(done.stdout)
+        assert abs(now - time.time()) < 5 and text == "" and lines == []
 
 
 def test_the_hosts_filter_keeps_vllms_lines_and_drops_the_rest():
