@@ -13,7 +13,9 @@ expected_arch = "aarch64"  # `uname -m` of a DGX Spark (GB10 is Arm)
 expected_gpu_name = "NVIDIA GB10"  # nvidia-smi --query-gpu=name
 min_driver_version = "580.95.05"  # first public GB10 driver
 min_cuda_version = "13.0"  # CUDA version nvidia-smi reports
-min_memory_gib = 100  # MemTotal; a Spark has 128 GB of unified memory
+# MemTotal's floor in GiB; None: 90 % of host_memory_gb (107.3 GiB for a 128 GB Spark), so that preflight refuses a
+# host with less memory than the plan fitted its models in (a 64 GB Spark left at 128)
+min_memory_gib = None
 service_min_memory_gib = 1  # MemTotal of a service host (only in groups front_door/monitoring: no GPU, no model)
 service_min_disk_gib = 2  # free disk at / of a service host (Prometheus's history, the packages)
 # versions known to break a Spark, refused by preflight: {glob of `uname -r` or of the driver version: why}; the why
@@ -126,7 +128,9 @@ on_demand_max_waiting = 32  # requests a stopped on-demand model holds while it 
 on_demand_min_resident_s = 300
 
 # --- Planning: what the fit and speed estimates assume about a host ----------
-host_memory_gb = 128  # a Spark's unified memory
+# GB of a Spark's unified memory, what the fit plans each model in: 128, or 64 for a 64 GB DGX Spark (set it on that
+# host; preflight refuses a host whose MemTotal is clearly below it)
+host_memory_gb = 128
 memory_bandwidth_gbs = 273  # a Spark's LPDDR5x bandwidth: bounds decode tokens/s
 
 # --- Service ----------------------------------------------------------------

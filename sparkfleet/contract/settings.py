@@ -334,7 +334,7 @@ class Settings(_EngineVersions):
     expected_gpu_name: Text
     min_driver_version: Version
     min_cuda_version: Version
-    min_memory_gib: float = Field(ge=0)
+    min_memory_gib: float | None = Field(ge=0)  # None: preflight's floor follows host_memory_gb (host/preflight.py)
     service_min_memory_gib: float = Field(ge=0)
     service_min_disk_gib: float = Field(ge=0)
     refused_kernels: dict[VersionGlob, Text]
@@ -408,7 +408,7 @@ class Settings(_EngineVersions):
     # how long an on-demand engine serves before another's start may stop it for room (0: at once); an hour at most
     on_demand_min_resident_s: int = Field(ge=0, le=3600)
 
-    host_memory_gb: float = Field(gt=0)
+    host_memory_gb: float = Field(ge=1, le=1024)  # GB of the host's (unified) memory the fit plans in
     memory_bandwidth_gbs: float = Field(gt=0)
 
     container_name: Name

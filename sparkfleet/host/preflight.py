@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.formats import host_memory_bytes
 from sparkfleet.host.facts import (
     FabricLink,
     JsonFile,
@@ -99,6 +100,35 @@ def refused_versions(name: str, s: Settings, f: HostFacts, in_group: bool = Fals
     return lines
 
 
+# A host whose MemTotal is below this share of host_memory_gb is not the host the plan fitted its models in: a
+# 128 GB Spark reads about 119.7 GiB (128.5 GB, above 100 %), a 64 GB one left at host_memory_gb = 128 about half.
+PLANNED_MEMORY_SHARE = 0.9
+
+
+def memory_floor(s: Settings) -> tuple[float, str]:
+    """(the least MemTotal in GiB preflight accepts, the setting that says so): min_memory_gib where set, else
+    PLANNED_MEMORY_SHARE of host_memory_gb, the memory the fit planned the host's models in."""
+    if s.min_memory_gib is not None:
+        return s.min_memory_gib, "min_memory_gib"
+    return host_memory_bytes(s.host_memory_gb) * PLANNED_MEMORY_SHARE / GIB, "host_memory_gb"
+
+
+def memory_problem(name: str, s: Settings, mem_total_kb: float) -> str | None:
+    """One line when the host's MemTotal (kB, /proc/meminfo) is below memory_floor, naming the setting and the
+    fix: a host planned as a 128 GB Spark that has 64 GB is told the host_memory_gb its memory reads as."""
+    total_gib, (floor, setting) = mem_total_kb / 1024**2, memory_floor(s)
+    if total_gib >= floor:
+        return None
+    if setting == "min_memory_gib":
+        return (f"{name}: memory (MemTotal): found {total_gib:.1f} GiB, required >= {floor:g} GiB: use a host "
+                f"with more memory, or lower min_memory_gib")
+    measured_gb = int(mem_total_kb * 1024 // 10**9)
+    return (f"{name}: memory (MemTotal): found {total_gib:.1f} GiB, required >= {floor:.1f} GiB ("
+            f"{PLANNED_MEMORY_SHARE:.0%} of host_memory_gb = {s.host_memory_gb:g}, the memory the plan fits the "
+            f"models in): set host_memory_gb = {measured_gb} for this host (a 64 GB DGX Spark: 64) and plan again, "
+            f"or use a host with more memory")
+
+
 def preflight_problems(name: str, s: Settings, f: HostFacts, in_group: bool = False) -> list[str]:
     """Why this host is not fit for the release, one line each (a member of a tensor-parallel group: `in_group`)."""
     problems = unreadable_facts(name, f)
@@ -123,10 +153,9 @@ def preflight_problems(name: str, s: Settings, f: HostFacts, in_group: bool = Fa
                    "upgrade the driver (apt upgrade on DGX OS) and reboot")
         if not at_least(f.gpu.cuda, s.min_cuda_version):
             refuse("CUDA version", f.gpu.cuda, f">= {s.min_cuda_version}", "upgrade the NVIDIA driver")
-    total_gib = f.meminfo.get("MemTotal", 0) / 1024**2
-    if total_gib < s.min_memory_gib:
-        refuse("memory (MemTotal)", f"{total_gib:.1f} GiB", f">= {s.min_memory_gib:g} GiB",
-               "use a host with more memory, or lower min_memory_gib")
+    memory = memory_problem(name, s, f.meminfo.get("MemTotal", 0))
+    if memory:
+        problems.append(memory)
     if f.free_bytes < f.needed_bytes:
         refuse(f"free disk at {s.model_root}", disk_text(f.free_bytes),
                f"{disk_text(f.needed_bytes)} for the model files still to fetch",

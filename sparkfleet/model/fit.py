@@ -76,8 +76,9 @@ GIB = 1024**3
 # 119.2 GiB. vLLM sizes its budget from the CUDA device's total memory, which
 # on GB10's unified memory follows the kernel's MemTotal (about 119.7 GiB is
 # the figure quoted for DGX OS, ~0.4 % more; not checked on a host here).
-# 128e9 is that within half a percent and on the safe side; pass the host's MemTotal (preflight reads
-# /proc/meminfo) as ``memory_bytes`` when it is known.
+# 128e9 is that within half a percent and on the safe side. It is the default of fit_report alone: the plan passes
+# each host's own `host_memory_gb` (contract/formats.py host_memory_bytes; 64 for a 64 GB DGX Spark), which
+# preflight holds against the host's MemTotal (host/preflight.py memory_problem).
 SPARK_MEMORY_BYTES = 128 * 10**9
 
 # GB10 LPDDR5x bandwidth, from NVIDIA's published DGX Spark specification.
@@ -329,7 +330,8 @@ def sparks_needed_problem(report: FitReport) -> str | None:
         return None
     what = (f"weights {_gib(report.weights_bytes)}" + (f" ({_gib(report.weights_per_gpu_bytes)} per GPU on {n})"
                                                        if n > 1 else ""))
-    return (f"the model does not fit {'one Spark' if n == 1 else f'{n} Sparks'} at gpu_memory_utilization="
+    size = "" if report.memory_bytes == SPARK_MEMORY_BYTES else f" of {report.memory_bytes / 1e9:g} GB (host_memory_gb)"
+    return (f"the model does not fit {'one Spark' if n == 1 else f'{n} Sparks'}{size} at gpu_memory_utilization="
             f"{report.gpu_memory_utilization:g} ({what}, budget {_gib(report.budget_bytes)} per Spark, "
             f"max_model_len={report.max_model_len}): needs {needed} "
             f"Sparks: set tensor_parallel_hosts with {needed} hosts and tensor_parallel_size = {needed}")

@@ -54,6 +54,14 @@ def test_a_spark_passes():
     assert problems() == []
 
 
+def test_an_office_floor_of_its_own_replaces_the_planned_memory():
+    """min_memory_gib, where set, is the floor (the simulator's hosts share one machine's memory)."""
+    assert problems({"min_memory_gib": 100}, meminfo={"MemTotal": 16 * 1024**2}) == [
+        "spark-a: memory (MemTotal): found 16.0 GiB, required >= 100 GiB: use a host with more memory, "
+        "or lower min_memory_gib"]
+    assert problems({"min_memory_gib": 4}, meminfo={"MemTotal": 16 * 1024**2}) == []
+
+
 def test_each_problem_is_one_line_with_a_fix():
     found = problems(arch="x86_64", gpu=GpuReport("NVIDIA H100", "550.54.14", "12.4"),
                      meminfo={"MemTotal": 16 * 1024**2}, free_bytes=10 * GIB,
@@ -64,8 +72,9 @@ def test_each_problem_is_one_line_with_a_fix():
         "spark-a: NVIDIA driver: found 550.54.14, required >= 580.95.05: upgrade the driver (apt upgrade on DGX OS) "
         "and reboot",
         "spark-a: CUDA version: found 12.4, required >= 13.0: upgrade the NVIDIA driver",
-        "spark-a: memory (MemTotal): found 16.0 GiB, required >= 100 GiB: use a host with more memory, "
-        "or lower min_memory_gib",
+        "spark-a: memory (MemTotal): found 16.0 GiB, required >= 107.3 GiB (90% of host_memory_gb = 128, the memory "
+        "the plan fits the models in): set host_memory_gb = 17 for this host (a 64 GB DGX Spark: 64) and plan "
+        "again, or use a host with more memory",
         "spark-a: free disk at /var/lib/sparkfleet/models: found 10.0 GiB, required 37.0 GiB for the model files "
         "still to fetch: free space there (old models under model_root), or set model_root to a larger disk",
         "spark-a: Docker: found docker.service not active, required running: systemctl enable --now docker",
