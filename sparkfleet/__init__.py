@@ -19,7 +19,7 @@ FILES_DIR = _resource("files")
 DEFAULTS_FILE = _resource("group_data") / "all.py"
 RECIPES_DIR = _resource("recipes")  # the recipe catalogue: one TOML file per recipe
 DEPLOYS_DIR = _PACKAGE / "deploys"  # the deploy files the fleet commands run when the project has none of its own
-# The project a command works in, as for `pyinfra`: this checkout (its deploy.py beside the package) or, installed,
-# the current directory. Its deploy.py / rollback.py, when present, replace the packaged ones; its group_data/ is
-# read, and so is the one beside the inventory (pyinfra's make_inventory reads both).
+# The project outside a command, as for `pyinfra`: this checkout (its deploy.py beside the package) or, installed,
+# the current directory. A command given an INVENTORY works in the inventory's project instead, wherever it runs
+# from (controller/inventory.py `project_of`, `project_for`): its group_data/, deploy.py, lock and .cache/.
 PROJECT_ROOT = _PACKAGE.parent if (_PACKAGE.parent / "deploy.py").exists() else Path.cwd()

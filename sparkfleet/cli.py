@@ -90,7 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         # refusals above import neither.
         import pyinfra_cli  # noqa: F401
 
-        code = args.func(args)
+        inventory = getattr(args, "inventory", None) or getattr(args, "target", None)  # bench names it `target`
+        if inventory:  # the lock and .cache/ are the inventory's project's, wherever this runs from
+            from sparkfleet.controller.inventory import project_for
+
+            with project_for(inventory):
+                code = args.func(args)
+        else:
+            code = args.func(args)
         sys.stdout.flush()
     except Refusal as refused:  # Refused and the project's refusal classes (sparkfleet/refused.py), nothing else
         return refuse(refused)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.exceptions import UnexpectedExternalError
 from pyinfra_cli.inventory import make_inventory
 
-from sparkfleet import PROJECT_ROOT
+import sparkfleet
 from sparkfleet.model.hubs import hub_resolver
 from sparkfleet.host.run import Run, run_of
 from sparkfleet.release.image import image_resolver
@@ -73,14 +74,43 @@ class NotInInventory(Refused):
     """No inventory file at the path given, or no host or group of the name given in it: a refusal (exit 2)."""
 
 
+def project_of(inventory_path: str | os.PathLike) -> Path:
+    """The project an inventory belongs to, wherever the command runs from: the nearest folder holding group_data/
+    or deploy.py, from the inventory's own folder up (a project of `init`: its folder; the checkout's
+    inventory/sim.py: the checkout, whose group_data/ and deploy.py sit above inventory/), else the inventory's
+    folder. Its group_data/ is the one read (pyinfra's cwd, and its own, handed to make_inventory), its deploy.py
+    the one run (`fleet/converge.py` `deploy_path`), its sparkfleet.lock and .cache/ the ones used (`project_for`).
+    The current directory plays no part: a stray group_data/ beside the command is never read."""
+    folder = Path(os.path.abspath(inventory_path)).parent.resolve()  # as pyinfra names the inventory's folder
+    for candidate in (folder, *folder.parents):
+        if (candidate / "group_data").is_dir() or (candidate / "deploy.py").is_file():
+            return candidate
+    return folder
+
+
+@contextmanager
+def project_for(inventory_path: str | os.PathLike | None) -> Iterator[Path]:
+    """While a command works on an inventory: `sparkfleet.PROJECT_ROOT` is its project (`project_of`), so the lock
+    (`lock_path`), the controller's cache (`model/hubs.py` `cache_dir`) and the CA key's place check
+    (`contract/private_files.py`) resolve there; put back after. Without an inventory it changes nothing."""
+    before = sparkfleet.PROJECT_ROOT
+    if inventory_path:
+        sparkfleet.PROJECT_ROOT = project_of(inventory_path)
+    try:
+        yield sparkfleet.PROJECT_ROOT
+    finally:
+        sparkfleet.PROJECT_ROOT = before
+
+
 def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str, dict]]:
-    """[(host name, merged data)] in inventory order; `limit` is a host or group name. An inventory that fails
-    to load raises InventoryError; a missing file or an unknown `limit`, NotInInventory."""
+    """[(host name, merged data)] in inventory order; `limit` is a host or group name. The group_data/ read is its
+    project's (`project_of`), not the current directory's. An inventory that fails to load raises InventoryError;
+    a missing file or an unknown `limit`, NotInInventory."""
     if not Path(inventory_path).exists():
         raise NotInInventory(f"no inventory file at {inventory_path}")
     try:
         with ctx_state.use(State()):
-            inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT))
+            inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(project_of(inventory_path)))
     except UnexpectedExternalError as exc:  # the inventory's (or a group_data file's) code raised
         raise InventoryError(inventory_path, exc.exception) from None
     except SyntaxError as exc:  # pyinfra compiles it outside its wrapper
@@ -110,8 +140,9 @@ LOCK_ENV = "SPARKFLEET_LOCK"  # where the project's lock is, when not PROJECT_RO
 
 
 def lock_path() -> Path:
-    """The project's lock file: $SPARKFLEET_LOCK, else sparkfleet.lock in the project (beside deploy.py)."""
-    return Path(os.environ.get(LOCK_ENV) or PROJECT_ROOT / "sparkfleet.lock")
+    """The project's lock file: $SPARKFLEET_LOCK, else sparkfleet.lock in the project (beside deploy.py: the
+    inventory's project while a command runs, `project_for`), read when asked, never at import."""
+    return Path(os.environ.get(LOCK_ENV) or Path(sparkfleet.PROJECT_ROOT) / "sparkfleet.lock")
 
 
 def read_lock(path: Path) -> Lock:

@@ -22,8 +22,10 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
-from sparkfleet import DEPLOYS_DIR, PROJECT_ROOT
+import sparkfleet
+from sparkfleet import DEPLOYS_DIR
 from sparkfleet.controller import progress
+from sparkfleet.controller.inventory import project_of
 from sparkfleet.host.operations import health_gate_results
 
 
@@ -43,13 +45,14 @@ class HostResult:
 
 @contextmanager
 def connected(inventory_path: str, hosts: list[str], data: dict | None = None):
-    """pyinfra's state, with `hosts` of the inventory connected (those that answered)."""
+    """pyinfra's state, with `hosts` of the inventory connected (those that answered); pyinfra's cwd (its
+    group_data/, the deploy's relative paths) is the inventory's project (`project_of`), not the current directory."""
+    project = str(project_of(inventory_path))
     state = State(check_for_changes=False)
-    state.cwd = str(PROJECT_ROOT)
+    state.cwd = project
     config = Config()
     with ctx_state.use(state), ctx_config.use(config):
-        inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(PROJECT_ROOT),
-                                   override_data=data or {})
+        inventory = make_inventory(os.path.abspath(inventory_path), cwd=project, override_data=data or {})
         with ctx_inventory.use(inventory):
             limit = [inventory.get_host(name) for name in hosts]
             state.init(inventory, config, initial_limit=limit)
@@ -69,10 +72,11 @@ def read_hosts(inventory_path: str, hosts: list[str], reader) -> dict[str, dict 
         return {h.name: None if h in state.failed_hosts else reader(h) for h in limit}
 
 
-def deploy_path(name: str, project: Path = PROJECT_ROOT) -> Path:
+def deploy_path(name: str, project: Path | None = None) -> Path:
     """The deploy file `name` (deploy.py, rollback.py) a fleet command runs: the project's own when it holds one
-    (pyinfra's convention, a file beside where the command runs), else the one sparkfleet ships."""
-    own = project / name
+    (pyinfra's convention; `run_deploy` names the inventory's project, `project_of`; by default
+    `sparkfleet.PROJECT_ROOT`), else the one sparkfleet ships."""
+    own = Path(project if project is not None else sparkfleet.PROJECT_ROOT) / name
     return own if own.is_file() else DEPLOYS_DIR / name
 
 
@@ -102,7 +106,7 @@ def run_deploy(inventory_path: str, hosts: list[str], data: dict | None = None,
         if len(state.failed_hosts) < len(limit):
             try:
                 # the stages register the hosts whose fetch or engine start is shown while run_ops runs
-                load_deploy_file(state, str(deploy_path(deploy_file)))
+                load_deploy_file(state, str(deploy_path(deploy_file, project_of(inventory_path))))
                 if before_ops is not None:
                     before_ops()
                 run_ops(state)

@@ -19,7 +19,8 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
-from sparkfleet import FILES_DIR, PROJECT_ROOT
+import sparkfleet
+from sparkfleet import FILES_DIR
 from sparkfleet.contract.shared import verify
 from sparkfleet.contract.settings import SettingsError
 from sparkfleet.model import gguf
@@ -31,7 +32,9 @@ class HubError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPARKFLEET_CACHE", PROJECT_ROOT / ".cache"))
+    """$SPARKFLEET_CACHE, else .cache/ in the project (the inventory's while a command runs: controller/inventory.py
+    `project_for`), read when asked, never at import."""
+    return Path(os.environ.get("SPARKFLEET_CACHE") or Path(sparkfleet.PROJECT_ROOT) / ".cache")
 
 
 def _manifest_cache(hub: str, repo: str, pin: str) -> Path:
