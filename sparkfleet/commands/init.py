@@ -45,8 +45,9 @@ def run(args) -> int:
     print(f"secrets: {report.secrets} (0600, outside the project): "
           + ("kept as it was" if report.secrets_reused else "a new api_key, no users yet"))
     if report.tls:
-        print(f"front door TLS: a self-signed certificate, {report.tls[0]}: clients trust that file "
-              f"(e.g. SSL_CERT_FILE={report.tls[0]})")
+        print(f"front door TLS: a self-signed certificate, {report.tls[0]}: hand colleagues that file (not secret; "
+              f"the .key beside it is) and their clients trust it (the README's client example, or "
+              f"SSL_CERT_FILE={report.tls[0].name})")
     else:
         print("front door TLS: none (no openssl here): set front_door_tls_cert and front_door_tls_key in "
               f"{inventory} before adding users")

@@ -123,7 +123,7 @@ def test_the_readme_is_a_front_door():
     readme = ROOT / "README.md"
     assert len(readme.read_text().splitlines()) < 250
     commands = "\n".join(_code_blocks(readme))
-    for command in ("make demo", "make test", "pip install sparkfleet", "sparkfleet init office --host spark-1=",
+    for command in ("make demo", "make test", "pip install .", "sparkfleet init office --host spark-1=",
                     "sparkfleet users add inventory.py alice", "sparkfleet plan inventory.py",
                     "pyinfra inventory.py deploy.py", "sparkfleet status inventory.py",
                     "sparkfleet rollout inventory.py --batch 1"):

@@ -39,8 +39,9 @@ def office(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sparkfleet, "PROJECT_ROOT", tmp_path)  # installed: the current directory
     assert cli.main(["init", "office", "--host", "spark-1=10.0.0.11", "--host", "spark-2=10.0.0.12"]) == 0
-    assert "next: sparkfleet users add office/inventory.py NAME; sparkfleet plan office/inventory.py" \
-        in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "next: sparkfleet users add office/inventory.py NAME; sparkfleet plan office/inventory.py" in out
+    assert "hand colleagues that file" in out  # the door's certificate: how their clients trust it (README)
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(STRAY)
     return tmp_path / "office"
