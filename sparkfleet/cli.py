@@ -10,6 +10,7 @@ from sparkfleet import __version__
 from sparkfleet.commands import (
     bench,
     dashboard,
+    doctor,
     drain,
     fetch,
     hostkeys,
@@ -30,8 +31,8 @@ from sparkfleet.commands import (
 from sparkfleet.refused import BUG, FAILED, INVALID, Refusal, Refused
 
 # In `sparkfleet --help`'s order. Each: NAME, HELP, arguments(parser), run(args) (sparkfleet/commands/__init__.py).
-COMMANDS = (init, hostkeys, rekey, recipes, plan, status, usage, rollout, upgrade, rollback, fetch, users, logs, drain,
-            undrain, update, bench, dashboard)
+COMMANDS = (init, hostkeys, rekey, recipes, plan, doctor, status, usage, rollout, upgrade, rollback, fetch, users, logs,
+            drain, undrain, update, bench, dashboard)
 
 
 class Parser(argparse.ArgumentParser):

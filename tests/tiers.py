@@ -34,6 +34,7 @@ TOOLS = {
                           "the node exporter's metric names"),
     "chromium": Tool((("chromium", "chromium-browser"),), "chromium", "the status page's screenshot"),
     "keepalived": Tool((("keepalived",),), "keepalived", "keepalived's own check of the floating address's config"),
+    "ssh": Tool((("ssh",),), "openssh-client", "the real OpenSSH client against hostile loopback ports"),
 }
 _ATTRIBUTE = "sparkfleet_tiers"
 

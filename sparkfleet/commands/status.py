@@ -28,7 +28,7 @@ def run(args) -> int:
     from sparkfleet.fleet.tls import guard_client
     from sparkfleet.roles.pki import hosts_ca
     from sparkfleet.fleet.rollout import load_whole_groups
-    from sparkfleet.fleet.status import fleet_rows, host_row, ssh_facts, status_table
+    from sparkfleet.fleet.status import fleet_rows, host_row, quiet_connections, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
     from sparkfleet.tables import console, literal, narrow, print_table
 
@@ -38,6 +38,7 @@ def run(args) -> int:
     groups, problems = plan_groups(settings)
     if problems:
         raise SettingsError(problems)
+    quiet_connections()  # no SSH library's traceback on the terminal: the table says "unreachable over SSH"
     facts = read_hosts(args.inventory, list(hosts),
                        lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))
     with guard_client(ca) as client:

@@ -103,11 +103,17 @@ def _ssh_value(name: str, key: str, value) -> str:
     return text
 
 
+SSH_CONNECT_TIMEOUT_S = 10  # OpenSSH's ConnectTimeout: the TCP connect and the banner exchange (pyinfra's is 10 s too)
+
+
 def ssh_command(name: str, data: dict, *options: str) -> list[str]:
     """OpenSSH's command line to host `name` with the inventory's SSH settings (port, user, key, config file,
     host-key policy and known_hosts), `options` first, ending `-- ADDRESS` (never read as an option): the
     caller appends a remote command, or none. Each value is its own option's argument (a control character or
-    a port that is none: refused). An argument list, no shell; a key file is named, never read."""
+    a port that is none: refused). An argument list, no shell; a key file is named, never read.
+
+    Always with a connect timeout (`SSH_CONNECT_TIMEOUT_S`, which also bounds a port that accepts and never sends
+    a banner); a caller's own `-o ConnectTimeout=` in `options` comes first, and OpenSSH keeps the first value."""
     argv = ["ssh", *options]
     port = ssh_port(name, data)
     if port is not None:
@@ -119,4 +125,5 @@ def ssh_command(name: str, data: dict, *options: str) -> list[str]:
                       ("ssh_known_hosts_file", "UserKnownHostsFile")):
         if data.get(key):
             argv += ["-o", f"{word}={_option_value(_ssh_value(name, key, data[key]))}"]
+    argv += ["-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
     return [*argv, "--", _ssh_value(name, "ssh_hostname (or the host's name)", ssh_address(name, data))]

@@ -35,6 +35,112 @@ def api_headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+# What a failed request means, in words, by what the exception is and says (its chain's text, lower case): the first
+# match wins. A library's own text never reaches a table (issue 51): it names its classes and its pools.
+_TLS_WORDS = (("certificate has expired", "TLS: certificate expired"),
+              ("hostname mismatch", "TLS: certificate names another host"),
+              ("doesn't match", "TLS: certificate names another host"),
+              ("certificate_verify_failed", "TLS: certificate not trusted"),
+              ("wrong_version_number", "TLS: the port does not speak TLS"),
+              ("record layer failure", "TLS: the port does not speak TLS"),
+              ("certificate required", "TLS: the server wants a client certificate it was not given"),
+              ("unknown ca", "TLS: the server does not trust the controller's certificate"),
+              ("bad certificate", "TLS: the server refused the controller's certificate"))
+_CONNECTION_WORDS = (("connection refused", "connection refused"), ("errno 111", "connection refused"),
+                     ("name or service not known", "name not resolved"),
+                     ("nodename nor servname", "name not resolved"), ("name resolution", "name not resolved"),
+                     ("no route to host", "no route to host"), ("network is unreachable", "network unreachable"),
+                     ("timed out", "timed out"), ("connection reset", "connection reset by the server"),
+                     ("badstatusline", "answered, but not HTTP"), ("bad status line", "answered, but not HTTP"),
+                     ("remotedisconnected", "closed the connection without an answer"),
+                     ("without response", "closed the connection without an answer"),
+                     ("connection aborted", "connection closed early"),
+                     ("connection broken", "answer cut off (connection broken)"))
+
+
+def _chain_text(exc: BaseException) -> str:
+    """An exception's text with its causes' (urllib3 wraps the socket's error twice), lower case."""
+    seen, parts, current = set(), [], exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__} {current}")
+        current = current.__cause__ or current.__context__
+    return " ".join(parts).lower()
+
+
+def in_words(exc: BaseException) -> str:
+    """What a failed request to a host means, in words for a person ("connection refused", "timed out", "TLS:
+    certificate not trusted", ...): never the library's exception text."""
+    import requests
+
+    text = _chain_text(exc)
+    if isinstance(exc, requests.exceptions.SSLError) or " ssl" in f" {text}" and "error" in text:
+        found = next((words for needle, words in _TLS_WORDS if needle in text), None)
+        if found or isinstance(exc, requests.exceptions.SSLError):
+            return found or "TLS: handshake failed"
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return "timed out connecting"
+    if isinstance(exc, requests.exceptions.Timeout):
+        return "timed out waiting for an answer"
+    found = next((words for needle, words in _CONNECTION_WORDS if needle in text), None)
+    if found:
+        return found
+    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
+        return "answer cut off or garbled"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "could not connect"
+    if isinstance(exc, requests.exceptions.InvalidURL):
+        return "not a usable URL: check controller_api_url"
+    if isinstance(exc, ValueError):
+        return "answer is not the JSON expected"
+    if isinstance(exc, (KeyError, TypeError, AttributeError)):
+        return "answer of an unexpected shape"
+    return "no usable answer"
+
+
+def detail_words(detail: str) -> str:
+    """A host helper's reason (sparkfleet-health on the host: "health: /health: URLError: <urlopen error [Errno
+    111] Connection refused>") with the library's part in words ("health: /health: connection refused"); a reason
+    with no exception in it stays as it is."""
+    import re
+
+    parts = detail.split(": ")
+    at = next((i for i, part in enumerate(parts) if re.match(r"[A-Za-z_.]*(Error|Exception|timeout)\b|<urlopen", part)),
+              None)
+    if at is None:
+        return detail
+    text = ": ".join(parts[at:]).lower()
+    found = next((words for needle, words in _TLS_WORDS if needle in text), None) if "ssl" in text else None
+    found = found or next((words for needle, words in _CONNECTION_WORDS if needle in text), None)
+    return ": ".join([*parts[:at], found or "no usable answer"])
+
+
+class _ConnectNoise:
+    """A logging filter for pyinfra's logger: its lines about connecting (a connect error, a known_hosts file it
+    could not load) say what `status`'s table says in words ("unreachable over SSH")."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        path = record.pathname.replace("\\", "/")
+        return not ("/pyinfra/connectors/" in path or (path.endswith("/pyinfra/api/host.py")
+                                                       and record.funcName in ("connect", "disconnect")))
+
+
+def quiet_connections() -> None:
+    """No SSH library's log reaches the terminal for the rest of this process: paramiko's transport thread logs a
+    traceback per failed banner (92 lines for a port that answers without an SSH banner), even after the command
+    has printed its table; pyinfra's connect errors are said in the table. Other pyinfra warnings still show."""
+    import logging
+
+    paramiko = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in paramiko.handlers):
+        paramiko.addHandler(logging.NullHandler())
+    paramiko.propagate = False
+    pyinfra = logging.getLogger("pyinfra")
+    if not any(isinstance(f, _ConnectNoise) for f in pyinfra.filters):
+        pyinfra.addFilter(_ConnectNoise())
+
+
 def asked(url: str, probe: dict, served_name: str, headers: dict, session=None):
     """One probe of contract/serving.py over the host's API: (None, reply) when its answer counts, else (why,
     reply); judged by the host module's rule, as the helpers on the host judge it. `session`: the controller's
@@ -63,14 +169,18 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
     if row["url"] is None:
         return {**row, **on_host_status(on_host, chat)}
     headers = api_headers(s.api_key)
+    step = serving.HEALTH["what"]  # what was being asked when a request failed: named in the row's error
     try:
         health, _ = asked(row["url"], serving.HEALTH, s.served_model_name, {}, session)
+        step = serving.MODELS["what"]
         listing, models = asked(row["url"], serving.MODELS, s.served_model_name, headers, session)
         if isinstance(models, dict) and isinstance(models.get("data"), list):
             row["served"] = [m.get("id") for m in models["data"] if isinstance(m, dict)]
+        step = "/metrics"
         metrics = read_metrics(session.get(f"{row['url']}/metrics", headers=headers, timeout=5).text)
         row["metrics"] = {name: value for name, value in metrics.items() if name in load_series(s.engine)}
         request = serving.REQUESTS["chat"]
+        step = request["what"]
         answer = None if health or listing else asked(row["url"], request, s.served_model_name, headers,
                                                       session)[0]
         problems = [f"{probe['what']}: {why}" for probe, why in
@@ -78,20 +188,35 @@ def host_status(name: str, s: Settings, data: dict, chat: bool = False, on_host:
         row["healthy"] = not problems
         row["error"] = "; ".join(problems) or None
         if chat and row["healthy"]:
-            from openai import DefaultHttpxClient, OpenAI
+            from openai import DefaultHttpxClient, OpenAI, OpenAIError
+
+            step = "the chat (--chat)"
 
             # the chain is the fleet CA's; this client cannot be told the inventory name to check (fleet/tls.py)
             context = client.ssl_context(check_hostname=False) if client else None
             openai = OpenAI(base_url=f"{row['url']}/v1", api_key=s.api_key or "none", timeout=60,
                             **({"http_client": DefaultHttpxClient(verify=context, trust_env=False)} if context else {}))
-            reply = openai.chat.completions.create(
-                model=s.served_model_name, max_tokens=24,
-                messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
-                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-            row["chat"] = reply.choices[0].message.content
-    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                reply = openai.chat.completions.create(
+                    model=s.served_model_name, max_tokens=24,
+                    messages=[{"role": "user", "content": "Say hello from a DGX Spark."}],
+                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                row["chat"] = reply.choices[0].message.content
+            except OpenAIError as exc:  # its status code where it has one; else what its cause means
+                code = getattr(exc, "status_code", None)
+                raise requests.ConnectionError(f"HTTP {code}" if code else "") from (exc.__cause__ or exc)
+    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        row["healthy"] = False if step == "the chat (--chat)" else row["healthy"]
+        row["error"] = f"{step}: {chat_words(exc) if step == 'the chat (--chat)' else in_words(exc)}"
     return row
+
+
+def chat_words(exc: BaseException) -> str:
+    """The chat's failure in words: its HTTP status where the server answered one, else `in_words`."""
+    import re
+
+    code = re.fullmatch(r"HTTP (\d{3})", str(exc))
+    return f"answered HTTP {code[1]}" if code else in_words(exc)
 
 
 def on_host_status(engine: dict | None, chat: bool) -> dict:
@@ -104,7 +229,7 @@ def on_host_status(engine: dict | None, chat: bool) -> dict:
     found = {"via": "ssh", "healthy": engine.get("serving") is True,
              "served": [str(m) for m in models] if isinstance(models, list) else None,
              "metrics": engine.get("metrics") or {},
-             "error": None if engine.get("serving") is True else str(engine.get("detail") or "no answer")}
+             "error": None if engine.get("serving") is True else detail_words(str(engine.get("detail") or "no answer"))}
     if chat and found["healthy"] and isinstance(report.get("chat"), str):
         found["chat"] = report["chat"]
     return found

@@ -20,7 +20,8 @@ SSH = {"ssh_hostname": "10.0.0.1", "ssh_user": "admin", "ssh_port": 2222, "ssh_k
 def test_argv_uses_the_inventory_ssh_settings_and_one_quoted_remote_command():
     argv = logs.logs_argv("spark-a", SSH, "engine", [], lines=50, follow=True)
     assert argv[:-2] == ["ssh", "-p", "2222", "-l", "admin", "-i", "/home/me/.ssh/spark",
-                         "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/srv/office/known_hosts", "--"]
+                         "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/srv/office/known_hosts",
+                         "-o", "ConnectTimeout=10", "--"]
     assert argv[-2] == "10.0.0.1"
     assert shlex.split(argv[-1]) == ["journalctl", "--no-pager", "--unit", paths.UNIT_NAME, "--lines", "50",
                                      "--follow"]
@@ -46,8 +47,8 @@ def test_a_known_hosts_path_with_a_space_stays_one_option_value():
 
 def test_minimal_host_data_and_sudo():
     argv = logs.ssh_argv("spark-a", {"_sudo": True}, logs.journal_command("x.service", as_json=True))
-    assert argv[:3] == ["ssh", "--", "spark-a"]
-    assert shlex.split(argv[3])[:3] == ["sudo", "-n", "journalctl"] and argv[3].endswith("--output json")
+    assert argv[:5] == ["ssh", "-o", "ConnectTimeout=10", "--", "spark-a"]
+    assert shlex.split(argv[5])[:3] == ["sudo", "-n", "journalctl"] and argv[5].endswith("--output json")
 
 
 def test_a_hostile_unit_name_cannot_reach_the_remote_shell():

@@ -74,8 +74,9 @@ SSH = {"ssh_hostname": "10.0.0.1", "ssh_user": "admin", "ssh_port": 2222, "ssh_k
 def test_one_ssh_command_line_carries_every_inventory_setting_and_ends_with_the_address():
     assert reach.ssh_command("spark-a", SSH, "-N") == [
         "ssh", "-N", "-p", "2222", "-l", "admin", "-i", "/home/me/.ssh/spark", "-F", "/srv/office/ssh_config",
-        "-o", "StrictHostKeyChecking=yes", "-o", 'UserKnownHostsFile="/srv/my office/known_hosts"', "--", "10.0.0.1"]
-    assert reach.ssh_command("10.0.0.11", {}) == ["ssh", "--", "10.0.0.11"]
+        "-o", "StrictHostKeyChecking=yes", "-o", 'UserKnownHostsFile="/srv/my office/known_hosts"',
+        "-o", "ConnectTimeout=10", "--", "10.0.0.1"]
+    assert reach.ssh_command("10.0.0.11", {}) == ["ssh", "-o", "ConnectTimeout=10", "--", "10.0.0.11"]
 
 
 def test_logs_and_the_speed_gates_forward_build_on_that_one_command_line():

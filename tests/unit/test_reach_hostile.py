@@ -49,10 +49,11 @@ def test_a_hostile_value_stays_the_value_of_its_own_option(key, value):
     argv = reach.ssh_command("spark-1", {"ssh_hostname": "10.0.0.1", key: value}, "-N")
     options, rest = ssh_reads(argv)
     assert rest == ["10.0.0.1"]
+    assert options[-1] == ("-o", "ConnectTimeout=10")  # every SSH use has a connect timeout
     if key in FLAGS:
-        assert options == [("-N", ""), (FLAGS[key], value)]
+        assert options == [("-N", ""), (FLAGS[key], value), ("-o", "ConnectTimeout=10")]
     else:
-        assert options[0] == ("-N", "") and [(f, shlex.split(v)[0]) for f, v in options[1:]] == \
+        assert options[0] == ("-N", "") and [(f, shlex.split(v)[0]) for f, v in options[1:-1]] == \
             [("-o", f"{WORDS[key]}={value}")]
 
 

@@ -171,7 +171,8 @@ def test_an_api_on_loopback_only_is_measured_through_an_ssh_forward(monkeypatch)
     loopback = SimpleNamespace(controller_api_url=None, api_is_loopback=True, api_port=8000, fleet_ca_cert=None,
                                backend_key_in_clear=False)
     with speed.reach("spark-1", loopback, {"ssh_user": "admin"}) as url:
-        assert url.startswith("http://127.0.0.1:") and started[0].command[-3:] == ["admin", "--", "spark-1"]
+        assert url.startswith("http://127.0.0.1:")
+        assert started[0].command[-5:] == ["admin", "-o", "ConnectTimeout=10", "--", "spark-1"]
         assert started[0].command[started[0].command.index("-L") + 1].endswith(":127.0.0.1:8000")
     assert started[0].terminated  # the forward lasts the measurement only
     lan = SimpleNamespace(controller_api_url="http://10.0.0.5:8000/", api_is_loopback=False, api_port=8000,
