@@ -18,6 +18,8 @@ def arguments(parser) -> None:
     common.as_json(parser)
     parser.add_argument("--offline", action="store_true",
                         help="ask no hub: the recipe catalogue's model facts stand in for the manifest")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the rendered files (the units, the front door's config); --json has them")
 
 
 def run(args) -> int:
@@ -60,11 +62,12 @@ def run(args) -> int:
         print_table(f"{plan.name}: release {plan.release_id or 'unresolved'}", ("key", "value"), rows,
                     header=False, out=out)
         units = ([plan.render_unit()] if plan.runs_engine else []) + ([plan.render_ray_unit()] if plan.group else [])
-        for text in units:
+        for text in units if args.verbose else ():
             out.print(Syntax(text, "ini", word_wrap=True))
     for door in doors:
         print_table(f"{door['host']}: front door", ("key", "value"), door_rows(door), header=False, out=out)
-        out.print(Syntax(door["config"], "text", word_wrap=True))
+        if args.verbose:
+            out.print(Syntax(door["config"], "text", word_wrap=True))
     for advice in found:
         rows = [("advice", f"{advice['choice']} for {advice['expected_concurrency']} users (expected_concurrency)")]
         rows += [("why", literal(line)) for line in advice["reasons"]]
@@ -72,7 +75,26 @@ def run(args) -> int:
         which = " (any two of them)" if len(advice["hosts"]) > 2 else ""
         print_table(f"{', '.join(advice['hosts'])}: topology of {advice['model_repo']}{which}", ("key", "value"),
                     rows, header=False, out=out)
+    out.print("summary" + ("" if args.verbose else " (the rendered units and configs: --verbose, or --json)") + ":")
+    for plan in plans:
+        out.print(literal(summary_line(plan, service_roles(args, plan.name) if plan.is_service else "")))
     return 0
+
+
+def summary_line(plan, roles: str = "") -> str:
+    """One line a host: whether the release fits its memory, the engine, whether its image is pinned by content,
+    the names it serves (text, not markup)."""
+    if plan.is_service:
+        return f"{plan.name}: service host ({roles.split(':')[0] or 'no role'})"
+    if plan.role == "worker":
+        return f"{plan.name}: worker of {plan.group.name}, its head {plan.group.head} serves"
+    fit = plan.fit
+    fits = (f"fits ({fit.budget_bytes / 1024**3:.1f} GiB budget, largest context {fit.largest_context:,})" if fit
+            else "fit unknown (no manifest or recipe for the model)")
+    engine = f"{plan.engine.label} {plan.engine.version(plan.settings)}"
+    image = "image pinned" if plan.image_pin else "image NOT pinned (its `image pin` row says why)"
+    names = [plan.settings.served_model_name] + [svc.service.served_model_name for svc in plan.services]
+    return f"{plan.name}: {fits}; {engine}; {image}; serves {', '.join(str(n) for n in names if n)}"
 
 
 def topology(plans) -> list[dict]:

@@ -40,10 +40,27 @@ def test_plan_json_of_the_office_example(capsys, monkeypatch):
 
 def test_plan_table_of_the_office_example(capsys, monkeypatch):
     monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "hub down"))
-    assert main(["plan", str(ROOT / "inventory/office.py"), "--limit", "spark-b"]) == 0
+    assert main(["plan", str(ROOT / "inventory/office.py"), "--limit", "spark-b", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "spark-b: release unresolved" in out and "hub unreachable: hub down" in out
     assert "spark-a" not in out and "[Service]" in out
+
+
+def test_plan_ends_with_one_summary_line_a_host_and_renders_files_only_when_verbose(capsys, monkeypatch):
+    """Issue 51: about 100 lines a host with no summary; now the tables, then one line a host (fits, engine, image
+    pinned or not, served names); the rendered units with --verbose (and in --json) only."""
+    monkeypatch.setattr("sparkfleet.controller.inventory.hub_resolver", lambda s: (None, None, "hub down"))
+    assert main(["plan", str(ROOT / "inventory/office.py"), "--offline"]) == 0
+    out = capsys.readouterr().out
+    assert "[Service]" not in out and "ExecStart" not in out
+    lines = out.splitlines()
+    summary = lines[next(i for i, line in enumerate(lines) if line.startswith("summary")) + 1:]
+    assert [line.split(":")[0] for line in summary] == ["spark-a", "spark-b", "spark-c"]
+    for line in summary:
+        assert line.split("; ")[0].split(": ")[1].startswith("fits (") and "; vLLM " in line
+        assert "image NOT pinned" in line and line.endswith("serves Qwen3.5-35B-A3B")
+    assert main(["plan", str(ROOT / "inventory/office.py"), "--offline", "--json"]) == 0
+    assert all("[Service]" in host["unit"] for host in json.loads(capsys.readouterr().out)["hosts"])
 
 
 def test_plan_json_with_a_reachable_hub(tmp_path, capsys, local_hub):

@@ -37,7 +37,7 @@ def plan(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_plan_shows_each_front_door_with_users_by_name_and_no_key(tmp_path, capsys):
-    rc, out, err = plan(capsys, write_inventory(tmp_path))
+    rc, out, err = plan(capsys, write_inventory(tmp_path), "--verbose")  # the door's config: rendered files
     assert rc == 0, err
     assert "spark-1: front door" in out and "spark-2: front door" in out and "spark-3: front door" not in out
     assert "alice, bob" in out and "plain http" in out and "server spark-3 10.0.0.3:8000" in out
