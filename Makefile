@@ -15,6 +15,7 @@ demo: venv
 	@bash sim/bootstrap.sh
 	$(PY) -m sim up --hosts $(HOSTS) --service-hosts 2
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
+	$(PY) -m sparkfleet doctor inventory/sim.py
 	$(PY) -m pytest tests/infra --inventory inventory/sim.py -q -p no:cacheprovider
 	$(PY) -m sparkfleet status inventory/sim.py --chat
 	$(PY) -m sim chat-ui
