@@ -141,10 +141,15 @@ def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tup
                      front_doors: list[str] | None = None, front_door_address: str | None = None,
                      ca: tuple[Path, Path] | None = None) -> str:
     """inventory.py: group `sparks`, the first also in `front_door` (or those `front_doors` names, in that order,
-    with their floating address as the group's data), strict host keys, keys from the secrets, the fleet CA's paths.
+    with their floating address as the group's data), strict host keys, keys from the secrets, the fleet CA's paths;
+    an `ssh_user` other than root with pyinfra's `_sudo` (every command, fact and upload escalated by `sudo -n`).
 
     Every value is validated before it gets here and written as a JSON string, which Python reads the same."""
     q = json.dumps
+    sudo = ("" if ssh_user == "root" else
+            f"    # {ssh_user} is not root: pyinfra runs every command under `sudo -n` (sudo without a password on\n"
+            "    # each Spark: docs/prepare-a-spark.md); `sparkfleet logs` and `doctor` read the host through it too\n"
+            "    \"_sudo\": True,\n")
     hosts = "".join(f"    ({q(s.name)}, {{\"ssh_hostname\": {q(s.address)}, **_ssh, **_serving}}),\n" for s in sparks)
     if tls:
         tls_lines = ("    # self-signed by `sparkfleet init`: clients trust the certificate; the key is 0600, outside\n"
@@ -181,7 +186,7 @@ _secrets = _read_secrets({SECRETS_VARIABLE})
 
 _ssh = {{
     "ssh_user": {q(ssh_user)},
-    "ssh_strict_host_key_checking": "yes",
+{sudo}    "ssh_strict_host_key_checking": "yes",
     "ssh_known_hosts_file": str(_Path(__file__).resolve().with_name("known_hosts")),
 }}
 
