@@ -102,6 +102,19 @@ def project_for(inventory_path: str | os.PathLike | None) -> Iterator[Path]:
         sparkfleet.PROJECT_ROOT = before
 
 
+def read_inventory(inventory_path: str, override_data: dict | None = None):
+    """pyinfra's make_inventory in the inventory's project: sparkfleet's defaults (the package's group_data/, pyinfra's
+    cwd slot: read first), then the project's group_data/ over them (`project_of`; pyinfra reads the inventory's
+    folder's itself), the current directory's never. The defaults are beneath a checkout's and an installed copy's
+    host data alike (contract/settings.py merges them again: a deploy run by plain pyinfra may lack them)."""
+    defaults = sparkfleet.DEFAULTS_FILE.parent  # its group_data/ folder
+    project = project_of(inventory_path)
+    inventory_folder = Path(os.path.abspath(inventory_path)).parent.resolve()
+    own = [] if project in (inventory_folder, defaults.parent) else [str(project / "group_data")]
+    return make_inventory(os.path.abspath(inventory_path), cwd=str(defaults.parent), group_data_directories=own,
+                          override_data=override_data or {})
+
+
 def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str, dict]]:
     """[(host name, merged data)] in inventory order; `limit` is a host or group name. The group_data/ read is its
     project's (`project_of`), not the current directory's. An inventory that fails to load raises InventoryError;
@@ -110,7 +123,7 @@ def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str,
         raise NotInInventory(f"no inventory file at {inventory_path}")
     try:
         with ctx_state.use(State()):
-            inventory = make_inventory(os.path.abspath(inventory_path), cwd=str(project_of(inventory_path)))
+            inventory = read_inventory(inventory_path)
     except UnexpectedExternalError as exc:  # the inventory's (or a group_data file's) code raised
         raise InventoryError(inventory_path, exc.exception) from None
     except SyntaxError as exc:  # pyinfra compiles it outside its wrapper

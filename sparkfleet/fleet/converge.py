@@ -8,7 +8,6 @@ when it has one, else the one the package ships (`deploy_path`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,13 +18,12 @@ from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
-from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import load_deploy_file
 
 import sparkfleet
 from sparkfleet import DEPLOYS_DIR
 from sparkfleet.controller import progress
-from sparkfleet.controller.inventory import project_of
+from sparkfleet.controller.inventory import project_of, read_inventory
 from sparkfleet.host.operations import health_gate_results
 
 
@@ -45,14 +43,15 @@ class HostResult:
 
 @contextmanager
 def connected(inventory_path: str, hosts: list[str], data: dict | None = None):
-    """pyinfra's state, with `hosts` of the inventory connected (those that answered); pyinfra's cwd (its
-    group_data/, the deploy's relative paths) is the inventory's project (`project_of`), not the current directory."""
+    """pyinfra's state, with `hosts` of the inventory connected (those that answered); the inventory read in its
+    project (`read_inventory`: its group_data/ over sparkfleet's defaults), pyinfra's cwd (the deploy's relative
+    paths) that project (`project_of`), not the current directory."""
     project = str(project_of(inventory_path))
     state = State(check_for_changes=False)
     state.cwd = project
     config = Config()
     with ctx_state.use(state), ctx_config.use(config):
-        inventory = make_inventory(os.path.abspath(inventory_path), cwd=project, override_data=data or {})
+        inventory = read_inventory(inventory_path, override_data=data)
         with ctx_inventory.use(inventory):
             limit = [inventory.get_host(name) for name in hosts]
             state.init(inventory, config, initial_limit=limit)

@@ -138,25 +138,35 @@ def test_the_checkout_s_inventories_keep_the_checkout_as_their_project(tmp_path,
 
 
 def test_a_deploy_run_from_elsewhere_is_the_project_s(office, monkeypatch):
-    """`sparkfleet rollout office/inventory.py` run from tmp/: pyinfra's inventory and cwd (its group_data/, the
-    deploy's relative paths) are the project's, and the deploy loaded is office/deploy.py."""
-    from pyinfra.api import Inventory
-
+    """`sparkfleet rollout office/inventory.py` run from tmp/: the inventory pyinfra connects is read in the project
+    (its group_data/, the stray one not), pyinfra's cwd (the deploy's relative paths) is the project, and the
+    deploy loaded is office/deploy.py."""
     from sparkfleet.fleet import converge
 
-    seen, loaded = {}, []
+    (office / "group_data" / "sparks.py").write_text("max_model_len = 32768\n")
+    loaded = []
 
-    def make_inventory(path, cwd=None, override_data=None):
-        seen.update(path=path, cwd=cwd)
-        return Inventory(([("spark-1", {})], {}))
+    def load(state, filename):
+        data = {h.name: h.data.get("max_model_len") for h in state.inventory}
+        loaded.append((state.cwd, filename, data))
 
-    monkeypatch.setattr(converge, "make_inventory", make_inventory)
     monkeypatch.setattr(converge, "connect_all", lambda state: None)
     monkeypatch.setattr(converge, "disconnect_all", lambda state: None)
-    monkeypatch.setattr(converge, "load_deploy_file",
-                        lambda state, filename: loaded.append((state.cwd, filename)))
+    monkeypatch.setattr(converge, "load_deploy_file", load)
     monkeypatch.setattr(converge, "run_ops", lambda state: None)
     converge.run_deploy("office/inventory.py", ["spark-1"])
     project = office.resolve()
-    assert seen == {"path": str(project / "inventory.py"), "cwd": str(project)}
-    assert loaded == [(str(project), str(project / "deploy.py"))]
+    assert loaded == [(str(project), str(project / "deploy.py"), {"spark-1": 32768, "spark-2": 32768})]
+
+
+def test_sparkfleet_s_defaults_are_beneath_the_project_s_group_data(office):
+    """The package's group_data/all.py is read first (a checkout's and an installed copy's host data alike), the
+    project's all.py over it, and neither counts as set by the user."""
+    from sparkfleet.contract.settings import defaults
+
+    (office / "group_data" / "all.py").write_text("gpu_memory_utilization = 0.8\n")
+    data = dict(load_hosts("office/inventory.py"))["spark-1"]
+    assert data["gpu_memory_utilization"] == 0.8
+    assert data["served_model_name"] == defaults()["served_model_name"]
+    assert "served_model_name" not in data[USER_SET_KEY] and "gpu_memory_utilization" not in data[USER_SET_KEY]
+    assert data["max_model_len"] == defaults()["max_model_len"]  # the stray 4096 not read
