@@ -108,7 +108,7 @@ def judge_user(user: str, uid: str, privilege: str, data: dict) -> Check:
     """root, or a user whose sudo needs no password with `_sudo` set in the inventory (pyinfra's sudo)."""
     name = clean(user or "?", 40)
     if uid == "0":
-        return Check(f"{name} (root)")
+        return Check(name if name == "root" else f"{name} (uid 0)")
     if not data.get("_sudo"):
         return bad(name, f"logged in as {name}, not root, and the inventory sets no `_sudo`",
                    "set `_sudo = True` for the host in the inventory (or log in as root)")
@@ -138,7 +138,7 @@ def judge_disk(free: int | Unreadable, path: str, minimum: int) -> Check:
     """Free bytes at `path` (the model root on a Spark, / on a service host) against `minimum`."""
     if isinstance(free, Unreadable):
         return bad("?", f"free space at {path} unreadable", f"check `df {path}` on the host")
-    cell = f"{disk_text(free)} at {path}"
+    cell = disk_text(free)  # the path is the model root's (docs/doctor.md), named in a problem
     if free < minimum:
         return bad(cell, f"only {disk_text(free)} free at {path} (under {disk_text(minimum)})",
                    "free space there (old models under model_root), or set model_root to a larger disk")
@@ -287,9 +287,11 @@ def run_ssh(argv: list[str], timeout_s: float = REMOTE_S) -> tuple[int | None, s
     return done.returncode, decode(done.stdout), decode(done.stderr)
 
 
-def host_checks(name: str, data: dict, s: Settings, spark: bool, today: dt.date, run=run_ssh) -> dict:
+def host_checks(name: str, data: dict, s: Settings, spark: bool, today: dt.date, run=run_ssh,
+                tls: bool = True) -> dict:
     """What SSH tells of one host: its checks by column (`COLUMNS`, less the guard and the door) and whether it was
-    converged already (its release record, or a service host's certificate)."""
+    converged already (its release record, or a service host's certificate). `tls`: the fleet's hops are TLS
+    (roles/pki.py `hosts_ca`), so a converged host holds a fleet certificate."""
     from sparkfleet.roles.pki import ends
 
     port = ssh_port(name, data) or 22
@@ -321,7 +323,7 @@ def host_checks(name: str, data: dict, s: Settings, spark: bool, today: dt.date,
     converged = (found.get("converged") or [""])[0] == "yes"
     end = ends("\n".join(found.get("cert", [])))
     cert = judge_days("host", days_left(end, today), "converge the host (it re-issues 30 days before the end)",
-                      converged)
+                      converged and tls)
     return {"checks": checks, "converged": converged, "certificate": cert}
 
 
@@ -357,10 +359,11 @@ def served_certificate_end(url: str) -> str | None:
 def doctor_row(name: str, data: dict, s: Settings, spark: bool, door: bool, client, asks_guard: bool,
                today: dt.date, run=run_ssh) -> dict:
     """One host's row: {"host", "role", "checks": {column: Check}}."""
-    found = host_checks(name, data, s, spark, today, run)
+    found = host_checks(name, data, s, spark, today, run, tls=bool(client is not None and client.tls))
     checks = {column: found["checks"].get(column, NOT_CHECKED) for column in COLUMNS}
     converged = found["converged"]
-    parts = [found["certificate"]] if "certificate" in found else []
+    no_certificate = found.get("certificate", ("", None))[0].endswith(" none") and not (client and client.tls)
+    parts = [found["certificate"]] if "certificate" in found and not no_certificate else []
     if spark and asks_guard and client is not None:
         url = client.url(name, s, data)
         code, words = http_status(client.session, url + "/health")

@@ -61,7 +61,7 @@ def test_the_days_left_of_a_real_certificate(tmp_path):
 
 def test_disk_below_its_minimum_is_a_problem_naming_the_path():
     enough = doctor.judge_disk(100 * GIB, "/srv/models", doctor.SPARK_DISK_MIN)
-    assert enough == doctor.Check("100.0 GiB at /srv/models")
+    assert enough == doctor.Check("100.0 GiB")
     low = doctor.judge_disk(3 * GIB, "/srv/models", doctor.SPARK_DISK_MIN)
     assert low.problem == "only 3.0 GiB free at /srv/models (under 20.0 GiB)" and "model_root" in low.fix
     from sparkfleet.host.facts import Unreadable
@@ -70,7 +70,7 @@ def test_disk_below_its_minimum_is_a_problem_naming_the_path():
 
 
 def test_root_or_sudo_without_a_password():
-    assert doctor.judge_user("root", "0", "root", {}).problem is None
+    assert doctor.judge_user("root", "0", "root", {}) == doctor.Check("root")
     assert "no `_sudo`" in doctor.judge_user("nvidia", "1000", "sudo", {}).problem
     assert doctor.judge_user("nvidia", "1000", "sudo", {"_sudo": True}) == doctor.Check("nvidia (sudo)")
     asks = doctor.judge_user("nvidia", "1000", "none", {"_sudo": True})
