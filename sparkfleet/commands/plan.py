@@ -35,11 +35,13 @@ def run(args) -> int:
     hosts = with_data(load_hosts(args.inventory, args.limit), args.data)
     plans = plan_hosts(hosts) if args.offline else locked_plans(hosts)
     plans_ca(plans)  # offline too: the fleet CA's files are the controller's
-    doors = [door_summary(door) for door in front_doors(args, plans)]
+    checked = inventory_checks(args, hosts, plans)  # what the deploy would refuse, refused here first
+    doors = [door_summary(door) for door in checked.doors if door.host in {p.name for p in plans}]
+    ui = chat_ui_summary(checked.ui)
     found = topology(plans)
     if args.json:
         print(json.dumps({"hosts": [p.to_dict() for p in plans], **({"front_doors": doors} if doors else {}),
-                          **({"topology": found} if found else {})}, indent=2))
+                          **({"chat_ui": ui} if ui else {}), **({"topology": found} if found else {})}, indent=2))
         return 0
     out = console()
     for plan in plans:
@@ -68,6 +70,8 @@ def run(args) -> int:
         print_table(f"{door['host']}: front door", ("key", "value"), door_rows(door), header=False, out=out)
         if args.verbose:
             out.print(Syntax(door["config"], "text", word_wrap=True))
+    if ui:
+        print_table(f"{ui['host']}: chat UI (Open WebUI)", ("key", "value"), chat_ui_rows(ui), header=False, out=out)
     for advice in found:
         rows = [("advice", f"{advice['choice']} for {advice['expected_concurrency']} users (expected_concurrency)")]
         rows += [("why", literal(line)) for line in advice["reasons"]]
@@ -134,20 +138,39 @@ def service_roles(args, name: str) -> str:
     return f"{', '.join(g for g in groups if g != 'all')}: no GPU, model or engine; its own preflight"
 
 
-def front_doors(args, plans) -> list:
-    """The front doors among the planned hosts (group `front_door`), as the front door stage builds them: from
-    the whole inventory's plans (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
-    from sparkfleet.contract import monitoring
-    from sparkfleet.roles.front_door.plan import planned_front_doors
-    from sparkfleet.controller.inventory import group_hosts, load_hosts, with_data
+def inventory_checks(args, hosts, plans):
+    """The checks across hosts the deploy makes (controller/checks.py `check_inventory`: the chat UI, the front
+    doors, the monitoring hosts, every host's guard and ports, the inventory's shape), on the whole inventory's plans
+    (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
+    from sparkfleet.controller.checks import check_inventory
+    from sparkfleet.controller.inventory import load_hosts, with_data
     from sparkfleet.release.plan import plan_hosts
 
-    planned = {p.name: p for p in plans}
-    names = [name for name, _ in group_hosts(args.inventory, monitoring.FRONT_DOOR_GROUP) if name in planned]
-    if names and args.limit:
-        planned = {p.name: p for p in plan_hosts(with_data(load_hosts(args.inventory), args.data))}
-    monitoring_hosts = frozenset(name for name, _ in group_hosts(args.inventory, monitoring.GROUP))
-    return planned_front_doors(names, planned, monitoring_hosts)
+    if args.limit:
+        everyone = with_data(load_hosts(args.inventory), args.data)
+        mine = {p.name: p for p in plans}
+        rest = plan_hosts(everyone)
+        return check_inventory(everyone, [mine.get(p.name, p) for p in rest])
+    return check_inventory(hosts, plans)
+
+
+def chat_ui_summary(ui) -> dict | None:
+    """What `plan` shows of the chat UI: its host, its image (pinned from the lock at the deploy) and its ports:
+    the doors' chat port people open, its host guard's listener the doors reach (Open WebUI itself on a socket)."""
+    if ui is None:
+        return None
+    s = ui.settings
+    return {"host": ui.host, "image": s.chat_ui_image, "door_port": s.chat_ui_port,
+            "guard": ui.target, "tls": ui.tls}
+
+
+def chat_ui_rows(ui: dict) -> list[tuple[str, str]]:
+    from sparkfleet.tables import literal
+
+    return [("image", literal(ui["image"])),
+            ("people open", f"port {ui['door_port']} of each front door (chat_ui_port), signed in with their key"),
+            ("doors reach", f"{literal(ui['guard'])} (chat_ui_host_port, its host's guard"
+                            f"{', TLS' if ui['tls'] else ''}); Open WebUI listens on a unix socket only")]
 
 
 def group_rows(plan) -> list[tuple[str, str]]:

@@ -39,6 +39,11 @@ from sparkfleet.contract.engines import ADMIN_ENV, ENGINES, VERSION_SETTINGS
 from sparkfleet.contract.recipes import catalogue, neutral_settings
 from sparkfleet.refused import Refusal
 
+# Every setting's bounds beyond its type: no string longer, no list or dict larger, anywhere in a value
+# (`_oversized`); no context longer than MAX_CONTEXT tokens.
+MAX_TEXT = 4096
+MAX_ITEMS = 10_000
+MAX_CONTEXT = 2**24
 # Keys owned by pyinfra's connectors, not by sparkfleet.
 CONNECTION_PREFIXES = ("ssh_", "winrm_", "chroot_", "docker_identifier", "local_", "fake_", "_")
 # In a host's data: the keys its inventory entry, its groups or `--data` set (fleet.inventory.host_data
@@ -183,7 +188,7 @@ def _arch_url(value: str) -> str:
 
 # Docker's reference grammar (distribution/reference), digests limited to sha256.
 _REF_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_DOMAIN = rf"(?:{_REF_LABEL}(?:\.{_REF_LABEL})*|\[[0-9A-Fa-f:.]+\])"
+_DOMAIN = rf"(?:{_REF_LABEL}(?:\.{_REF_LABEL})*|\[[0-9A-Fa-f:]+\])"  # brackets: an IPv6 address (Docker's)
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = re.compile(rf"(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
                     rf"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
@@ -191,9 +196,9 @@ _IMAGE = re.compile(rf"(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*
 
 def _image(value: str) -> str:
     """An image Docker parses as one reference (never an option: it starts with a letter or digit)."""
-    if len(value) > 255 or not _IMAGE.fullmatch(value):
+    if len(value) > 255 or not _IMAGE.fullmatch(value) or re.fullmatch(r"[0-9a-f]{64}(?:[:@].*)?", value):
         raise ValueError("must be a Docker image reference: [REGISTRY[:PORT]/]NAME[:TAG][@sha256:<64 hex>] "
-                         "(NAME lower-case)")
+                         "(NAME lower-case, not 64 hex digits)")
     return value
 
 
@@ -306,7 +311,7 @@ class Service(_ServiceVersions):
     api_port: int | None = Field(default=None, ge=1, le=65535)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(default=None, ge=2**20, le=2**50)
-    max_model_len: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0, le=MAX_CONTEXT)
     hf_overrides: dict[Name, JsonValue] | None = None  # vLLM's --hf-overrides: config.json keys, as JSON
     extra_engine_args: list[Text] = []
     # started by the first request that names it, stopped after on_demand_idle_s without one (docs/several-models.md)
@@ -334,9 +339,10 @@ class Settings(_EngineVersions):
     expected_gpu_name: Text
     min_driver_version: Version
     min_cuda_version: Version
-    min_memory_gib: float | None = Field(ge=0)  # None: preflight's floor follows host_memory_gb (host/preflight.py)
-    service_min_memory_gib: float = Field(ge=0)
-    service_min_disk_gib: float = Field(ge=0)
+    # None: preflight's floor follows host_memory_gb (host/preflight.py)
+    min_memory_gib: float | None = Field(ge=0, le=1024)
+    service_min_memory_gib: float = Field(ge=0, le=1024)
+    service_min_disk_gib: float = Field(ge=0, le=1_000_000)
     refused_kernels: dict[VersionGlob, Text]
     refused_pair_kernels: dict[VersionGlob, Text]
     refused_drivers: dict[VersionGlob, Text]
@@ -360,7 +366,7 @@ class Settings(_EngineVersions):
     model_source: Literal["hub", "peer", "controller"]
     peer_port: int = Field(ge=1, le=65535)
     lan_address: Host | None
-    keep_releases: int = Field(ge=2)
+    keep_releases: int = Field(ge=2, le=100)
     controller_model_dir: AbsPath | None
     engine_image_archive: AbsPath | None
     controller_registry_url: Url | None
@@ -375,7 +381,7 @@ class Settings(_EngineVersions):
     api_key: ApiKey | None = _secret()
     allow_unauthenticated_api: bool
     controller_api_url: Url | None
-    max_model_len: int = Field(gt=0)
+    max_model_len: int = Field(gt=0, le=MAX_CONTEXT)
     gpu_memory_utilization: float = Field(gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(ge=2**20, le=2**50)
     enable_prefix_caching: bool
@@ -383,10 +389,10 @@ class Settings(_EngineVersions):
     tool_call_parser: Name | None
     reasoning_parser: Name | None
     attention_backend: Name | None
-    limit_mm_per_prompt: dict[Name, int] | None
+    limit_mm_per_prompt: dict[Name, Annotated[int, Field(ge=0, le=1024)]] | None  # items per prompt: 0 turns one off
     kv_cache_dtype: Name
-    max_num_seqs: int | None = Field(gt=0)
-    tensor_parallel_size: int = Field(ge=1)
+    max_num_seqs: int | None = Field(gt=0, le=65536)
+    tensor_parallel_size: int = Field(ge=1, le=64)
     # Two or more Sparks serving one model over Ray (vLLM's multi-node path); the first name is the head.
     tensor_parallel_hosts: list[Name]
     fabric_interface: InterfaceName
@@ -409,20 +415,20 @@ class Settings(_EngineVersions):
     on_demand_min_resident_s: int = Field(ge=0, le=3600)
 
     host_memory_gb: float = Field(ge=1, le=1024)  # GB of the host's (unified) memory the fit plans in
-    memory_bandwidth_gbs: float = Field(gt=0)
+    memory_bandwidth_gbs: float = Field(gt=0, le=100_000)
 
     container_name: Name
     docker_network: Name
     privileged: bool
     seccomp_unconfined: bool
     gpu_device_mode: Literal["runtime", "cdi"]
-    start_timeout_s: int = Field(gt=0)
-    health_timeout_s: int = Field(gt=0)
+    start_timeout_s: int = Field(gt=0, le=86400)
+    health_timeout_s: int = Field(gt=0, le=86400)
     watchdog: bool
     watchdog_interval_s: int = Field(ge=5, le=3600)
     watchdog_failures: int = Field(ge=1, le=100)
     watchdog_max_restarts: int = Field(ge=1, le=100)
-    watchdog_window_s: int = Field(ge=60)
+    watchdog_window_s: int = Field(ge=60, le=7 * 86400)
     front_door_port: int = Field(ge=1, le=65535)
     front_door_users: dict[Name, UserEntry] = _secret()
     front_door_requests_per_minute: int | None = Field(ge=1, le=1_000_000)
@@ -455,9 +461,9 @@ class Settings(_EngineVersions):
     monitoring_down_for_s: int = Field(ge=0, le=86400)
     monitoring_alert_for_s: int = Field(ge=0, le=86400)
     monitoring_kv_cache_max: float = Field(gt=0, le=1)
-    monitoring_waiting_requests_max: int = Field(ge=0)
+    monitoring_waiting_requests_max: int = Field(ge=0, le=1_000_000)
     monitoring_min_sm_clock_mhz: int = Field(ge=0, le=10000)
-    monitoring_drained_max_s: int = Field(ge=60)
+    monitoring_drained_max_s: int = Field(ge=60, le=7 * 86400)
     alertmanager_port: int = Field(ge=1, le=65535)
     alertmanager_webhook_url: Url | None = _secret()
 
@@ -499,6 +505,27 @@ def defaults() -> dict[str, Any]:
             if not key.startswith("_") and not isinstance(value, ModuleType)}
 
 
+def _oversized(value: Any, depth: int = 0) -> str | None:
+    """Why a setting's value is too big for any setting (every setting, whatever its type: a string over MAX_TEXT
+    characters, a list or dict over MAX_ITEMS items, nested deeper than 8, anywhere in it), or None."""
+    if depth > 8:
+        return "is nested more than 8 deep"
+    if isinstance(value, str):
+        return f"is {len(value):,} characters long: at most {MAX_TEXT:,}" if len(value) > MAX_TEXT else None
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        if len(value) > MAX_ITEMS:
+            return f"holds {len(value):,} items: at most {MAX_ITEMS:,}"
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
+        return next((why for why in (_oversized(item, depth + 1) for item in items) if why), None)
+    return None
+
+
+def _shown(value: Any, form=repr, limit: int = 80) -> str:
+    """A value quoted back in a refusal, cut where long: a line never echoes 100,000 characters."""
+    text = form(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _did_you_mean(key: str, known=Settings.model_fields,
                   fallback: str = "see group_data/all.py for the known settings") -> str:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -522,10 +549,10 @@ def _problem(host_name: str, err: ErrorDetails) -> str:
         return (f"{host_name}: unknown key `{inside[1]}` in service {inside[0]!r} (setting `services`): "
                 f"{_did_you_mean(str(inside[1]), Service.model_fields, knows)}")
     if err["type"] == "extra_forbidden":
-        return f"{host_name}: unknown setting `{key}`: {_did_you_mean(key)}"
+        return f"{host_name}: unknown setting `{_shown(key, str)}`: {_did_you_mean(key)}"
     if err["type"] == "missing":
         return f"{host_name}: setting `{key}` is missing: set it in {'that entry' if inside else 'group_data/all.py'}"
-    shown = "" if setting in SECRET_SETTINGS or inside else f" = {err['input']!r}"
+    shown = "" if setting in SECRET_SETTINGS or inside else f" = {_shown(err['input'])}"
     reason = err["msg"].removeprefix("Value error, ")
     return f"{host_name}: setting `{key}`{shown} is invalid: {reason}; fix it in the inventory or group_data"
 
@@ -576,8 +603,8 @@ def _check_ssh_hostname(host_name: str, data: dict[str, Any]) -> None:
     try:
         _host(_one_line(value) if isinstance(value, str) else "")
     except ValueError as exc:
-        raise SettingsError([f"{host_name}: `ssh_hostname` = {value!r} is invalid: {exc}; it is also the host's LAN "
-                             f"address (URLs, the front door's config): fix it in the inventory"]) from None
+        raise SettingsError([f"{host_name}: `ssh_hostname` = {_shown(value)} is invalid: {exc}; it is also the "
+                             f"host's LAN address (URLs, the front door's config): fix it in the inventory"]) from None
 
 
 def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
@@ -590,7 +617,12 @@ def parse_settings(host_name: str, data: dict[str, Any]) -> Settings:
     _check_ssh_hostname(host_name, data)
     own = user_set(data)
     chosen = recipe_settings(host_name, own.get("recipe", defaults().get("recipe")), own.get("model_repo"))
+    merged = {**defaults(), **chosen, **own}
+    oversized = [f"{host_name}: setting `{_shown(k, str)}` {why}: fix it in the inventory or group_data"
+                 for k, v in merged.items() if (why := _oversized(v))]
+    if oversized:
+        raise SettingsError(oversized)
     try:
-        return Settings(**{**defaults(), **chosen, **own})
+        return Settings(**merged)
     except ValidationError as exc:
         raise SettingsError([_problem(host_name, err) for err in exc.errors()]) from None

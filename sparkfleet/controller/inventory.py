@@ -20,10 +20,11 @@ from sparkfleet.host.run import Run, run_of
 from sparkfleet.release.image import image_resolver
 from sparkfleet.release.lock import Lock, LockError, Locking, parse_lock
 from sparkfleet.release.plan import HostPlan, plan_hosts
-from sparkfleet.contract.monitoring import SERVICE_GROUPS, is_service_host
+from sparkfleet.contract.monitoring import is_service_host
 from sparkfleet.contract.settings import GROUPS_KEY, USER_SET_KEY, SettingsError
 from sparkfleet.refused import Refused
 from sparkfleet.roles.pki import plans_ca
+from sparkfleet.controller.checks import ROLE_GROUPS, check_inventory, duplicate_entries
 
 
 def host_data(host) -> dict:
@@ -42,11 +43,12 @@ def inventory_groups(host) -> list[str]:
     """The host's groups less the one pyinfra adds: it puts every host in a group named after the inventory file
     (inventory/office.py: `office`) unless the file defines one of that name, and that group says nothing of a
     host's role. It is not told apart by name (pyinfra keeps no file name), so one group holding every host, other
-    than front_door or monitoring, is left out: where the file has such a group of its own too, the host is still
-    in it (a Spark). Only a file named after its own all-hosts group (sparks.py holding `sparks`) is misread."""
+    than sparkfleet's own (front_door, monitoring, chat_ui: checks.ROLE_GROUPS), is left out: where the file has
+    such a group of its own too, the host is still in it (a Spark). Only a file named after its own all-hosts
+    group (sparks.py holding `sparks`) is misread."""
     inventory = host.inventory
     everyone = [g for g in sorted(host.groups)
-                if g not in SERVICE_GROUPS and len(inventory.groups.get(g, ())) == len(inventory)]
+                if g not in ROLE_GROUPS and len(inventory.groups.get(g, ())) == len(inventory)]
     return sorted(g for g in host.groups if g not in everyone[:1])
 
 
@@ -124,10 +126,13 @@ def load_hosts(inventory_path: str, limit: str | None = None) -> list[tuple[str,
     try:
         with ctx_state.use(State()):
             inventory = read_inventory(inventory_path)
+            duplicated = duplicate_entries(inventory_path)  # pyinfra merged them: the file read as written
     except UnexpectedExternalError as exc:  # the inventory's (or a group_data file's) code raised
         raise InventoryError(inventory_path, exc.exception) from None
     except SyntaxError as exc:  # pyinfra compiles it outside its wrapper
         raise InventoryError(inventory_path, exc) from None
+    if duplicated:
+        raise SettingsError(duplicated)
     hosts = [(h.name, host_data(h)) for h in inventory]
     if limit:
         hosts = [(n, d) for n, d in hosts if n == limit or limit in inventory.get_host(n).groups]
@@ -217,9 +222,10 @@ def plans(state) -> dict[str, HostPlan]:
     def plan_inventory():
         with locked(hub_resolver, image_resolver) as locking:
             resolve, resolve_image = shared_resolvers(run, locking)
-            planned = plan_hosts([(h.name, host_data(h)) for h in state.inventory], resolve=resolve,
-                                 resolve_image=resolve_image)
+            hosts = [(h.name, host_data(h)) for h in state.inventory]
+            planned = plan_hosts(hosts, resolve=resolve, resolve_image=resolve_image)
             plans_ca(planned)  # the fleet CA's files checked once, before any host is touched
+            check_inventory(hosts, planned)  # every check across hosts `plan` makes (controller/checks.py)
             return {p.name: p for p in planned}
 
     return run.once("plans", "inventory", plan_inventory)
@@ -241,13 +247,13 @@ def chat_ui_of(state) -> tuple:
         s = ui.settings.model_copy(update={"engine_image": ui.settings.chat_ui_image, "engine_image_archive": None})
         with locked(hub_resolver, image_resolver) as locking:
             pin, error = locking.image(s)
-        if pin is None:
+        if pin is None:  # refusal: host-only: the image's digest is the registry's (the lock's once asked)
             raise SettingsError([f"{ui.host}: setting `chat_ui_image`: {error}"])
         return ui, pin
 
     try:
         return run.once("chat_ui", "inventory", resolve)
-    except SettingsError as exc:
+    except SettingsError as exc:  # refusal: planned (chat_ui_plan: controller/checks.py), the pin above aside
         raise DeployRefused(f"invalid chat UI settings; no host was changed:\n{exc}") from None
 
 
@@ -257,17 +263,19 @@ def plan_for(state, host) -> HostPlan:
         plan = plans(state)[host.name]
         if plan.is_service:
             return plan
-        if plan.manifest is None:
+        # the manifest and the image's digest are the hub's and the registry's (`plan` shows them unresolved
+        # offline, and names why online)
+        if plan.manifest is None:  # refusal: host-only: the hub's answer
             raise SettingsError([f"{host.name}: {plan.hub_error}"])
-        if plan.image_pin is None:
+        if plan.image_pin is None:  # refusal: host-only: the registry's answer
             raise SettingsError([f"{host.name}: {plan.image_error}"])
         unresolved = [f"{host.name}: service {svc.name!r}: {svc.hub_error}" for svc in plan.services
                       if not svc.manifest]
         unresolved += [f"{host.name}: service {svc.name!r}: {svc.image_error}" for svc in plan.services
                        if svc.image and not svc.image_pin]
-        if unresolved:
+        if unresolved:  # refusal: host-only: the hub's and the registry's answers for the services
             raise SettingsError(unresolved)
-    except SettingsError as exc:
+    except SettingsError as exc:  # refusal: planned (plans: plan_hosts, plans_ca, check_inventory), the hub's aside
         raise DeployRefused(f"invalid settings; no host was changed:\n{exc}") from None
     return plan
 

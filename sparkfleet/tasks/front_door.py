@@ -37,6 +37,8 @@ def front_door(plan: HostPlan, plans: dict[str, HostPlan]):
         networks = fact(host, Ipv4Networks) if doors and doors.address else None
         wanted = door_state(door, networks, gone)
     except SettingsError as exc:
+        # refusal: host-only: door_state's interface for the floating address is read from the host (Ipv4Networks);
+        # the rest (door_set, the chat UI, front_door_plan, the TLS files) `plan` refuses first (controller/checks.py)
         raise DeployRefused(f"invalid front door settings; no host was changed:\n{exc}") from None
     # its client certificate to the guards (the guard stage put it; a change: a reload)
     ensure(wanted, host_tls(plan).changed)

@@ -25,6 +25,6 @@ def guard(plan: HostPlan):
     try:
         wanted = guard_state(plan, runs_chat_ui=paths.CHAT_UI_GROUP in host.groups)
     except SettingsError as exc:
-        raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None
+        raise DeployRefused(f"invalid guard settings; no host was changed:\n{exc}") from None  # refusal: planned
     # the fleet CA's, this host's key and certificate first (a service host's too: it is a client)
     ensure(wanted, host_tls(plan).changed)

@@ -19,5 +19,5 @@ def monitoring(plan: HostPlan, plans: dict[str, HostPlan], groups: dict[str, set
     try:
         wanted = monitoring_state(plan.name, plans, groups)
     except SettingsError as exc:
-        raise DeployRefused(f"invalid monitoring settings; no host was changed:\n{exc}") from None
+        raise DeployRefused(f"invalid monitoring settings; no host was changed:\n{exc}") from None  # refusal: planned
     ensure(wanted)

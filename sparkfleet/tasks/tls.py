@@ -42,7 +42,7 @@ def _host_tls(plan: HostPlan) -> HostTls:
     try:
         ca = pki.ca_of(plan.settings)
     except SettingsError as exc:
-        raise DeployRefused(f"invalid fleet CA; no host was changed:\n{exc}") from None
+        raise DeployRefused(f"invalid fleet CA; no host was changed:\n{exc}") from None  # refusal: planned
     wanted, cert = pki.tls_state(ca, plan.name, plan.lan_address, fact(host, JsonFile, path=paths.TLS_HOST_CERT),
                                  client=pki.is_client(host.groups))
     return HostTls(ensure(wanted), cert)

@@ -33,6 +33,7 @@ def refuse(lines: list[str]) -> None:
     failing(f"{REFUSED_OP}: {'; '.join(lines)}", lines)
 
 
+# refusal: host-only: what apt would change is simulated on the host (UpgradeSimulation)
 @deploy("Platform upgrade")
 def platform_upgrade(plan: HostPlan) -> None:
     platform(plan)

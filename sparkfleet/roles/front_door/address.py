@@ -171,6 +171,7 @@ def peers_tls(plan: HostPlan) -> str | None:
     return PEERS_TLS if plan.backend_tls else None
 
 
+# refusal: host-only: it reads the door host's own `ip -j -4 addr` (the floating address's network is the host's)
 def interface_for(host: str, address: str, ip_json: str) -> str:
     """The interface of `host` whose IPv4 network holds `address` (CIDR), from `ip -j -4 addr` (untrusted: a
     name that is no interface name, an address that is none, is skipped); SettingsError in one line where

@@ -349,10 +349,10 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
 
 
 def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
-                        monitoring_hosts: frozenset[str] = frozenset()) -> list[FrontDoor]:
+                        monitoring_hosts: frozenset[str] = frozenset(), ui: ChatUi | None = None) -> list[FrontDoor]:
     """The front doors on `names` as the front door stage builds them from the whole inventory's `plans` (those
-    in `monitoring_hosts` with the status page), their TLS files read as the stage reads them (so `plan` refuses
-    what the converge would); SettingsError names every problem of every door."""
+    in `monitoring_hosts` with the status page; `ui`: the chat UI behind them), their TLS files read as the stage
+    reads them (so `plan` refuses what the converge would); SettingsError names every problem of every door."""
     doors, problems = [], []
     try:
         shared = door_set(names, plans)
@@ -360,7 +360,7 @@ def planned_front_doors(names: list[str], plans: dict[str, HostPlan],
         problems, shared = list(exc.problems), None
     for name in names:
         try:
-            door = front_door_plan(name, plans, name in monitoring_hosts, shared)
+            door = front_door_plan(name, plans, name in monitoring_hosts, shared, ui)
             if door.tls:
                 door.tls_pem()
             doors.append(door)
