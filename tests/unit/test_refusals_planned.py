@@ -19,6 +19,8 @@ import functools
 import re
 from pathlib import Path
 
+import pytest
+
 import sparkfleet
 
 PACKAGE = Path(sparkfleet.__file__).resolve().parent
@@ -228,3 +230,32 @@ def test_the_deploy_reaches_the_role_refusals_and_plan_reaches_them_too():
     for name in ("chat_ui_plan", "front_door_plan", "monitoring_plan", "guard_plan", "ca_of", "door_set"):
         assert name in deploy and name in planned, name
     assert "interface_for" in deploy and "interface_for" not in planned
+
+
+def test_the_deploy_refuses_what_plan_refuses_with_the_same_line(tmp_path, monkeypatch):
+    """The deploy's one planning of the inventory (controller/inventory.py `plans`, as pyinfra runs it) refuses a
+    port clash and a group typo with the lines `plan` prints, before any stage: one owner, two callers."""
+    from pyinfra.api import Config, Inventory, State
+
+    from sparkfleet.contract.settings import SettingsError
+    from sparkfleet.controller import checks
+    from sparkfleet.controller import inventory as inventory_mod
+    from sparkfleet.release.plan import plan_hosts
+
+    from .helpers import host_data
+
+    monkeypatch.setenv("SPARKFLEET_LOCK", str(tmp_path / "sparkfleet.lock"))
+    monkeypatch.setattr(inventory_mod, "hub_resolver", lambda s: (None, None, "offline test: no hub is asked"))
+    monkeypatch.setattr(inventory_mod, "image_resolver", lambda s: (None, "offline test: no registry is asked"))
+    data = {"api_host": "0.0.0.0", "api_key": "engines-key-0123456789", "backend_key_in_clear": True}
+    fleet = Inventory(([("spark-1", host_data(ssh_hostname="10.0.0.1", peer_port=8000, **data)),
+                        ("spark-2", host_data(ssh_hostname="10.0.0.2", **data))], {}),
+                      sparks=(["spark-1", "spark-2"], {}), chatui=(["spark-2"], {}))
+    with pytest.raises(SettingsError) as deploy:
+        inventory_mod.plans(State(fleet, Config()))
+    hosts = [(h.name, inventory_mod.host_data(h)) for h in fleet]
+    with pytest.raises(SettingsError) as planned:
+        checks.check_inventory(hosts, plan_hosts(hosts))
+    assert deploy.value.problems == planned.value.problems
+    assert any("spark-1: setting `peer_port` = 8000 is `api_port` too" in line for line in deploy.value.problems)
+    assert any("group `chatui` (spark-2)" in line and "`chat_ui`" in line for line in deploy.value.problems)
