@@ -25,9 +25,9 @@ from sparkfleet.contract.paths import CHAT_UI_GROUP, engine_port
 from sparkfleet.contract.reach import ssh_address
 from sparkfleet.contract.settings import CONNECTION_PREFIXES, GROUPS_KEY, Settings, SettingsError
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.roles.chat_ui import ChatUi, chat_ui_plan
+from sparkfleet.roles.chat_ui import ChatUi, chat_ui_plan, email
 from sparkfleet.roles.front_door.plan import FrontDoor, planned_front_doors
-from sparkfleet.roles.guard import guard_state
+from sparkfleet.roles.guard import guard_plan, guard_state
 from sparkfleet.roles.monitoring import monitoring_state
 
 # The inventory groups sparkfleet gives a meaning to: a group named near one of them is a typo.
@@ -81,6 +81,7 @@ def check_inventory(hosts: list[tuple[str, dict]], plans: list[HostPlan]) -> Che
         except SettingsError as exc:
             problems += exc.problems
     problems += viewer_problems(planned, groups)
+    problems += chat_ui_problems(ui, planned, groups)
     problems += port_problems(planned, groups, problems)
     if problems:
         raise SettingsError(list(dict.fromkeys(problems)))
@@ -198,6 +199,29 @@ def viewer_problems(planned: dict[str, HostPlan], groups: dict[str, set[str]]) -
     return [f"{name}: setting `front_door_viewers` is set, but no front door is also a monitoring host, the one "
             f"that serves the status page: put a door in the group `{m.GROUP}`, or drop the viewers"
             for name in doors if planned[name].settings.front_door_viewers]
+
+
+def chat_ui_problems(ui: ChatUi | None, planned: dict[str, HostPlan], groups: dict[str, set[str]]) -> list[str]:
+    """What the chat UI needs beyond its own host's settings (chat_ui_plan): a front door, the only way in; a
+    guard on its host, which the doors reach it through (a host running no engine, a tensor-parallel worker, runs
+    none); on each door, users told apart by more than case (their accounts are e-mail addresses, lower-cased)."""
+    if ui is None:
+        return []
+    doors = members(groups, m.FRONT_DOOR_GROUP)
+    problems = []
+    if not doors:
+        problems.append(f"{ui.host}: group `{CHAT_UI_GROUP}` without a front door: people reach the chat UI only "
+                        f"through one: put a host in the group `{m.FRONT_DOOR_GROUP}`")
+    if guard_plan(planned[ui.host]) is None and not planned[ui.host].is_service:
+        problems.append(f"{ui.host}: group `{CHAT_UI_GROUP}`: this host runs no engine (a tensor-parallel worker), "
+                        "so no guard the doors could reach the chat UI through: put a host that serves in the group")
+    for door in doors:
+        seen: dict[str, str] = {}
+        for name in planned[door].settings.front_door_users:
+            if seen.setdefault(email(name), name) != name:
+                problems.append(f"{door}: setting `front_door_users`: {seen[email(name)]!r} and {name!r} differ only "
+                                "in case: the chat UI's accounts would be one; rename one")
+    return problems
 
 
 def bound_ports(plan: HostPlan, groups: set[str], doors: int, monitored: bool) -> list[tuple[str, int]]:

@@ -199,3 +199,19 @@ def test_every_number_setting_is_bounded_both_ways():
             if not (low and high):
                 unbounded.append(f"{model.__name__}.{name}")
     assert not unbounded, f"give each a range (Field(ge=..., le=...)): {unbounded}"
+
+
+def test_a_chat_ui_without_a_front_door(tmp_path, capsys):
+    """People reach the chat UI only through a door: without one it cannot work."""
+    refused(capsys, office(tmp_path, groups="chat_ui = ['spark-1']\n"), "spark-1", "without a front door",
+            "front_door")
+
+
+def test_a_doors_users_who_differ_only_by_case(tmp_path, capsys):
+    """The door's own users (not only the chat UI host's) are the accounts people sign in with."""
+    users = {"bob": "bob-key-0123456789ab", "BOB": "other-key-0123456789"}
+    path = tmp_path / "office.py"
+    path.write_text(f"sparks = [('spark-1', {{**{BASE!r}, 'ssh_hostname': '10.0.0.1'}}), "
+                    f"('spark-2', {{**{BASE!r}, 'ssh_hostname': '10.0.0.2', 'front_door_users': {users!r}}})]\n"
+                    "front_door = ['spark-2']\nchat_ui = ['spark-1']\n")
+    refused(capsys, str(path), "spark-2", "`front_door_users`", "'bob' and 'BOB'", "rename one")
