@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
 from sparkfleet.contract import engines, paths
+from sparkfleet.host.run import as_the_host_runs
 from sparkfleet.tables import console, literal
 
 POLL_S = 2.0  # between two reads of a host
@@ -344,15 +345,6 @@ def bar_of(view: HostView) -> tuple[float, float | None]:
     return 0, None
 
 
-def _connector_arguments(state, host) -> dict:
-    """The host's own escalation and shell settings (as its facts get them), with a short timeout of ours."""
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
-
-    arguments, _ = pop_global_arguments(state, host, {})
-    kept = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS and k not in ("_stdin", "_retries")}
-    return {**kept, "_timeout": POLL_TIMEOUT_S, "_get_pty": False}
-
-
 def _quietly(step, *args, **kwargs) -> None:
     """A pyinfra callback's work: the watch is a courtesy, so nothing it meets reaches the run (a callback that
     raises ends the run for every host)."""
@@ -416,12 +408,9 @@ def _make_watcher(state, live: bool):
                 self.closed = True
 
         def _poll(self, state, watched: _Watched) -> None:
-            from pyinfra.api import StringCommand
-
             try:
-                ok, output = watched.host.run_shell_command(
-                    StringCommand(poll_command(watched.unit, watched.since)), print_output=False,
-                    print_input=False, **_connector_arguments(state, watched.host))
+                ok, output = as_the_host_runs(watched.host, poll_command(watched.unit, watched.since),
+                                              timeout=POLL_TIMEOUT_S)
             except Exception:  # the watch is a courtesy: whatever it meets, the deploy goes on
                 return
             try:

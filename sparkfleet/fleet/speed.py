@@ -224,17 +224,15 @@ class SpeedGate:
         written (a failure is reported, never fatal: the next rollout then measures its baseline again)."""
         import shlex
 
-        from pyinfra.api import StringCommand
-
         from sparkfleet.fleet.converge import connected
+        from sparkfleet.host.run import as_the_host_runs
 
         text = render_record(self.kept.get(host, {}), figures)
         tmp = f"{paths.SPEED_FILE}.tmp"
         command = (f"umask 022 && mkdir -p {shlex.quote(paths.STATE_DIR)} && printf '%s' {shlex.quote(text)} > "
                    f"{shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(paths.SPEED_FILE)}")
         with connected(self.inventory, [host]) as (state, limit):
-            ok = bool(limit) and limit[0] not in state.failed_hosts and \
-                limit[0].run_shell_command(StringCommand(command), print_output=False)[0]
+            ok = bool(limit) and limit[0] not in state.failed_hosts and as_the_host_runs(limit[0], command)[0]
         if ok:
             self.kept[host] = parse_record(json.loads(text))
         return ok

@@ -383,11 +383,11 @@ def ray_check(host, group) -> dict | None:
     from pyinfra.api import StringCommand
 
     from sparkfleet.host.facts import ray_check_args
+    from sparkfleet.host.run import as_the_host_runs
 
     args = ray_check_args(group.ray_address, group.address_of(host.name),
                           dict(zip(group.members, group.addresses, strict=True)))
-    _, output = host.run_shell_command(StringCommand("python3", paths.RAY_CHECK, *args, "2>/dev/null || true"),
-                                       print_output=False)
+    _, output = as_the_host_runs(host, StringCommand("python3", paths.RAY_CHECK, *args, "2>/dev/null || true"))
     try:
         return json.loads(output.stdout_lines[-1]) if output.stdout_lines else None
     except ValueError:

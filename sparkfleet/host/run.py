@@ -60,6 +60,22 @@ def run_of(state) -> Run:
     return run
 
 
+def as_the_host_runs(host, command, timeout: float | None = None) -> tuple[bool, Any]:
+    """A command sent on the host's own connection outside any operation (a watch's poll, a door's runtime, the
+    speed record, a Ray check, a reboot's question), with the host's own escalation and shell settings (`_sudo`,
+    `_su_user`, ...) as pyinfra's operations and facts get them: a Spark reached as a user with sudo gets the
+    same privileges here as in the deploy. (ok, pyinfra's CommandOutput); never printed."""
+    from pyinfra.api import StringCommand
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+
+    arguments, _ = pop_global_arguments(host.state, host, {})
+    kept = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS and k not in ("_stdin", "_retries")}
+    if timeout is not None:
+        kept.update(_timeout=timeout, _get_pty=False)
+    return host.run_shell_command(command if isinstance(command, StringCommand) else StringCommand(command),
+                                  print_output=False, print_input=False, **kept)
+
+
 def name_deploy_file(filename: str | None) -> None:
     """pyinfra orders each operation by its call stack (`inspect.stack()`, per operation and host). For a frame
     of the deploy file, which pyinfra execs and no module names, `inspect.getmodule` scans every loaded module

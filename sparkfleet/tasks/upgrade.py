@@ -12,6 +12,7 @@ from sparkfleet.contract import paths
 from sparkfleet.controller.inventory import plan_for
 from sparkfleet.host.facts import Unreadable
 from sparkfleet.host.pins import render_pins
+from sparkfleet.host.run import as_the_host_runs
 from sparkfleet.host.upgrade import (
     REBOOT_OP,
     REFUSED_OP,
@@ -49,7 +50,7 @@ def platform_upgrade(plan: HostPlan) -> None:
         planned, target = needs_reboot(sim), host._get_module()
 
         def wanted() -> bool:  # after the upgrade ran: any package's postinst may have asked for one
-            return planned or target.run_shell_command(StringCommand("test", "-e", paths.REBOOT_REQUIRED))[0]
+            return planned or as_the_host_runs(target, StringCommand("test", "-e", paths.REBOOT_REQUIRED))[0]
 
         server.reboot(name=REBOOT_OP, reboot_timeout=REBOOT_TIMEOUT_S, _if=wanted)
 

@@ -189,9 +189,8 @@ class FrontDoorRuntime:
         """Run a shell command on every front door; its output, or None where it failed or did not answer."""
         if not self.doors:
             return {}
-        from pyinfra.api import StringCommand
-
         from sparkfleet.fleet.converge import connected
+        from sparkfleet.host.run import as_the_host_runs
 
         out: dict[str, str | None] = {}
         with connected(self.inventory, [name for name, _ in self.doors]) as (state, hosts):
@@ -199,7 +198,7 @@ class FrontDoorRuntime:
                 if host in state.failed_hosts:
                     out[host.name] = None
                     continue
-                ok, output = host.run_shell_command(StringCommand(command), print_output=False)
+                ok, output = as_the_host_runs(host, command)
                 out[host.name] = output.stdout if ok else None
         return out
 
