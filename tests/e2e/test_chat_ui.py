@@ -304,6 +304,7 @@ def test_a_version_change_keeps_bobs_chats_and_a_rollback_restores_the_previous_
     wait_until(lambda: any(marker in c for c in bobs_chats(url, key_of(secrets, "bob"))), 120,
                "bob's chat after the rollback", ignore=(requests.RequestException, ValueError, KeyError, TypeError))
 
+
 # --- login CSRF: another site's page neither signs a person in as someone else nor out (issue 50) ----------------
 
 ATTACKER_FORM = """<!doctype html><html><body>
