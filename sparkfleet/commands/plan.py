@@ -141,15 +141,17 @@ def service_roles(args, name: str) -> str:
 def inventory_checks(args, hosts, plans):
     """The checks across hosts the deploy makes (controller/checks.py `check_inventory`: the chat UI, the front
     doors, the monitoring hosts, every host's guard and ports, the inventory's shape), on the whole inventory's plans
-    (under a `--limit`, the rest planned offline: a door's engines need no manifest)."""
+    (under a `--limit`, the rest planned as the selected hosts are)."""
     from sparkfleet.controller.checks import check_inventory
-    from sparkfleet.controller.inventory import load_hosts, with_data
+    from sparkfleet.controller.inventory import load_hosts, locked_plans, with_data
     from sparkfleet.release.plan import plan_hosts
 
     if args.limit:
         everyone = with_data(load_hosts(args.inventory), args.data)
         mine = {p.name: p for p in plans}
-        rest = plan_hosts(everyone)
+        # planned as the selected hosts are (offline only with --offline): an offline plan of a host whose recipe
+        # brings the model's facts fits it against the recipe's checkpoint, not the one its hub serves
+        rest = plan_hosts(everyone) if args.offline else locked_plans(everyone)
         return check_inventory(everyone, [mine.get(p.name, p) for p in rest])
     return check_inventory(hosts, plans)
 
