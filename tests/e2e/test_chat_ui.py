@@ -6,15 +6,12 @@ edits. The module leaves the fleet as inventory/sim_front_door.py has it (no cha
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -22,6 +19,7 @@ import requests
 from sparkfleet.contract import paths
 from sparkfleet.roles import chat_ui
 from sparkfleet.fleet.users import read_secrets, write_secrets
+from tests.cross_site import ATTACKER_FORM, another_site
 from tests.waiting import wait_until
 
 from .conftest import ROOT, container, converge, ssh, sparkfleet
@@ -306,36 +304,6 @@ def test_a_version_change_keeps_bobs_chats_and_a_rollback_restores_the_previous_
 
 
 # --- login CSRF: another site's page neither signs a person in as someone else nor out (issue 50) ----------------
-
-ATTACKER_FORM = """<!doctype html><html><body>
-<form method="post" action="{action}"><input name="key" value="{key}"></form>
-<script>document.forms[0].submit()</script></body></html>"""
-
-
-@contextlib.contextmanager
-def another_site(pages: dict[str, str]):
-    """Another site's pages, served from this machine's loopback (where the browser runs) on a free port: an
-    origin other than the door's (its address on the sim's network). Its URL."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = pages[self.path].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
 
 def door_cookie(browser: Browser) -> str | None:
     """The door's cookie in this browser (HttpOnly: WebDriver reads it, a page's script cannot), None without one."""

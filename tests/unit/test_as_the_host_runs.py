@@ -5,30 +5,17 @@ spark.md) gets them under sudo, as pyinfra's facts and operations are."""
 from __future__ import annotations
 
 from pyinfra.api import Config, Inventory, State, StringCommand
-from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput
 
 from sparkfleet.host.run import as_the_host_runs
 
+from .test_progress import ScriptedConnector
 
-class Recording(BaseConnector):
+
+class Recording(ScriptedConnector):
     """Records each command and the connector arguments it was sent with."""
 
-    handles_execution = True
     sent: list
-
-    @staticmethod
-    def make_names_data(name):
-        yield name, {}, []
-
-    def connect(self):
-        return None
-
-    def put_file(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_file(self, *args, **kwargs):
-        raise NotImplementedError
 
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         self.sent.append((command.get_raw_value(), print_output, arguments))

@@ -27,6 +27,7 @@ from sparkfleet.roles import chat_ui
 from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.conftest import free_port
+from tests.cross_site import ATTACKER_FORM, another_site
 from tests.tiers import needs
 from .helpers import ROOT, door_files, wait_for
 from .test_front_door import plans
@@ -384,35 +385,6 @@ def test_a_clients_forwarded_headers_never_reach_an_engine(plain):
 
 # --- a real browser: the cross-site form does nothing, the door's own page still works -----------------------------
 
-ATTACKER = """<!doctype html><html><body>
-<form method="post" action="{action}"><input name="key" value="{key}"></form>
-<script>document.forms[0].submit()</script></body></html>"""
-
-
-@contextlib.contextmanager
-def attacker_site(address: str, pages: dict[str, str]):
-    """Another site's pages (another origin than the door's), served from `address` on a free port: its URL."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = pages[self.path].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer((address, 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://{address}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -444,8 +416,8 @@ def test_in_a_real_browser_another_sites_form_leaves_the_persons_cookie_alone(pl
     follows a link to the sign-out: alice stays alice. Her own sign-out button signs her out."""
     door_url = f"http://127.0.0.1:{plain.page}"
     login, logout = door_url + chat_ui.LOGIN_PATH, door_url + chat_ui.LOGOUT_PATH
-    pages = {"/sign-in": ATTACKER.format(action=login, key=BOB),
-             "/sign-out": ATTACKER.format(action=logout, key=""),
+    pages = {"/sign-in": ATTACKER_FORM.format(action=login, key=BOB),
+             "/sign-out": ATTACKER_FORM.format(action=logout, key=""),
              "/link": f'<!doctype html><script>location.href = "{logout}"</script>'}
     driver = _browser()
     try:
@@ -456,7 +428,7 @@ def test_in_a_real_browser_another_sites_form_leaves_the_persons_cookie_alone(pl
         driver.find_element(By.ID, "sign-in").click()
         wait_for(lambda: (driver.get_cookie(plain.cookie) or {}).get("value") == ALICE)
         # another loopback address is another site for the browser; another port of the door's, a neighbouring one
-        with attacker_site("127.0.0.2", pages) as other, attacker_site("127.0.0.1", pages) as neighbour:
+        with another_site(pages, "127.0.0.2") as other, another_site(pages) as neighbour:
             for site in (other, neighbour):
                 for attack in ("/sign-in", "/sign-out", "/link"):
                     driver.get(site + attack)
