@@ -5,6 +5,7 @@ certificate where the hops are TLS, which inventory/sim.py's are not). Reads onl
 from __future__ import annotations
 
 import json
+import re
 
 from .conftest import HOSTS, INVENTORY, sparkfleet
 
@@ -22,7 +23,9 @@ def test_doctor_finds_the_converged_fleet_ready(converged_fleet):
         assert checks["user"]["cell"] == "root" and checks["docker"]["cell"][0].isdigit()
         assert checks["gpu"]["cell"].endswith(tuple("0123456789")) and "driver" in checks["gpu"]["cell"]
         assert checks["guard"]["cell"] == "answers"  # the converge's engine serves behind it
-        assert checks["certificates"]["cell"] == "-"  # inventory/sim.py keeps the hops plain http: no certificate
+        # inventory/sim.py keeps the hops plain http: no certificate asked, though one a TLS module's converge issued
+        # (test_two_doors') stays on the host with its days left (plain hops leave the fleet's files in place)
+        assert re.fullmatch(r"-|host (\d+) d", checks["certificates"]["cell"]), checks["certificates"]
         assert checks["clock"]["cell"] in ("+0.0 s", "-0.0 s")  # the sim's hosts share the controller's clock
     table = sparkfleet("doctor", INVENTORY, "--limit", HOSTS[0], timeout=180)
     assert table.returncode == 0 and "no problem found on 1 host" in table.stdout, table.stdout[-2000:]
