@@ -15,7 +15,7 @@ PACKAGE = Path(sparkfleet.__file__).resolve().parent
 # by path, and nothing else in the package imports them.
 LAYERS = ["root", "contract", "model", "release", "roles", "host", "controller", "fleet", "cli", "stages"]
 TOP_MODULES = {"__init__": "root", "tables": "root", "refused": "root", "cli": "cli", "__main__": "cli",
-               "commands": "cli", "tasks": "stages", "deploys": "stages"}
+               "commands": "cli", "tasks": "stages", "deploys": "stages", "quality": "model"}
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
