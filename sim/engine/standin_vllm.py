@@ -26,6 +26,7 @@ Environment:
     SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
     SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
     SIM_SPEC_ACCEPTANCE_RATE  with --speculative-config: share of draft tokens accepted (0.7)
+    SIM_ANSWER_FAULT          answers gone bad: wrong, tool_text, cut or tool_args (unset: none; see "Answers")
     SIM_RAY_WAIT_S            with the Ray backend: seconds to wait for N GPU nodes before failing (300)
     SIM_RAY_CHECK_S           with the Ray backend: seconds between checks of the nodes while serving (3)
     RAY_ADDRESS               with the Ray backend: the cluster to join (HEAD:PORT; "auto" when unset)
@@ -44,6 +45,28 @@ re-read on every request, so it is set and cleared without a restart:
 --speculative-config '{"method": "mtp", "num_speculative_tokens": N}' each
 step emits 1 + the accepted drafts at the plain step rate (SIM_TOKENS_PER_S),
 and /metrics exports vLLM's vllm:spec_decode_* counters.
+"answer_fault" (SIM_ANSWER_FAULT) is read on every request too (see "Answers").
+
+Answers (chat completions; the same at any temperature, so a healthy engine repeats its answers at temperature 0).
+A request the rules below do not recognise gets the steady stream of WORDS up to max_tokens (finish "length"), as
+a benchmark wants. A recognised one gets a short answer, finish "stop" (or "length" when max_tokens cuts it):
+    tools with tool_choice "auto"   a call of each tool the last user message names, in order (a name twice, two
+                                    calls), else of the first tool; arguments: every required parameter, its enum's
+                                    first value or its type's default ("sim", 0, false, [] with minItems "sim"s,
+                                    an object's own required ones), valid for the tool's parameters schema
+    a tool result last              "According to the tool, the result is: <the result's content>"
+    response_format json_schema     the schema's minimal valid instance (json_object: {})
+    "what is A op B" (+ - * x /)    the number
+    "what is the X?"                the word after "the X is" anywhere in the conversation (a needle, an extraction)
+    "reply with only the word X"    X
+    "exactly N lines"               N one-word lines
+    "at most N words"               fewer words than N
+    a system message's "start/end every reply with the word X": the reply starts/ends with X (a short answer)
+"answer_fault": wrong (each short answer's letters rotated by 13 and digits by one, the stream shifted: other
+answers), tool_text (an "auto" tool call comes back as the model's raw markup in content, as vLLM does when the
+tool parser does not match the model), cut (an answer ends after CUT_TOKENS tokens, finish "length", tool calls as
+text), tool_args (calls parsed, their arguments breaking the schema). A --tool-call-parser that does not read the
+model's tool format (TOOL_FORMATS, from config.json's model_type) is tool_text for good.
 
 With --distributed-executor-backend ray and --tensor-parallel-size N the
 stand-in joins the running Ray cluster as vLLM does (standin_ray.py, next to
@@ -125,7 +148,8 @@ def knobs() -> dict:
     values = {"crash_on_start": os.environ.get("SIM_CRASH_ON_START") == "1",
               "load_delay_s": os.environ.get("SIM_LOAD_DELAY_S", "2"), "fault": None,
               "spec_acceptance_rate": os.environ.get("SIM_SPEC_ACCEPTANCE_RATE", "0.7"),
-              "ray_wait_s": os.environ.get("SIM_RAY_WAIT_S", "300")}
+              "ray_wait_s": os.environ.get("SIM_RAY_WAIT_S", "300"),
+              "answer_fault": os.environ.get("SIM_ANSWER_FAULT") or None}
     try:
         with open(os.environ.get("SIM_KNOB_FILE", DEFAULT_KNOB_FILE)) as f:
             loaded = json.load(f)
@@ -664,18 +688,194 @@ def prompt_tokens_of(messages: list) -> list[str]:
     return tokens
 
 
+ANSWER_FAULTS = ("wrong", "tool_text", "cut", "tool_args")
+CUT_TOKENS = 2  # a "cut" answer's tokens
+# The tool-call format of a model family (config.json's model_type, its text_config's first; the longest prefix
+# wins) and the --tool-call-parser names (vLLM's, SGLang's) that read it. A family not here: any parser reads it.
+TOOL_FORMATS = {
+    "qwen3_5": ("xml", ("qwen3_coder", "qwen3_xml")),  # Qwen3.5: Qwen3-Coder's XML calls
+    "qwen3_next": ("xml", ("qwen3_coder", "qwen3_xml")),
+    "qwen3": ("hermes", ("hermes", "qwen3_json", "qwen25", "qwen")),  # a Qwen3-Coder (its name says so): xml
+    "llama": ("json", ("llama3_json", "pythonic", "llama3")),
+    "llama4": ("json", ("llama4_json", "llama4_pythonic", "pythonic", "llama4")),
+    "gpt_oss": ("harmony", ("openai", "gpt-oss")),
+    "mistral": ("mistral", ("mistral",)),
+    "glm4_moe": ("glm", ("glm45", "glm47", "glm", "glm45")),
+}
+XML_PARSERS = ("qwen3_coder", "qwen3_xml")
+
+
+def tool_format(config: dict, model: str, parser: str | None) -> tuple[str, bool]:
+    """(the model's tool-call format, whether `parser` fails to read it) from its config.json."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    family = max((f for f in TOOL_FORMATS if model_type.startswith(f)), key=len, default=None)
+    if family is None:
+        return "hermes", False
+    fmt, parsers = TOOL_FORMATS[family]
+    if family == "qwen3" and "coder" in model.lower():
+        fmt, parsers = "xml", XML_PARSERS
+    return fmt, parser is not None and parser not in parsers
+
+
+def default_value(spec: dict):
+    """A value valid for `spec` (the subset of JSON Schema tools use): its const, its enum's first, or its type's."""
+    if not isinstance(spec, dict):
+        return "sim"
+    if "const" in spec:
+        return spec["const"]
+    if spec.get("enum"):
+        return spec["enum"][0]
+    t = spec.get("type", "string")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), "string")
+    if t in ("integer", "number"):
+        low = spec.get("minimum", 0)
+        return low if isinstance(low, int | float) else 0
+    if t == "array":
+        return [default_value(spec.get("items") or {}) for _ in range(int(spec.get("minItems", 0) or 0))]
+    if t == "object":
+        return fill_arguments({"function": {"parameters": spec}})
+    if t == "boolean":
+        return False
+    if t == "null":
+        return None
+    return "sim" * max(1, -(-int(spec.get("minLength", 0) or 0) // 3))
+
+
 def fill_arguments(tool: dict) -> dict:
+    """Every required parameter of a tool (or an object schema) at a valid value."""
     params = ((tool.get("function") or {}).get("parameters") or {})
     props = params.get("properties") or {}
-    args = {}
-    defaults = {"string": "sim", "integer": 0, "number": 0, "boolean": False,
-                "array": [], "object": {}}
-    for name in params.get("required") or []:
-        t = (props.get(name) or {}).get("type", "string")
-        if isinstance(t, list):
-            t = next((x for x in t if x != "null"), "string")
-        args[name] = defaults.get(t, "sim")
-    return args
+    return {name: default_value(props.get(name) or {}) for name in params.get("required") or []}
+
+
+def bad_arguments(tool: dict, args: dict) -> dict:
+    """The tool_args fault: each required value of another type, and a parameter the tool does not have."""
+    return {**{k: 0 if isinstance(v, str) else "sim" for k, v in args.items()}, "sim_unexpected": True}
+
+
+def tool_markup(tools: list[dict], fmt: str) -> str:
+    """The calls as the model writes them, before a tool parser reads them (what tool_text returns as content)."""
+    out = []
+    for tool in tools:
+        name = (tool.get("function") or {}).get("name", "tool")
+        args = fill_arguments(tool)
+        if fmt == "xml":
+            params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+            out.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
+        elif fmt == "harmony":
+            out.append(f"to=functions.{name} <|constrain|>json<|message|>{json.dumps(args)}<|call|>")
+        elif fmt == "json":
+            out.append(json.dumps({"name": name, "parameters": args}))
+        elif fmt == "mistral":
+            out.append("[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": args}]))
+        elif fmt == "glm":
+            pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items())
+            out.append(f"<tool_call>{name}\n{pairs}</tool_call>")
+        else:
+            out.append(f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>")
+    return "\n".join(out)
+
+
+def text_of(message) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content or "")
+
+
+def last_text(messages: list, role: str) -> str:
+    return next((text_of(m) for m in reversed(messages) if isinstance(m, dict) and m.get("role") == role), "")
+
+
+def named_tools(tools: list, text: str) -> list[dict]:
+    """The tools `text` names, one call a mention in order (at most 8), else the first tool."""
+    by_name = {(t.get("function") or {}).get("name"): t for t in tools if isinstance(t, dict)}
+    names = [n for n in by_name if isinstance(n, str) and n]
+    if not names:
+        return tools[:1]
+    mentions = re.findall(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) +
+                          r")(?![\w])", text)
+    return [by_name[n] for n in mentions[:8]] or tools[:1]
+
+
+NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+_NUMBER = r"(\d+|" + "|".join(NUMBER_WORDS) + r")"
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else NUMBER_WORDS[word]
+
+
+def _arithmetic(a: str, op: str, b: str) -> str | None:
+    x, y = float(a), float(b)
+    if op in "/" and y == 0:
+        return None
+    value = {"+": x + y, "-": x - y, "*": x * y, "x": x * y, "\u00d7": x * y, "/": x / y if y else 0}[op]
+    return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+
+
+def instance_of(schema) -> object:
+    """A schema's minimal valid instance (an object's required properties only)."""
+    return default_value(schema if isinstance(schema, dict) else {})
+
+
+def rotate(text: str) -> str:
+    """The wrong fault: letters rotated by 13, digits by one (another answer, never the same one)."""
+    out = []
+    for ch in text:
+        if "a" <= ch.lower() <= "z":
+            base = ord("a") if ch.islower() else ord("A")
+            ch = chr(base + (ord(ch) - base + 13) % 26)
+        elif ch.isdigit() and ch.isascii():
+            ch = str((int(ch) + 1) % 10)
+        out.append(ch)
+    return "".join(out)
+
+
+def wrong_offset(prompt: list[str]) -> int:
+    """The wrong fault's shift of the steady stream: from 1 to len(WORDS) - 1, the same for the same prompt."""
+    return 1 + int(hashlib.sha256(" ".join(prompt).encode()).hexdigest(), 16) % (len(WORDS) - 1)
+
+
+def answer_of(messages: list, body: dict, fault: str | None) -> str | None:
+    """The short answer the rules in the module's docstring give, or None (the steady stream)."""
+    fmt = body.get("response_format") if isinstance(body.get("response_format"), dict) else {}
+    if fmt.get("type") == "json_schema":
+        return json.dumps(instance_of((fmt.get("json_schema") or {}).get("schema")))
+    if fmt.get("type") == "json_object":
+        return "{}"
+    answer = None
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if last.get("role") == "tool":
+        answer = f"According to the tool, the result is: {text_of(last)}"
+    question = last_text(messages, "user")
+    low = question.lower()
+    every = " ".join(text_of(m) for m in messages if isinstance(m, dict))
+    system = " ".join(text_of(m) for m in messages if isinstance(m, dict) and m.get("role") == "system")
+    start = re.search(r"start every (?:reply|answer|response) with the word (\w+)", system, re.I)
+    end = re.search(r"end every (?:reply|answer|response) with the word (\w+)", system, re.I)
+    if answer is None and (m := re.search(r"what is (-?\d+(?:\.\d+)?)\s*([-+*x/\u00d7])\s*(-?\d+(?:\.\d+)?)", low)):
+        answer = _arithmetic(*m.groups())
+    if answer is None and (m := re.search(r"what is the ([a-z][a-z ]{0,60}?)\?", low)):
+        found = re.findall(r"\bthe " + re.escape(m.group(1)) + r" is (\S+)", every, re.I)
+        answer = found[-1].rstrip(".,;:!?") if found else None
+    if answer is None and (m := re.search(r"reply with only the word (\S+)", question, re.I)):
+        answer = m.group(1).strip(".,;:!?\"'")
+    if answer is None and (m := re.search(r"exactly " + _NUMBER + r" lines", low)):
+        answer = "\n".join(WORDS[i % len(WORDS)].capitalize() for i in range(min(_count(m.group(1)), 50)))
+    if answer is None and (m := re.search(r"at most " + _NUMBER + r" words", low)):
+        answer = " ".join(WORDS[:max(1, min(_count(m.group(1)) - 1, 8))]) + "."
+    if answer is None and (start or end):
+        answer = " ".join(WORDS[:6]) + "."
+    if answer is None:
+        return None
+    if start:
+        answer = f"{start.group(1)} {answer}"
+    if end:
+        answer = f"{answer} {end.group(1)}"
+    return rotate(answer) if fault == "wrong" else answer
 
 
 class Plan:
@@ -704,6 +904,7 @@ class Plan:
             raise HTTPError(400, error_body("When using `tool_choice`, `tools` must be set.",
                                             param="tool_choice"))
         self.tool = None
+        self.calls: list[dict] = []  # the tools called, in order
         if tools and tool_choice not in (None, "none"):
             parser_ready = cfg["tool_call_parser"] is not None
             if tool_choice == "auto":
@@ -714,7 +915,7 @@ class Plan:
                 # as a model does: a tool is called, then its result is answered in words (an agent's loop ends)
                 messages = body.get("messages") or []
                 answered = isinstance(messages[-1], dict) and messages[-1].get("role") == "tool" if messages else False
-                self.tool = None if answered else tools[0]
+                self.calls = [] if answered else named_tools(tools, last_text(messages, "user"))
             else:
                 if isinstance(tool_choice, dict):
                     wanted = (tool_choice.get("function") or {}).get("name")
@@ -736,6 +937,14 @@ class Plan:
                 if not parser_ready:
                     raise HTTPError(400, error_body(
                         f"tool_choice={desc} requires --tool-call-parser to be set"))
+                self.calls = [self.tool]
+        self.tool = self.calls[0] if self.calls else None
+        fault = knobs().get("answer_fault")
+        self.fault = fault if fault in ANSWER_FAULTS else None
+        # "auto" goes through the tool parser (a named or "required" choice through structured outputs)
+        self.as_text = tool_choice == "auto" and (self.fault in ("tool_text", "cut") or cfg.get("parser_mismatch"))
+        self.answer = None if self.calls else answer_of(messages, body, self.fault)
+        self.offset = wrong_offset(self.prompt) if self.fault == "wrong" else 0
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         room = cfg["max_model_len"] - len(self.prompt)
         if max_tokens is None:
@@ -751,6 +960,7 @@ class Plan:
                 f"({max_tokens} > {cfg['max_model_len']} - {len(self.prompt)}).",
                 param="max_tokens"))
         self.max_tokens = max_tokens
+        self.engine_cfg = cfg
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = kwargs.get("enable_thinking", kwargs.get("thinking", True))
         self.reasoning_words = (REASONING_TEXT.split()
@@ -762,20 +972,31 @@ class Plan:
         self.created = int(time.time())
 
     def pieces(self):
-        """Yield (kind, text) per generated token; then the finish reason."""
+        """Yield (kind, text) per generated token (a content token with the space before it); then the finish
+        reason."""
         budget = self.max_tokens
         for w in self.reasoning_words[:budget]:
             yield "reasoning", w
         budget -= min(budget, len(self.reasoning_words))
-        if self.tool is not None:
+        fmt = self.engine_cfg.get("tool_format", "hermes")
+        if self.calls and not self.as_text:
             if budget <= 0:
                 return "length"
-            args = json.dumps(fill_arguments(self.tool))
-            yield "tool", args
+            for tool in self.calls:
+                args = fill_arguments(tool)
+                yield "tool", json.dumps(bad_arguments(tool, args) if self.fault == "tool_args" else args)
             return "tool_calls"
-        for n in range(budget):
-            yield "content", WORDS[n % len(WORDS)]
-        return "length"
+        answer = tool_markup(self.calls, fmt) if self.calls else self.answer
+        if self.fault == "cut":
+            budget = min(budget, CUT_TOKENS)
+        if answer is None:  # the steady stream
+            for n in range(budget):
+                yield "content", (" " if n else "") + WORDS[(n + self.offset) % len(WORDS)]
+            return "length"
+        tokens = re.findall(r"\s*\S+", answer)
+        for token in tokens[:budget]:
+            yield "content", token
+        return "length" if len(tokens) > budget else "stop"
 
 
 def tool_call_obj(tool: dict, args: str) -> dict:
@@ -1100,7 +1321,7 @@ class Handler(BaseHTTPRequestHandler):
                 f"prompt_tokens={len(plan.prompt)}, stream={plan.stream}")
         generated = 0
         finish = "abort"
-        reasoning, content, tool_args = [], [], None
+        reasoning, content, calls = [], [], []
         try:
             if plan.stream:
                 self.send_response(200)
@@ -1142,12 +1363,12 @@ class Handler(BaseHTTPRequestHandler):
                     reasoning.append(text)
                     delta = {"reasoning": (" " if len(reasoning) > 1 else "") + text}
                 elif kind == "content":
-                    delta = {"content": (" " if content else "") + text}
+                    delta = {"content": text}
                     content.append(text)
                 else:
-                    tool_args = text
-                    call = tool_call_obj(plan.tool, text)
-                    delta = {"tool_calls": [dict(call, index=0)]}
+                    call = tool_call_obj(plan.calls[len(calls)], text)
+                    delta = {"tool_calls": [dict(call, index=len(calls))]}
+                    calls.append(call)
                 if plan.stream:
                     self._chunk(plan, delta, None)
             if plan.stream:
@@ -1158,13 +1379,13 @@ class Handler(BaseHTTPRequestHandler):
                                "usage": self._usage(plan, generated)})
                 self._sse_raw(b"data: [DONE]\n\n")
             else:
-                message = {"role": "assistant", "content": " ".join(content) or None,
+                message = {"role": "assistant", "content": "".join(content) or None,
                            "refusal": None, "annotations": None, "audio": None,
                            "function_call": None, "reasoning": None}
                 if reasoning:
                     message["reasoning"] = " ".join(reasoning)
-                if tool_args is not None:
-                    message["tool_calls"] = [tool_call_obj(plan.tool, tool_args)]
+                if calls:
+                    message["tool_calls"] = calls
                     message["content"] = None
                 body = {"id": plan.id, "object": "chat.completion", "created": plan.created,
                         "model": plan.model,
@@ -1475,6 +1696,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise StartupError("ValueError", "speculative method 'mtp' needs the model's MTP layers, "
                                                  "and config.json has no mtp_num_hidden_layers")
             cfg["pooling"] = pooling_task(cfg["runner_values"], config)
+            cfg["tool_format"], cfg["parser_mismatch"] = tool_format(
+                config, " ".join([model, *cfg["served_model_names"]]), cfg["tool_call_parser"])
+            if cfg["parser_mismatch"] and cfg["enable_auto_tool_choice"]:
+                log(f"--tool-call-parser {cfg['tool_call_parser']} does not read this model's tool calls "
+                    f"({cfg['tool_format']} format): they reach the client as text", "WARNING")
             cfg["hidden_size"] = (config.get("text_config") or config).get("hidden_size", 1024)
             if cfg["pooling"]:
                 log(f"Pooling model: task {cfg['pooling']}, {cfg['hidden_size']} dimensions")
