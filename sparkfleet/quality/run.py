@@ -312,7 +312,7 @@ def _multi_turn(ask: Ask, model: str, probe: Probe) -> Reply:
     answers: list[str] = []
     for turn, prompt in enumerate(probe.turns, 1):
         messages.append({"role": "user", "content": prompt})
-        message, finish, refused = _chat(ask, model, probe, messages)
+        message, finish, refused = _chat(ask, model, probe, list(messages))  # the caller may keep the body
         if refused:
             return Reply(False, " | ".join(answers), f"turn {turn}: {refused}")
         answer = _content(message)
