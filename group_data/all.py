@@ -184,6 +184,16 @@ drain_timeout_s = 120  # a rollout waits this long for a drained host's requests
 # release's at most (0.10: 10 %), else it is rolled back and the rollout halts (`--no-speed-gate` skips it)
 rollout_max_regression = 0.10
 
+# --- Answer quality: `sparkfleet eval` and the quality gate (docs/quality.md) ----------
+# the probe suite (a file an office extends; a relative path is the project's): None = the one sparkfleet ships
+quality_probes = None
+# a model's score may fall this share under its release's baseline (0.05: 5 points of 100) before it counts as a
+# regression; a probe that passed and now fails always counts
+quality_margin = 0.05
+# `sparkfleet eval --due` evaluates a host only when its last evaluation is this old (seconds, at least 3600): run
+# it from the controller's cron or timer; 0 = off (the default: --due evaluates none)
+quality_eval_interval_s = 0
+
 # --- Monitoring: Prometheus on the hosts of the inventory group `monitoring` (loopback only) ----------
 monitoring_port = 9090  # Prometheus on 127.0.0.1 of each monitoring host: reach it by an SSH tunnel or `status`
 monitoring_retention = "15d"  # how long Prometheus keeps its samples (h, d, w or y)

@@ -12,6 +12,7 @@ from sparkfleet.commands import (
     dashboard,
     doctor,
     drain,
+    eval,
     fetch,
     hostkeys,
     init,
@@ -31,8 +32,8 @@ from sparkfleet.commands import (
 from sparkfleet.refused import BUG, FAILED, INVALID, Refusal, Refused
 
 # In `sparkfleet --help`'s order. Each: NAME, HELP, arguments(parser), run(args) (sparkfleet/commands/__init__.py).
-COMMANDS = (init, hostkeys, rekey, recipes, plan, doctor, status, usage, rollout, upgrade, rollback, fetch, users, logs,
-            drain, undrain, update, bench, dashboard)
+COMMANDS = (init, hostkeys, rekey, recipes, plan, doctor, status, eval, usage, rollout, upgrade, rollback, fetch, users,
+            logs, drain, undrain, update, bench, dashboard)
 
 
 class Parser(argparse.ArgumentParser):

@@ -95,6 +95,10 @@ WATCHDOG_METRICS = {
 }
 TLS_EXPIRY_METRIC = "sparkfleet_tls_cert_expiry_seconds"
 TLS_METRICS = {TLS_EXPIRY_METRIC: "when the host's fleet TLS certificate ends (seconds since the epoch)"}
+QUALITY_SCORE_METRIC = "sparkfleet_quality_score"
+QUALITY_BELOW_METRIC = "sparkfleet_quality_below_baseline"
+QUALITY_METRICS = {QUALITY_SCORE_METRIC: "a model's (label model) share of probes passed at its last evaluation",
+                   QUALITY_BELOW_METRIC: "1 when that evaluation fell below its release's baseline, else 0"}
 USAGE_METRICS = {
     "sparkfleet_user_requests_total": "requests per user (label user) and model (label model)",
     "sparkfleet_user_errors_total": "responses of status 400 and up, per user and model",
@@ -115,6 +119,7 @@ THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "
 BENIGN_THROTTLE_REASONS = ("gpu_idle", "applications_clocks_setting", "sync_boost")
 GPU_TEXTFILE = f"{TEXTFILE_DIR}/gpu.prom"
 WATCHDOG_TEXTFILE = f"{TEXTFILE_DIR}/watchdog.prom"
+QUALITY_TEXTFILE = f"{TEXTFILE_DIR}/quality.prom"  # written from the controller (fleet/quality.py, `sparkfleet eval`)
 PROMETHEUS_READY_PATH = "/-/ready"
 ALERTS_API_PATH = "/api/v1/alerts"
 

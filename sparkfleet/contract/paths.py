@@ -108,6 +108,10 @@ MANIFEST_DIR = f"{STATE_DIR}/manifests"
 # 0644, figures only: each release's measured decode rate and TTFT (contract/speed.py), written by a rollout's
 # speed gate from the controller, read as the next rollout's baseline; state, outside what a converge manages
 SPEED_FILE = f"{STATE_DIR}/speed.json"
+# 0644, answers cut to 200 characters and verdicts only: each release's first answer-quality evaluation (its
+# baseline) and its latest one, per served model (contract/quality.py), written from the controller by `sparkfleet
+# eval` (fleet/quality.py); state, outside what a converge manages
+QUALITY_FILE = f"{STATE_DIR}/quality.json"
 # 0644, paths and counts only: how far a model fetch is (sparkfleet-fetch rewrites it each second, the controller's
 # progress watcher reads it while a deploy runs); under /run, so a reboot forgets it
 FETCH_PROGRESS = "/run/sparkfleet/fetch-progress.json"

@@ -131,6 +131,13 @@ def _abs_path(value: str) -> str:
     return value
 
 
+def _eval_interval(value: int) -> int:
+    """The periodic eval: off (0), or at least an hour apart, so the probes never crowd the colleagues' requests."""
+    if 0 < value < 3600:
+        raise ValueError("must be 0 (off) or at least 3600 seconds (an hour between a host's evaluations)")
+    return value
+
+
 _URL_PATH = re.compile(r"[A-Za-z0-9._~/+-]*")
 
 
@@ -454,6 +461,12 @@ class Settings(_EngineVersions):
     chat_ui_port: int = Field(ge=1, le=65535)
     chat_ui_host_port: int = Field(ge=1, le=65535)
     rollout_max_regression: float = Field(ge=0, lt=1)
+    # answer quality (fleet/quality.py, docs/quality.md): the probe suite (None: the packaged one), the score's
+    # margin under the baseline, the periodic eval's interval (0: off; else at least an hour: colleagues come first)
+    quality_probes: Annotated[Text, _grammar(r"[A-Za-z0-9._+@= /-]+", "a probe file's path (absolute, or the "
+                                             "project's) of letters, digits, spaces and . _ + @ = - /")] | None
+    quality_margin: float = Field(ge=0, lt=1)
+    quality_eval_interval_s: Annotated[int, Field(ge=0, le=30 * 86400), AfterValidator(_eval_interval)]
     monitoring_port: int = Field(ge=1, le=65535)
     monitoring_retention: Annotated[Text, _grammar(r"[1-9][0-9]{0,5}(h|d|w|y)", "a retention: a number and h, d, "
                                                                                "w or y (e.g. 15d)")]

@@ -83,9 +83,40 @@ def check_inventory(hosts: list[tuple[str, dict]], plans: list[HostPlan]) -> Che
     problems += viewer_problems(planned, groups)
     problems += chat_ui_problems(ui, planned, groups)
     problems += port_problems(planned, groups, problems)
+    problems += quality_problems(plans)
     if problems:
         raise SettingsError(list(dict.fromkeys(problems)))
     return Checked(tuple(doors), ui)
+
+
+def quality_problems(plans: list[HostPlan]) -> list[str]:
+    """Each Spark's probe suite (`quality_probes`, else the packaged one: sparkfleet.quality.suite) parses, and each
+    chat model it serves (its own, a chat service's) has the context every chat probe needs; a file's problem said
+    once, a host's fit per host. `quality_margin` and the interval are the settings' (contract/settings.py)."""
+    from sparkfleet.contract.quality import suite_path
+    from sparkfleet.quality.suite import SuiteError, check_suite, load_suite
+
+    problems, suites = [], {}
+    for plan in plans:
+        if not plan.runs_engine:
+            continue
+        path = suite_path(plan.settings.quality_probes)
+        if str(path) not in suites:
+            try:
+                suites[str(path)] = load_suite(path)
+            except SuiteError as exc:
+                suites[str(path)] = None
+                problems.append(f"setting `quality_probes`: {exc}")
+        suite = suites[str(path)]
+        contexts = [plan.settings.max_model_len, *(svc.settings.max_model_len for svc in plan.services
+                                                   if svc.settings is not None)]
+        for context in (contexts if suite is not None else ()):
+            try:
+                check_suite(suite, context)
+            except SuiteError as exc:
+                problems.append(f"{plan.name}: {exc}")
+                break
+    return problems
 
 
 # --- the inventory's own shape ------------------------------------------------------------------------------------

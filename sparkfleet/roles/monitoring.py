@@ -161,6 +161,8 @@ def rules(s: Settings) -> list[dict]:
                "re-issues one within 30 days of its end)"),
         _alert("WatchdogGaveUp", "sparkfleet_watchdog_gave_up == 1", 0,
                "the watchdog gave up restarting {{ $labels.unit }}"),
+        _alert("QualityBelowBaseline", f"{m.QUALITY_BELOW_METRIC} == 1", 0,
+               "{{ $labels.model }} answered below its release's baseline at its last evaluation: `sparkfleet eval`"),
         _alert("KvCacheFull", kv, s.monitoring_alert_for_s,
                f"KV cache usage above {s.monitoring_kv_cache_max:.0%}"),
         _alert("RequestsPilingUp", " or ".join(f"{name} > {s.monitoring_waiting_requests_max}" for name in WAITING),

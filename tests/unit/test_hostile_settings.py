@@ -314,6 +314,7 @@ STRING_SETTINGS = {
     "fleet_ca_cert": "/srv/tls/fleet.ca.crt", "fleet_ca_key": "/srv/tls/fleet.ca.key",
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
     "alertmanager_webhook_url": "http://alerts.lan:9000/hook", "front_door_address": "10.0.0.100/24",
+    "quality_probes": "probes/office.toml",
 }
 ITEM_SETTINGS = {"extra_engine_args", "model_files", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
                  "services",

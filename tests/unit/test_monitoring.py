@@ -83,7 +83,7 @@ def test_settings_that_would_break_a_file_or_a_flag_are_refused(key, value):
 def test_every_sparkfleet_metric_the_rules_read_is_one_the_contract_names():
     text = monitoring.rules_file(parse_settings("spark-1", host_data()))
     used = set(re.findall(r"sparkfleet_[a-z_]+", text))
-    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.TLS_METRICS}
+    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.TLS_METRICS, *m.QUALITY_METRICS}
     assert all(reason in text for reason in m.BENIGN_THROTTLE_REASONS)
 
 
@@ -135,6 +135,11 @@ CASES = [
         'sparkfleet_watchdog_gave_up{job="node",host="spark-2",unit="u"}': "1x5",
         'sparkfleet_watchdog_gave_up{job="node",host="spark-1",unit="u"}': "0x5"},
         _alert("WatchdogGaveUp", "spark-2: the watchdog gave up restarting u", job="node", host="spark-2", unit="u")),
+    _case("QualityBelowBaseline", "1m", "2m", {
+        'sparkfleet_quality_below_baseline{job="node",host="spark-2",model="m"}': "1x5",
+        'sparkfleet_quality_below_baseline{job="node",host="spark-1",model="m"}': "0x5"},
+        _alert("QualityBelowBaseline", "spark-2: m answered below its release's baseline at its last evaluation: "
+               "`sparkfleet eval`", job="node", host="spark-2", model="m")),
     _case("TlsCertificateExpiring", "1m", "2h", {  # promtool's time() starts at 0: 10 days left, and 60
         'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-2"}': "864000x150",
         'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-1"}': "5184000x150"},
