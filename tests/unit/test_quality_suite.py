@@ -100,3 +100,16 @@ def test_a_schema_outside_the_subset_is_named():
     assert schema.unsupported(SCHEMA) is None
     assert "'$ref'" in schema.unsupported({"properties": {"a": {"$ref": "#/x"}}})
     assert "type 'text'" in schema.unsupported({"type": "text"})
+
+
+@pytest.mark.parametrize("fault", ["wrong", "tool_text", "cut", "tool_args"])
+def test_the_stand_ins_answer_fault_passes_the_simulators_engine_env(fault):
+    """SIM_ANSWER_FAULT is one of the stand-in's SIM_* knobs (release/engines/environment.py): it reaches engine.env
+    in the simulator's inventories, as issue 52's e2e canaries set it."""
+    from sparkfleet.release.plan import plan_hosts
+
+    from .helpers import host_data
+
+    [plan] = plan_hosts([("spark-x", host_data(sim_engine_knobs=True, engine_env={"SIM_ANSWER_FAULT": fault}))],
+                        resolve=False)
+    assert f"SIM_ANSWER_FAULT={fault}" in plan.render_engine_env().splitlines()
