@@ -347,6 +347,7 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
     from sparkfleet.roles.pki import ends
     from sparkfleet.host.facts import JsonFile, ModelFiles, NvidiaSmi, read_json_object
     from sparkfleet.host.serving import ServingProbe, watchdog_summary
+    from sparkfleet.contract import quality
     from sparkfleet.contract.shared import verify
 
     gpu = host.get_fact(NvidiaSmi)
@@ -365,7 +366,8 @@ def ssh_facts(host, group=None, settings: Settings | None = None) -> dict:
              "release_id": release.get("release_id"), "model_verified": verified,
              "unit_active": bool(units.get(paths.UNIT_NAME)),
              "watchdog": watchdog_summary(host.get_fact(ServingProbe)), "services": services_status(host, release),
-             "certificate_ends": ends(host.get_fact(JsonFile, path=paths.TLS_HOST_CERT))}  # the fleet's TLS
+             "certificate_ends": ends(host.get_fact(JsonFile, path=paths.TLS_HOST_CERT)),  # the fleet's TLS
+             "last_eval": quality.summary(read_json_object(host, paths.QUALITY_FILE).value, release.get("release_id"))}
     if group:
         facts["ray_active"] = bool(units.get(paths.RAY_UNIT_NAME))
     if group and group.head == host.name:
@@ -455,7 +457,7 @@ def services_cell(services: dict) -> str:
 
 
 WIDE_COLUMNS = ("host", "engine", "driver", "CUDA", "toolkit", "release", "model", "unit", "health", "watchdog",
-                "served", "services", "run", "wait", "KV", "detail")
+                "served", "services", "last eval", "run", "wait", "KV", "detail")
 NARROW_COLUMNS = ("host", "engine", "release", "health", "served", "detail")
 
 
@@ -482,7 +484,22 @@ def hidden_problems(row: dict) -> list[str]:
         problems.append("model NOT verified")
     problems += [f"service {name} NOT answering ({str(svc['detail'])[:80]})"
                  for name, svc in (f.get("services") or {}).items() if not svc["serving"]]
+    problems += [f"eval: {model} below its baseline ({', '.join(m['below'])})"
+                 for model, m in ((f.get("last_eval") or {}).get("models") or {}).items() if m["below"]]
     return problems
+
+
+def eval_cell(last: dict | None) -> str:
+    """The `status` table's last eval column (contract/quality.py `summary`): when, and each model's score and the
+    probes it failed, in red where it fell below its release's baseline; "-" without one."""
+    if not last:
+        return "-"
+    def model(name: str, m: dict) -> str:
+        score = "not evaluated" if m["score"] is None else f"{m['score']:.2f}"
+        failed = f", failed {', '.join(m['failed'])}" if m["failed"] else ""
+        text = literal(f"{name} {score}{failed}")
+        return f"[red]{text} (below baseline)[/]" if m["below"] else text
+    return literal(last["at"] or "?") + ": " + "; ".join(model(n, m) for n, m in last["models"].items())
 
 
 def ending_soon(day: str | None, now: float | None = None) -> bool:
@@ -518,6 +535,7 @@ def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tu
             release,
             {True: "verified", False: "[red]NOT verified[/]"}.get(f.get("model_verified"), "-"), unit,
             health_cell(row), watchdog_cell(f.get("watchdog")), served, services_cell(f.get("services") or {}),
+            eval_cell(f.get("last_eval")),
             metric_cell(m, series.running, "g"), metric_cell(m, series.waiting, "g"),
             metric_cell(m, series.kv_usage, ".0%") if series.kv_usage else "n/a", literal(row["error"] or ""),
         ))

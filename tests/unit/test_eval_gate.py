@@ -10,6 +10,7 @@ import subprocess
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -262,3 +263,56 @@ def test_due_follows_the_interval(fake, tmp_path, host_root):
     import time
 
     assert quality.due(gate, "spark-1", RELEASE, at=time.time() + 3601) is None
+
+
+# --- the command: `sparkfleet eval INVENTORY` -------------------------------------------------------------------
+
+
+def eval_inventory(tmp_path, fake, monkeypatch) -> str:
+    """One Spark whose API the controller reaches at the fake; its records 'read over SSH': a release, and the
+    quality record the gate wrote under host_root (none at first)."""
+    path = tmp_path / "office.py"
+    path.write_text(f"sparks = [('spark-1', {{'ssh_hostname': '10.0.0.1', 'api_host': '0.0.0.0', "
+                    f"'api_key': 'k' * 16, 'controller_api_url': {fake.url!r}}})]\n")
+    def kept():
+        record = Path(paths.QUALITY_FILE)
+        return json.loads(record.read_text()) if record.exists() else None
+
+    monkeypatch.setattr(quality, "read_records", lambda inv, hosts: (
+        {h: {"release_id": RELEASE} for h in hosts}, {h: kept() for h in hosts}))
+    return str(path)
+
+
+def test_eval_exits_0_on_its_baseline_then_1_on_a_regression_naming_the_probe(fake, tmp_path, host_root, monkeypatch,
+                                                                              capsys):
+    from sparkfleet import cli
+
+    inventory = eval_inventory(tmp_path, fake, monkeypatch)
+    (tmp_path / "probes.toml").write_text(SUITE)
+    assert cli.main(["eval", inventory, "--probes", str(tmp_path / "probes.toml"), "--json"]) == 0
+    [host] = json.loads(capsys.readouterr().out)["hosts"]
+    [model] = host["models"]
+    assert (host["record_written"], model["verdict"], model["score"]) == (True, "baseline", 1.0)
+    assert [(r["id"], r["verdict"]) for r in model["results"]] == [("sum", "pass"), ("word", "pass")]
+
+    fake.answers["What"] = "5"
+    assert cli.main(["eval", inventory, "--probes", str(tmp_path / "probes.toml")]) == 1
+    printed = capsys.readouterr()
+    assert "regressed" in printed.out and "sum" in printed.out
+    assert "spark-1: Qwen3.5-35B-A3B: probe sum passed in the baseline and fails now" in printed.err
+
+    fake.status = 502  # down: not evaluated, exit 1, never a regression
+    assert cli.main(["eval", inventory, "--probes", str(tmp_path / "probes.toml"), "--json"]) == 1
+    [model] = json.loads(capsys.readouterr().out)["hosts"][0]["models"]
+    assert model["verdict"] == "not evaluated" and model["regressions"] == []
+
+
+def test_eval_refuses_a_probe_file_that_does_not_parse_before_asking_anything(fake, tmp_path, host_root, monkeypatch,
+                                                                             capsys):
+    from sparkfleet import cli
+
+    inventory = eval_inventory(tmp_path, fake, monkeypatch)
+    (tmp_path / "bad.toml").write_text("[[probe]\nid = 'x'\n")
+    assert cli.main(["eval", inventory, "--probes", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "does not parse as TOML" in err and "Traceback" not in err and fake.seen == []
