@@ -78,7 +78,7 @@ def served_models(name: str, s: Settings, installed: dict | None = None) -> list
     right type. The chat model first, then the services by name."""
     from sparkfleet.release.services import merged
 
-    record = installed if isinstance(installed, dict) else None
+    record = installed if isinstance(installed, dict) and installed else None  # none read: as the settings plan
     chat_name, port = s.served_model_name, s.api_port
     if record is not None:
         chat_name = record["served_model_name"] if isinstance(record.get("served_model_name"), str) else chat_name

@@ -234,6 +234,7 @@ def test_what_a_host_serves_comes_from_its_release_record_when_running():
         ("chat-now", "chat", 8000, False), ("bge", "embedding", 8001, False), ("rr", "rerank", 8002, True)]
     assert found[0].context_tokens == s.max_model_len
     assert [m.model for m in quality.served_models("spark-1", s)] == [s.served_model_name]
+    assert quality.served_models("spark-1", s, {}) == quality.served_models("spark-1", s)  # no record read
 
 
 def test_an_idle_on_demand_model_is_not_started_by_an_eval(fake, tmp_path):
@@ -316,3 +317,16 @@ def test_eval_refuses_a_probe_file_that_does_not_parse_before_asking_anything(fa
     assert cli.main(["eval", inventory, "--probes", str(tmp_path / "bad.toml")]) == 2
     err = capsys.readouterr().err
     assert "does not parse as TOML" in err and "Traceback" not in err and fake.seen == []
+
+
+def test_what_a_host_serves_as_its_settings_plan_it():
+    """The chat model, then each service by name with the suite's kind, its port and its context (its own
+    max_model_len, else its model's)."""
+    s = parse_settings("spark-1", host_data(services={
+        "vectors": {"recipe": "qwen3-embedding-0.6b", "api_port": 9100, "max_model_len": 4096},
+        "rerank": {"recipe": "qwen3-reranker-0.6b", "on_demand": True}}))
+    chat, rerank, vectors = quality.served_models("spark-1", s)
+    assert (chat.serves, chat.port, chat.service) == ("chat", s.api_port, None)
+    assert (vectors.serves, vectors.port, vectors.context_tokens, vectors.on_demand) == ("embedding", 9100, 4096, False)
+    assert (rerank.serves, rerank.service, rerank.on_demand) == ("rerank", "rerank", True)
+    assert rerank.context_tokens > 512  # the recipe's model tells its context
