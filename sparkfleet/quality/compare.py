@@ -40,7 +40,8 @@ def regressions(baseline: Evaluation, now: Evaluation, margin: float) -> list[Re
         before = baseline.result(result.id)
         if result.verdict == "fail" and before is not None and before.verdict == "pass":
             found.append(Regression(result.id, f'"{before.answer}"', f'"{result.answer}"', result.why))
-    if baseline.score is not None and now.score is not None and now.score < baseline.score - margin - 1e-9:
+    fell = None if baseline.score is None or now.score is None else round(baseline.score - now.score, 9)
+    if fell is not None and fell > margin:  # rounded: a score's float error is no fall
         found.append(Regression(SCORE, f"{baseline.score:.2f}", f"{now.score:.2f}",
                                 f"more than the margin {margin:.2f} below"))
     return found
