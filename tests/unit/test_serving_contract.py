@@ -171,7 +171,7 @@ def test_a_probe_timeout_in_the_contract_is_the_watchdogs(tmp_path, monkeypatch)
 def test_the_gate_judges_a_real_engine_by_the_contract(tmp_path, monkeypatch, capsys):
     """The stand-in engine (vLLM's routes and checks) passes the whole gate: models, chat, a tool call."""
     engine = Server(make_model(tmp_path / "model"), "--served-model-name", "sim-qwen", "--api-key", KEY,
-                    "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+                    "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder")  # the checkpoint's (Qwen3.5)
     try:
         (tmp_path / "engine.env").write_text(f"VLLM_API_KEY={KEY}\n")
         config = write_serving(tmp_path / "serving.json")
