@@ -10,9 +10,10 @@ comma := ,
 venv:
 	@bash scripts/venv.sh
 
-## Converge three simulated Sparks for real, verify them, show them.
+## Converge three simulated Sparks for real, verify them, show them; Open WebUI's image builds meanwhile.
 demo: venv
 	@bash sim/bootstrap.sh
+	$(PY) -m sim chat-ui --background
 	$(PY) -m sim up --hosts $(HOSTS) --service-hosts 2
 	.venv/bin/pyinfra -y inventory/sim.py deploy.py
 	$(PY) -m sparkfleet doctor inventory/sim.py

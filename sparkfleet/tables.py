@@ -12,14 +12,16 @@ if TYPE_CHECKING:  # rich is imported where a table or a console is made: a refu
     from rich.table import Table
 
 CI_WIDTH = 160  # not a terminal: wide enough that no column wraps into illegibility
+LOG_WIDTH = 120  # a log read in an ordinary window (`make demo`'s): a table with fewer columns fits it
 
 
-def console(stderr: bool = False) -> Console:
-    """Rich's console on stdout (or stderr), at CI_WIDTH when the output goes to a file or a log."""
+def console(stderr: bool = False, log_width: int | None = None) -> Console:
+    """Rich's console on stdout (or stderr), at `log_width` (else CI_WIDTH) when the output goes to a file or a
+    log."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else CI_WIDTH, emoji=False)
+    return Console(stderr=stderr, width=None if stream.isatty() else log_width or CI_WIDTH, emoji=False)
 
 
 def narrow(out: Console) -> bool:

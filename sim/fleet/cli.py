@@ -117,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop-services", help="stop the hub/apt/registry container (outage)")
     sub.add_parser("start-services", help="start it again")
     sub.add_parser("build", help="build the images only")
-    sub.add_parser("chat-ui", help="build Open WebUI's image from its PyPI release (minutes, ~3 GB; `up` never does) "
-                                   "and push it into the registry; prints its pinned reference")
+    p = sub.add_parser("chat-ui", help="build Open WebUI's image from its PyPI release (minutes, ~3 GB; `up` never "
+                                       "does) and push it into the registry; prints its pinned reference")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--background", action="store_true",
+                     help="only start building it, in a process of its own (needs no fleet; `chat-ui` waits for it)")
+    how.add_argument("--build-only", action="store_true", help="build it, push nothing (needs no fleet)")
     sub.add_parser("sign-in-url", help="where a browser here reaches the chat UI (inventory/sim_chat_ui.py)")
 
     args = ap.parse_args(argv)
@@ -162,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             fleet.stop_services()
         elif args.cmd == "start-services":
             fleet.start_services()
+        elif args.cmd == "chat-ui" and args.background:
+            print(f"building Open WebUI's image in the background (log: {fleet.build_chat_ui_in_background()})")
+        elif args.cmd == "chat-ui" and args.build_only:
+            fleet.build_chat_ui()
         elif args.cmd == "chat-ui":
             print(fleet.chat_ui_image())
         elif args.cmd == "sign-in-url":

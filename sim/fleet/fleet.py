@@ -322,12 +322,36 @@ def _push_image(registry_port: int, repo: str, tag: str, name: str) -> None:
 
 # --------------------------------------------------------------------------- hosts
 
+CHAT_UI_BUILD_LOG = SIM_DIR / "chat-ui-build.log"
+
+
+def build_chat_ui() -> None:
+    """Open WebUI's sim images, built when missing (minutes, ~3 GB), under their own lock rather than the shared
+    images' (`_build_lock`), so that a build in the background never holds up `up`."""
+    SIM_DIR.mkdir(parents=True, exist_ok=True)
+    with open(SIM_DIR / "chat-ui-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        images.ensure_chat_ui_next(images.ensure_chat_ui())
+
+
+def build_chat_ui_in_background() -> str:
+    """Start `build_chat_ui` in a process of its own (`make demo` overlaps it with the fleet's start and converge);
+    `chat_ui_image` later waits for it on the lock. Its log: CHAT_UI_BUILD_LOG."""
+    import subprocess
+    import sys
+
+    SIM_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CHAT_UI_BUILD_LOG, "wb") as out:
+        subprocess.Popen([sys.executable, "-m", "sim", "chat-ui", "--build-only"], cwd=REPO_ROOT, stdout=out,
+                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return str(CHAT_UI_BUILD_LOG)
+
+
 def chat_ui_image() -> str:
     """Open WebUI's sim image (built from its PyPI release when missing: minutes, ~3 GB) pushed into the registry;
     the reference a host pulls, pinned by its digest. Only what uses a chat UI asks: `up` never builds it."""
     state = load_state()
-    with _build_lock():
-        images.ensure_chat_ui_next(images.ensure_chat_ui())
+    build_chat_ui()
     port = int(state["registry"]["controller"].rsplit(":", 1)[1])
     _push_image(port, images.CHAT_UI_REPO, images.CHAT_UI_TAG, images.CHAT_UI_IMAGE)
     _push_image(port, images.CHAT_UI_REPO, images.CHAT_UI_NEXT_TAG, images.CHAT_UI_NEXT_IMAGE)

@@ -327,7 +327,8 @@ def ensure_chat_ui() -> str:
     h = sha256_bytes("chat-ui-v1", key, rootfs.pip_key(CHAT_UI_PIP), json.dumps(CHAT_UI_CHANGES))
     if image_hash(CHAT_UI_IMAGE) != h:
         t0 = time.monotonic()
-        tars = [rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES), rootfs.pip_tarball("chat-ui", CHAT_UI_PIP)]
+        pip = rootfs.pip_tarball("chat-ui", CHAT_UI_PIP)  # first: it needs no rootfs, and is the long part
+        tars = [rootfs.rootfs_tarball("engine", rootfs.ENGINE_PACKAGES), pip]
         _import(CHAT_UI_IMAGE, tars, h, changes=CHAT_UI_CHANGES,
                 extra={"app/backend/data/.sim": (b"the data directory: sparkfleet mounts the host's over it\n", 0o644)})
         log(f"built {CHAT_UI_IMAGE} in {time.monotonic() - t0:.0f}s")

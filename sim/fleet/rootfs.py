@@ -12,6 +12,7 @@ tarball that lays them under /usr/local like a pip inside the image would.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import shutil
@@ -129,6 +130,13 @@ def _cached_tarball(name: str, key: str, build, what: str) -> Path:
     if out.exists():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"{name}.lock", "w") as lock:  # one builder of NAME at a time, across processes: the
+        fcntl.flock(lock, fcntl.LOCK_EX)                # chat UI's background build and `up` both need "engine"
+        return out if out.exists() else _build_tarball(name, out, build, what)
+
+
+def _build_tarball(name: str, out: Path, build, what: str) -> Path:
+    out_dir = out.parent
     t0 = time.monotonic()
     log(what)
     work = Path(tempfile.mkdtemp(prefix=f"build-{name}-", dir=out_dir))

@@ -30,7 +30,7 @@ def run(args) -> int:
     from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, quiet_connections, ssh_facts, status_table
     from sparkfleet.release.group import plan_groups
-    from sparkfleet.tables import console, literal, narrow, print_table
+    from sparkfleet.tables import LOG_WIDTH, console, literal, narrow, print_table
 
     ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
     hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
@@ -50,7 +50,7 @@ def run(args) -> int:
         print(json.dumps({"hosts": rows, **({"front_door": door} if door else {}),
                           **({"alerts": alerts} if alerts else {})}, indent=2))
     else:
-        out = console()
+        out = console(log_width=LOG_WIDTH)  # a log gets the narrow table: readable in a 120-column window
         columns, cells = status_table(rows, wide=not narrow(out))
         print_table("sparkfleet status", columns, cells, out=out)
         for row in rows:

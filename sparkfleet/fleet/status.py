@@ -514,7 +514,8 @@ def ending_soon(day: str | None, now: float | None = None) -> bool:
 
 def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """`status`'s (columns, cells): every column on a wide console; host, release, health, served and detail
-    on a narrow one, the detail then naming what the dropped columns would have shown in red. A host that did
+    on a narrow one (a terminal under CI_WIDTH, a log), the detail then naming what the dropped columns would have
+    shown in red. A host that did
     not answer over SSH shows "-" for all it did not say."""
     from sparkfleet.host.serving import watchdog_cell
 
@@ -527,7 +528,9 @@ def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tu
         served = literal(", ".join(map(str, row["served"] or [])) or "-")
         if not wide:
             detail = "; ".join(([row["error"]] if row["error"] else []) + hidden_problems(row))
-            cells.append((literal(host_cell(row)), engine, release, health_cell(row), served, literal(detail)))
+            gave_up = "[red]GAVE UP[/]: " if (f.get("watchdog") or {}).get("gave_up") else ""  # the wide one's red
+            cells.append((literal(host_cell(row)), engine, release, health_cell(row), served,
+                          gave_up + literal(detail)))
             continue
         unit = "-" if row["ssh"] is None else "active" if f.get("unit_active") else "[red]inactive[/]"
         cells.append((

@@ -132,8 +132,8 @@ def serving(served_name: str, port: int, tools: bool, timeout_s: int, runtime: s
 
 
 def watchdog_cell(summary: dict | None) -> str:
-    """The `status` table's watchdog column: last verdict and when, failures in a row, restarts in the
-    window, the GPU in the engine container; what needs a person in red."""
+    """The `status` table's watchdog column: last verdict and when; failures in a row, restarts in the window and
+    the GPU in the engine container only when they are not nil and seen; what needs a person in red."""
     if not summary:
         return "-"
     from sparkfleet.tables import literal  # the host wrote the summary: its strings print as text
@@ -142,7 +142,9 @@ def watchdog_cell(summary: dict | None) -> str:
         last = "no probe yet"
     else:
         last = literal(f"{summary['last_result']} {summary['last_probe_s_ago']} s ago")
-    gpu = {True: "GPU seen", False: "[red]GPU LOST[/]"}.get(summary["gpu_visible"], "GPU ?")
-    counts = literal(f"{summary['consecutive_failures']} failing, {summary['restarts_in_window']} restarts")
-    cell = f"{last}, {counts}, {gpu}"
+    parts = [last] + [literal(f"{summary[key]} {what}") for key, what in
+                      (("consecutive_failures", "failing"), ("restarts_in_window", "restarts")) if summary[key] != 0]
+    if summary["gpu_visible"] is not True:  # a narrow cell: only what is not as it should be
+        parts.append("[red]GPU LOST[/]" if summary["gpu_visible"] is False else "GPU ?")
+    cell = ", ".join(parts)
     return f"[red]GAVE UP[/], {cell}" if summary["gave_up"] else cell

@@ -61,6 +61,7 @@ def test_status_prints_a_hostile_model_id_reply_and_host_facts_literally(invento
     from sparkfleet.fleet.front_door import commands as fd_commands
 
     monkeypatch.setattr(tables, "CI_WIDTH", 1000)  # no cell wraps
+    monkeypatch.setattr(tables, "LOG_WIDTH", 1000)  # and status's log gets the wide table, every cell in it
     facts = {"driver": "[red]580", "cuda": "13.0", "toolkit": "[/]", "release_id": "[link=x]r", "model_verified": True,
              "unit_active": True, "services": {"embed": {"kind": "embedding", "port": "[/]", "serving": False,
                                                           "detail": "[/] engine said no"}},

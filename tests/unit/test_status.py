@@ -173,7 +173,7 @@ def test_status_exits_1_naming_what_failed(defaults_inventory, monkeypatch, caps
 def narrow_console(monkeypatch, width: int) -> list[Console]:
     made = []
 
-    def console(stderr: bool = False):
+    def console(stderr: bool = False, log_width: int | None = None):
         made.append(Console(width=width, record=True, emoji=False, file=open("/dev/null", "w")))
         return made[-1]
 
@@ -207,6 +207,20 @@ def test_a_wide_terminal_keeps_every_column(defaults_inventory, monkeypatch):
     fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(SERVING)})
     assert cli.main(["status", defaults_inventory]) == 0
     assert header(made[0].export_text()) == list(status.WIDE_COLUMNS)
+
+
+def test_a_log_gets_the_narrow_table_within_120_columns_and_a_watchdog_that_gave_up(defaults_inventory, capsys,
+                                                                                     monkeypatch):
+    """`make demo`'s log (stdout not a terminal): the table fits a 120-column window, one line a host when all is
+    well, and what the wide table's watchdog column would show in red is still there."""
+    watchdog = {**facts()["watchdog"], "gave_up": True, "consecutive_failures": 3, "restarts_in_window": 3}
+    fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(SERVING, watchdog=watchdog)})
+    assert cli.main(["status", defaults_inventory]) == 0
+    text = capsys.readouterr().out
+    assert max(map(len, text.splitlines())) <= 120, text
+    assert header(text) == list(status.NARROW_COLUMNS)
+    assert [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")] == ["spark-1", "spark-2"]
+    assert "GAVE UP" in next(line for line in text.splitlines() if "spark-2" in line), text
 
 
 def unreachable_row() -> dict:

@@ -45,7 +45,7 @@ def recording(monkeypatch) -> list[io.StringIO]:
     """Every console the product makes writes to a buffer, as to a file (no colour codes of Rich's own)."""
     made = []
 
-    def console(stderr: bool = False):
+    def console(stderr: bool = False, log_width: int | None = None):
         made.append(io.StringIO())
         return Console(file=made[-1], width=400, emoji=False)
 

@@ -309,13 +309,14 @@ def test_status_summary_names_gave_up_and_a_lost_gpu():
 def test_status_cell_shows_the_watchdog_and_the_gpu():
     summary = {"last_probe_s_ago": 12, "last_result": "ok", "consecutive_failures": 0, "restarts_in_window": 1,
                "gave_up": False, "gpu_visible": True, "serving": True, "problem": None}
-    assert watchdog_cell(summary) == "ok 12 s ago, 0 failing, 1 restarts, GPU seen"
+    assert watchdog_cell(summary) == "ok 12 s ago, 1 restarts"
     assert watchdog_cell({**summary, "last_result": "health", "consecutive_failures": 3, "restarts_in_window": 3,
-                          "gave_up": True}) == "[red]GAVE UP[/], health 12 s ago, 3 failing, 3 restarts, GPU seen"
+                          "gave_up": True}) == "[red]GAVE UP[/], health 12 s ago, 3 failing, 3 restarts"
     assert watchdog_cell({**summary, "last_result": "gpu", "gpu_visible": False}) == \
-        "gpu 12 s ago, 0 failing, 1 restarts, [red]GPU LOST[/]"
+        "gpu 12 s ago, 1 restarts, [red]GPU LOST[/]"
     assert watchdog_cell({**summary, "last_probe_s_ago": None, "gpu_visible": None}) == \
-        "no probe yet, 0 failing, 1 restarts, GPU ?"
+        "no probe yet, 1 restarts, GPU ?"
+    assert watchdog_cell({**summary, "restarts_in_window": 0}) == "ok 12 s ago"  # all well: one short cell
     assert watchdog_cell(None) == "-"
 
 
