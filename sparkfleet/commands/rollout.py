@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 from sparkfleet.commands import common
 
 NAME = "rollout"
@@ -10,22 +13,37 @@ HELP = "converge the fleet batch by batch; halt on failures, undo failed release
 
 def arguments(parser) -> None:
     common.batched(parser)
+    no_quality_gate(parser)
+
+
+def no_quality_gate(parser) -> None:
+    """rollout's and upgrade's --no-quality-gate, beside --no-speed-gate."""
+    parser.add_argument("--no-quality-gate", action="store_true",
+                        help="evaluate nothing: the canary's answers are not held to its previous release's "
+                             "(the probe suite, docs/quality.md)")
 
 
 def run(args) -> int:
     from sparkfleet.controller.inventory import parse_data
-    from sparkfleet.fleet.rollout import chat_models, holds_what_it_needs, planned, read_before, report_json, \
-        rollout, service_hosts_last
+    from sparkfleet.fleet.rollout import chat_models, holds_what_it_needs, planned, quality_lines, read_before, \
+        report_json, rollout, service_hosts_last
+    from sparkfleet.tables import clean
 
     before = planned(args.inventory, args.limit, args.data)
-    before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate)
+    before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate,
+                         quality_gate=not args.no_quality_gate)
     releases = {p.name: ((before.installed[p.name] or {}).get("release_id"), p.release_id) for p in before.plans}
     prepared = {p.name for p in before.plans if holds_what_it_needs(p, before.installed[p.name] or {})}
     data = parse_data(args.data)
     reports = rollout(args.inventory, before.names, releases, batch=args.batch, canary=args.canary,
                       max_fail=args.max_fail, data=data, groups=before.groups, prepared=prepared, speed=before.speed,
-                      serves=chat_models(before), log=common.log)
+                      quality=before.quality, serves=chat_models(before), log=common.log)
     if report_json(reports)["ok"]:
         reports += service_hosts_last(args.inventory, before.services, data, log=common.log)
-    common.print_reports(reports, args.json, speed_skipped=args.no_speed_gate)
+    if args.json:
+        print(json.dumps(report_json(reports, args.no_speed_gate, args.no_quality_gate), indent=2))
+    else:
+        common.print_reports(reports, False, speed_skipped=args.no_speed_gate)
+        for line in quality_lines(reports, args.no_quality_gate):
+            print(clean(line), file=sys.stderr)
     return 0 if report_json(reports)["ok"] else 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from sparkfleet.commands import common
 
@@ -13,18 +14,21 @@ HELP = ("upgrade the hosts' platform packages within the apt pins batch by batch
 
 
 def arguments(parser) -> None:
+    from sparkfleet.commands.rollout import no_quality_gate
+
     common.batched(parser)
+    no_quality_gate(parser)
     parser.add_argument("--dry", action="store_true",
                         help="touch nothing: per host, the packages that would change and whether it would reboot")
 
 
 def run(args) -> int:
     from sparkfleet.controller.inventory import parse_data
-    from sparkfleet.fleet.rollout import chat_models, planned, read_before
+    from sparkfleet.fleet.rollout import chat_models, planned, quality_lines, read_before
     from sparkfleet.fleet.upgrade import report_json, survey, survey_json, upgrade
     from sparkfleet.host.pins import render_pins
     from sparkfleet.host.upgrade import refused_changes
-    from sparkfleet.tables import literal, print_table
+    from sparkfleet.tables import clean, literal, print_table
 
     before = planned(args.inventory, args.limit, args.data, service_hosts=False)  # DGX OS updates: the Sparks'
     plans = before.plans
@@ -42,14 +46,16 @@ def run(args) -> int:
                         stderr=True)
         return 0 if survey_json(found)["ok"] else 1
     # each release record (what the speed gate keeps figures under, what each host serves: the front door keeps one
-    # backend in rotation for each model) and the kept figures, unless --no-speed-gate
-    before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate)
+    # backend in rotation for each model), the kept figures unless --no-speed-gate, the kept answers unless
+    # --no-quality-gate
+    before = read_before(args.inventory, before, speed_gate=not args.no_speed_gate,
+                         quality_gate=not args.no_quality_gate)
     releases = {name: (r or {}).get("release_id") for name, r in before.installed.items()}
     reports = upgrade(args.inventory, found, batch=args.batch, canary=args.canary, max_fail=args.max_fail,
-                      data=parse_data(args.data), groups=before.groups, speed=before.speed, releases=releases,
-                      serves=chat_models(before), log=common.log)
+                      data=parse_data(args.data), groups=before.groups, speed=before.speed, quality=before.quality,
+                      releases=releases, serves=chat_models(before), log=common.log)
     if args.json:
-        print(json.dumps(report_json(reports, args.no_speed_gate), indent=2))
+        print(json.dumps(report_json(reports, args.no_speed_gate, args.no_quality_gate), indent=2))
     else:
         rows = [(r.host, f"[{'green' if r.ok else 'red'}]{literal(r.result)}[/]",
                  "\n".join(map(literal, r.changes)) or "-", "yes" if r.rebooted else "no", f"{r.seconds:g}",
@@ -58,4 +64,6 @@ def run(args) -> int:
         print_table("sparkfleet upgrade", ("host", "result", "changed", "rebooted", "seconds", "out of rotation s",
                                            "detail"), rows, stderr=True)
         common.print_speed(reports, args.no_speed_gate)
+        for line in quality_lines(reports, args.no_quality_gate):
+            print(clean(line), file=sys.stderr)
     return 0 if report_json(reports)["ok"] else 1

@@ -266,12 +266,18 @@ class QualityGate:
                                 (self.installed.get(host) or {}) if running else None, baseline)
 
     def judge(self, host: str, baseline: dict[str, Evaluation] | None,
-              evaluations: dict[str, Evaluation]) -> str | None:
-        """The halting line (host, model, probe, both answers, the override) of the first regression, or None: no
-        evaluated model fell below its baseline (a model not evaluated is the caller's to report)."""
+              evaluations: dict[str, Evaluation], then: str | None = None) -> str | None:
+        """The halting line (host, model, probe, both answers, `then`: what the command did about it, the override)
+        of the first regression, or None: no evaluated model fell below its baseline (a model not evaluated is the
+        caller's to report)."""
         for model, regs in below(baseline, evaluations, self.margin(host)).items():
-            return _one_line(f"{host}: {model}: {regs[0].line()}; {OVERRIDE}")
+            return _one_line(f"{host}: {model}: {regs[0].line()}; {f'{then}; ' if then else ''}{OVERRIDE}")
         return None
+
+    def on_demand(self, host: str) -> set[str]:
+        """The served names of the models the host's planned release starts on demand: an evaluation never starts
+        one, so its "not evaluated" is no fault of the release."""
+        return {m.model for m in served_models(host, self.hosts[host][0]) if m.on_demand}
 
     def keep(self, host: str, release: str, evaluations: dict[str, Evaluation]) -> bool:
         """Write the host's quality record with this evaluation as the release's latest (and its baseline where it

@@ -18,6 +18,15 @@ measured after its health gate while still drained (its head); decode or TTFT wo
 kept figure by more than `rollout_max_regression` rolls it back and halts the rollout. Without a kept figure the
 running release is measured right after the drain, before the switch; where that fails too, the new release's
 figure becomes the baseline. Only the canary is measured.
+
+The quality gate (fleet/quality.py QualityGate, unless `--no-quality-gate`; docs/quality.md, "The gate in a rollout
+and an upgrade"): after the health and speed gates, still drained, the canary's head is asked the probe suite on its
+new release and judged against the baseline of the release it replaces (the host's quality record; where none is
+kept, the running release is evaluated right after the drain, before the switch, and kept as its baseline). A probe
+that passed and fails now, a score below the baseline by more than `quality_margin`, or a model the new release
+serves that could not be evaluated (down, 5xx, out of reach: the health gate passed, so that is no pass) rolls the
+canary back and halts the rollout, in one line naming the host, the model, the probe, both answers and the
+override. The new release's evaluation is kept as its baseline only when it passed.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from sparkfleet.fleet.batches import Batch, Change, Cohort, batches, cohort_name
 from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
+
+QUALITY_OVERRIDE = "override with --no-quality-gate"  # fleet/quality.py OVERRIDE: the gate's lines end with it
 
 
 def members_of(plans) -> dict[str, Cohort]:
@@ -73,6 +84,7 @@ class Before:
     groups: dict[str, Cohort]  # members_of(plans)
     installed: dict[str, dict | None] = field(default_factory=dict)  # each Spark's release record, as read back
     speed: Any = None  # the speed gate (fleet/speed.py SpeedGate); None: measure nothing
+    quality: Any = None  # the quality gate (fleet/quality.py QualityGate); None: evaluate nothing
     # the chat model each engine Spark a `limit` left out serves, by its settings (`served_names`): the peers that
     # keep a model in rotation while the selection's batches are out
     peers: dict[str, str] = field(default_factory=dict)
@@ -99,21 +111,36 @@ def planned(inventory: str, limit: str | None, data: list[str], *, service_hosts
     return before
 
 
-def read_before(inventory: str, before: Before, speed_gate: bool = True) -> Before:
-    """Each Spark's installed release record and (`speed_gate`) its kept speed figures, in one read; the speed gate
-    built from them, the canary step's (`speed_gate`) baseline."""
-    from sparkfleet.contract.paths import RELEASE_FILE, SPEED_FILE
+def read_before(inventory: str, before: Before, speed_gate: bool = True, quality_gate: bool = False,
+                probes: str | None = None) -> Before:
+    """Each Spark's installed release record, (`speed_gate`) its kept speed figures and (`quality_gate`) its quality
+    record, in one read; the gates built from them, the canary step's baselines. `probes`: a suite file over each
+    host's `quality_probes`; every host's suite is read here, so a file that does not parse is refused before any
+    host is touched."""
+    from sparkfleet.contract.paths import QUALITY_FILE, RELEASE_FILE, SPEED_FILE
     from sparkfleet.fleet.speed import SpeedGate
     from sparkfleet.host.facts import read_json_object
 
     found = read_hosts(inventory, before.names, lambda h: {
         "release": read_json_object(h, RELEASE_FILE).value or {},
-        "speed": read_json_object(h, SPEED_FILE).value if speed_gate else None})
+        "speed": read_json_object(h, SPEED_FILE).value if speed_gate else None,
+        "quality": read_json_object(h, QUALITY_FILE).value if quality_gate else None})
     installed = {name: (read or {}).get("release") for name, read in found.items()}
-    speed = SpeedGate(inventory, {p.name: (p.settings, before.data[p.name]) for p in before.plans},
-                      {name: (read or {}).get("speed") for name, read in found.items()}, installed) \
-        if speed_gate else None
-    return replace(before, installed=installed, speed=speed)
+    hosts = {p.name: (p.settings, before.data[p.name]) for p in before.plans}
+    speed = SpeedGate(inventory, hosts, {name: (read or {}).get("speed") for name, read in found.items()},
+                      installed) if speed_gate else None
+    quality = None
+    if quality_gate:
+        from sparkfleet.controller.inventory import load_hosts
+        from sparkfleet.fleet.quality import QualityGate
+        from sparkfleet.roles.pki import hosts_ca
+
+        ca = hosts_ca([(name, before.data.get(name, data)) for name, data in load_hosts(inventory)])
+        quality = QualityGate(inventory, hosts, {name: (read or {}).get("quality") for name, read in found.items()},
+                              installed, ca=ca, probes=probes)
+        for name in hosts:
+            quality.suite(name)
+    return replace(before, installed=installed, speed=speed, quality=quality)
 
 
 @dataclass
@@ -129,6 +156,7 @@ class HostReport:
     staged_s: float | None = None  # the staging phase's time, for a host it prepared; None: nothing to stage
     out_of_rotation_s: float | None = None  # a front door's backend: from its drain to its return; None: not back
     speed: dict | None = None  # the canary's speed gate (SpeedCheck.to_dict); None: not measured here
+    quality: dict | None = None  # the canary's quality gate (QualityCheck.to_dict); None: not evaluated here
 
     @property
     def ok(self) -> bool:
@@ -291,10 +319,98 @@ def speed_gate(speed, check: SpeedCheck, log, then: str = "rolled back; halted")
     return halt
 
 
+@dataclass
+class QualityCheck:
+    """The quality gate's outcome on one host (a canary's head), as the report gives it."""
+
+    host: str
+    release: str | None  # the evaluated (new) release
+    baseline_release: str | None  # the release it replaces (an upgrade: the same release, on the old platform)
+    verdict: str = "not evaluated"  # passed | regressed | baseline | not evaluated
+    baseline: dict | None = None  # {model: Evaluation} of the baseline release; None: none kept nor measured
+    baseline_measured_now: bool = False  # none was kept: the running release evaluated before the switch
+    measured: dict | None = None  # {model: Evaluation} of the new release
+    seconds: float = 0.0  # the evaluations' time (what the gate added to the canary)
+    line: str = ""
+    kept: bool | None = None  # the new release's evaluation written to the host's record; None: not kept
+
+    def to_dict(self) -> dict:
+        def models(found: dict | None) -> dict | None:
+            return None if found is None else {m: {"evaluated": e.evaluated, "score": e.score, "failed": e.failed()}
+                                               for m, e in found.items()}
+
+        return {"host": self.host, "verdict": self.verdict, "release": self.release, "measured": models(self.measured),
+                "baseline": None if self.baseline is None else {
+                    "release": self.baseline_release, "models": models(self.baseline),
+                    "source": "measured now" if self.baseline_measured_now else "quality record"},
+                "seconds": round(self.seconds, 1), "kept": self.kept, "line": self.line}
+
+
+def _not_evaluated(evaluation) -> str:
+    return next((r.why for r in evaluation.results if r.verdict == "not_evaluated" and r.why), "no probe answered")
+
+
+def quality_baseline_now(quality, check: QualityCheck, log) -> None:
+    """The canary's running release has no kept baseline: evaluate it now (drained, before its switch); where no
+    model of it answers, the new release is judged on its own (its absolute probes; its evaluation the baseline)."""
+    started = time.monotonic()
+    found = quality.measure(check.host, running=True)
+    check.seconds += time.monotonic() - started
+    if any(e.evaluated for e in found.values()):
+        check.baseline, check.baseline_measured_now = found, True
+        scores = ", ".join(f"{m} {e.score:.2f}" for m, e in found.items() if e.evaluated and e.score is not None)
+        log(f"quality gate: {check.host}: no baseline kept for {check.baseline_release}: evaluated it now, before the "
+            f"switch: {scores} ({check.seconds:.1f} s)")
+    else:
+        why = "; ".join(f"{m}: {_not_evaluated(e)}" for m, e in found.items()) or "it serves no model"
+        log(f"quality gate: {check.host}: the running release could not be evaluated ({why}): the new release's "
+            "evaluation becomes the baseline")
+
+
+def quality_gate(quality, check: QualityCheck, log, then: str = "rolled back; halted") -> str | None:
+    """Evaluate the canary's new release, judge it against the release it replaces, keep what may be kept; the halt
+    line when it regressed or a model it serves could not be evaluated, None when it passed. `then`: what the
+    command does about a halt (a rollout rolls the canary back; an upgrade cannot, and leaves it drained).
+
+    Kept on the host: a baseline measured now (the replaced release's, whatever the verdict), and the new release's
+    evaluation only when the gate passed (a failing one must never become its release's baseline)."""
+    started = time.monotonic()
+    check.measured = found = quality.measure(check.host, baseline=check.baseline)
+    check.seconds += time.monotonic() - started
+    halt = quality.judge(check.host, check.baseline, found, then)
+    lost = [m for m, e in found.items() if not e.evaluated and m not in quality.on_demand(check.host)]
+    if halt:
+        check.verdict, check.line = "regressed", halt
+    elif lost:
+        check.verdict = "not evaluated"
+        halt = check.line = (f"{check.host}: {lost[0]}: not evaluated on the new release after its health gate passed "
+                             f"({_not_evaluated(found[lost[0]])}); {then}; {QUALITY_OVERRIDE}")
+    else:
+        judged = [m for m, e in found.items() if e.evaluated and (check.baseline or {}).get(m) is not None
+                  and check.baseline[m].evaluated]
+        scores = ", ".join(f"{m} {e.score:.2f}" + (f" vs {check.baseline[m].score:.2f} before" if m in judged else "")
+                           for m, e in found.items() if e.evaluated and e.score is not None)
+        check.verdict = "passed" if judged else "baseline"
+        check.line = (f"{check.host}: {scores or 'no model evaluated'}: "
+                      + ("no probe that passed before fails, within quality_margin" if judged else
+                         "no baseline to judge against, this evaluation is the baseline")
+                      + (" (baseline evaluated now)" if check.baseline_measured_now else ""))
+    if check.baseline_measured_now and check.baseline_release and not quality.keep(
+            check.host, check.baseline_release, check.baseline):
+        log(f"quality gate: {check.host}: its quality record could not be written: the next rollout evaluates again")
+    if check.verdict in ("passed", "baseline") and check.release and any(e.evaluated for e in found.values()):
+        check.kept = quality.keep(check.host, check.release, found)
+        if not check.kept:
+            log(f"quality gate: {check.host}: its quality record could not be written: {check.release} has no "
+                "baseline kept")
+    log(f"quality gate: {check.line} ({check.seconds:.1f} s)")
+    return halt
+
+
 def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | None, str | None]], *,
             batch: str = "1", canary: bool = False, max_fail: int = 0, data: dict | None = None,
             groups: dict[str, Cohort] | None = None, prepared: frozenset[str] | set[str] = frozenset(),
-            speed=None, serves: dict[str, str] | None = None, log=print) -> list[HostReport]:
+            speed=None, quality=None, serves: dict[str, str] | None = None, log=print) -> list[HostReport]:
     """Drive deploy.py over `hosts` in batches (fleet/batches.py `run_batches`); roll back cohorts whose new release
     fails its health gate.
 
@@ -303,12 +419,13 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
     (a failed group is one failure). The front door drains each cohort's first host: a worker is no backend.
     Before the first batch, the hosts `to_stage` names are staged in one run (those in `prepared` hold what their
     new release needs already); any failure there halts the rollout. `speed`: the speed gate (fleet/speed.py
-    SpeedGate), None to skip it. `serves` (host -> the chat model it serves before and after, `chat_models`): a
+    SpeedGate), None to skip it; `quality`: the quality gate (fleet/quality.py QualityGate), after the speed gate,
+    None to skip it. `serves` (host -> the chat model it serves before and after, `chat_models`): a
     batch that would drain the last backend in rotation of a model other hosts serve is refused before any host is
     touched (Refused), or, found at its turn, halts the rollout; None: not checked.
     """
     plan = batches(cohorts(hosts, groups or {}), batch, canary)
-    judged = canary_of(plan, releases) if speed else None
+    judged = canary_of(plan, releases) if speed or quality else None
     staged, staged_s = to_stage(hosts, releases, groups, prepared), []
 
     def stage() -> list[HostReport] | None:
@@ -330,17 +447,23 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
         return None
 
     def switch(batch: Batch, drain) -> dict[Cohort, list[HostReport]]:
-        """One batch: deploy.py, a cohort whose health gate failed rolled back, the canary measured."""
-        check = None
+        """One batch: deploy.py, a cohort whose health gate failed rolled back, the canary measured and evaluated."""
+        check = answers = None
         if judged in batch.cohorts:
             head = judged[0]
-            check = SpeedCheck(head, releases[head][1], releases[head][0])
-            check.baseline = speed.baseline(head, check.baseline_release)
+            if speed:
+                check = SpeedCheck(head, releases[head][1], releases[head][0])
+                check.baseline = speed.baseline(head, check.baseline_release)
+            if quality:
+                answers = QualityCheck(head, releases[head][1], releases[head][0])
+                answers.baseline = quality.baseline(head, answers.baseline_release)
 
         def before_ops():
             drain()
             if check and check.baseline is None and check.baseline_release:
                 baseline_now(speed, check, log)
+            if answers and answers.baseline is None and answers.baseline_release:
+                quality_baseline_now(quality, answers, log)
 
         results = run_deploy(inventory, batch.hosts, data, before_ops=before_ops)
         seconds = batch.seconds()
@@ -352,14 +475,20 @@ def rollout(inventory: str, hosts: list[str], releases: dict[str, tuple[str | No
                 rolled_back(reports, gate_failed, run_deploy(inventory, list(cohort), data, deploy_file="rollback.py"),
                             releases)
             elif cohort == judged and all(r.ok for r in reports):
-                halt = speed_gate(speed, check, log)
+                gate, halt = "speed", speed_gate(speed, check, log) if check else None
+                if not halt and answers:
+                    gate, halt = "quality", quality_gate(quality, answers, log)
                 if halt:
                     rolled_back(reports, [], run_deploy(inventory, list(cohort), data, deploy_file="rollback.py"),
                                 releases, reason=halt)
-                    batch.halt = f"halted: the speed gate stopped the canary {cohort_name(cohort)}"
+                    batch.halt = f"halted: the {gate} gate stopped the canary {cohort_name(cohort)}"
             if check and cohort == judged:
                 check.line = check.line or f"{check.host}: not measured: {reports[0].result} ({reports[0].detail})"
                 reports[0].speed = check.to_dict()
+            if answers and cohort == judged:
+                answers.line = answers.line or (f"{answers.host}: not evaluated: {reports[0].result} "
+                                                f"({reports[0].detail})")
+                reports[0].quality = answers.to_dict()
             found[cohort] = reports
         return found
 
@@ -437,6 +566,23 @@ def speed_summary(reports: list[HostReport], skipped: bool = False) -> dict:
     return {"skipped": skipped, "checks": [] if skipped else [r.speed for r in reports if r.speed]}
 
 
-def report_json(reports: list[HostReport], speed_skipped: bool = False) -> dict:
-    return {"hosts": [asdict(r) for r in reports], "phases": phases(reports),
-            "speed_gate": speed_summary(reports, speed_skipped), "ok": all(r.ok for r in reports)}
+def quality_summary(reports, skipped: bool = False) -> dict:
+    """The quality gate's outcome: skipped (`--no-quality-gate`), or each evaluated canary's check."""
+    return {"skipped": skipped, "checks": [] if skipped else [r.quality for r in reports if r.quality]}
+
+
+def quality_lines(reports, skipped: bool) -> list[str]:
+    """The quality gate's lines after a rollout's or an upgrade's table."""
+    gate = quality_summary(reports, skipped)
+    return ["quality gate: skipped (--no-quality-gate)"] if gate["skipped"] else \
+        [f"quality gate: {c['verdict']}: {c['line']}" for c in gate["checks"]] or \
+        ["quality gate: nothing evaluated (no host changed)"]
+
+
+def report_json(reports: list[HostReport], speed_skipped: bool = False, quality_skipped: bool | None = None) -> dict:
+    """The report as JSON; `quality_skipped` None: no quality gate to report (a rollback's)."""
+    found = {"hosts": [asdict(r) for r in reports], "phases": phases(reports),
+             "speed_gate": speed_summary(reports, speed_skipped)}
+    if quality_skipped is not None:
+        found["quality_gate"] = quality_summary(reports, quality_skipped)
+    return {**found, "ok": all(r.ok for r in reports)}
