@@ -445,6 +445,7 @@ class Settings(_EngineVersions):
     front_door_tls_cert: AbsPath | None
     front_door_tls_key: AbsPath | None
     front_door_allow_http: bool
+    front_door_routing: Literal["bounded", "hash", "roundrobin"]  # the door's choice of engine (roles/front_door)
     fleet_ca_cert: AbsPath | None  # the fleet CA on the controller (roles/pki.py): TLS on every backend hop
     fleet_ca_key: AbsPath | None
     backend_key_in_clear: bool

@@ -39,7 +39,8 @@ def test_backends_are_the_hosts_serving_the_same_model():
                                                   "spark-c": {"served_model_name": "other"}}))
     assert door.backends == (fd_plan.Backend("spark-a", "10.0.0.1", 8000), fd_plan.Backend("spark-b", "10.0.0.2", 8001))
     config = door.config()
-    assert "    server spark-a 10.0.0.1:8000\n    server spark-b 10.0.0.2:8001\n" in config
+    ids = fd_plan.server_id("spark-a"), fd_plan.server_id("spark-b")
+    assert f"    server spark-a 10.0.0.1:8000 id {ids[0]}\n    server spark-b 10.0.0.2:8001 id {ids[1]}\n" in config
     # spark-c serves another model: not an engine of this one, but its own route (test_front_door_models.py)
     assert "spark-c" not in config.split("backend engines\n")[1].split("\nbackend ")[0]
     assert [r.served_name for r in door.chat_routes] == ["other"]

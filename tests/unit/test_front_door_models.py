@@ -34,7 +34,8 @@ def test_each_other_chat_model_gets_a_route_of_its_hosts():
     assert (f"use_backend chat_1 if {{ var(txn.model) -m str {LLAMA} }} "
             "{ path -m str /v1/chat/completions /v1/completions }") in config
     assert "backend chat_1\n" in config
-    assert "    server spark-3 10.0.0.3:8000\n    server spark-4 10.0.0.4:8000\n" in config
+    assert (f"    server spark-3 10.0.0.3:8000 id {fd_plan.server_id('spark-3')}\n"
+            f"    server spark-4 10.0.0.4:8000 id {fd_plan.server_id('spark-4')}\n") in config
     # each route checks its own model with the chat probe, and sends the one backend key
     assert f'body \'{{"model":"{LLAMA}","messages"' in config
     assert config.count("balance hash var(txn.conversation)") == 3

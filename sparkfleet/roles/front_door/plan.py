@@ -35,6 +35,12 @@ BUFSIZE = 256 * 1024
 LIMITS = haproxy.Limits(maxconn=500, bufsize=BUFSIZE, memory_max="512M")
 # Checks: a hung engine is out within ~3 s (two missed 1 s checks); back after two good ones.
 CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "1s"}
+# front_door_routing = "bounded": consistent hashing with bounded loads. An engine takes a new request while it
+# holds at most 125 % of the average in flight (HAProxy's hash-balance-factor; its manual: "reasonable values are
+# from 125 to 200"; KubeAI's CHWBL default meanLoadFactor). The low end: an engine a crowd of one key's conversations
+# would pile onto keeps its share near the others' (three engines, twelve at once: five at most, 42 %); a moved turn
+# costs one prefill of its prefix elsewhere, a queue on one engine costs every request in it.
+HASH_BALANCE_FACTOR = 125
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,13 @@ class Backend:
     def verifyhost(self) -> str:
         """What its `server` line adds over TLS: the name the guard's certificate must hold (its inventory name)."""
         return f" verifyhost {self.name}" if self.tls else ""
+
+    @property
+    def server_id(self) -> int:
+        """Its `server` line's id, from its name alone: consistent hashing places a server on the ring by its id,
+        so every door maps a key to the same engine (HAProxy's manual: "all servers have the exact same IDs"), and
+        a host added or removed moves no other host's keys (ids by position would shift)."""
+        return server_id(self.name)
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,8 @@ class FrontDoor:
             chat_check=serving.http_check("chat", self.settings.served_model_name),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
             metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers,
-            server_tls=server_tls(self.settings, self.backend_tls), chat_ui=self.chat_ui_config())
+            server_tls=server_tls(self.settings, self.backend_tls), chat_ui=self.chat_ui_config(),
+            routing=routing(self.settings))
 
     def chat_ui_config(self) -> dict | None:
         """What the config's chat UI blocks name (its frontend, the API's token check), else None."""
@@ -222,6 +236,16 @@ class FrontDoor:
                             paths.FRONT_DOOR_RUNTIME_NAME, LIMITS, state_dir=paths.FRONT_DOOR_RUNTIME_NAME,
                             save_state=save_state_command(), replay=replay_command(), save_usage=usage_save_command(),
                             secrets=paths.FRONT_DOOR_SECRETS if self.chat_ui else None)
+
+
+def server_id(name: str) -> int:
+    """A server's id (1 .. 2**30) from its name: the first 30 bits of its SHA-256, plus one."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % (1 << 30) + 1
+
+
+def routing(s: Settings) -> dict:
+    """What the chat backends' routing block names: the mode (front_door_routing) and the bound's factor."""
+    return {"mode": s.front_door_routing, "balance_factor": HASH_BALANCE_FACTOR}
 
 
 def usage_save_command() -> str:
@@ -320,6 +344,9 @@ def front_door_plan(host: str, plans: dict[str, HostPlan], monitoring_host: bool
                         "`front_door_tls_cert` and `front_door_tls_key`, or `front_door_allow_http = True` "
                         "on a trusted LAN")
     routes, kinds = _routes(backends)
+    problems += [f"{host}: hosts {a.name} and {b.name} would share one server id on the front door "
+                 f"({server_id(a.name)}): rename one" for i, a in enumerate(backends) for b in backends[i + 1:]
+                 if server_id(a.name) == server_id(b.name)]
     chat_routes, left_out = _chat_routes(s.served_model_name, plans, keys)
     for served in (s.served_model_name, *(r.served_name for r in routes), *(r.served_name for r in chat_routes)):
         try:
