@@ -22,6 +22,9 @@ Environment:
     SIM_LOAD_DELAY_S          seconds "loading" before the port is bound (2)
     SIM_TOKENS_PER_S          decode rate (50)
     SIM_FIRST_TOKEN_DELAY_MS  extra delay before the first token (0)
+    SIM_PREFILL_TOKENS_PER_S  prefill rate of the prompt tokens the prefix cache does not hold (2000; 0: no prefill
+                              time; see "Prefix cache and prefill")
+    SIM_HOST_MEMORY_GB        the host's memory the KV budget is a share of (128, a DGX Spark's)
     SIM_FAIL_HEALTH=1         /health answers 503
     SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
     SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
@@ -46,6 +49,33 @@ re-read on every request, so it is set and cleared without a restart:
 step emits 1 + the accepted drafts at the plain step rate (SIM_TOKENS_PER_S),
 and /metrics exports vLLM's vllm:spec_decode_* counters.
 "answer_fault" (SIM_ANSWER_FAULT) is read on every request too (see "Answers").
+
+Prefix cache and prefill. vLLM's automatic prefix cache, block by block: the prompt (the words of the chat
+template's rendering, one token a word) in blocks of --block-size (16) tokens, each block's hash chained over every
+block before it, so a block hits only when its whole prefix does; a request's hit is its leading run of cached
+blocks, at most its length less one token (vLLM recomputes the last token for its logits), counted in tokens on
+vLLM's counters vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (vllm/v1/metrics/loggers.py
+declares the Counters vllm:prefix_cache_queries and vllm:prefix_cache_hits; the client library adds _total). A
+request's prompt blocks enter the cache when it is admitted, its generated tokens' blocks when it ends (so the next
+turn, which re-sends the answer, hits them), and the least recently used blocks no running request holds leave
+first once the cache is full. The budget, in blocks (KvBudget):
+    --num-gpu-blocks-override N   N blocks (vLLM's own override)
+    --kv-cache-memory-bytes B     B / (block size x KV bytes per token)
+    else                          (SIM_HOST_MEMORY_GB x --gpu-memory-utilization - the shards' bytes - 3 GiB, the
+                                  planner's activation and CUDA graph reserve) / (block size x KV bytes per token)
+KV bytes per token from config.json (its text_config first), as sparkfleet/model/kv.py counts it: 2 (K and V) x
+full-attention layers (layer_types, else every layer) x KV heads x head_dim x 2 bytes (1 with an fp8
+--kv-cache-dtype); 20,480 (Qwen3.5-35B-A3B in bf16, /work/shared/reference/spark-and-vllm.md) where config.json
+lacks a field. Simplified against vLLM: the running requests' partial last blocks and decode growth do not count
+against the budget, and a cache whose every block is held by running requests overflows instead of preempting.
+Prefill: the tokens the cache did not hold take uncached / SIM_PREFILL_TOKENS_PER_S seconds, one request's prefill
+after another's on an engine (one GPU), before SIM_FIRST_TOKEN_DELAY_MS and the first token. The default, 2,000
+tokens/s: the shared reference write-ups give no Spark prefill rate; vLLM's DGX Spark write-up (June 2026, as
+summarised by AI-Daily-Builder, "Why DGX Spark's GB10 reads as 23 tok/s decode but 1,884 tok/s prefill") measured
+1,636 tokens/s prefill at a 1,834-token prompt and ~1,884 at 7,234 tokens (Nemotron-3-Super-120B-A12B NVFP4, vLLM,
+one Spark), and NVIDIA's own figure for GPT-OSS-20B MXFP4 on llama.cpp is 3,670 tokens/s at 2,048 tokens: 2,000
+is between them, on the slow side for a 3B-active MoE. A short prompt (tens of tokens) adds tens of milliseconds
+to the first token; the decode rate is unchanged.
 
 Answers (chat completions; the same at any temperature, so a healthy engine repeats its answers at temperature 0).
 A request the rules below do not recognise gets the steady stream of WORDS up to max_tokens (finish "length"), as
@@ -89,12 +119,17 @@ import sys
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 VERSION = "0.33.0"
 DEFAULT_MAX_TOKENS = 64
-BLOCK_TOKENS = 16
+BLOCK_TOKENS = 16  # vLLM's default --block-size: the prefix cache's unit
+DEFAULT_PREFILL_TOKENS_PER_S = 2000.0  # see "Prefix cache and prefill" for its sources
+SPARK_MEMORY_GB = 128.0  # a DGX Spark's unified memory (sparkfleet/model/fit.py SPARK_MEMORY_BYTES, decimal)
+KV_RESERVE_BYTES = 3 * 2**30  # sparkfleet/model/fit.py RESERVE_BYTES: activations (2 GiB) + CUDA graphs (1 GiB)
+FALLBACK_KV_BYTES_PER_TOKEN = 20480  # Qwen3.5-35B-A3B, bf16 KV (the reference): where config.json lacks a field
 WORDS = (
     "The simulated Spark answers every request with the same steady stream "
     "of words so that tests can count them and clocks can time them while "
@@ -427,7 +462,8 @@ def read_safetensors_header(path: Path) -> dict:
 
 
 def load_model_dir(model: str) -> dict:
-    """Returns {"max_position_embeddings": int|None, "shards": [...], "tensors": n}."""
+    """Returns {"max_position_embeddings": int|None, "shards": [...], "tensors": n, "config": {...},
+    "weights_bytes": the shards' bytes}."""
     root = Path(model)
     if not root.is_dir():
         raise StartupError("OSError", f"{model} is not a local folder and the stand-in "
@@ -459,7 +495,7 @@ def load_model_dir(model: str) -> dict:
         header = read_safetensors_header(root / name)
         tensors += sum(1 for k in header if k != "__metadata__")
     return {"max_position_embeddings": max_pos, "shards": shard_names, "tensors": tensors,
-            "config": config}
+            "config": config, "weights_bytes": sum((root / name).stat().st_size for name in shard_names)}
 
 
 # --------------------------------------------------------------------------
@@ -501,6 +537,89 @@ class Exposition:
         self.out.append(f"{mname}_sum{{{lbl}}} {h.sum}")
 
 
+def kv_bytes_per_token(config: dict, kv_cache_dtype: str | None) -> int:
+    """KV cache bytes one token costs (sparkfleet/model/kv.py's count): 2 x full-attention layers x KV heads x
+    head_dim x dtype bytes; FALLBACK_KV_BYTES_PER_TOKEN where config.json lacks a field."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    try:
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return FALLBACK_KV_BYTES_PER_TOKEN
+    types = text.get("layer_types") or ["full_attention"] * layers
+    full = sum(1 for t in types if t in ("full_attention", "sliding_attention", "attention"))
+    dtype = 1 if str(kv_cache_dtype or "auto").startswith("fp8") else 2
+    return max(1, 2 * full * kv_heads * dim * dtype)
+
+
+def kv_cache_blocks(cfg: dict, config: dict, weights_bytes: int) -> int:
+    """The prefix cache's budget in blocks (the module docstring's "Prefix cache and prefill")."""
+    if cfg.get("num_gpu_blocks_override"):
+        return max(1, int(cfg["num_gpu_blocks_override"]))
+    block_bytes = cfg["block_size"] * kv_bytes_per_token(config, cfg.get("kv_cache_dtype"))
+    if cfg.get("kv_cache_memory_bytes"):
+        return max(1, int(cfg["kv_cache_memory_bytes"]) // block_bytes)
+    budget = cfg["host_memory_gb"] * 1e9 * cfg["gpu_memory_utilization"] - weights_bytes - KV_RESERVE_BYTES
+    return max(1, int(budget // block_bytes))
+
+
+class PrefixCache:
+    """vLLM's automatic prefix cache, block-granular: chained block hashes, least recently used out first among the
+    blocks no running request holds. Not locked: the engine calls it under its lock."""
+
+    def __init__(self, capacity_blocks: int, block_tokens: int = BLOCK_TOKENS):
+        self.capacity = max(1, capacity_blocks)
+        self.block_tokens = block_tokens
+        self.blocks: OrderedDict[str, None] = OrderedDict()  # oldest use first
+        self.held: dict[str, int] = {}  # blocks running requests hold: how many hold each
+        self.evicted = 0
+
+    def hashes(self, tokens: list[str]) -> list[str]:
+        """Each full block's hash, chained over every block before it (vLLM's parent hash)."""
+        h = hashlib.sha256()
+        out = []
+        n = self.block_tokens
+        for start in range(0, len(tokens) - len(tokens) % n, n):
+            h.update("\x00".join(tokens[start:start + n]).encode() + b"\x01")
+            out.append(h.hexdigest())
+        return out
+
+    def hit_tokens(self, tokens: list[str]) -> int:
+        """Tokens of `tokens` the cache holds (its leading cached blocks, never the last token), touching them."""
+        hit = 0
+        for key in self.hashes(tokens[:-1]):
+            if key not in self.blocks:
+                break
+            self.blocks.move_to_end(key)
+            hit += self.block_tokens
+        return hit
+
+    def insert(self, keys: list[str]) -> None:
+        """Cache these blocks (the most recently used now), evicting the least recently used unheld ones."""
+        for key in keys:
+            self.blocks[key] = None
+            self.blocks.move_to_end(key)
+        over = len(self.blocks) - self.capacity
+        if over > 0:
+            for key in [k for k in self.blocks if k not in self.held][:over]:
+                del self.blocks[key]
+                self.evicted += 1
+
+    def hold(self, keys: list[str]) -> None:
+        for key in keys:
+            self.held[key] = self.held.get(key, 0) + 1
+
+    def release(self, keys: list[str]) -> None:
+        for key in keys:
+            left = self.held.get(key, 0) - 1
+            if left > 0:
+                self.held[key] = left
+            else:
+                self.held.pop(key, None)
+
+
 class Engine:
     def __init__(self, cfg: dict):
         self.cfg = cfg
@@ -509,7 +628,6 @@ class Engine:
         self.running = 0
         self.waiting = 0
         self.live_tokens: dict[str, int] = {}
-        self.prefix_blocks: set[str] = set()
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.prompt_tokens = 0
@@ -519,6 +637,8 @@ class Engine:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.kv_capacity = max(1, cfg["max_num_seqs"] * cfg["max_model_len"] // 4)
+        self.cache = PrefixCache(cfg.get("kv_cache_blocks") or 1, cfg.get("block_size") or BLOCK_TOKENS)
+        self.prefill_free_at = 0.0  # monotonic time the engine's prefill queue is clear (one prefill at a time)
         self.spec_credit = 0.0  # accepted drafts owed: keeps the accepted share at the knob, step by step
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = 0
         self.spec_per_pos = [0] * cfg["num_speculative_tokens"]
@@ -530,22 +650,33 @@ class Engine:
         log(f"EngineCore encountered a fatal error. {reason}", "ERROR")
         log("Engine is dead: /health answers 503 and requests fail until vLLM is restarted.", "ERROR")
 
-    def account_prompt(self, tokens: list[str]) -> None:
+    def account_prompt(self, tokens: list[str]) -> tuple[float, list[str]]:
+        """Admit a prompt: count it, look it up in the prefix cache and cache its blocks (held while it runs).
+        Returns (the monotonic time its prefill ends, the blocks it holds: release_blocks() them at its end)."""
         with self.lock:
             self.prompt_tokens += len(tokens)
-            if not self.cfg["enable_prefix_caching"]:
-                return
-            self.prefix_queries += len(tokens)
-            h = hashlib.sha256()
-            hit = True
-            for start in range(0, len(tokens) - len(tokens) % BLOCK_TOKENS, BLOCK_TOKENS):
-                h.update("\x00".join(tokens[start:start + BLOCK_TOKENS]).encode() + b"\x01")
-                key = h.hexdigest()
-                if hit and key in self.prefix_blocks:
-                    self.prefix_hits += BLOCK_TOKENS
-                else:
-                    hit = False
-                    self.prefix_blocks.add(key)
+            hit, keys = 0, []
+            if self.cfg["enable_prefix_caching"]:
+                self.prefix_queries += len(tokens)
+                hit = self.cache.hit_tokens(tokens)
+                self.prefix_hits += hit
+                keys = self.cache.hashes(tokens)
+                self.cache.hold(keys)
+                self.cache.insert(keys)
+            rate = self.cfg.get("prefill_tokens_per_s") or 0.0
+            now = time.monotonic()
+            if rate <= 0:
+                return now, keys
+            self.prefill_free_at = max(now, self.prefill_free_at) + (len(tokens) - hit) / rate
+            return self.prefill_free_at, keys
+
+    def finish_prompt(self, keys: list[str], tokens: list[str]) -> None:
+        """A request ended: its blocks are no longer held, and the full blocks of its prompt and what it generated
+        stay cached (the next turn re-sends the answer), until evicted."""
+        with self.lock:
+            self.cache.release(keys)
+            if self.cfg["enable_prefix_caching"]:
+                self.cache.insert(self.cache.hashes(tokens))
 
     def kv_usage(self) -> float:
         with self.lock:
@@ -1315,7 +1446,9 @@ class Handler(BaseHTTPRequestHandler):
             eng.waiting -= 1
             eng.running += 1
             eng.live_tokens[plan.id] = len(plan.prompt)
-        eng.account_prompt(plan.prompt)
+        t_admit = time.monotonic()
+        prefilled_at, held = eng.account_prompt(plan.prompt)
+        out_tokens: list[str] = []  # what it generated, as the next turn's prompt renders it
         if cfg["enable_log_requests"]:
             log(f"Received request {plan.id}: max_tokens={plan.max_tokens}, "
                 f"prompt_tokens={len(plan.prompt)}, stream={plan.stream}")
@@ -1331,7 +1464,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.close_connection = True
                 self._chunk(plan, {"role": "assistant", "content": ""}, None)
-            first_at = t_arrive + cfg["first_token_delay_s"]
+            # the prefill of what the prefix cache did not hold (queued behind the engine's other prefills), then
+            # the set first-token delay; no prefill time: exactly the delay after arriving, as before
+            first_at = t_arrive + cfg["first_token_delay_s"] + max(0.0, prefilled_at - t_admit)
             last_emit = None
             steps = step_end = 0  # engine steps so far; tokens generated when the current step ends
             gen = plan.pieces()
@@ -1356,6 +1491,7 @@ class Handler(BaseHTTPRequestHandler):
                 last_emit = now
                 n_tokens = max(1, len(text.split())) if kind == "tool" else 1
                 generated += n_tokens
+                out_tokens += text.split()
                 with eng.lock:
                     eng.generation_tokens += n_tokens
                     eng.live_tokens[plan.id] += n_tokens
@@ -1398,6 +1534,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             finish = "abort"
         finally:
+            eng.finish_prompt(held, plan.prompt + out_tokens)
             with eng.lock:
                 eng.running -= 1
                 eng.live_tokens.pop(plan.id, None)
@@ -1482,6 +1619,8 @@ def build_config(model: str, v: dict, table: dict) -> dict:
     try:
         rate = float(os.environ.get("SIM_TOKENS_PER_S", "50"))
         first_ms = float(os.environ.get("SIM_FIRST_TOKEN_DELAY_MS", "0"))
+        prefill = float(os.environ.get("SIM_PREFILL_TOKENS_PER_S", str(DEFAULT_PREFILL_TOKENS_PER_S)))
+        host_gb = float(os.environ.get("SIM_HOST_MEMORY_GB", str(SPARK_MEMORY_GB)))
     except ValueError as e:
         raise StartupError("ValueError", f"bad SIM_* setting: {e}")
     port = v.get("port", 8000)
@@ -1505,6 +1644,12 @@ def build_config(model: str, v: dict, table: dict) -> dict:
         "limit_mm_per_prompt": lmm or {},
         "tokens_per_s": rate if rate > 0 else 50.0,
         "first_token_delay_s": max(0.0, first_ms / 1000.0),
+        "prefill_tokens_per_s": max(0.0, prefill),
+        "host_memory_gb": host_gb if host_gb > 0 else SPARK_MEMORY_GB,
+        "block_size": v.get("block_size") or BLOCK_TOKENS,
+        "num_gpu_blocks_override": v.get("num_gpu_blocks_override"),
+        "kv_cache_memory_bytes": v.get("kv_cache_memory_bytes"),
+        "kv_cache_dtype": v.get("kv_cache_dtype"),
         "started": int(time.time()),
         "runner_values": {k: v.get(k) for k in ("runner", "convert", "hf_overrides")},
         "num_speculative_tokens": speculative_tokens(v.get("speculative_config")),
@@ -1702,6 +1847,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"--tool-call-parser {cfg['tool_call_parser']} does not read this model's tool calls "
                     f"({cfg['tool_format']} format): they reach the client as text", "WARNING")
             cfg["hidden_size"] = (config.get("text_config") or config).get("hidden_size", 1024)
+            cfg["kv_cache_blocks"] = kv_cache_blocks(cfg, config, info["weights_bytes"])
+            log(f"GPU KV cache size: {cfg['kv_cache_blocks'] * cfg['block_size']:,} tokens "
+                f"({cfg['kv_cache_blocks']:,} blocks of {cfg['block_size']}; prefill "
+                f"{cfg['prefill_tokens_per_s']:g} tokens/s)")
             if cfg["pooling"]:
                 log(f"Pooling model: task {cfg['pooling']}, {cfg['hidden_size']} dimensions")
             log(f"Using max model len {max_len}")
