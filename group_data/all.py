@@ -160,7 +160,7 @@ front_door_tls_cert = None  # a PEM certificate on the controller: the front doo
 front_door_tls_key = None  # its private key on the controller (shipped 0600, never printed)
 front_door_allow_http = False  # plain http with users (their keys in clear on the LAN): only on a trusted LAN
 # how the door picks an engine for a chat (docs/front-door.md, "Routing"): "bounded" = a conversation's turns on one
-# engine (its prefix cache) unless that engine holds 125 % of the average in flight; "hash" = affinity without a
+# engine (its prefix cache) unless that engine holds 175 % of the average in flight; "hash" = affinity without a
 # bound (before issue 54); "roundrobin" = no affinity
 front_door_routing = "bounded"
 # The fleet CA (made by `sparkfleet init`, beside the secrets): with a front door or a monitoring host, every hop to

@@ -21,8 +21,8 @@ def engines_block(config: str) -> str:
 def test_bounded_is_the_default_and_keys_on_the_person_and_the_first_message():
     block = engines_block(fd_plan.front_door_plan("spark-a", plans(**THREE)).config())
     assert "balance hash var(txn.conversation)" in block and "hash-type consistent" in block
-    assert f"hash-balance-factor {fd_plan.HASH_BALANCE_FACTOR}" in block and fd_plan.HASH_BALANCE_FACTOR == 125
-    assert 'set-var-fmt(txn.conversation) "%[var(txn.user)]/%[var(txn.first)]"' in block
+    assert f"hash-balance-factor {fd_plan.HASH_BALANCE_FACTOR}" in block and fd_plan.HASH_BALANCE_FACTOR == 175
+    assert 'set-var-fmt(txn.conversation) "%[var(txn.user)]/%[var(txn.first)]/%[var(txn.reply1)]"' in block
     assert "roundrobin" not in block
 
 
