@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -291,6 +293,76 @@ def test_rollout_batch_1_stages_a_new_model_everywhere_first_and_fails_no_reques
     assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
     assert {h: r["release_id"] for h, r in records(sim_fleet).items()} == \
         {h: r["release_id"] for h, r in before.items()}
+
+
+def answers_fault(tmp_path, fault: str) -> str:
+    """The door's inventory with the Sparks' stand-ins answering badly (engine_env SIM_ANSWER_FAULT, beside the
+    inventory's own SIM_* knobs): a new release that passes the health gate."""
+    path = tmp_path / f"answers-{fault}.py"
+    path.write_text(Path(door_inventory(tmp_path, f"door-{fault}", USERS)).read_text() +
+                    f"sparks = [(n, {{**d, 'engine_env': {{**d['engine_env'], 'SIM_ANSWER_FAULT': {fault!r}}}}})"
+                    " for n, d in sparks]\n")
+    return str(path)
+
+
+def test_a_release_that_answers_wrong_is_stopped_at_the_canary_and_fails_no_request_through_the_front_door(
+        door, sim_fleet, tmp_path):
+    """Issue 52's quality gate under users' load: a release whose stand-in gives other answers (SIM_ANSWER_FAULT
+    wrong) passes spark-1's health and speed gates, is evaluated there while drained against the running release's
+    answers, and is rolled back: the rollout halts in one line naming a probe and both answers. Then one whose tool
+    calls parse but break their schema (tool_args: the health gate's tool-call check passes) halts naming a tool
+    probe. No host changes release, spark-1 answers as before (eval against the baseline the first rollout kept), no
+    chat through the door fails; spark-1's quality and speed records are put back."""
+    from sparkfleet.contract.paths import QUALITY_FILE, SPEED_FILE
+
+    from .test_lock import records
+
+    inventory, url = door
+    before = records(sim_fleet)
+    kept = " ".join(shlex.quote(f) for f in (QUALITY_FILE, SPEED_FILE))
+    ssh(sim_fleet, "spark-1", f"for f in {kept}; do rm -f $f.e2e; [ ! -e $f ] || cp -a $f $f.e2e; done")
+    found, took = {}, {}
+    try:
+        with Probe(url, USERS["alice"]) as probe:
+            probe.wait_for(10, "requests through the door before the rollouts")
+            for fault in ("wrong", "tool_args"):
+                started = time.monotonic()
+                found[fault] = sparkfleet("rollout", answers_fault(tmp_path, fault), "--batch", "1", "--json")
+                took[fault] = time.monotonic() - started
+            probe.wait_for(10, "requests through the door after the rollouts")
+        again = sparkfleet("eval", inventory, "--limit", "spark-1", "--json", timeout=300)
+    finally:
+        ssh(sim_fleet, "spark-1", f"for f in {kept}; do if [ -e $f.e2e ]; then mv -f $f.e2e $f; else rm -f $f; fi; "
+                                  "done")
+    named = {}
+    for fault, proc in found.items():
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        report = json.loads(proc.stdout)
+        hosts = {h["host"]: h for h in report["hosts"]}
+        [check] = report["quality_gate"]["checks"]
+        assert (check["host"], check["verdict"], report["quality_gate"]["skipped"]) == ("spark-1", "regressed", False)
+        assert report["speed_gate"]["checks"][0]["verdict"] in ("passed", "baseline"), report["speed_gate"]
+        [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("quality gate: spark-1: ") and "fails now" in
+                  ln]
+        probe_id = re.search(r": probe (\S+) passed in the baseline and fails now \(", line)
+        assert probe_id and re.search(r'before ".*", now ".*"; rolled back; halted; override with --no-quality-gate '
+                                      r"\([\d.]+ s\)$", line), line
+        named[fault] = probe_id[1]
+        assert hosts["spark-1"]["result"] == "rolled back" and "previous release restored" in hosts["spark-1"]["detail"]
+        assert [hosts[h]["result"] for h in HOSTS[1:]] == ["not reached"] * 2, hosts
+        assert all("quality gate" in hosts[h]["detail"] for h in HOSTS[1:]), hosts
+        print(f"rollout with answers {fault}: halted by the quality gate in {took[fault]:.0f} s; the gate's "
+              f"evaluations took {check['seconds']} s (baseline: {check['baseline']['source']}): {line}")
+    assert named["wrong"] in ("arithmetic", "extraction"), named  # the exact probes: another answer than before
+    assert named["tool_args"].startswith("tool-"), named
+    assert {h: r["release_id"] for h, r in records(sim_fleet).items()} == \
+        {h: r["release_id"] for h, r in before.items()}
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]  # spark-1 answers as before the rollouts
+    assert [m["verdict"] for h in json.loads(again.stdout)["hosts"] for m in h["models"]] == ["passed"]
+    assert len(probe.results) >= 4 * probe.seconds - 5, (len(probe.results), probe.seconds)
+    assert probe.failures == [], f"{len(probe.failures)} of {len(probe.results)} failed: {probe.failures[:5]}"
+    assert fleet_out_of_step(sim_fleet) == {}
+    assert backend_states(inventory) == {h: "in" for h in HOSTS}
 
 
 def test_a_rollout_killed_after_its_first_drain_leaves_nothing_out_after_the_next_converge(door, sim_fleet, tmp_path):
