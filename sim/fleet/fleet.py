@@ -62,7 +62,8 @@ GPU_THROTTLES = ("none", "idle", "power", "thermal", "hw")  # the stand-in nvidi
 ENGINE_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"  # the stand-in engine's fault knobs (sim/engine)
 ENGINE_KNOBS = {"fault": (str, type(None)), "crash_on_start": (bool,), "load_delay_s": (int, float, str),
                 "spec_acceptance_rate": (int, float, str),  # speculative decoding: share of drafts accepted
-                "ray_wait_s": (int, float, str)}  # Ray backend: seconds to wait for the GPU nodes before exit 1
+                "ray_wait_s": (int, float, str),  # Ray backend: seconds to wait for the GPU nodes before exit 1
+                "answer_fault": (str, type(None))}  # wrong | tool_text | cut | tool_args | none (docs/quality.md)
 STOP_TIMEOUT = "30"
 # What this machine allows for a systemd container (no --privileged: the VM lacks CAP_SYS_RESOURCE).
 SYSTEMD_FLAGS = ["--cap-add=ALL", "--cap-drop=SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
@@ -740,6 +741,8 @@ def set_engine(host: str, live: bool = False, **knobs) -> dict:
         raise SimError(f"unknown engine knob(s) {bad}: known are {sorted(ENGINE_KNOBS)}")
     if knobs.get("fault") in ("none", ""):
         knobs["fault"] = None
+    if knobs.get("answer_fault") in ("none", ""):
+        knobs["answer_fault"] = None
     if knobs.get("fault") not in (None, "hang", "generation-hang"):
         raise SimError(f"engine fault {knobs['fault']!r}: use hang, generation-hang or none")
     if "spec_acceptance_rate" in knobs:
