@@ -189,6 +189,18 @@ def test_streams_may_fail_only_when_in_flight_at_the_fault_and_only_with_an_erro
     assert not goals([result("engine-killed")], [quiet])["streaming"].ok
 
 
+def test_a_request_started_after_a_freeze_or_hang_that_waits_past_the_bound_fails_no_stall():
+    """Issue 54: the door gets clients out of a frozen or hung engine in seconds; a killed one is not judged here
+    (its requests fail fast), nor a request in flight at the fault, nor a stream (its time is its answer's)."""
+    assert goals([result("engine-frozen")], [req(101, 101 + soak.STALL_BOUND_S)])["no stall"].ok
+    for fault in soak.STALL_FAULTS:
+        found = goals([result(fault)], [req(102, 102 + soak.STALL_BOUND_S + 0.5)])["no stall"]
+        assert not found.ok and fault in found.detail and "10.5 s" in found.detail
+    assert goals([result("engine-killed")], [req(102, 130)])["no stall"].ok
+    assert goals([result("engine-frozen")], [req(99, 130)])["no stall"].ok  # in flight at the fault
+    assert goals([result("engine-frozen")], [req(102, 130, "stream")])["no stall"].ok
+
+
 def test_a_frozen_engine_healed_late_or_by_a_command_fails_the_heal_goal():
     """The freeze right after a start (issue 35): on today's main the watchdog counts it as starting, the soak
     unpauses it itself at the fault's bound: a command was needed."""

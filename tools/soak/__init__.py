@@ -424,6 +424,10 @@ class FaultResult:
 
 
 DOOR_TAKEOVER_S = 5.0  # issue 37: new requests served by the other door this soon after the holder is lost
+# issue 54: a non-streaming request started after a freeze or a hang waits at most this: the door marks the engine
+# down in ~3.5 s (two missed 1 s checks) and ends what it held, the door or the client sends it elsewhere
+STALL_BOUND_S = 10.0
+STALL_FAULTS = ("engine-frozen", "frozen-after-restart", "engine-hung")
 GOALS = {
     "non-streaming": "non-streaming requests: 0 failed in every fault where another host serves the model",
     "streaming": "streams fail only when in flight at the fault, each ended with an error before the client's timeout",
@@ -432,6 +436,8 @@ GOALS = {
     "door lost": f"the door holding the address lost: the other serves within {DOOR_TAKEOVER_S:g} s, failures at "
                  "most the requests in flight",
     "nothing lost": "after the storm: 0 changes on a converge, every nothing-lost check passes",
+    "no stall": f"a frozen or hung engine: no non-streaming request started after the fault waits more than "
+                f"{STALL_BOUND_S:g} s",
 }
 
 
@@ -523,6 +529,16 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
                                                            f"{min(served) - r.injected:.1f} s later" if served else
                                                            "no request sent after it was served"))
 
+    stalls = []
+    for r, during in windows:
+        if r.fault not in STALL_FAULTS:
+            continue
+        late = [q for q in during if q.kind != "stream" and q.start >= r.injected and q.latency_s > STALL_BOUND_S]
+        if late:
+            worst = max(late, key=lambda q: q.latency_s)
+            stalls.append(f"{r.fault} on {r.host}: {len(late)} started after it waited over {STALL_BOUND_S:g} s "
+                          f"(the longest {worst.latency_s:.1f} s, {worst.start - r.injected:.1f} s after it)")
+
     lost = [p for problems in checks.values() for p in problems]
     if converge_changes is None:
         lost.insert(0, "the converge afterwards did not report")
@@ -534,7 +550,8 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
                                                                    else "") if problems else "met")
 
     return [goal("non-streaming", bad_plain), goal("streaming", bad_streams), goal("engine heals alone", bad_heals),
-            goal("powered-off host back", bad_power), goal("door lost", bad_doors), goal("nothing lost", lost)]
+            goal("powered-off host back", bad_power), goal("door lost", bad_doors), goal("nothing lost", lost),
+            goal("no stall", stalls)]
 
 
 # --- the nothing-lost checks -------------------------------------------------------------------------------------
