@@ -1,0 +1,194 @@
+"""What a frozen or killed engine costs the office behind the front door (issue 54), on the simulated fleet.
+
+    flock /tmp/sparkfleet-e2e.lock .venv/bin/python -m tools.bench_freeze [INVENTORY] [--json PATH]
+
+INVENTORY (default inventory/sim_front_door.py) is the simulated fleet's with its door. A user of the bench's own is
+added (a secrets file in a private temporary directory) and the door converged with it; then, for each scenario
+(the engine frozen with `docker pause`, or killed with `docker kill`; the official openai client at its default
+two retries, or with none), `--clients` threads send plain chats (non-streamed, each its own conversation) through
+the door: `--quiet-s` of quiet, the fault on the first Spark, `--after-s` more. It prints, per scenario, the
+completions in each 5-second window (quiet ones first), the quiet rate, the longest wait of a request started
+after the fault, the failures (by what the client saw), and whether a window after the fault completed fewer than
+half the quiet rate. A frozen engine is unpaused after its window (the watchdog would restart it later), a killed
+one restarts alone; the next scenario waits for every engine to serve. At the end the door is converged back on
+INVENTORY's own users (as the e2e fixtures expect it). Only the fleet's containers are touched (tools/soak_fleet.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkfleet.refused import Refused
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW_S = 5.0
+STALL_BOUND_S = 10.0  # issue 54's goal: no plain request started after the fault waits longer
+USER = "bench-freeze"
+
+
+@dataclass(frozen=True)
+class Done:
+    start: float  # seconds from the fault (negative: before it)
+    end: float
+    outcome: str  # "ok" or what the client saw (tools/soak failure_class)
+
+
+def windows(done: Sequence[Done], quiet_s: float, after_s: float) -> dict:
+    """Completions per 5-second window (by their end), the quiet rate (the quiet windows' mean), the longest wait of
+    a request started after the fault, the failures by class, and the windows after the fault under half the quiet
+    rate."""
+    edges = [-quiet_s + WINDOW_S * i for i in range(int((quiet_s + after_s) // WINDOW_S))]
+    counts = [sum(1 for d in done if d.outcome == "ok" and lo <= d.end < lo + WINDOW_S) for lo in edges]
+    quiet = [c for lo, c in zip(edges, counts, strict=True) if lo + WINDOW_S <= 0]
+    rate = sum(quiet) / len(quiet) if quiet else 0.0
+    after = [(lo, c) for lo, c in zip(edges, counts, strict=True) if lo >= 0]
+    late = [d for d in done if d.start >= 0]
+    failed: dict[str, int] = {}
+    for d in done:
+        if d.outcome != "ok" and d.end >= 0:
+            failed[d.outcome] = failed.get(d.outcome, 0) + 1
+    return {"windows": [{"from_s": lo, "completed": c} for lo, c in zip(edges, counts, strict=True)],
+            "quiet_rate": round(rate, 1),
+            "max_wait_after_s": round(max((d.end - d.start for d in late), default=0.0), 2),
+            "over_bound": sum(1 for d in late if d.end - d.start > STALL_BOUND_S),
+            "failed": dict(sorted(failed.items())), "requests": len(done),
+            "low_windows": [lo for lo, c in after if c < rate / 2]}
+
+
+def load(url: str, model: str, key: str, clients: int, retries: int, seconds: float, fault_at: list[float],
+         out: list[Done]) -> None:
+    """`clients` threads of plain chats for `seconds`; each request logged against the fault's time (fault_at[0],
+    set when it is injected)."""
+    from openai import OpenAI
+
+    from tools.soak import failure_class
+
+    deadline = time.monotonic() + seconds
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, timeout=60, max_retries=retries)
+        turn = 0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                client.chat.completions.create(model=model, max_tokens=16, messages=[
+                    {"role": "user", "content": f"bench-freeze client {n} turn {turn} at {started:.3f}"}])
+                outcome = "ok"
+            except Exception as exc:  # every failure is data: what the client saw
+                outcome = failure_class(exc)
+            with lock:
+                out.append(Done(started, time.monotonic(), outcome))
+            turn += 1
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 180)
+
+
+def scenario(fleet, url: str, model: str, key: str, fault: str, retries: int, args) -> dict:
+    host = fleet.hosts[0]
+    waited = time.monotonic()
+    while not fleet.serving(None):
+        if time.monotonic() - waited > 300:
+            raise Refused("the fleet did not serve again within 300 s: not measured further")
+        time.sleep(3)
+    done: list[Done] = []
+    fault_at: list[float] = []
+    runner = threading.Thread(target=load, args=(url, model, key, args.clients, retries,
+                                                 args.quiet_s + args.after_s, fault_at, done), daemon=True)
+    runner.start()
+    time.sleep(args.quiet_s)
+    fault_at.append(time.monotonic())
+    verb = "pause" if fault == "freeze" else "kill"
+    fleet.sh(host, f"docker {verb} {fleet.engine(host)}")
+    noticed = None
+    while runner.is_alive():
+        if noticed is None and fleet.door_states().get(host) not in ("in", None):
+            noticed = time.monotonic() - fault_at[0]
+        runner.join(0.5)
+    if fault == "freeze":
+        fleet.sh(host, f"docker unpause {fleet.engine(host)} 2>/dev/null; true")
+    t0 = fault_at[0]
+    shifted = [Done(d.start - t0, d.end - t0, d.outcome) for d in done]
+    return {"fault": fault, "host": host, "client_retries": retries, "door_marked_down_s":
+            None if noticed is None else round(noticed, 1), **windows(shifted, args.quiet_s, args.after_s)}
+
+
+def print_table(results: list[dict]) -> None:
+    for r in results:
+        counts = " ".join(f"{w['completed']}" + ("|" if w["from_s"] + WINDOW_S == 0 else "")
+                          for w in r["windows"])
+        print(f"{r['fault']:6} retries={r['client_retries']}: windows (5 s, | = the fault) {counts}")
+        print(f"        quiet {r['quiet_rate']}/window, door marked down at {r['door_marked_down_s']} s, longest "
+              f"wait started after the fault {r['max_wait_after_s']} s ({r['over_bound']} over "
+              f"{STALL_BOUND_S:g} s), failed {r['failed'] or 0} of {r['requests']}, windows under half the quiet "
+              f"rate: {r['low_windows'] or 'none'}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_freeze", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inventory", nargs="?", default=str(ROOT / "inventory" / "sim_front_door.py"))
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--quiet-s", type=float, default=20.0)
+    parser.add_argument("--after-s", type=float, default=45.0)
+    parser.add_argument("--faults", default="freeze,kill", help="freeze, kill or both (comma-separated)")
+    parser.add_argument("--retries", default="2,0", help="the openai client's max_retries to run, comma-separated")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    if not 1 <= args.clients <= 16:
+        parser.error("--clients: from 1 to 16")
+    if set(args.faults.split(",")) - {"freeze", "kill"}:
+        parser.error("--faults: freeze, kill")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent patches ssl before clients import it)
+
+    from tools import soak_fleet
+
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="sparkfleet-bench-freeze-") as workdir:
+        os.chmod(workdir, 0o700)
+        fleet = soak_fleet.Fleet(args.inventory, Path(workdir))
+        try:
+            fleet.write_inventory()
+            key = fleet.add_user(USER)
+            fleet.converge_door()
+            url, model, _ = fleet.door_url_model()
+            for fault in args.faults.split(","):
+                for retries in (int(r) for r in args.retries.split(",")):
+                    results.append(scenario(fleet, url, model, key, fault, retries, args))
+                    print_table(results[-1:])
+                    sys.stdout.flush()
+        except Refused as exc:
+            print(f"bench_freeze: {exc}", file=sys.stderr)
+            return exc.code
+        finally:
+            for host in fleet.hosts:  # nothing left paused, whatever happened
+                fleet.sh(host, f"docker unpause {fleet.engine(host)} 2>/dev/null; true")
+            fleet.converge_door(inventory=fleet.base)  # the door back on the inventory's own users
+            fleet.close()
+    print("\nsummary")
+    print_table(results)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
