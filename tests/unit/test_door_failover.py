@@ -32,6 +32,8 @@ class Engine:
 
     def __init__(self, name: str):
         self.name, self.delay_s, self.frozen, self.served = name, 0.0, threading.Event(), 0
+        self.dead: str | None = None  # "503": its guard cannot reach it; "drop": it dies holding each request
+        self.lost = 0  # requests (not checks) that reached it dead
         self.thawed = threading.Event()
         engine = self
 
@@ -42,6 +44,17 @@ class Engine:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if engine.frozen.is_set():
                     engine.thawed.wait(120)
+                    return
+                if engine.dead and body.get("max_tokens") != 1:
+                    engine.lost += 1
+                if engine.dead == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if engine.dead == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if body.get("max_tokens") != 1:  # not a check's probe
                     time.sleep(engine.delay_s)
@@ -204,4 +217,23 @@ def test_a_frozen_engine_ends_what_it_holds_within_seconds_and_later_requests_go
     finally:
         engines[victim].delay_s = 0.0
         engines[victim].thaw()
+    wait_for(lambda: all_in(runtime), 20)
+
+
+@pytest.mark.parametrize("death", ["503", "drop"])
+def test_a_dead_engine_fails_no_plain_request_of_a_client_without_retries(door, death):
+    """Killed under load: its guard answers 503 (nothing reached it) or it dies holding the request (no answer):
+    the door sends each to another engine, before and after the mark-down; the client never retries."""
+    url, engines, runtime = door
+    wait_for(lambda: all_in(runtime), 20)
+    engines["spark-b"].dead, engines["spark-b"].lost = death, 0
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda n: ask(url, [{"role": "user", "content": f"plain {n}"}],
+                                                  key=(ALICE, BOB)[n % 2], timeout=30), range(40)))
+        assert engines["spark-b"].lost > 0  # some reached it before its mark-down
+        assert [r.status_code for r in replies] == [200] * 40
+        assert all(r.json()["choices"][0]["message"]["content"] != "spark-b" for r in replies)
+    finally:
+        engines["spark-b"].dead = None
     wait_for(lambda: all_in(runtime), 20)
