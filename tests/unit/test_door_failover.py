@@ -237,3 +237,22 @@ def test_a_dead_engine_fails_no_plain_request_of_a_client_without_retries(door, 
     finally:
         engines["spark-b"].dead = None
     wait_for(lambda: all_in(runtime), 20)
+
+
+def test_a_long_answer_on_a_healthy_engine_is_untouched(door):
+    """No false mark-down: an answer that takes longer than the door needs to mark a frozen engine down (~3.5 s)
+    comes back whole from its engine, which stays in (its checks answer meanwhile); nothing times it out short of
+    the 15-minute inactivity timeout."""
+    url, engines, runtime = door
+    wait_for(lambda: all_in(runtime), 20)
+    messages = [{"role": "user", "content": "a long answer, please"}]
+    where = ask(url, messages).json()["choices"][0]["message"]["content"]
+    engines[where].delay_s = 8.0
+    try:
+        started = time.monotonic()
+        reply = ask(url, messages, timeout=30)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == where
+        assert time.monotonic() - started >= 8.0
+        assert all_in(runtime)
+    finally:
+        engines[where].delay_s = 0.0
