@@ -169,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet.write_inventory()
             key = fleet.add_user(USER)
             fleet.converge_door()
-            url, model, _ = fleet.door_url_model()
+            from sparkfleet.fleet.front_door.commands import bench_target
+
+            url, model, _ = bench_target(fleet.inventory, USER)
             for fault in args.faults.split(","):
                 for retries in (int(r) for r in args.retries.split(",")):
                     results.append(scenario(fleet, url, model, key, fault, retries, args))
