@@ -113,7 +113,8 @@ def one_turn(url: str, key: str, model: str, messages: list, max_tokens: int) ->
     with requests.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, stream=True,
                        timeout=120, json={"model": model, "messages": messages, "max_tokens": max_tokens,
                                           "stream": True, "chat_template_kwargs": {"enable_thinking": False}}) as r:
-        r.raise_for_status()
+        if r.status_code != 200:  # the engine's reason (a context overflow, say) in the report
+            raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
         for line in r.iter_lines():
             if not line.startswith(b"data: {"):
                 continue
