@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from sparkfleet.refused import INVALID, Refusal, Refused
 
@@ -63,6 +65,32 @@ def batched(parser: argparse.ArgumentParser) -> None:
     limit(parser)
     data(parser)
     as_json(parser, "print the report as JSON")
+
+
+@dataclass(frozen=True)
+class PlannedSparks:
+    ca: Any  # the fleet CA the guards' TLS client trusts (roles/pki.py hosts_ca), None where the hops are plain
+    hosts: dict[str, dict]  # name -> inventory data
+    settings: dict[str, Any]  # name -> Settings
+    groups: dict[str, Any]  # name -> its tensor-parallel group (release/group.py)
+
+
+def planned_sparks(inventory: str, limit: str | None) -> PlannedSparks:
+    """The Sparks a fleet command asks (a `--limit`'s whole tensor-parallel groups), with their settings, their
+    groups and the fleet CA the guards' TLS client trusts; a group's problem refused before any host is asked."""
+    from sparkfleet.contract.settings import SettingsError, parse_settings
+    from sparkfleet.controller.inventory import load_hosts, spark_hosts
+    from sparkfleet.fleet.rollout import load_whole_groups
+    from sparkfleet.release.group import plan_groups
+    from sparkfleet.roles.pki import hosts_ca
+
+    ca = hosts_ca(load_hosts(inventory))  # the guards serve TLS: ask them with the fleet's certificate
+    hosts = dict(spark_hosts(load_whole_groups(inventory, limit)))
+    settings = {name: parse_settings(name, data) for name, data in hosts.items()}
+    groups, problems = plan_groups(settings)
+    if problems:
+        raise SettingsError(problems)
+    return PlannedSparks(ca, hosts, settings, groups)
 
 
 @contextmanager

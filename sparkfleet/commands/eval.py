@@ -52,21 +52,12 @@ def rows(hosts) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
 
 
 def run(args) -> int:
-    from sparkfleet.contract.settings import SettingsError, parse_settings
-    from sparkfleet.controller.inventory import load_hosts, spark_hosts
     from sparkfleet.fleet.quality import QualityGate, evaluate_hosts, read_records
-    from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import quiet_connections
-    from sparkfleet.release.group import plan_groups
-    from sparkfleet.roles.pki import hosts_ca
     from sparkfleet.tables import clean, print_table
 
-    ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
-    hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
-    settings = {name: parse_settings(name, data) for name, data in hosts.items()}
-    groups, problems = plan_groups(settings)
-    if problems:
-        raise SettingsError(problems)
+    sparks = common.planned_sparks(args.inventory, args.limit)
+    ca, hosts, settings, groups = sparks.ca, sparks.hosts, sparks.settings, sparks.groups
     serving = [name for name in hosts if name not in groups or groups[name].head == name]  # a worker serves none
     quiet_connections()
     installed, records = read_records(args.inventory, serving)

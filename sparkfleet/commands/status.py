@@ -19,25 +19,16 @@ def arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sparkfleet.contract.settings import SettingsError, parse_settings
     from sparkfleet.fleet.alerts import alerts_ok, fleet_alerts
     from sparkfleet.fleet.converge import read_hosts
     from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
     from sparkfleet.roles.front_door.holds import door_ok
-    from sparkfleet.controller.inventory import load_hosts, spark_hosts
     from sparkfleet.fleet.tls import guard_client
-    from sparkfleet.roles.pki import hosts_ca
-    from sparkfleet.fleet.rollout import load_whole_groups
     from sparkfleet.fleet.status import fleet_rows, host_row, quiet_connections, ssh_facts, status_table
-    from sparkfleet.release.group import plan_groups
     from sparkfleet.tables import LOG_WIDTH, console, literal, narrow, print_table
 
-    ca = hosts_ca(load_hosts(args.inventory))  # the guards serve TLS: ask them with the fleet's certificate
-    hosts = dict(spark_hosts(load_whole_groups(args.inventory, args.limit)))
-    settings = {name: parse_settings(name, data) for name, data in hosts.items()}
-    groups, problems = plan_groups(settings)
-    if problems:
-        raise SettingsError(problems)
+    sparks = common.planned_sparks(args.inventory, args.limit)
+    ca, hosts, settings, groups = sparks.ca, sparks.hosts, sparks.settings, sparks.groups
     quiet_connections()  # no SSH library's traceback on the terminal: the table says "unreachable over SSH"
     facts = read_hosts(args.inventory, list(hosts),
                        lambda h: ssh_facts(h, groups.get(h.name), settings[h.name]))

@@ -254,6 +254,16 @@ def haproxy_serving(config: str, tmp, moved: dict[str, str], url: str):
         proc.wait()
 
 
+def admin_command(admin: str, command: str) -> str:
+    """One command on HAProxy's admin socket (`show stat`, `disable server ...`) and its whole answer."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(admin)
+        sock.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+
+
 def door_files(door, directory: Path) -> None:
     """A front door's files as its stage writes them, into `directory` (its FRONT_DOOR_DIR moved there): the maps
     and the usage Lua file, and the status page's viewers where the door offers it."""

@@ -20,7 +20,7 @@ from sparkfleet.fleet.front_door import runtime as fd_runtime
 from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.tiers import needs
-from .helpers import door_files, start_haproxy, wait_for
+from .helpers import admin_command, door_files, start_haproxy, wait_for
 from .test_front_door import ALICE, BOB, NAME, plans
 
 NAMES = ("spark-a", "spark-b", "spark-c")
@@ -112,10 +112,7 @@ def door(tmp_path_factory):
     url, admin = f"http://127.0.0.1:{port}", str(tmp / "admin.sock")
 
     def runtime(command: str) -> str:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(admin)
-            sock.sendall(command.encode() + b"\n")
-            return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+        return admin_command(admin, command)
 
     try:
         wait_for(lambda: {r["state"] for r in fd_runtime.backend_states(runtime("show stat")).values()} == {"in"})

@@ -19,7 +19,7 @@ from sparkfleet.contract.settings import SettingsError, parse_settings
 from sparkfleet.contract.monitoring import FRONT_DOOR_METRICS_PATH
 
 from tests.tiers import needs
-from .helpers import KEY, Server, host_data, make_model, door_files, start_haproxy, wait_for
+from .helpers import KEY, Server, admin_command, door_files, host_data, make_model, start_haproxy, wait_for
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 NAME = "Qwen3.5-35B-A3B"
@@ -183,10 +183,7 @@ def haproxy_door(tmp_path_factory):
     admin = str(tmp / "admin.sock")
 
     def runtime(command: str) -> str:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(admin)
-            sock.sendall(command.encode() + b"\n")
-            return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+        return admin_command(admin, command)
 
     try:
         wait_for(lambda: requests.get(f"{url}/health").status_code == 200 and
