@@ -158,9 +158,11 @@ def test_twelve_conversations_with_one_first_message_spread_and_each_keeps_its_e
             e.delay_s = 0.0
     counts = {name: sum(r.count(name) for r in runs) for name in NAMES}
     assert max(counts.values()) <= 0.6 * 48, counts  # unbounded, one message: all 48 on one engine
-    # from its second turn (its first answer in the key) a conversation keeps its engine unless the bound moved it
+    # from its second turn (its first answer in the key) a conversation keeps its engine unless the bound moved it:
+    # how many the bound moves depends on the timing (8-11 of 12 kept on an idle machine, 7 seen under CI's other
+    # lane), so the floor is what no affinity would give: turns 2-4 on one engine of three by chance, 1 in 9
     stuck = sum(len(set(r[1:])) == 1 for r in runs)
-    assert stuck >= 8, runs
+    assert stuck >= 4, runs
     # alone (no load), every turn from the second reaches the same engine: the key holds across turns
     for n in range(3):
         messages, seen = [system, first, {"role": "assistant", "content": f"alone {n}"}], []
