@@ -147,9 +147,11 @@ def test_prefill_time_is_the_uncached_tokens_at_the_set_rate(model_dir):
     finally:
         server.stop()
     assert n_short >= 590 and n_long >= 1190
-    assert 0.05 + n_short / 1000 <= short < 0.05 + n_short / 1000 + 0.4
-    assert 0.05 + n_long / 1000 <= long_ < 0.05 + n_long / 1000 + 0.4
-    assert 0.05 <= again < 0.05 + 0.3  # 16 tokens or so of prefill
+    # the prefill's time is a floor (a sleep); what a loaded machine adds on top is not this test's business, so the
+    # ceilings are loose: the uncached long prompt pays its whole prefill, the same prompt again less than the short's
+    assert 0.05 + n_short / 1000 <= short < 0.05 + n_short / 1000 + 2.0
+    assert 0.05 + n_long / 1000 <= long_ < 0.05 + n_long / 1000 + 2.0
+    assert 0.05 <= again < 0.05 + n_short / 1000  # 16 tokens or so of prefill, against the short prompt's 590
 
 
 def test_prefills_queue_behind_each_other_on_one_engine(model_dir):
