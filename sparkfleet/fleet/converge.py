@@ -65,6 +65,30 @@ def connected(inventory_path: str, hosts: list[str], data: dict | None = None):
                 disconnect_all(state)
 
 
+def wrote_state_file(inventory_path: str, host: str, path: str, text: str, also: str = "") -> bool:
+    """`text` put whole at `path` on `host` (a temporary file beside it, then a rename: a reader never sees half
+    of it), under the state directory, in one SSH command with the host's escalation; `also`: a shell command run
+    after it in the same round trip. Whether it was written: a gate's record (the speed and quality records) is
+    reported when it was not, never fatal."""
+    import shlex
+
+    from sparkfleet.contract.paths import STATE_DIR
+    from sparkfleet.host.run import as_the_host_runs
+
+    command = f"umask 022 && mkdir -p {shlex.quote(STATE_DIR)} && {replace_file_command(path, text)}"
+    command += f" && {also}" if also else ""
+    with connected(inventory_path, [host]) as (state, limit):
+        return bool(limit) and limit[0] not in state.failed_hosts and as_the_host_runs(limit[0], command)[0]
+
+
+def replace_file_command(path: str, text: str) -> str:
+    """A shell command putting `text` at `path` whole: a temporary file beside it, then a rename."""
+    import shlex
+
+    tmp = f"{path}.tmp"
+    return f"printf '%s' {shlex.quote(text)} > {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+
+
 def read_hosts(inventory_path: str, hosts: list[str], reader) -> dict[str, dict | None]:
     """reader(host) -> dict for each host that answers over SSH; None for those that do not."""
     with connected(inventory_path, hosts) as (state, limit):

@@ -283,8 +283,7 @@ class QualityGate:
         """Write the host's quality record with this evaluation as the release's latest (and its baseline where it
         has none yet and a model was evaluated), and its textfile for the node exporter, in one SSH round trip;
         whether it was written (a failure is reported, never fatal)."""
-        from sparkfleet.fleet.converge import connected
-        from sparkfleet.host.run import as_the_host_runs
+        from sparkfleet.fleet.converge import wrote_state_file
 
         kept = self.kept.get(host, {})
         baseline = self.baseline(host, release)
@@ -295,22 +294,18 @@ class QualityGate:
         first = Eval(last.at, evaluated) if evaluated else None
         text = render_record(kept, release, last, first)
         metrics = metrics_text(last, monitoring.QUALITY_SCORE_METRIC, monitoring.QUALITY_BELOW_METRIC)
-        command = write_command(text, metrics)
-        with connected(self.inventory, [host]) as (state, limit):
-            ok = bool(limit) and limit[0] not in state.failed_hosts and as_the_host_runs(limit[0], command)[0]
+        ok = wrote_state_file(self.inventory, host, paths.QUALITY_FILE, text, also=textfile_command(metrics))
         if ok:
             self.kept[host] = parse_record(json.loads(text))
         return ok
 
 
-def write_command(record: str, metrics: str) -> str:
-    """One shell command: the record in place (a temporary file, then a rename), and the textfile where the node
-    exporter's directory is (a host of a monitored fleet)."""
-    q = shlex.quote
-    tmp, prom = f"{paths.QUALITY_FILE}.tmp", f"{monitoring.QUALITY_TEXTFILE}.tmp"
-    return (f"umask 022 && mkdir -p {q(paths.STATE_DIR)} && printf '%s' {q(record)} > {q(tmp)} && "
-            f"mv -f {q(tmp)} {q(paths.QUALITY_FILE)} && {{ [ ! -d {q(monitoring.TEXTFILE_DIR)} ] || "
-            f"{{ printf '%s' {q(metrics)} > {q(prom)} && mv -f {q(prom)} {q(monitoring.QUALITY_TEXTFILE)}; }}; }}")
+def textfile_command(metrics: str) -> str:
+    """The quality textfile put in place where the node exporter's directory is (a host of a monitored fleet)."""
+    from sparkfleet.fleet.converge import replace_file_command
+
+    return (f"{{ [ ! -d {shlex.quote(monitoring.TEXTFILE_DIR)} ] || "
+            f"{{ {replace_file_command(monitoring.QUALITY_TEXTFILE, metrics)}; }}; }}")
 
 
 # --- `sparkfleet eval` -------------------------------------------------------------------------------------------

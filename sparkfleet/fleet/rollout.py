@@ -40,9 +40,6 @@ from sparkfleet.fleet.converge import HostResult, read_hosts, run_deploy
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
 from sparkfleet.fleet.speed import ReachError, SpeedCheck, SpeedError
 
-QUALITY_OVERRIDE = "override with --no-quality-gate"  # fleet/quality.py OVERRIDE: the gate's lines end with it
-
-
 def members_of(plans) -> dict[str, Cohort]:
     """{member: its group's members, head first} from the plans (single hosts are not in it)."""
     return {p.name: tuple(p.group.members) for p in plans if p.group}
@@ -374,6 +371,8 @@ def quality_gate(quality, check: QualityCheck, log, then: str = "rolled back; ha
 
     Kept on the host: a baseline measured now (the replaced release's, whatever the verdict), and the new release's
     evaluation only when the gate passed (a failing one must never become its release's baseline)."""
+    from sparkfleet.fleet.quality import OVERRIDE  # loaded already: `quality` is its QualityGate
+
     started = time.monotonic()
     check.measured = found = quality.measure(check.host, baseline=check.baseline)
     check.seconds += time.monotonic() - started
@@ -384,7 +383,7 @@ def quality_gate(quality, check: QualityCheck, log, then: str = "rolled back; ha
     elif lost:
         check.verdict = "not evaluated"
         halt = check.line = (f"{check.host}: {lost[0]}: not evaluated on the new release after its health gate passed "
-                             f"({_not_evaluated(found[lost[0]])}); {then}; {QUALITY_OVERRIDE}")
+                             f"({_not_evaluated(found[lost[0]])}); {then}; {OVERRIDE}")
     else:
         judged = [m for m, e in found.items() if e.evaluated and (check.baseline or {}).get(m) is not None
                   and check.baseline[m].evaluated]

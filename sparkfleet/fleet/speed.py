@@ -222,17 +222,10 @@ class SpeedGate:
     def keep(self, host: str, figures: dict[str, Figures]) -> bool:
         """Write the host's speed record with these releases' figures, in one SSH round trip; whether it was
         written (a failure is reported, never fatal: the next rollout then measures its baseline again)."""
-        import shlex
-
-        from sparkfleet.fleet.converge import connected
-        from sparkfleet.host.run import as_the_host_runs
+        from sparkfleet.fleet.converge import wrote_state_file
 
         text = render_record(self.kept.get(host, {}), figures)
-        tmp = f"{paths.SPEED_FILE}.tmp"
-        command = (f"umask 022 && mkdir -p {shlex.quote(paths.STATE_DIR)} && printf '%s' {shlex.quote(text)} > "
-                   f"{shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(paths.SPEED_FILE)}")
-        with connected(self.inventory, [host]) as (state, limit):
-            ok = bool(limit) and limit[0] not in state.failed_hosts and as_the_host_runs(limit[0], command)[0]
+        ok = wrote_state_file(self.inventory, host, paths.SPEED_FILE, text)
         if ok:
             self.kept[host] = parse_record(json.loads(text))
         return ok
