@@ -67,6 +67,13 @@ def batched(parser: argparse.ArgumentParser) -> None:
     as_json(parser, "print the report as JSON")
 
 
+def no_quality_gate(parser: argparse.ArgumentParser) -> None:
+    """rollout's and upgrade's --no-quality-gate, beside `batched`'s --no-speed-gate (a rollback evaluates nothing)."""
+    parser.add_argument("--no-quality-gate", action="store_true",
+                        help="evaluate nothing: the canary's answers are not held to its previous release's "
+                             "(the probe suite, docs/quality.md)")
+
+
 @dataclass(frozen=True)
 class PlannedSparks:
     ca: Any  # the fleet CA the guards' TLS client trusts (roles/pki.py hosts_ca), None where the hops are plain

@@ -13,14 +13,7 @@ HELP = "converge the fleet batch by batch; halt on failures, undo failed release
 
 def arguments(parser) -> None:
     common.batched(parser)
-    no_quality_gate(parser)
-
-
-def no_quality_gate(parser) -> None:
-    """rollout's and upgrade's --no-quality-gate, beside --no-speed-gate."""
-    parser.add_argument("--no-quality-gate", action="store_true",
-                        help="evaluate nothing: the canary's answers are not held to its previous release's "
-                             "(the probe suite, docs/quality.md)")
+    common.no_quality_gate(parser)
 
 
 def run(args) -> int:

@@ -14,10 +14,8 @@ HELP = ("upgrade the hosts' platform packages within the apt pins batch by batch
 
 
 def arguments(parser) -> None:
-    from sparkfleet.commands.rollout import no_quality_gate
-
     common.batched(parser)
-    no_quality_gate(parser)
+    common.no_quality_gate(parser)
     parser.add_argument("--dry", action="store_true",
                         help="touch nothing: per host, the packages that would change and whether it would reboot")
 
