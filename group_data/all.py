@@ -210,3 +210,15 @@ monitoring_min_sm_clock_mhz = 1000  # a busy GB10's SM clock below this is clock
 monitoring_drained_max_s = 86400  # a host drained at a front door longer than this fires an alert
 alertmanager_port = 9093  # Alertmanager on 127.0.0.1 of a monitoring host, when alertmanager_webhook_url is set
 alertmanager_webhook_url = None  # secret: where Alertmanager posts firing alerts; None = no Alertmanager
+
+# --- Backups (docs/backups.md): the office's data off the box that holds it, kept by restic, encrypted ---
+# the repository: None is the host of the group `backup` (an SFTP-only user there); or an office's own restic
+# repository without credentials (sftp:USER@HOST:/PATH, rest:https://HOST:PORT/PATH, s3:HOST/BUCKET)
+backup_repository = None
+backup_interval_s = 3600  # the data hosts' timer (the chat UI's, the doors'): the restore point
+backup_keep_hourly = 24  # retention, pruned after each good backup (restic forget --prune): hourly snapshots kept
+backup_keep_daily = 7  # daily snapshots kept (the last of each day)
+backup_keep_weekly = 4  # weekly snapshots kept (the last of each week)
+# the office's one backup password on the controller (0600; `sparkfleet init` makes it and shows it once): every
+# repository's password and key are derived from it; a restore on a new controller needs it and the inventory
+controller_backup_password_file = None

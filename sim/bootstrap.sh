@@ -12,7 +12,7 @@
 # under a second.  Must run as root (CI and the dev machines are root).
 set -euo pipefail
 
-PACKAGES=(docker.io debootstrap gnupg dpkg-dev openssh-client ca-certificates iptables haproxy keepalived tcpdump prometheus prometheus-node-exporter chromium chromium-driver socat)
+PACKAGES=(docker.io debootstrap gnupg dpkg-dev openssh-client ca-certificates iptables haproxy keepalived tcpdump prometheus prometheus-node-exporter chromium chromium-driver socat restic sqlite3)
 LOG=${SPARKFLEET_DOCKERD_LOG:-/var/log/sparkfleet-dockerd.log}
 WAIT_S=${SPARKFLEET_DOCKERD_WAIT_S:-90}
 

@@ -34,11 +34,12 @@ BASE_PACKAGES = [
     "haproxy", "socat",  # the guard and the front door: the deploy ensures them, a converge need not wait on apt
     "keepalived",  # two or more front doors' floating address (Debian's unit needs a config it has not: it stays off)
     "prometheus-node-exporter", "prometheus",  # node metrics on every Spark, Prometheus on a monitoring host: the same
+    "restic",  # backups of a data host's source (the chat UI's, a door's usage): the deploy ensures it, as HAProxy
 ]
 # A service host (front door, monitoring; sim/images/service-host): a plain Debian box, no Docker, no GPU stand-ins.
 SERVICE_HOST_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "ca-certificates", "curl", "iproute2",
-    "procps", "netbase", "less", "haproxy", "socat", "keepalived", "prometheus",
+    "procps", "netbase", "less", "haproxy", "socat", "keepalived", "prometheus", "restic",
 ]
 # The services container: hub (python3), static apt server (python3), registry.
 SERVICES_PACKAGES = ["python3", "docker-registry", "ca-certificates", "netbase"]

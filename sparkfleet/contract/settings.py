@@ -259,6 +259,13 @@ FloatingAddress = Annotated[Text, AfterValidator(_floating_address)]
 Url = Annotated[Text, AfterValidator(_url)]
 ArchUrl = Annotated[Text, AfterValidator(_arch_url)]
 ImageRef = Annotated[Text, AfterValidator(_image)]
+# restic's repository forms an office may name (no credentials in it: those stay in files, never a command line)
+BackupRepository = Annotated[Text, _grammar(
+    r"sftp:[A-Za-z0-9][A-Za-z0-9_.-]*@[A-Za-z0-9_.:\[\]-]+:/[A-Za-z0-9_./-]*"
+    r"|rest:https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?"
+    r"|s3:(https?://)?[A-Za-z0-9_.:\[\]-]+/[A-Za-z0-9_./-]+",
+    "a restic repository without credentials: sftp:USER@HOST:/PATH, rest:https://HOST:PORT/PATH or "
+    "s3:HOST/BUCKET")]
 
 
 def _secret():
@@ -468,6 +475,13 @@ class Settings(_EngineVersions):
                                              "project's) of letters, digits, spaces and . _ + @ = - /")] | None
     quality_margin: float = Field(ge=0, lt=1)
     quality_eval_interval_s: Annotated[int, Field(ge=0, le=30 * 86400), AfterValidator(_eval_interval)]
+    # backups (contract/backup.py, docs/backups.md): to the host of the group backup, or an office's own repository
+    backup_repository: BackupRepository | None
+    backup_interval_s: int = Field(ge=300, le=7 * 86400)
+    backup_keep_hourly: int = Field(ge=0, le=10_000)
+    backup_keep_daily: int = Field(ge=0, le=10_000)
+    backup_keep_weekly: int = Field(ge=0, le=10_000)
+    controller_backup_password_file: AbsPath | None  # the office's one backup password (0600, `sparkfleet init`)
     monitoring_port: int = Field(ge=1, le=65535)
     monitoring_retention: Annotated[Text, _grammar(r"[1-9][0-9]{0,5}(h|d|w|y)", "a retention: a number and h, d, "
                                                                                "w or y (e.g. 15d)")]

@@ -314,7 +314,8 @@ STRING_SETTINGS = {
     "fleet_ca_cert": "/srv/tls/fleet.ca.crt", "fleet_ca_key": "/srv/tls/fleet.ca.key",
     "speculative_method": "mtp", "fabric_address": "192.168.100.1",
     "alertmanager_webhook_url": "http://alerts.lan:9000/hook", "front_door_address": "10.0.0.100/24",
-    "quality_probes": "probes/office.toml",
+    "quality_probes": "probes/office.toml", "backup_repository": "sftp:backup@nas.lan:/srv/restic",
+    "controller_backup_password_file": "/srv/keys/office.backup-password",
 }
 ITEM_SETTINGS = {"extra_engine_args", "model_files", "engine_env", "limit_mm_per_prompt", "front_door_users", "front_door_viewers",
                  "services",
