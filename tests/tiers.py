@@ -35,6 +35,7 @@ TOOLS = {
     "chromium": Tool((("chromium", "chromium-browser"),), "chromium", "the status page's screenshot"),
     "keepalived": Tool((("keepalived",),), "keepalived", "keepalived's own check of the floating address's config"),
     "ssh": Tool((("ssh",),), "openssh-client", "the real OpenSSH client against hostile loopback ports"),
+    "restic": Tool((("restic",),), "restic", "the real restic against a local repository (backups)"),
 }
 _ATTRIBUTE = "sparkfleet_tiers"
 
