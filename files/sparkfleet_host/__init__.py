@@ -11,9 +11,10 @@ as a sibling package (`from sparkfleet_host.probes import ask`), and loaded by t
 - `docker`: a client of Docker's API socket (a container's id and addresses).
 - `sockets`: who holds a TCP port (/proc), asked before a helper sends the engine its API key.
 - `probes`: the serving file's probes, asked and judged.
+- `backup`: a data host's backup (restic, SQLite's online backup), its record and metrics, the chat UI's restore.
 - `cli`: `python3 sparkfleet_host ...` (its `__main__`): a model directory's state for testinfra, a rollback's
   env edit, each on-demand model's last request for `status`.
 
-Rooms import downwards only: verify <- envfiles <- memory <- eviction <- docker <- sockets <- probes <- cli.
+Rooms import downwards only: verify <- envfiles <- memory <- eviction <- docker <- sockets <- probes <- backup <- cli.
 Host paths are passed in by the caller, never repeated here.
 """

@@ -13,7 +13,12 @@ def main(argv: list[str]) -> None:
     """`sparkfleet_host DIR`: what testinfra compares with the manifest. `sparkfleet_host env-keep|env-restore
     LIVE KEPT FABRIC,NAMES [SERVING]`: a rollback's edit of the engine env, with no secret on the command line
     (the API key's variable from the serving file SERVING: serving_file_key_vars). `sparkfleet_host
-    last-requests SOCKET`: each on-demand model's seconds since its last request, from the guard's stats."""
+    last-requests SOCKET`: each on-demand model's seconds since its last request, from the guard's stats.
+    `sparkfleet_host backup run|snapshots|restore-chat-ui ...`: a data host's backup (backup.py's main)."""
+    if argv[:1] == ["backup"]:
+        from sparkfleet_host.backup import main as backup
+
+        raise SystemExit(backup(argv[1:]))
     if argv[:1] == ["last-requests"] and len(argv) == 2:  # status: each on-demand model's last request
         print(json.dumps(last_requests(ask_stats(argv[1]))))
         return
