@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import yaml
 
 from sparkfleet import FILES_DIR
-from sparkfleet.contract import engines
+from sparkfleet.contract import backup, engines
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract import paths
 from sparkfleet.contract.settings import Settings, SettingsError
@@ -163,6 +163,12 @@ def rules(s: Settings) -> list[dict]:
                "the watchdog gave up restarting {{ $labels.unit }}"),
         _alert("QualityBelowBaseline", f"{m.QUALITY_BELOW_METRIC} == 1", 0,
                "{{ $labels.model }} answered below its release's baseline at its last evaluation: `sparkfleet eval`"),
+        _alert("BackupOverdue", f"time() - {backup.METRIC_LAST_SUCCESS} > {backup.STALE_FACTOR} * "
+               f"{backup.METRIC_INTERVAL}", 0, f"{{{{ $labels.source }}}}'s last good backup is older than "
+               f"{backup.STALE_FACTOR} intervals: `journalctl -u {backup.UNIT}` there, `sparkfleet backup`"),
+        _alert("BackupFailed", f"{backup.METRIC_LAST_RUN_OK} == 0", 0,
+               f"the last backup of {{{{ $labels.source }}}} failed (older snapshots are kept): `journalctl -u "
+               f"{backup.UNIT}` there"),
         _alert("KvCacheFull", kv, s.monitoring_alert_for_s,
                f"KV cache usage above {s.monitoring_kv_cache_max:.0%}"),
         _alert("RequestsPilingUp", " or ".join(f"{name} > {s.monitoring_waiting_requests_max}" for name in WAITING),

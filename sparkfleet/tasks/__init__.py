@@ -18,9 +18,11 @@ from pyinfra import host, state
 from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
+from sparkfleet.controller.backup_plan import backup_of
 from sparkfleet.controller.inventory import chat_ui_of, plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
+from sparkfleet.tasks.backup import backup_source, backup_target, no_backup, no_backup_target
 from sparkfleet.tasks.chat_ui import chat_ui, no_chat_ui
 from sparkfleet.tasks.container_toolkit import container_toolkit
 from sparkfleet.tasks.front_door import front_door, no_front_door
@@ -76,6 +78,21 @@ def spark(plan: HostPlan) -> None:
         chat_ui(plan, doors, ui, pin)
     else:
         no_chat_ui()
+    backups(plan)
+
+
+def backups(plan: HostPlan) -> None:
+    """The host's part in the backups (after its data's own stage): a source's timer, the backup target's SFTP
+    user, or neither (what it held before removed; its data and the repositories stay)."""
+    planned = backup_of(state)
+    if plan.name in planned.sources:
+        backup_source(planned.sources[plan.name])
+    else:
+        no_backup()
+    if planned.target == plan.name:
+        backup_target(planned.public_keys)
+    else:
+        no_backup_target()
 
 
 def monitored_groups(state) -> dict[str, set[str]]:
@@ -96,6 +113,7 @@ def service_host(plan: HostPlan) -> None:
         no_front_door()
     if MONITORING in host.groups:
         monitoring(plan, plans(state), monitored_groups(state))
+    backups(plan)
 
 
 def stage(plan: HostPlan | None = None) -> None:

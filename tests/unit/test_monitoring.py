@@ -140,6 +140,20 @@ CASES = [
         'sparkfleet_quality_below_baseline{job="node",host="spark-1",model="m"}': "0x5"},
         _alert("QualityBelowBaseline", "spark-2: m answered below its release's baseline at its last evaluation: "
                "`sparkfleet eval`", job="node", host="spark-2", model="m")),
+    # promtool's time() starts at 0: spark-2's last good backup stays at 0 (older than 2 x 60 s by 5m), spark-1's
+    # follows the clock
+    _case("BackupOverdue", "1m", "5m", {
+        'sparkfleet_backup_last_success_timestamp_seconds{job="node",host="spark-2",source="chat-ui"}': "0x10",
+        'sparkfleet_backup_interval_seconds{job="node",host="spark-2",source="chat-ui"}': "60x10",
+        'sparkfleet_backup_last_success_timestamp_seconds{job="node",host="spark-1",source="usage-d"}': "0+60x10",
+        'sparkfleet_backup_interval_seconds{job="node",host="spark-1",source="usage-d"}': "60x10"},
+        _alert("BackupOverdue", "spark-2: chat-ui's last good backup is older than 2 intervals: `journalctl -u "
+               "sparkfleet-backup.service` there, `sparkfleet backup`", job="node", host="spark-2", source="chat-ui")),
+    _case("BackupFailed", "1m", "2m", {
+        'sparkfleet_backup_last_run_ok{job="node",host="spark-2",source="chat-ui"}': "0x5",
+        'sparkfleet_backup_last_run_ok{job="node",host="spark-1",source="usage-d"}': "1x5"},
+        _alert("BackupFailed", "spark-2: the last backup of chat-ui failed (older snapshots are kept): `journalctl "
+               "-u sparkfleet-backup.service` there", job="node", host="spark-2", source="chat-ui")),
     _case("TlsCertificateExpiring", "1m", "2h", {  # promtool's time() starts at 0: 10 days left, and 60
         'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-2"}': "864000x150",
         'sparkfleet_tls_cert_expiry_seconds{job="node",host="spark-1"}': "5184000x150"},

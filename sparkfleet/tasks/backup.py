@@ -1,0 +1,36 @@
+"""The backups' stages (roles/backup.py says what each host holds; controller/backup_plan.py plans the inventory's):
+a data host's timer after its data's own stage (the chat UI on its Spark, the front door on its host), and the
+backup target's jailed SFTP user on the host of the group `backup`. A host that is neither has what it held removed;
+its data and the repositories stay.
+"""
+
+from pyinfra.api import deploy
+
+from sparkfleet.contract import backup as b
+from sparkfleet.host.managed import managed_user
+from sparkfleet.roles.backup import (Source, backup_source_state, backup_target_state, no_backup_state,
+                                     no_target_state)
+from sparkfleet.tasks.ensure import ensure
+
+
+@deploy("Backup")
+def backup_source(src: Source):
+    ensure(backup_source_state(src))
+
+
+@deploy("No backup")
+def no_backup():
+    ensure(no_backup_state())
+
+
+@deploy("Backup target")
+def backup_target(public_keys: dict[str, str]):
+    # the SFTP user, jailed by sshd's Match block (its home is the repositories' directory inside the chroot)
+    managed_user(name=f"Backup user {b.TARGET_USER} (SFTP only)", user=b.TARGET_USER,
+                 home=b.TARGET_REPOS_IN_CHROOT, shell="/usr/sbin/nologin")
+    ensure(backup_target_state(public_keys))
+
+
+@deploy("No backup target")
+def no_backup_target():
+    ensure(no_target_state())
