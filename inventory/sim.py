@@ -38,10 +38,25 @@ _ca_dir = _Path.home() / ".config" / "sparkfleet"
 _ca_cert, _ca_key = (str(_ca_dir / f"sim-{_FLEET or 'default'}.ca.{ext}") for ext in ("crt", "key"))
 _write_ca(_Path(_ca_cert), _Path(_ca_key))
 
+# The fleet's backup password (docs/backups.md), made once per fleet and kept beside its CA, as `sparkfleet init` makes
+# an office's: a 0600 file, written only when missing (every source's repository password and key derive from it).
+_backup_password = _ca_dir / f"sim-{_FLEET or 'default'}.backup-password"
+if not _backup_password.exists():
+    from sparkfleet.contract.backup import new_password as _new_password
+
+    try:
+        _fd = _os.open(_backup_password, _os.O_WRONLY | _os.O_CREAT | _os.O_EXCL, 0o600)
+    except FileExistsError:  # another run of this inventory made it just now
+        pass
+    else:
+        with _os.fdopen(_fd, "w") as _out:
+            _out.write(_new_password() + "\n")
+
 _common = {
     "ssh_hostname": "127.0.0.1",
     "fleet_ca_cert": _ca_cert,
     "fleet_ca_key": _ca_key,
+    "controller_backup_password_file": str(_backup_password),  # used where the inventory has a `backup` group
     "backend_key_in_clear": True,
     "ssh_user": _state["ssh_user"],
     "ssh_key": _state["ssh_key"],

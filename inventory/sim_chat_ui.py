@@ -1,6 +1,7 @@
 """The simulated fleet as `make demo` leaves it (inventory/sim_two_doors.py: two doors sharing one address, TLS on
 every hop to a guard) with a chat UI for colleagues: Open WebUI on spark-1 (the group chat_ui), reached only
-through the doors' port 3000, where each person signs in with their own key. Its image is built from Open WebUI's
+through the doors' port 3000, where each person signs in with their own key; spark-3 keeps the chat UI's and the
+doors' backups (the group backup). Its image is built from Open WebUI's
 PyPI release into the sim's registry (the official one cannot be pulled here): `python -m sim chat-ui` first
 (minutes and ~3 GB the first time).
 
@@ -24,3 +25,5 @@ sparks = [(_name, {**_data, **_ui}) for _name, _data in _two["sparks"]]
 front_door = [(_name, {**_data, **_ui}) for _name, _data in _two["front_door"]]
 monitoring = _two["monitoring"]
 chat_ui = [sparks[0][0]]
+# the backup target (docs/backups.md): a Spark that is not the chat UI's; the doors hold data of their own
+backup = [sparks[2][0]]

@@ -86,7 +86,7 @@ def backups(plan: HostPlan) -> None:
     user, or neither (what it held before removed; its data and the repositories stay)."""
     planned = backup_of(state)
     if plan.name in planned.sources:
-        backup_source(planned.sources[plan.name])
+        backup_source(planned.sources[plan.name], service_host=plan.is_service)
     else:
         no_backup()
     if planned.target == plan.name:

@@ -7,14 +7,20 @@ its data and the repositories stay.
 from pyinfra.api import deploy
 
 from sparkfleet.contract import backup as b
-from sparkfleet.host.managed import managed_user
+from sparkfleet.contract import paths
+from sparkfleet.contract.shared import PACKAGE_DIR, PACKAGE_NAME, package_files
+from sparkfleet.host.managed import managed_files, managed_user
 from sparkfleet.roles.backup import (Source, backup_source_state, backup_target_state, no_backup_state,
                                      no_target_state)
 from sparkfleet.tasks.ensure import ensure
 
 
 @deploy("Backup")
-def backup_source(src: Source):
+def backup_source(src: Source, service_host: bool = False):
+    if service_host:  # a Spark has the host package from its model stage (tasks/model.py helpers); a door not
+        managed_files(name=f"Host package {PACKAGE_NAME} (the backup's program)",
+                      files=[(str(PACKAGE_DIR / name), f"{paths.HOST_MODULE}/{name}", "0644")
+                             for name in package_files()])
     ensure(backup_source_state(src))
 
 
