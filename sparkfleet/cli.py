@@ -8,6 +8,7 @@ import sys
 
 from sparkfleet import __version__
 from sparkfleet.commands import (
+    backup,
     bench,
     dashboard,
     doctor,
@@ -20,6 +21,7 @@ from sparkfleet.commands import (
     plan,
     recipes,
     rekey,
+    restore,
     rollback,
     rollout,
     status,
@@ -33,7 +35,7 @@ from sparkfleet.refused import BUG, FAILED, INVALID, Refusal, Refused
 
 # In `sparkfleet --help`'s order. Each: NAME, HELP, arguments(parser), run(args) (sparkfleet/commands/__init__.py).
 COMMANDS = (init, hostkeys, rekey, recipes, plan, doctor, status, eval, usage, rollout, upgrade, rollback, fetch, users,
-            logs, drain, undrain, update, bench, dashboard)
+            logs, drain, undrain, update, bench, dashboard, backup, restore)
 
 
 class Parser(argparse.ArgumentParser):

@@ -37,7 +37,7 @@ def run(args) -> int:
     report = init_project(Path(args.dir), sparks, ssh_user=args.ssh_user,
                           secrets=Path(args.secrets) if args.secrets else None, force=args.force,
                           front_doors=args.front_door, front_door_address=args.front_door_address)
-    if args.json:
+    if args.json:  # the backup password's file, never the password: JSON is kept by scripts and logs
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     inventory = report.project / "inventory.py"
@@ -51,6 +51,12 @@ def run(args) -> int:
     else:
         print("front door TLS: none (no openssl here): set front_door_tls_cert and front_door_tls_key in "
               f"{inventory} before adding users")
+    if report.backup_password:
+        print(f"backup password: {report.backup_password}")
+        print("write it down: a restore on a new controller needs it (with this project's inventory from git); it "
+              f"is kept in {report.backup_password_file} (0600) and shown only this once")
+    elif report.backup_password_file:
+        print(f"backup password: {report.backup_password_file} (kept as it was)")
     print(f"SSH host keys ({report.project / 'known_hosts'}):")
     print("\n".join(host_key_lines(report.hosts)))
     print(f"next: sparkfleet users add {inventory} NAME; sparkfleet plan {inventory}")

@@ -26,6 +26,11 @@ def run(args) -> int:
         report = update(args.inventory, args.limit)
     except UpdateError as exc:
         raise Refused(f"cannot update the lock, nothing was written: {exc}", FAILED) from exc
+    if report.written:  # the lock is part of the controller's state: backed up where the inventory has a target
+        from sparkfleet.commands.common import log
+        from sparkfleet.fleet.backup import after_change
+
+        after_change(args.inventory, log)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

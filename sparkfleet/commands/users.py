@@ -56,7 +56,17 @@ def run(args) -> int:
               f"door{old}", file=sys.stderr)
     else:
         print(f"removed {args.name} from {path}: their key answers 401 after {converge}", file=sys.stderr)
+    backed_up(args)
     return 0
+
+
+def backed_up(args) -> None:
+    """After a change of the secrets file: the controller's state backed up where the inventory has a backup target
+    (best effort: one line when it fails; the change stands)."""
+    from sparkfleet.commands import common
+    from sparkfleet.fleet.backup import after_change
+
+    after_change(args.inventory, common.log)
 
 
 def limit(args, users, path) -> int:
@@ -77,4 +87,5 @@ def limit(args, users, path) -> int:
         shown = {k: "the fleet default" if v is None else str(v) for k, v in wanted.items()}
         print(f"{name}: requests a minute {shown['requests_per_minute']}, at once {shown['max_concurrent']}; "
               f"the next converge (sparkfleet rollout {args.inventory}) puts it on the front door", file=sys.stderr)
+    backed_up(args)
     return 0

@@ -24,6 +24,7 @@ from sparkfleet.contract import private_files
 from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import AbsPath, FloatingAddress, Host, Name
 from sparkfleet.roles.pki import PkiError, ca_paths, write_ca
+from sparkfleet.fleet.backup import new_password_file, password_file_beside
 from sparkfleet.fleet.users import SECRETS_VARIABLE, new_secrets, read_secrets, write_secrets
 from sparkfleet.refused import Refusal
 
@@ -139,7 +140,7 @@ def self_signed(crt: Path, key: Path, addresses: list[str]) -> bool:
 
 def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tuple[Path, Path] | None,
                      front_doors: list[str] | None = None, front_door_address: str | None = None,
-                     ca: tuple[Path, Path] | None = None) -> str:
+                     ca: tuple[Path, Path] | None = None, backup_password: Path | None = None) -> str:
     """inventory.py: group `sparks`, the first also in `front_door` (or those `front_doors` names, in that order,
     with their floating address as the group's data), strict host keys, keys from the secrets, the fleet CA's paths;
     an `ssh_user` other than root with pyinfra's `_sudo` (every command, fact and upload escalated by `sudo -n`).
@@ -166,6 +167,9 @@ def render_inventory(sparks: list[Spark], ssh_user: str, secrets: Path, tls: tup
                 "controller\n"
                 f"    \"fleet_ca_cert\": {q(str(ca[0]))},\n"
                 f"    \"fleet_ca_key\": {q(str(ca[1]))},\n") if ca else ""
+    backup_lines = ("    # the office's backup password (0600, shown once by `sparkfleet init`: written down, it and\n"
+                    "    # this inventory restore everything on a new controller); backups go to the group `backup`\n"
+                    f"    \"controller_backup_password_file\": {q(str(backup_password))},\n") if backup_password else ""
     return f'''"""This office's Sparks (written by `sparkfleet init`).
 
 Every module-level list is a pyinfra group: `sparks`, and `front_door` (the Sparks that run the office's
@@ -194,11 +198,18 @@ _serving = {{
     "api_host": "0.0.0.0",  # reached by the front door over the LAN...
     "api_key": _secrets["api_key"],  # ...with the key only it (and this controller) holds
     "front_door_users": _secrets["users"],
-{tls_lines}{ca_lines}}}
+{tls_lines}{ca_lines}{backup_lines}}}
 
 sparks = [
 {hosts}]
-{_front_door_group(sparks, front_doors, front_door_address)}'''
+{_front_door_group(sparks, front_doors, front_door_address)}{_backup_hint(sparks) if backup_password else ""}'''
+
+
+def _backup_hint(sparks: list[Spark]) -> str:
+    """A commented `backup` group: where the office's backups go (docs/backups.md), off the chat UI's box."""
+    return ("# where `sparkfleet backup` and each data host's timer keep the office's data (docs/backups.md): a host\n"
+            "# other than the chat UI's, e.g.\n"
+            f"# backup = [sparks[{len(sparks) - 1}]]\n")
 
 
 def _front_door_group(sparks: list[Spark], front_doors: list[str] | None, address: str | None) -> str:
@@ -220,10 +231,16 @@ class InitReport:
     secrets_reused: bool
     tls: tuple[Path, Path] | None
     hosts: list[HostKey] = field(default_factory=list)
+    backup_password_file: Path | None = None
+    backup_password: str | None = field(default=None, repr=False)  # made now: shown once on the terminal, never JSON
 
     def to_dict(self) -> dict:
+        """What `init --json` prints: the backup password's file and whether it is new, never the password (JSON
+        output is kept by scripts and logs; the person reads the 0600 file once to write it down)."""
         return {"project": str(self.project), "secrets": str(self.secrets), "secrets_reused": self.secrets_reused,
                 "tls": {"cert": str(self.tls[0]), "key": str(self.tls[1])} if self.tls else None,
+                "backup_password_file": str(self.backup_password_file) if self.backup_password_file else None,
+                "backup_password_new": self.backup_password is not None,
                 "hosts": [h.to_dict() for h in self.hosts]}
 
 
@@ -262,7 +279,8 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
     check_secrets_place(secrets, project)
     crt, key = tls_paths(secrets)
     ca = ca_paths(secrets)
-    for path in (secrets, crt, key, *ca):
+    backup_password = password_file_beside(secrets)
+    for path in (secrets, crt, key, *ca, backup_password):
         _valid(AbsPath, str(path), "the secrets' path (choose another with --secrets)")
     reused = secrets.exists()
     if reused and not force:
@@ -279,12 +297,14 @@ def init_project(project: Path, sparks: list[Spark], ssh_user: str = "root", sec
         raise ProjectError(str(exc)) from None
     if not reused:
         write_secrets(secrets, doc)
+    password = new_password_file(backup_password)  # kept where one exists (--force adds one where there is none)
     (project / "group_data").mkdir(parents=True, exist_ok=True)
     (project / "inventory.py").write_text(render_inventory(sparks, ssh_user, secrets, tls, front_doors,
-                                                           front_door_address, ca))
+                                                           front_door_address, ca, backup_password))
     (project / "deploy.py").write_text(DEPLOY_PY)
     (project / "group_data" / "all.py").write_text(GROUP_DATA_ALL)
-    report = InitReport(project, secrets, reused, tls)
+    report = InitReport(project, secrets, reused, tls, backup_password_file=backup_password,
+                        backup_password=password)
     report.hosts = collect_host_keys(project / "known_hosts", sparks, timeout_s)
     return report
 
