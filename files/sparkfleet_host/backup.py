@@ -447,7 +447,7 @@ def chosen_snapshot(config: Config, wanted: str) -> dict:
                or (len(wanted) >= 8 and str(s.get("id", "")).startswith(wanted))]
     if len(matches) != 1:
         raise BackupError(f"snapshot {wanted!r} is not one of {config.source}'s ({len(found)} snapshots, the latest "
-                          f"{found[-1].get('short_id')}): list them with `sparkfleet backup --list` or use latest")
+                          f"{found[-1].get('short_id')}): name one of them, or latest")
     return matches[0]
 
 

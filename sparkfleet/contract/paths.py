@@ -225,9 +225,10 @@ MONITORING_PACKAGES = {"prometheus": "prometheus.service",
                        "prometheus-node-exporter": "prometheus-node-exporter.service",
                        "prometheus-alertmanager": "prometheus-alertmanager.service"}
 # The Debian packages that read reports (name, version, installed): the ones sparkfleet installs.
-MANAGED_PACKAGES = ("haproxy", "socat", KEEPALIVED_PACKAGE, *TOOLKIT_PACKAGES, *MONITORING_PACKAGES)
+MANAGED_PACKAGES = ("haproxy", "socat", KEEPALIVED_PACKAGE, *TOOLKIT_PACKAGES, *MONITORING_PACKAGES,
+                    "restic")  # restic: the backups' (roles/backup.py PACKAGE)
 # The system users it reports (passwd entry): the ones sparkfleet makes.
-MANAGED_USERS = (SHARE_USER,)
+MANAGED_USERS = (SHARE_USER, "sparkfleet-backup")  # the backup target's SFTP user (contract/backup.py TARGET_USER)
 
 # Debian's (update-notifier's) flag that a host needs a reboot for what was installed: a new kernel, a driver
 REBOOT_REQUIRED = "/var/run/reboot-required"

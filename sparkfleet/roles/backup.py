@@ -14,6 +14,7 @@ file, the pinned host key) is controller/backup_plan.py's.
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 from dataclasses import dataclass
@@ -124,6 +125,23 @@ class Source:
         return f"Source({self.source!r}, {self.target!r})"
 
 
+def private_key(password: str, source: str) -> str:
+    """The source's private key as contract/backup.py derives it, in OpenSSH's format with its two check words
+    derived too (OpenSSH writes random ones): the same bytes at every converge, so a converge changes nothing."""
+    pem = b.ssh_key(password, source)[0]
+    lines = pem.strip().splitlines()
+    blob = bytearray(base64.b64decode("".join(lines[1:-1])))
+    at = len(b"openssh-key-v1\0")
+    for _ in range(3):  # the cipher's, the KDF's names and the KDF's options: each a length and its bytes
+        at += 4 + int.from_bytes(blob[at:at + 4], "big")
+    at += 4  # the number of keys (1)
+    at += 4 + int.from_bytes(blob[at:at + 4], "big")  # the public key
+    at += 4  # the private section's length; then its two check words, which must be equal
+    blob[at:at + 8] = b.derived(password, f"ssh check {source}")[:4] * 2
+    body = base64.b64encode(bytes(blob)).decode()
+    return "\n".join([lines[0], *(body[i:i + 70] for i in range(0, len(body), 70)), lines[-1]]) + "\n"
+
+
 def data_of(source: str) -> str:
     return paths.CHAT_UI_DATA if source == b.CHAT_UI else paths.FRONT_DOOR_USAGE_SNAPSHOT
 
@@ -189,8 +207,8 @@ def backup_source_state(src: Source) -> DesiredState:
         steps += [Absent(path, f"{path} absent (the repository is the office's own)")
                   for path in (b.SSH_KEY, b.KNOWN_HOSTS)]
     else:
-        steps += [secret(b.SSH_KEY, f"Backup SSH key of {src.source} (root-only)", b.ssh_key(src.password,
-                                                                                          src.source)[0]),
+        steps += [secret(b.SSH_KEY, f"Backup SSH key of {src.source} (root-only)",
+                         private_key(src.password, src.source)),
                   File(b.KNOWN_HOSTS, "The backup target's host key (as the controller pinned it)",
                        content=src.target.known_hosts or "")]
     steps += [

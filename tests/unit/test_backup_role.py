@@ -73,7 +73,7 @@ def test_a_data_host_holds_its_own_source_secrets_in_files_only():
     files = state.files
     derived = b.repository_password(PASSWORD, b.CHAT_UI)
     assert files[b.PASSWORD_FILE].secret and files[b.PASSWORD_FILE].content == derived + "\n"
-    assert files[b.SSH_KEY].secret and "OPENSSH PRIVATE KEY" in (files[b.SSH_KEY].content or "")
+    assert files[b.SSH_KEY].secret and files[b.SSH_KEY].content == role.private_key(PASSWORD, b.CHAT_UI)
     assert files[b.ENV].secret and state.directories[b.CONFIG].mode == "0700"
     assert files[b.KNOWN_HOSTS].content == f"spark-3 ssh-ed25519 {KEY}\n"
     env = host_backup.parse_env(files[b.ENV].content)
@@ -220,6 +220,7 @@ def test_the_refusals_name_the_fix(tmp_path, case, problem):
     assert PASSWORD not in str(refused.value)
 
 
+@pytest.mark.ssh
 def test_the_controller_reads_the_pinned_key_with_ssh_keygen(tmp_path):
     """The real lookup: a hashed known_hosts entry for the name the controller dials (ssh-keygen -F)."""
     import subprocess
@@ -233,3 +234,26 @@ def test_the_controller_reads_the_pinned_key_with_ssh_keygen(tmp_path):
     assert role.known_hosts_line(pinned_key(known, "[127.0.0.1]:2203"), "spark-3") == f"spark-3 ssh-ed25519 {KEY}\n"
     assert pinned_key(known, "[127.0.0.1]:2204") == "" and pinned_key(tmp_path / "none", "x") == ""
     assert os.stat(known).st_size > 0
+
+
+@pytest.mark.ssh
+def test_the_private_key_is_the_same_at_every_converge_and_opens(tmp_path):
+    """OpenSSH's format holds two random check words: derived here instead, so a second converge writes nothing,
+    and ssh-keygen still reads the key and finds the public line the target lets in."""
+    import subprocess
+
+    key = role.private_key(PASSWORD, "usage-door-1")
+    assert key == role.private_key(PASSWORD, "usage-door-1") != role.private_key(PASSWORD, "chat-ui")
+    assert b.ssh_key(PASSWORD, "usage-door-1")[0] != b.ssh_key(PASSWORD, "usage-door-1")[0]  # why: random words
+    path = tmp_path / "id"
+    path.write_text(key)
+    path.chmod(0o600)
+    public = subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True)
+    assert public.returncode == 0, public.stderr
+    assert public.stdout.split()[:2] == b.ssh_key(PASSWORD, "usage-door-1")[1].split()[:2]
+
+
+def test_the_batched_read_covers_the_backup_package_and_user():
+    """The host's one read of its state (host/state.py) reports restic and the target's user: without them every
+    converge would install the one and make the other again."""
+    assert role.PACKAGE in paths.MANAGED_PACKAGES and b.TARGET_USER in paths.MANAGED_USERS
