@@ -26,6 +26,8 @@ Environment:
                               time; see "Prefix cache and prefill")
     SIM_HOST_MEMORY_GB        the host's memory the KV budget is a share of (128, a DGX Spark's)
     SIM_FAIL_HEALTH=1         /health answers 503
+    SIM_GUARD_READY=1         also answers GUARD_READY_PATH as its host's guard would (200 while it answers, 503 as
+                              /health): for a test that puts a front door straight before the stand-in
     SIM_CRASH_ON_START=1      exit 1 after "loading" (a crash on every start)
     SIM_KNOB_FILE             fault knob file (/etc/sparkfleet-sim/engine.json)
     SIM_SPEC_ACCEPTANCE_RATE  with --speculative-config: share of draft tokens accepted (0.7)
@@ -175,6 +177,7 @@ def progress_bar(desc: str, total: int, seconds: float, vllm_format: bool) -> No
 
 
 DEFAULT_KNOB_FILE = "/etc/sparkfleet-sim/engine.json"
+GUARD_READY_PATH = "/sparkfleet/ready"  # sparkfleet/roles/guard.py READY_PATH: a front door's check, at the guard
 FAULTS = ("hang", "generation-hang")
 
 
@@ -1378,6 +1381,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             status = 503 if os.environ.get("SIM_FAIL_HEALTH") == "1" or self.engine.dead else 200
             return self._send(status, b"", "application/json")
+        if path == GUARD_READY_PATH and os.environ.get("SIM_GUARD_READY") == "1":
+            status = 503 if os.environ.get("SIM_FAIL_HEALTH") == "1" or self.engine.dead else 200
+            return self._send(status, {"ready": status == 200, "why": "the stand-in answers for its guard"})
         sglang = cfg.get("mode") == "sglang"
         if sglang and path == "/health_generate":  # SGLang generates one token: a wedged decode hangs here
             wait_while_faulty(FAULTS)

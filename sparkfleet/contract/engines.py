@@ -36,6 +36,7 @@ class EngineMetrics:
     ttft_seconds: str | None = None  # time to first token (histogram: its _bucket series)
     inter_token_seconds: str | None = None  # time between output tokens (histogram: its _bucket series)
     finished: tuple[str, str] | None = None  # requests finished (counter), and the label that says why
+    steps: str | None = None  # engine steps, prefill and decode alike (counter), where its token counters move late
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,9 @@ LLAMACPP = EngineDescriptor(
     metrics=EngineMetrics(running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred",
                           kv_usage=None,
                           prompt_tokens="llamacpp:prompt_tokens_total",
-                          generation_tokens="llamacpp:tokens_predicted_total"),
+                          generation_tokens="llamacpp:tokens_predicted_total",
+                          # its token counters move when a prompt or an answer ends; this, at each llama_decode()
+                          steps="llamacpp:n_decode_total"),
     metrics_need_key=True,
     bench=BenchCounters(),
     # tools/server/server.cpp's log lines, prefixed "main:" or "srv  llama_server:" by the build

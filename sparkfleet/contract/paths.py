@@ -189,6 +189,7 @@ GUARD_UNIT_PATH = unit_path(GUARD_UNIT_NAME)
 GUARD_DIR = f"{CONFIG_DIR}/guard"
 GUARD_CONFIG = f"{GUARD_DIR}/haproxy.cfg"
 GUARD_KEY_MAP = f"{GUARD_DIR}/key.map"  # 0600: "engines Bearer <api_key>", the header a caller must send
+GUARD_READY_LUA = f"{GUARD_DIR}/sparkfleet-ready.lua"  # files/sparkfleet-ready.lua: a door's check of a chat engine
 GUARD_RUNTIME_NAME = "sparkfleet-guard"
 # the guard's read-only stats (a host with on-demand services only): each one's last request, for the start check
 GUARD_STATS_SOCKET = f"/run/{GUARD_RUNTIME_NAME}/stats.sock"

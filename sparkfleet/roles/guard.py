@@ -9,12 +9,15 @@ anything else is 404 before the engine is asked, and no body is read before that
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from dataclasses import dataclass
 
+from sparkfleet import FILES_DIR
 from sparkfleet.roles import chat_ui, haproxy, pki
 from sparkfleet.roles.desired import DesiredState, Directory, File, Packages, Unit, desired, secret
-from sparkfleet.contract import monitoring, paths
+from sparkfleet.contract import engines, monitoring, paths, serving
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
 
@@ -22,6 +25,19 @@ KEY_NAME = "engines"
 KEY_USER = "backend"  # what the log names a caller holding the backend key
 # A guard buffers nothing (HAProxy's default 16 KiB buffers); its callers are the front doors and the controller.
 LIMITS = haproxy.Limits(maxconn=500, bufsize=16384, memory_max="128M")
+# A front door's check of a chat engine (issue 54; docs/front-door.md, "A sick engine"): the guard answers it
+# (files/sparkfleet-ready.lua) from the engine's own /metrics, so that a busy engine is judged by its work, never by
+# a probe waiting its turn behind colleagues' long prompts. Busy, it is ready while a series of its work (tokens,
+# steps, the KV cache in use) moved within READY window; idle, while it answers the one-token chat probe.
+READY_PATH = "/sparkfleet/ready"
+# The window: the expected time to first token of one engine step's prefill at the planned context. A working engine
+# moves a series at every step, and its longest step prefills at most one chunk of prompt: vLLM's API server's
+# default budget on a GPU of 70 GiB and more, a Spark's 128 GB included (vllm/engine/arg_utils.py
+# `get_batch_defaults`: max_num_batched_tokens 8,192; llama.cpp's batch, 2,048, is under it), at a Spark's prefill
+# rate (2,000 tokens/s: sim/engine/standin_vllm.py cites the measurements), and a margin of two checks.
+STEP_TOKENS = 8192
+PREFILL_TOKENS_PER_S = 2000
+READY_MARGIN_S = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,7 @@ class Listener:
     paths: tuple[str, ...]
     node_metrics: bool = False  # also answers NODE_METRICS_PATH (the node exporter on loopback): the first one
     on_demand: dict | None = None  # an on-demand model: {"served_name", "max_waiting", "wait_s"} (its socket's hold)
+    ready: dict | None = None  # a chat engine always on: what its READY_PATH reads (`ready_check`)
 
 
 @dataclass(frozen=True)
@@ -48,11 +65,18 @@ class Guard:
     def config(self) -> str:
         tls = {"cert": paths.TLS_HOST_CERT, "ca": paths.TLS_CA} if self.tls else None
         stats = paths.GUARD_STATS_SOCKET if any(listener.on_demand for listener in self.listeners) else None
+        ready = ({"lua": paths.GUARD_READY_LUA, "path": READY_PATH} if self.ready else None)
         return haproxy.config("guard.haproxy.cfg.j2", LIMITS, host=self.host, listeners=self.listeners, tls=tls,
+                              ready=ready,
                               stats=stats, on_demand_errors=on_demand_errors, chat_ui=self.chat_ui,
                               keyed=self.api_key is not None, key_map=paths.GUARD_KEY_MAP, key_name=KEY_NAME,
                               key_user=KEY_USER, node_metrics=monitoring.NODE_METRICS_PATH,
                               node_exporter=haproxy.address(paths.ENGINE_HOST, monitoring.NODE_EXPORTER_PORT))
+
+    @property
+    def ready(self) -> bool:
+        """Whether a listener answers READY_PATH (the guard then loads files/sparkfleet-ready.lua)."""
+        return any(listener.ready for listener in self.listeners)
 
     def key_map(self) -> str:
         return f"{KEY_NAME} Bearer {self.api_key}\n" if self.api_key is not None else ""
@@ -71,6 +95,24 @@ def on_demand_errors(served_name: str, wait_s: int) -> dict[int, str]:
             503: error(503, f"model {served_name} is starting and holds as many requests as it may: retry shortly"),
             504: error(504, f"model {served_name} did not answer within {wait_s} s of its start: see `sparkfleet "
                             f"status`")}
+
+
+def ready_window_s(max_model_len: int | None) -> int:
+    """Seconds a busy engine may leave every series of its work still before its check fails: one step's prefill
+    (STEP_TOKENS, or the whole planned context where it is shorter) at PREFILL_TOKENS_PER_S, and the margin."""
+    tokens = min(max_model_len or STEP_TOKENS, STEP_TOKENS)
+    return math.ceil(tokens / PREFILL_TOKENS_PER_S) + READY_MARGIN_S
+
+
+def ready_check(engine: str, served_name: str, max_model_len: int | None) -> dict:
+    """What a chat engine's READY_PATH reads: its chat probe (contract/serving.py: path, and body in base64, which
+    HAProxy decodes), its /metrics series of requests in flight (`busy`) and of work (`moves`: tokens, steps, the
+    KV cache in use; its descriptor's), and the window."""
+    metrics = engines.descriptor(engine).metrics
+    _, path, body = serving.http_check("chat", haproxy.token(served_name, "served_model_name"))
+    moves = tuple(m for m in (metrics.prompt_tokens, metrics.generation_tokens, metrics.steps, metrics.kv_usage) if m)
+    return {"path": path, "probe": base64.b64encode(body.encode()).decode(), "busy": (metrics.running, metrics.waiting),
+            "moves": moves, "window_s": ready_window_s(max_model_len)}
 
 
 def chat_ui_listener(plan: HostPlan) -> dict:
@@ -103,7 +145,11 @@ def guard_plan(plan: HostPlan, runs_chat_ui: bool = False) -> Guard | None:
                      (*haproxy.API_PATHS[kind], haproxy.METRICS), n == 0,
                      {"served_name": haproxy.token(svc.service.served_model_name, "served_model_name"),
                       "max_waiting": s.on_demand_max_waiting, "wait_s": s.health_timeout_s}
-                     if svc and svc.on_demand else None)
+                     if svc and svc.on_demand else None,
+                     None if kind != "chat" or (svc and svc.on_demand) else
+                     ready_check(plan.engine.descriptor.name, s.served_model_name, s.max_model_len) if svc is None
+                     else ready_check(svc.engine.descriptor.name, str(svc.service.served_model_name),
+                                      svc.service.max_model_len))
             for n, (name, kind, port, svc) in enumerate(engines))
     except ValueError as exc:
         raise SettingsError([f"{plan.name}: setting `api_host`: {exc}"]) from None
@@ -129,7 +175,10 @@ def guard_state(plan: HostPlan, runs_chat_ui: bool = False) -> DesiredState:
         Directory(paths.GUARD_DIR, "Guard config directory (root-only)", mode="0700"),
         File(paths.GUARD_CONFIG, "Guard config", content=wanted.config()),
         secret(paths.GUARD_KEY_MAP, "Guard's backend key (root-only)", wanted.key_map()),
+        *((File(paths.GUARD_READY_LUA, "Guard's answer to a door's check (Lua)",
+                src=str(FILES_DIR / "sparkfleet-ready.lua")),) if wanted.ready else ()),
         File(paths.GUARD_UNIT_PATH, "Guard unit", content=wanted.unit()),
         Unit(paths.GUARD_UNIT_NAME, "Guard enabled and running", restart_on=(paths.GUARD_UNIT_PATH,),
-             reload_on=(paths.GUARD_CONFIG, paths.GUARD_KEY_MAP, *tls), daemon_reload_on=(paths.GUARD_UNIT_PATH,)),
+             reload_on=(paths.GUARD_CONFIG, paths.GUARD_KEY_MAP, *((paths.GUARD_READY_LUA,) if wanted.ready else ()),
+                        *tls), daemon_reload_on=(paths.GUARD_UNIT_PATH,)),
         after=tls)

@@ -133,7 +133,8 @@ def make_model(root: Path) -> Path:
 
 def env(**extra) -> dict:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "VLLM_"))}
-    e.update({"SIM_LOAD_DELAY_S": "0", "PYTHONUNBUFFERED": "1"}, **extra)
+    # a stand-in before a test's front door stands for its host's guard: it answers the door's check too
+    e.update({"SIM_LOAD_DELAY_S": "0", "PYTHONUNBUFFERED": "1", "SIM_GUARD_READY": "1"}, **extra)
     return e
 
 
@@ -275,6 +276,17 @@ def door_files(door, directory: Path) -> None:
         (Path(directory) / Path(dest).name).write_text(content)
     if door.status_page:
         (Path(directory) / Path(monitoring.FRONT_DOOR_VIEWERS_MAP).name).write_text(door.viewers_map())
+
+
+def guard_files(guard, directory: Path) -> None:
+    """A guard's files as its stage writes them, into `directory` (its GUARD_DIR moved there): its key map, and
+    the Lua file that answers a door's check where a listener serves one."""
+    from sparkfleet.contract import paths
+
+    (Path(directory) / Path(paths.GUARD_KEY_MAP).name).write_text(guard.key_map())
+    if guard.ready:
+        (Path(directory) / Path(paths.GUARD_READY_LUA).name).write_text(
+            (ROOT / "files" / "sparkfleet-ready.lua").read_text())
 
 
 SAVED: dict[str, tuple[str, str]] = {}  # a test door's URL -> (its admin socket, its usage snapshot)

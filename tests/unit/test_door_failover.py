@@ -17,6 +17,7 @@ import requests
 
 from sparkfleet.contract import paths
 from sparkfleet.fleet.front_door import runtime as fd_runtime
+from sparkfleet.roles import guard as gd
 from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.tiers import needs
@@ -24,6 +25,7 @@ from .helpers import admin_command, door_files, start_haproxy, wait_for
 from .test_front_door import ALICE, BOB, NAME, plans
 
 NAMES = ("spark-a", "spark-b", "spark-c")
+GUARD_WAIT_S = 2  # how long a guard waits for a frozen engine's /metrics (files/sparkfleet-ready.lua METRICS_S)
 
 
 class Engine:
@@ -42,10 +44,19 @@ class Engine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                # the door's check (its guard's answer, roles/guard.py READY_PATH), or a request
+                check = self.path == gd.READY_PATH or body.get("max_tokens") == 1
+                if engine.frozen.is_set() and self.path == gd.READY_PATH:
+                    # its guard still answers: 503 once its wait for the engine's /metrics ran out
+                    time.sleep(GUARD_WAIT_S)
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if engine.frozen.is_set():
                     engine.thawed.wait(120)
                     return
-                if engine.dead and body.get("max_tokens") != 1:
+                if engine.dead and not check:
                     engine.lost += 1
                 if engine.dead == "drop":
                     self.close_connection = True
@@ -56,7 +67,7 @@ class Engine:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                if body.get("max_tokens") != 1:  # not a check's probe
+                if not check:
                     time.sleep(engine.delay_s)
                     engine.served += 1
                 answer = json.dumps({"id": "x", "object": "chat.completion", "model": NAME, "choices": [
@@ -205,7 +216,7 @@ def test_a_frozen_engine_ends_what_it_holds_within_seconds_and_later_requests_go
         assert after.status_code == 200 and after.json()["choices"][0]["message"]["content"] != victim
         assert waited < 8, waited
         thread.join(30)
-        # the request it held ended at its mark-down (checks: ~3.5 s), not at the answer's 60 s nor a client's
+        # the request it held ended at its mark-down (checks: ~5 s), not at the answer's 60 s nor a client's
         # timeout, and as no byte of it had gone back, the door sent it to another engine (on-marked-down
         # shutdown-sessions, then retry-on and redispatch): answered, by another
         assert not thread.is_alive() and held["s"] - 0.5 < 8, held
@@ -239,7 +250,7 @@ def test_a_dead_engine_fails_no_plain_request_of_a_client_without_retries(door, 
 
 
 def test_a_long_answer_on_a_healthy_engine_is_untouched(door):
-    """No false mark-down: an answer that takes longer than the door needs to mark a frozen engine down (~3.5 s)
+    """No false mark-down: an answer that takes longer than the door needs to mark a frozen engine down (~5 s)
     comes back whole from its engine, which stays in (its checks answer meanwhile); nothing times it out short of
     the 15-minute inactivity timeout."""
     url, engines, runtime = door

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
-from sparkfleet.roles import haproxy
+from sparkfleet.roles import guard as gd, haproxy
 from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.fleet.front_door import runtime as fd_runtime
 from sparkfleet.roles.front_door import records as fd_records
@@ -45,7 +45,9 @@ def test_backends_are_the_hosts_serving_the_same_model():
     assert "spark-c" not in config.split("backend engines\n")[1].split("\nbackend ")[0]
     assert [r.served_name for r in door.chat_routes] == ["other"]
     assert "bind :8080\n" in config
-    assert '"model":"Qwen3.5-35B-A3B"' in config  # the health check asks the served model for one token
+    # the health check asks each engine's guard (whose chat probe asks the served model for one token:
+    # test_door_ready.py)
+    assert f"http-check send meth GET uri {gd.READY_PATH} ver HTTP/1.1 " in config
 
 
 def test_keys_live_only_in_the_maps():

@@ -5,6 +5,7 @@ loopback in front of three stand-in engines, one per served name."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 
@@ -12,6 +13,7 @@ import pytest
 import requests
 
 from sparkfleet.contract import monitoring, paths
+from sparkfleet.roles import guard as gd
 from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.fleet.front_door import runtime as fd_runtime
 from sparkfleet.contract.settings import SettingsError
@@ -26,7 +28,8 @@ FLEET = {"spark-1": {}, "spark-2": {"served_model_name": SGLANG, "recipe": "qwen
 
 
 def test_each_other_chat_model_gets_a_route_of_its_hosts():
-    door = fd_plan.front_door_plan("spark-1", plans(**FLEET, **{"spark-4": {"served_model_name": LLAMA}}))
+    planned = plans(**FLEET, **{"spark-4": {"served_model_name": LLAMA}})
+    door = fd_plan.front_door_plan("spark-1", planned)
     assert door.backends == (fd_plan.Backend("spark-1", "10.0.0.1", 8000),)
     assert [(r.backend, r.served_name, r.kind, [b.name for b in r.backends]) for r in door.chat_routes] == [
         ("chat_0", SGLANG, "chat", ["spark-2"]), ("chat_1", LLAMA, "chat", ["spark-3", "spark-4"])]
@@ -36,8 +39,12 @@ def test_each_other_chat_model_gets_a_route_of_its_hosts():
     assert "backend chat_1\n" in config
     assert (f"    server spark-3 10.0.0.3:8000 id {fd_plan.server_id('spark-3')}\n"
             f"    server spark-4 10.0.0.4:8000 id {fd_plan.server_id('spark-4')}\n") in config
-    # each route checks its own model with the chat probe, and sends the one backend key
-    assert f'body \'{{"model":"{LLAMA}","messages"' in config
+    # each route checks its hosts through their guards, with the one backend key; each guard's chat probe asks its
+    # own model (roles/guard.py ready_check)
+    block = config.split("backend chat_1\n", 1)[1].split("\nbackend ", 1)[0]
+    assert f"http-check send meth GET uri {gd.READY_PATH} " in block and "hdr Authorization " in block
+    [listener] = gd.guard_plan(planned["spark-3"]).listeners
+    assert json.loads(base64.b64decode(listener.ready["probe"]))["model"] == LLAMA
     assert config.count("balance hash var(txn.conversation)") == 3
     assert KEY not in config and ALICE not in config
 

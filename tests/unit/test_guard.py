@@ -63,7 +63,8 @@ def test_a_non_host_network_publishes_the_engine_on_loopback_only():
 
 
 @pytest.mark.parametrize("kind, block, allowed", [
-    ("chat", "chat", "/health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics"),
+    ("chat", "chat",
+     "/health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics /sparkfleet/ready"),
     ("embedding", "service_embed", "/health /v1/models /v1/embeddings /metrics"),
     ("reranker", "service_rerank", "/health /v1/models /v1/rerank /v1/score /metrics"),
 ])
@@ -89,8 +90,8 @@ def test_without_a_key_the_allow_list_still_applies():
     guard = gd.guard_plan(plan(api_host="127.0.0.1", api_key=None))
     config = guard.config()
     assert "return status 401" not in config and guard.key_map() == ""
-    assert "unless { path -m str /health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics }" \
-        in config
+    assert ("unless { path -m str /health /v1/models /v1/chat/completions /v1/completions /metrics /node/metrics "
+            "/sparkfleet/ready }") in config
 
 
 def test_a_worker_has_no_chat_guard_and_its_head_has_one():
@@ -176,7 +177,7 @@ def guarded(tmp_path_factory):
         helpers.free_port = real
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
-    (tmp / "key.map").write_text(guard.key_map())
+    helpers.guard_files(guard, tmp)
     try:
         with haproxy_serving(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)}, f"http://127.0.0.1:{api_port}") as url:
             yield url, p, engine
@@ -296,7 +297,7 @@ def test_node_metrics_on_the_api_port_only_with_the_backend_key(tmp_path):
     api_port = free_api_port()
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     guard = gd.guard_plan(p)
-    (tmp_path / "key.map").write_text(guard.key_map())
+    helpers.guard_files(guard, tmp_path)
     proc = start_haproxy(guard.config(), tmp_path, {paths.GUARD_DIR: str(tmp_path),
                                                     "127.0.0.1:9100": f"127.0.0.1:{exporter.server_port}"})
     url = f"http://127.0.0.1:{api_port}/node/metrics"

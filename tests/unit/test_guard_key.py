@@ -18,6 +18,7 @@ from sparkfleet.roles import guard as gd
 from sparkfleet.roles import haproxy
 from tests.conftest import free_port
 
+from . import helpers
 from .helpers import KEY, haproxy_serving, host_data
 from .test_guard import engine_answered, guarded, listen_blocks, plan, status  # noqa: F401  (guarded: a fixture)
 
@@ -77,7 +78,7 @@ def comma_guard(guarded, tmp_path_factory):  # noqa: F811
     plain = gd.guard_plan(p)
     guard = dataclasses.replace(plain, api_key=COMMA_KEY, listeners=(dataclasses.replace(
         plain.listeners[0], bind=haproxy.address("127.0.0.1", port)),))
-    (tmp / "key.map").write_text(guard.key_map())
+    helpers.guard_files(guard, tmp)
     with haproxy_serving(guard.config(), tmp, {paths.GUARD_DIR: str(tmp)}, f"http://127.0.0.1:{port}") as url:
         yield url
 

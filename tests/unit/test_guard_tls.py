@@ -22,6 +22,7 @@ from sparkfleet.release.plan import plan_hosts
 from tests.conftest import free_port
 from tests.tiers import needs
 
+from . import helpers
 from .helpers import (KEY, Recorder, door_files, free_api_port, haproxy_serving, host_data, start_haproxy,
                       wait_for)
 from .test_pki import make_ca
@@ -53,7 +54,7 @@ def tls_guard(tmp_path_factory):
     [p] = plan_hosts([("spark-a", host_data(api_host="127.0.0.1", api_port=api_port, api_key=KEY))], resolve=False)
     p.backend_tls = True
     guard = gd.guard_plan(p)
-    (tmp / "key.map").write_text(guard.key_map())
+    helpers.guard_files(guard, tmp)
     (tmp / "ca.crt").write_text(ca.cert_pem)
     (tmp / "host.crt").write_text(pki.issue(ca, "spark-a", pki.host_names("spark-a", "127.0.0.1")))
     (tmp / "host.crt.key").write_text(pki.host_key_pem(ca, "spark-a"))

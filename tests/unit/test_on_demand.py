@@ -17,6 +17,7 @@ from sparkfleet.roles import guard as gd
 from sparkfleet.roles.front_door import plan as fd_plan
 from sparkfleet.release.plan import plan_hosts
 from tests.tiers import needs
+from tests.unit import helpers
 from tests.unit.helpers import KEY, Replier, free_api_port, haproxy_serving, host_data
 from tests.unit.test_chat_services import CODER, CODER_NAME
 from tests.unit.test_front_door import plans
@@ -164,7 +165,7 @@ def test_the_guard_holds_a_stopped_models_requests_up_to_its_cap_then_503s(tmp_p
         resolve=False)
     guard = gd.guard_plan(host)
     [listener] = [listener for listener in guard.listeners if listener.on_demand]
-    (tmp_path / "key.map").write_text(guard.key_map())
+    helpers.guard_files(guard, tmp_path)
     engine = starting(paths.engine_port(api_port))
     moved = {paths.GUARD_DIR: str(tmp_path), f"/run/{paths.GUARD_RUNTIME_NAME}": str(tmp_path)}
     url = f"http://127.0.0.1:{api_port}"

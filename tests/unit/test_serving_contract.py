@@ -4,6 +4,7 @@ says; a helper without a sound serving file stops with one line instead of falli
 
 from __future__ import annotations
 
+import base64
 import importlib.machinery
 import importlib.util
 import json
@@ -140,9 +141,12 @@ def test_one_changed_probe_changes_every_asker(recorder, tmp_path, monkeypatch, 
 
     assert fd_plan.Route("model_0", "sim-qwen", "chat", ()).check == (
         "POST", "/v1/probe-here", json.dumps(want[1], separators=(",", ":")))
-    door = fd_plan.FrontDoor("spark-1", parse_settings("spark-1", host_data(served_model_name="sim-qwen")), (), KEY)
-    assert "http-check send meth POST uri /v1/probe-here ver HTTP/1.1 " in door.config()
-    assert "body '" + json.dumps(want[1], separators=(",", ":")) + "'" in door.config()
+    # the door's check asks each host's guard, which sends the probe (roles/guard.py ready_check)
+    from sparkfleet.roles import guard as gd
+
+    check = gd.ready_check("vllm", "sim-qwen", None)
+    assert check["path"] == "/v1/probe-here"
+    assert base64.b64decode(check["probe"]).decode() == json.dumps(want[1], separators=(",", ":"))
 
     from sparkfleet.fleet.status import host_status
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.contract.paths import engine_port
 from sparkfleet.contract.settings import Settings, SettingsError
-from sparkfleet.roles import chat_ui, haproxy
+from sparkfleet.roles import chat_ui, guard, haproxy
 from sparkfleet.roles.chat_ui import ChatUi
 from sparkfleet.roles.front_door.address import DoorSet, door_set
 from sparkfleet.roles.front_door.records import BACKEND, CHAT_ROUTE, replay_command, save_state_command
@@ -33,11 +33,13 @@ from sparkfleet.release.plan import HostPlan
 # connections (far more requests than the engines behind it run at once) stay within 256 MiB.
 BUFSIZE = 256 * 1024
 LIMITS = haproxy.Limits(maxconn=500, bufsize=BUFSIZE, memory_max="512M")
-# Checks: a hung engine is out within ~3 s (two missed 1 s checks); back after two good ones.
+# Checks of a chat engine ask its guard (roles/guard.py READY_PATH: busy, ready while its work moves; idle, while it
+# answers the chat probe): a frozen or hung one is out within ~5 s (two failed checks, each the guard's 2 s wait for
+# its /metrics, `timeout check` above it), a busy one never; back after two good ones.
 # Live traffic counts too (observe layer7): three answers in a row that are errors (5xx, a broken or missing answer)
-# are one failed check and the next failed check marks the engine down (sudden-death); an engine whose chat probe
-# still answers stays in, so one caller's failing requests never take a healthy engine out.
-CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "1s", "error_limit": 3,
+# are one failed check and the next failed check marks the engine down (sudden-death); an engine whose check
+# still passes stays in, so one caller's failing requests never take a healthy engine out.
+CHECK = {"inter": "1s", "fastinter": "500ms", "fall": 2, "rise": 2, "timeout": "3s", "error_limit": 3,
          "on_error": "sudden-death"}
 # front_door_routing = "bounded": consistent hashing with bounded loads. An engine takes a new request while it
 # holds at most 175 % of the average in flight (HAProxy's hash-balance-factor: ceil((in flight + 1) x 1.75), shared
@@ -155,7 +157,7 @@ class FrontDoor:
             users_map=paths.FRONT_DOOR_USERS_MAP, backend_map=paths.FRONT_DOOR_BACKEND_MAP,
             backend=BACKEND, check=CHECK, routes=self.routes, allowed=self.allowed, chat_routes=self.chat_routes,
             models_answer=self.models_answer(),
-            chat_check=serving.http_check("chat", self.settings.served_model_name),
+            chat_check=("GET", guard.READY_PATH, ""),
             limits_map=paths.FRONT_DOOR_LIMITS_MAP, usage=self.usage(), status_page=self.status_page,
             metrics_path=monitoring.FRONT_DOOR_METRICS_PATH, peers=self.peers,
             server_tls=server_tls(self.settings, self.backend_tls), chat_ui=self.chat_ui_config(),
