@@ -27,10 +27,10 @@ def planned(request) -> BackupPlan:
 
 def test_a_data_host_runs_its_timer_with_its_secrets_root_only(node, planned):
     src = planned.sources.get(node.plan.name)
-    timer = node.host.service(b.TIMER)
     if src is None:
-        assert not timer.is_enabled and not node.host.file(b.PASSWORD_FILE).exists
+        assert not node.host.file(b.TIMER_PATH).exists and not node.host.file(b.PASSWORD_FILE).exists
         return
+    timer = node.host.service(b.TIMER)
     assert timer.is_enabled and timer.is_running
     assert node.host.run("restic version").rc == 0
     config = node.host.file(b.CONFIG)
@@ -62,4 +62,4 @@ def test_the_target_jails_its_sftp_user(node, planned):
     assert f"chrootdirectory {b.TARGET_DIR}" in effective and "forcecommand internal-sftp" in effective
     assert "allowtcpforwarding no" in effective and "permittty no" in effective
     root = node.host.run("sshd -T -C user=root,host=x,addr=10.0.0.1").stdout.lower()
-    assert "forcecommand" not in root  # the Match block ends in its drop-in
+    assert "forcecommand internal-sftp" not in root and "chrootdirectory none" in root  # the block ends in its file
