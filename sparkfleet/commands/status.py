@@ -24,7 +24,9 @@ def run(args) -> int:
     from sparkfleet.fleet.front_door.commands import front_door_status, status_rows
     from sparkfleet.roles.front_door.holds import door_ok
     from sparkfleet.fleet.tls import guard_client
+    from sparkfleet.fleet.backup import backup_status
     from sparkfleet.fleet.status import fleet_rows, host_row, quiet_connections, ssh_facts, status_table
+    from sparkfleet.fleet.status import BACKUP_COLUMNS, backup_rows
     from sparkfleet.tables import LOG_WIDTH, console, literal, narrow, print_table
 
     sparks = common.planned_sparks(args.inventory, args.limit)
@@ -37,9 +39,11 @@ def run(args) -> int:
                                                                            facts[name], chat=args.chat, client=client))
     door = front_door_status(args.inventory)  # None: the inventory has no front door
     alerts = fleet_alerts(args.inventory)  # None: the inventory has no monitoring host
+    backups = None if args.limit else backup_status(args.inventory)  # None: no backup target (or a --limit)
     if args.json:
         print(json.dumps({"hosts": rows, **({"front_door": door} if door else {}),
-                          **({"alerts": alerts} if alerts else {})}, indent=2))
+                          **({"alerts": alerts} if alerts else {}),
+                          **({"backups": backups} if backups is not None else {})}, indent=2))
     else:
         out = console(log_width=LOG_WIDTH)  # a log gets the narrow table: readable in a 120-column window
         columns, cells = status_table(rows, wide=not narrow(out))
@@ -57,5 +61,7 @@ def run(args) -> int:
                 print_table("alerts firing", ("alert", "host", "summary"), firing, out=out)
             elif not alerts["problems"]:
                 out.print("alerts: none firing")
+        if backups:
+            print_table("backups", BACKUP_COLUMNS, backup_rows(backups), out=out)
     healthy = all(row["healthy"] for row in rows) and (door is None or door_ok(door))
     return 0 if healthy and alerts_ok(alerts) else 1

@@ -543,3 +543,21 @@ def status_table(rows: list[dict], wide: bool) -> tuple[tuple[str, ...], list[tu
             metric_cell(m, series.kv_usage, ".0%") if series.kv_usage else "n/a", literal(row["error"] or ""),
         ))
     return (WIDE_COLUMNS if wide else NARROW_COLUMNS), cells
+
+
+BACKUP_COLUMNS = ("source", "host", "last good backup", "snapshot", "state")
+
+
+def backup_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+    """`status`'s backups (fleet/backup.py `backup_status`): each source's last good backup, its age and its state,
+    in red where the last run failed or the last good one is overdue (the alert's rule), with why."""
+    from sparkfleet.fleet.backup import age_words
+
+    colour = {"ok": "green", "failed": "red", "overdue": "red", "none": "yellow", "unknown": "yellow"}
+    cells = []
+    for row in rows:
+        age = "-" if row["age_s"] is None else age_words(row["age_s"])
+        state = f"[{colour.get(row['state'], 'red')}]{literal(row['state'])}[/]"
+        cells.append((literal(row["source"]), literal(row["host"]), age, literal(row["snapshot"] or "-"),
+                      state + (f": {literal(row['error'])}" if row["error"] else "")))
+    return cells

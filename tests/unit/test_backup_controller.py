@@ -13,6 +13,7 @@ import pytest
 from sparkfleet import cli
 from sparkfleet.contract import backup as contract
 from sparkfleet.contract.settings import GROUPS_KEY, parse_settings
+from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.fleet import backup
 from sparkfleet.fleet.backup import BackupError, Target
 
@@ -268,3 +269,128 @@ def test_fatal_line_keeps_restics_fatal_line_short_and_printable():
     assert backup.fatal_line("noise\nFatal: unable to open repository\x1b[31m\nmore\n") == (
         "Fatal: unable to open repository[31m")
     assert backup.fatal_line("") == "no output"
+
+
+# --- init's password, and the backup after a change ---------------------------------------------------------------
+
+
+@pytest.fixture
+def no_keyscan(tmp_path, monkeypatch):
+    """init with no Spark answering its key scan (a stand-in ssh-keyscan that fails), keys under tmp's home."""
+    import os
+    import shutil
+
+    if not shutil.which("ssh-keygen"):
+        pytest.skip("init's host key check needs OpenSSH's ssh-keygen")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh-keyscan").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "ssh-keyscan").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "home/.config/sparkfleet/office.backup-password"
+
+
+def test_init_shows_the_backup_password_once_and_keeps_it_0600(tmp_path, no_keyscan, capsys):
+    office = tmp_path / "office"
+    assert cli.main(["init", str(office), "--host", "a=10.0.0.1"]) == 0
+    out = capsys.readouterr().out
+    password = backup.read_password(no_keyscan)
+    assert stat.S_IMODE(no_keyscan.stat().st_mode) == 0o600 and len(password) == 32
+    assert out.count(password) == 1 and f"backup password: {password}\n" in out
+    assert "write it down: a restore on a new controller needs it" in out
+    inventory = (office / "inventory.py").read_text()
+    assert password not in inventory and f'"controller_backup_password_file": "{no_keyscan}"' in inventory
+    assert "# backup = [sparks[0]]" in inventory  # the group, to set by hand (off the chat UI's box)
+    [(name, data)] = load_hosts(str(office / "inventory.py"))
+    assert parse_settings(name, data).controller_backup_password_file == str(no_keyscan)
+
+    assert cli.main(["init", str(office), "--host", "a=10.0.0.1", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert password not in out and f"backup password: {no_keyscan} (kept as it was)" in out
+    assert backup.read_password(no_keyscan) == password  # never a second password
+
+
+def test_init_json_names_the_passwords_file_never_the_password(tmp_path, no_keyscan, capsys):
+    assert cli.main(["init", str(tmp_path / "office"), "--host", "a=10.0.0.1", "--json"]) == 0
+    out = capsys.readouterr().out
+    found = json.loads(out)
+    assert found["backup_password_file"] == str(no_keyscan) and found["backup_password_new"] is True
+    assert backup.read_password(no_keyscan) not in out
+
+
+def test_force_on_a_project_from_before_backups_adds_a_password(tmp_path, no_keyscan, capsys):
+    office = tmp_path / "office"
+    assert cli.main(["init", str(office), "--host", "a=10.0.0.1"]) == 0
+    no_keyscan.unlink()  # a project made before backups had none
+    capsys.readouterr()
+    assert cli.main(["init", str(office), "--host", "a=10.0.0.1", "--force"]) == 0
+    assert backup.read_password(no_keyscan) in capsys.readouterr().out
+
+
+@pytest.fixture
+def users_office(tmp_path, monkeypatch):
+    """An inventory of `init`'s shape and its secrets; `backup.office_of` answering as the test says."""
+    from sparkfleet.fleet import users
+
+    secrets = tmp_path / "keys" / "office.json"
+    users.write_secrets(secrets, {"api_key": "engines-key-0123456789abcdef", "users": {}})
+    inventory = tmp_path / "office" / "inventory.py"
+    inventory.parent.mkdir()
+    inventory.write_text(f"SPARKFLEET_SECRETS = {str(secrets)!r}\nsparks = ['spark-a']\n")
+    password_file = tmp_path / "keys" / "office.backup-password"
+    password_file.write_text(PASSWORD + "\n")
+    password_file.chmod(0o600)
+    office = backup.Office(password_file, Target("spark-b", "10.0.0.2"), None, (24, 7, 4), 3600, (), (),
+                           {name: None for name in contract.CONTROLLER_FILES})
+    asked = []
+    monkeypatch.setattr(backup, "office_of", lambda path: asked.append(path) or office)
+    return str(inventory), asked
+
+
+def test_a_users_change_is_backed_up_and_a_failed_backup_is_one_line_not_a_failure(users_office, monkeypatch,
+                                                                                   capsys):
+    inventory, asked = users_office
+    monkeypatch.setattr(backup, "back_up_controller", lambda office: backup.Result(
+        "controller", "controller", error="the target did not answer"))
+    assert cli.main(["users", "add", inventory, "alice"]) == 0
+    out, err = capsys.readouterr()
+    assert asked == [inventory] and len(out.strip()) >= 32  # the key is shown: the change stands
+    assert err.splitlines()[-1] == (f"the controller's state was not backed up: the target did not answer (the change "
+                                    f"itself is saved; `sparkfleet backup {inventory}` tries again)")
+
+
+def test_a_users_command_that_changed_nothing_asks_no_backup(users_office, capsys):
+    inventory, asked = users_office
+    assert cli.main(["users", "list", inventory]) == 0
+    assert cli.main(["users", "remove", inventory, "nobody"]) == 2  # refused: nothing changed
+    assert asked == []
+
+
+def test_status_reads_each_data_hosts_record_over_ssh_and_the_controllers_beside_its_password(tmp_path, monkeypatch):
+    password_file = tmp_path / "office.backup-password"
+    office = backup.Office(password_file, Target("spark-3", "10.0.0.3"), None, (24, 7, 4), 3600,
+                           (("chat-ui", "spark-1"), ("usage-door", "door")), ("spark-1",),
+                           {name: None for name in contract.CONTROLLER_FILES})
+    monkeypatch.setattr(backup, "office_of", lambda inventory: office)
+    backup.write_record(backup.controller_record(password_file),
+                        backup.Result("controller", "controller", error="the target did not answer"), now=500)
+    sent = []
+
+    def on_hosts(inventory, hosts, command, timeout_s):
+        sent.append((hosts, command))
+        return {"spark-1": record(finished=9_000, last_success=9_000), "door": None}
+
+    monkeypatch.setattr(backup, "on_hosts", on_hosts)
+    rows = backup.backup_status("office.py", now=10_000)
+    assert sent == [(["spark-1", "door"], f"cat {contract.RECORD} 2>/dev/null || true")]  # read only: no backup
+    assert [(r["source"], r["state"], r["age_s"]) for r in rows] == [
+        ("controller", "failed", None), ("chat-ui", "ok", 1000.0), ("usage-door", "unknown", None)]
+    assert rows[0]["error"] == "the target did not answer" and rows[2]["error"] == "door did not answer over SSH"
+
+
+def test_status_has_no_backups_section_without_a_target(monkeypatch):
+    office = backup.Office(None, None, None, (24, 7, 4), 3600, (("chat-ui", "spark-1"),), ("spark-1",), {})
+    monkeypatch.setattr(backup, "office_of", lambda inventory: office)
+    monkeypatch.setattr(backup, "on_hosts", lambda *a: pytest.fail("a host was asked"))
+    assert backup.backup_status("office.py") is None

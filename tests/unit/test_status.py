@@ -285,3 +285,22 @@ def test_the_engines_load_is_read_with_its_key(monkeypatch):
     finally:
         server.shutdown()
     assert row["via"] == "http" and row["metrics"] == {"vllm:num_requests_running": 3.0}
+
+
+def test_status_shows_each_sources_last_backup_and_its_exit_is_the_fleets(defaults_inventory, monkeypatch, capsys):
+    """The backups' section (fleet/backup.py backup_status): shown, never changing the exit (the alert does), and
+    not asked under --limit (it reaches every data host)."""
+    from sparkfleet.fleet import backup
+
+    fake_fleet(monkeypatch, {"spark-1": facts(SERVING), "spark-2": facts(SERVING)})
+    rows = [backup.backup_state("chat-ui", "spark-1", {"ok": False, "last_success": 900, "error": "disk full"},
+                                3600, now=1000)]
+    asked = []
+    monkeypatch.setattr(backup, "backup_status", lambda inv: asked.append(inv) or rows)
+    assert cli.main(["status", defaults_inventory, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backups"] == rows and asked == [defaults_inventory]
+    assert cli.main(["status", defaults_inventory]) == 0
+    out = capsys.readouterr().out
+    assert "backups" in out and "failed: disk full" in out and "100 s ago" in out
+    assert cli.main(["status", defaults_inventory, "--limit", "spark-1", "--json"]) == 0
+    assert "backups" not in json.loads(capsys.readouterr().out) and len(asked) == 2
