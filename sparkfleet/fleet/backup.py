@@ -527,6 +527,7 @@ def office_from(hosts: list[tuple[str, dict]], settings: dict, secrets: Path | N
     from sparkfleet.contract.paths import CHAT_UI_GROUP
     from sparkfleet.contract.reach import ssh_address, ssh_port
     from sparkfleet.contract.settings import GROUPS_KEY
+    from sparkfleet.roles.backup import sources as data_sources
     from sparkfleet.roles.pki import generations_path
 
     def in_group(group: str) -> list[str]:
@@ -545,8 +546,10 @@ def office_from(hosts: list[tuple[str, dict]], settings: dict, secrets: Path | N
     def first(key: str):
         return next((getattr(s, key) for s in settings.values() if getattr(s, key, None)), None)
 
-    sources = [(contract.CHAT_UI, h) for h in in_group(CHAT_UI_GROUP)[:1]]
-    sources += [(contract.usage_source(h), h) for h in in_group(FRONT_DOOR_GROUP)]
+    # each data host's source as its unit backs it up (roles/backup.py: the one rule; a door that is the chat UI's
+    # host too is refused there)
+    sources = [(source, host) for host, source in data_sources(next(iter(in_group(CHAT_UI_GROUP)), None),
+                                                                in_group(FRONT_DOOR_GROUP)).items()]
     base = settings[targets[0]] if targets else next(iter(settings.values()), None)
     keep = (base.backup_keep_hourly, base.backup_keep_daily, base.backup_keep_weekly) if base else (24, 7, 4)
     ca_key = first("fleet_ca_key")

@@ -168,14 +168,14 @@ def hosts_of(groups: dict[str, list[str]], **extra) -> list[tuple[str, dict]]:
 
 def test_the_inventory_view_names_the_target_the_sources_and_the_controllers_files(tmp_path):
     hosts = hosts_of({"sparks": ["spark-1", "spark-2", "spark-3"], "chat_ui": ["spark-1"], "backup": ["spark-3"],
-                      "front_door": ["spark-1", "spark-2"]},
+                      "front_door": ["door-1", "spark-2"]},
                      fleet_ca_cert="/k/office.ca.crt", fleet_ca_key="/k/office.ca.key",
                      front_door_tls_cert="/k/office.crt", front_door_tls_key="/k/office.key",
                      controller_backup_password_file="/k/office.backup-password", backup_keep_hourly=5)
     settings = {n: parse_settings(n, d) for n, d in hosts}
     office = backup.office_from(hosts, settings, Path("/k/office.json"), tmp_path / "sparkfleet.lock")
-    assert office.target == Target("spark-3", "127.0.0.1", 2202, "/o/known_hosts")
-    assert office.sources == (("chat-ui", "spark-1"), ("usage-spark-1", "spark-1"), ("usage-spark-2", "spark-2"))
+    assert office.target == Target("spark-3", "127.0.0.1", 2203, "/o/known_hosts")
+    assert office.sources == (("chat-ui", "spark-1"), ("usage-door-1", "door-1"), ("usage-spark-2", "spark-2"))
     assert office.keep == (5, 7, 4) and office.password_file == Path("/k/office.backup-password")
     assert office.repository_for("controller") == "sftp:sparkfleet-backup@127.0.0.1:/repos/controller"
     assert set(office.files) == set(contract.CONTROLLER_FILES)
