@@ -125,6 +125,8 @@ def plan_backups(hosts: dict[str, dict], plans: dict[str, HostPlan], chat_ui_hos
             keys[source] = b.ssh_key(password, source)[1]
     if problems:
         raise SettingsError(list(dict.fromkeys(problems)))
+    if target is not None and found:  # the controller's own state goes there too (fleet/backup.py), as `controller`
+        keys[b.CONTROLLER] = b.ssh_key(next(iter(found.values())).password, b.CONTROLLER)[1]
     return BackupPlan(found, targets[0] if targets else None, keys)
 
 

@@ -180,7 +180,7 @@ def test_the_sim_inventory_plan(tmp_path):
     chat = planned.sources["spark-1"]
     assert chat.target.repository("chat-ui") == "sftp:sparkfleet-backup@sparkfleet-spark-3:/repos/chat-ui"
     assert chat.target.port == 22 and chat.target.known_hosts == f"sparkfleet-spark-3 ssh-ed25519 {KEY}\n"
-    assert planned.public_keys == {s: b.ssh_key(PASSWORD, s)[1] for s in ("chat-ui", "usage-door-1")}
+    assert planned.public_keys == {s: b.ssh_key(PASSWORD, s)[1] for s in ("chat-ui", "usage-door-1", "controller")}
     assert plan_backups(*inventory(tmp_path, targets=()), "spark-1", lookup) == BackupPlan()
 
 
