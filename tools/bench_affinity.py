@@ -18,6 +18,12 @@ host's guard before and after; llama.cpp's `timings.cache_n` / `prompt_n` of the
 no such counter) and each engine's share of the requests (HAProxy's `stot` per server, checks not counted). Each
 mode's prompts carry their own tag, so no mode finds another's prefixes cached. At the end the doors are converged
 again from the inventory as given: the fleet as it was found. A benchmark, not a test: it asserts nothing.
+
+`--kv-blocks N` makes it an eviction workload: before the modes, the whole inventory is converged with
+`extra_engine_args` set to vLLM's `--num-gpu-blocks-override N` (the engines restart with a prefix cache of N blocks of
+16 tokens, which the stand-in honours, least recently used out first), so that more conversations than one engine's
+cache holds run through it; at the end the whole inventory is converged again as given (the engines restart on their
+own release). Give it more conversations than fit (`--conversations 24`, say).
 """
 
 from __future__ import annotations
@@ -61,6 +67,22 @@ def converge_doors(inventory: str, doors: list[str], mode: str | None) -> float:
         raise SystemExit(f"converging {', '.join(doors)} ({mode or 'as the inventory says'}) failed "
                          f"(exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     return time.monotonic() - started
+
+
+def converge_all(inventory: str, data: list[str]) -> float:
+    """Converge the whole inventory (engines and doors), with `--data` pairs; its seconds."""
+    started = time.monotonic()
+    proc = subprocess.run([PYINFRA, "-y", inventory, "deploy.py", *data], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"converging {inventory} {' '.join(data)} failed (exit {proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return time.monotonic() - started
+
+
+def small_cache(blocks: int) -> list[str]:
+    """The `--data` that restarts every engine with a prefix cache of `blocks` blocks."""
+    return ["--data", "extra_engine_args=" + json.dumps(["--num-gpu-blocks-override", str(blocks)])]
 
 
 def engine_hosts(inventory: str, model: str) -> dict[str, tuple[str, str]]:
@@ -186,7 +208,8 @@ def run_mode(mode: str, args, url: str, model: str, keys: list[str], engines: di
 def print_table(rows: list[dict], setup: dict) -> None:
     print(f"front door affinity: {setup['conversations']} conversations x {setup['turns']} turns, "
           f"{setup['concurrency']} at once, {setup['system_prompts']} system prompts of {setup['system_words']} "
-          f"words, half opening with one shared first message, {setup['max_tokens']} tokens an answer")
+          f"words, half opening with one shared first message, {setup['max_tokens']} tokens an answer"
+          + (f", a prefix cache of {setup['kv_blocks']} blocks an engine" if setup.get("kv_blocks") else ""))
     hosts = sorted({h for r in rows for h in r["share"]})
     print(f"{'routing':<11} {'TTFT p50 ms':>11} {'p95 ms':>8} {'req/s':>6} {'cache hits':>10} "
           + " ".join(f"{h:>8}" for h in hosts) + "  errors")
@@ -214,11 +237,15 @@ def main(argv: list[str] | None = None) -> int:
                              "first ~15 KB of a body)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--no-restore", action="store_true", help="leave the doors on the last mode")
+    parser.add_argument("--kv-blocks", type=int, help="an eviction workload: each engine's prefix cache N blocks "
+                                                      "(the whole inventory converged with it, then back)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+    if args.kv_blocks is not None and args.kv_blocks < 1:
+        parser.error("--kv-blocks: 1 or more")
     runtime = FrontDoorRuntime.of(args.inventory)
     doors = [name for name, _ in runtime.doors]
     url, model, _ = bench_target(args.inventory)
@@ -227,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     engines = engine_hosts(args.inventory, model)
     rows, converged = [], {}
     try:
+        if args.kv_blocks:
+            converged["small_cache"] = round(converge_all(args.inventory, small_cache(args.kv_blocks)), 1)
         for mode in modes:
             converged[mode] = round(converge_doors(args.inventory, doors, mode), 1)
             time.sleep(3)  # the reloaded door's first checks
@@ -234,10 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode}: {json.dumps(rows[-1]['ttft_ms'])}, hit rate {rows[-1]['prefix_cache']['hit_rate']}, "
                   f"share {rows[-1]['share']} (door converged in {converged[mode]} s)", file=sys.stderr)
     finally:
-        if not args.no_restore:
+        if args.kv_blocks:  # the engines back on their own release, and the doors on the inventory's routing
+            converged["restored"] = round(converge_all(args.inventory, []), 1)
+        elif not args.no_restore:
             converged["restored"] = round(converge_doors(args.inventory, doors, None), 1)
     setup = {k: getattr(args, k) for k in ("conversations", "turns", "concurrency", "system_prompts",
-                                           "system_words", "max_tokens")}
+                                           "system_words", "max_tokens", "kv_blocks")}
     if args.json:
         print(json.dumps({"setup": setup, "front_door": url, "converge_s": converged, "modes": rows}, indent=2))
     else:

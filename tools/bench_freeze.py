@@ -12,6 +12,13 @@ after the fault, the failures (by what the client saw), and whether a window aft
 half the quiet rate. A frozen engine is unpaused after its window (the watchdog would restart it later), a killed
 one restarts alone; the next scenario waits for every engine to serve. At the end the door is converged back on
 INVENTORY's own users (as the e2e fixtures expect it). Only the fleet's containers are touched (tools/soak_fleet.py).
+
+`--faults busy` measures the other side, no false mark-down: under the same plain load, `--colleagues` more clients
+send long prompts (`--prompt-words` words, a prefill of seconds each on the stand-in: each engine's prefill queue
+stays deep, so a one-token probe waits its turn), while one plain answer of `--answer-s` seconds and one stream of
+`--stream-s` seconds run (their max_tokens from the stand-in's decode rate, `--tokens-per-s`). It prints how each
+long one ended, every mark-down the door made meanwhile, and how often a one-token chat probe to each engine's guard
+(every 2 s) took over 1 s (what the door's old check, `timeout check 1s`, failed) or failed outright.
 """
 
 from __future__ import annotations
@@ -127,8 +134,128 @@ def scenario(fleet, url: str, model: str, key: str, fault: str, retries: int, ar
             None if noticed is None else round(noticed, 1), **windows(shifted, args.quiet_s, args.after_s)}
 
 
+def busy(fleet, url: str, model: str, key: str, args) -> dict:
+    """No false mark-down (see the module's docstring): the long answer and the long stream under the plain load and
+    the colleagues' long prompts; the door's states and the probes' times sampled meanwhile."""
+    from openai import OpenAI
+
+    from tools.soak import failure_class
+
+    seconds = max(args.answer_s, args.stream_s) + 10
+    done: list[Done] = []
+    colleagues: list[Done] = []
+    long_ones: dict[str, dict] = {}
+    stop = threading.Event()
+    filler = " ".join(f"word{i % 97}" for i in range(args.prompt_words))
+
+    def colleague(n: int) -> None:
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
+        turn = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                client.chat.completions.create(model=model, max_tokens=16, messages=[
+                    {"role": "system", "content": f"colleague {n} turn {turn}: {filler}"},
+                    {"role": "user", "content": "summarise the above"}])
+                outcome = "ok"
+            except Exception as exc:  # every failure is data
+                outcome = failure_class(exc)
+            colleagues.append(Done(started, time.monotonic(), outcome))
+            turn += 1
+
+    def long_one(name: str, tokens: int, stream: bool) -> None:
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, timeout=900, max_retries=0)
+        started = time.monotonic()
+        got, outcome = 0, "ok"
+        try:
+            messages = [{"role": "user", "content": f"bench-freeze busy {name} at {started:.3f}"}]
+            if stream:
+                for chunk in client.chat.completions.create(model=model, max_tokens=tokens, messages=messages,
+                                                            stream=True):
+                    got += sum(1 for c in chunk.choices if c.delta.content)
+            else:
+                reply = client.chat.completions.create(model=model, max_tokens=tokens, messages=messages)
+                got = reply.usage.completion_tokens if reply.usage else 0
+        except Exception as exc:  # a cut stream or a failed answer is what this measures
+            outcome = failure_class(exc)
+        long_ones[name] = {"outcome": outcome, "tokens": got, "asked": tokens,
+                           "seconds": round(time.monotonic() - started, 1)}
+
+    def probes(out: dict) -> None:
+        """A one-token chat probe to each engine's guard every 2 s (what the old check sent, through the same guard),
+        and its time."""
+        body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        while not stop.is_set():
+            for host in fleet.hosts:
+                started = time.monotonic()
+                try:
+                    ok = fleet.guards.session.post(
+                        f"{fleet.api_urls[host]}/v1/chat/completions", json=body, timeout=30,
+                        headers={"Authorization": f"Bearer {fleet.settings[host].api_key}"}).status_code == 200
+                except Exception:  # a probe that failed is counted as such
+                    ok = False
+                took = time.monotonic() - started
+                row = out.setdefault(host, {"probes": 0, "over_1s": 0, "failed": 0, "longest_s": 0.0})
+                row["probes"] += 1
+                row["over_1s"] += took > 1.0
+                row["failed"] += not ok
+                row["longest_s"] = round(max(row["longest_s"], took), 2)
+            stop.wait(2)
+
+    fault_at = [time.monotonic()]
+    probed: dict[str, dict] = {}
+    threads = [threading.Thread(target=load, args=(url, model, key, args.clients, 2, seconds, fault_at, done),
+                                daemon=True),
+               *(threading.Thread(target=colleague, args=(n,), daemon=True) for n in range(args.colleagues)),
+               threading.Thread(target=probes, args=(probed,), daemon=True)]
+    for t in threads:
+        t.start()
+    time.sleep(5)  # the colleagues' prompts queued first
+    longs = [threading.Thread(target=long_one, args=("answer", int(args.answer_s * args.tokens_per_s), False)),
+             threading.Thread(target=long_one, args=("stream", int(args.stream_s * args.tokens_per_s), True))]
+    for t in longs:
+        t.start()
+    downs: list[str] = []
+    before = {h: "in" for h in fleet.hosts}
+    while any(t.is_alive() for t in longs):
+        try:
+            states = fleet.door_states()
+        except Exception:  # a slow read is no state change
+            states = before
+        for host, state in states.items():
+            if state != before.get(host):
+                downs.append(f"{host} {before.get(host)}->{state} at {time.monotonic() - fault_at[0]:.1f} s")
+        before = states
+        time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    return {"fault": "busy", "long": long_ones, "door_changes": downs, "probes": probed,
+            "plain": {"requests": len(done), "failed": sum(1 for d in done if d.outcome != "ok"),
+                      "longest_s": round(max((d.end - d.start for d in done), default=0.0), 1)},
+            "colleagues": {"requests": len(colleagues), "failed": sum(1 for d in colleagues if d.outcome != "ok"),
+                           "median_s": round(sorted(d.end - d.start for d in colleagues)[len(colleagues) // 2], 1)
+                           if colleagues else None}}
+
+
+def print_busy(r: dict) -> None:
+    for name, one in r["long"].items():
+        print(f"busy: the long {name}: {one['outcome']}, {one['tokens']} of {one['asked']} tokens in "
+              f"{one['seconds']} s")
+    print(f"      door changes meanwhile: {r['door_changes'] or 'none'}")
+    print(f"      plain: {r['plain']['requests']} requests, {r['plain']['failed']} failed, longest "
+          f"{r['plain']['longest_s']} s; colleagues' long prompts: {r['colleagues']['requests']}, "
+          f"{r['colleagues']['failed']} failed, median {r['colleagues']['median_s']} s")
+    for host, p in sorted(r["probes"].items()):
+        print(f"      {host}: one-token probes {p['probes']}, over 1 s {p['over_1s']}, failed {p['failed']}, "
+              f"longest {p['longest_s']} s")
+
+
 def print_table(results: list[dict]) -> None:
     for r in results:
+        if r["fault"] == "busy":
+            print_busy(r)
+            continue
         counts = " ".join(f"{w['completed']}" + ("|" if w["from_s"] + WINDOW_S == 0 else "")
                           for w in r["windows"])
         print(f"{r['fault']:6} retries={r['client_retries']}: windows (5 s, | = the fault) {counts}")
@@ -144,14 +271,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--quiet-s", type=float, default=20.0)
     parser.add_argument("--after-s", type=float, default=45.0)
-    parser.add_argument("--faults", default="freeze,kill", help="freeze, kill or both (comma-separated)")
+    parser.add_argument("--faults", default="freeze,kill", help="freeze, kill, busy (comma-separated)")
+    parser.add_argument("--colleagues", type=int, default=6, help="busy: clients sending long prompts")
+    parser.add_argument("--prompt-words", type=int, default=8000, help="busy: words of each long prompt")
+    parser.add_argument("--answer-s", type=float, default=90.0, help="busy: the long plain answer's seconds")
+    parser.add_argument("--stream-s", type=float, default=300.0, help="busy: the long stream's seconds")
+    parser.add_argument("--tokens-per-s", type=float, default=50.0, help="busy: the engines' decode rate")
     parser.add_argument("--retries", default="2,0", help="the openai client's max_retries to run, comma-separated")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 16:
         parser.error("--clients: from 1 to 16")
-    if set(args.faults.split(",")) - {"freeze", "kill"}:
-        parser.error("--faults: freeze, kill")
+    if set(args.faults.split(",")) - {"freeze", "kill", "busy"}:
+        parser.error("--faults: freeze, kill, busy")
     return args
 
 
@@ -173,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             url, model, _ = bench_target(fleet.inventory, USER)
             for fault in args.faults.split(","):
+                if fault == "busy":
+                    results.append(busy(fleet, url, model, key, args))
+                    print_table(results[-1:])
+                    sys.stdout.flush()
+                    continue
                 for retries in (int(r) for r in args.retries.split(",")):
                     results.append(scenario(fleet, url, model, key, fault, retries, args))
                     print_table(results[-1:])
