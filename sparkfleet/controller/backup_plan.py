@@ -4,7 +4,9 @@ Which sources an inventory has (the chat UI's host: `chat-ui`; each front door: 
 repository is (the host of the group `backup`, or an office's own `backup_repository`), the office's one password
 (`controller_backup_password_file`, 0600, made by `sparkfleet init`), and the target's host key as the controller
 pinned it (its known_hosts, looked up with `ssh-keygen -F` for the name the controller dials, rewritten for the
-address the data hosts dial). Every refusal is one line naming the fix, raised before any host is touched.
+address the data hosts dial). Every refusal is one line naming the fix: controller/checks.py `check_inventory` runs
+`plan_backups`, so `plan` and the deploy refuse before any host is touched; the deploy's stages take the plan once
+per run (tasks/backup.py `backup_of`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP
 from sparkfleet.contract.private_files import open_to_others
 from sparkfleet.contract.reach import ssh_address, ssh_port
 from sparkfleet.contract.settings import GROUPS_KEY, Settings, SettingsError
-from sparkfleet.refused import Refused
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.roles.backup import SSH_PORT, Source, Target, dial_name, known_hosts_line, sources
+from sparkfleet.roles.backup import SSH_PORT, Source, Target, dial_name, known_hosts_line, sftp_command, sources
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def target_of(name: str, data: dict, plan: HostPlan, lookup=pinned_key) -> Targe
     except ValueError:
         raise SettingsError([f"{name}: the backup target's host key is not pinned ({controller_name} is not in "
                              f"{known_hosts}): run `sparkfleet hostkeys INVENTORY` first"]) from None
+    sftp_command(plan.lan_address, dial_port)  # an address restic's split would break: refused here, by `plan` too
     return Target(address=plan.lan_address, port=dial_port, known_hosts=line)
 
 
@@ -128,19 +130,3 @@ def plan_backups(hosts: dict[str, dict], plans: dict[str, HostPlan], chat_ui_hos
     if target is not None and found:  # the controller's own state goes there too (fleet/backup.py), as `controller`
         keys[b.CONTROLLER] = b.ssh_key(next(iter(found.values())).password, b.CONTROLLER)[1]
     return BackupPlan(found, targets[0] if targets else None, keys)
-
-
-def backup_of(state) -> BackupPlan:
-    """The inventory's backups, planned once per run (the deploy's: refused before any host is touched)."""
-    from sparkfleet.controller.inventory import DeployRefused, chat_ui_of, host_data, plans
-    from sparkfleet.host.run import run_of
-
-    def plan() -> BackupPlan:
-        ui, _ = chat_ui_of(state)
-        hosts = {h.name: host_data(h) for h in state.inventory}
-        return plan_backups(hosts, plans(state), ui.host if ui else None)
-
-    try:
-        return run_of(state).once("backup", "inventory", plan)
-    except (SettingsError, Refused) as exc:
-        raise DeployRefused(f"invalid backup settings; no host was changed:\n{exc}") from None

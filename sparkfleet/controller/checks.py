@@ -24,6 +24,7 @@ from sparkfleet.contract import monitoring as m
 from sparkfleet.contract.paths import CHAT_UI_GROUP, engine_port
 from sparkfleet.contract.reach import ssh_address
 from sparkfleet.contract.settings import CONNECTION_PREFIXES, GROUPS_KEY, Settings, SettingsError
+from sparkfleet.controller.backup_plan import plan_backups
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.roles.chat_ui import ChatUi, chat_ui_plan, email
 from sparkfleet.roles.front_door.plan import FrontDoor, planned_front_doors
@@ -80,6 +81,10 @@ def check_inventory(hosts: list[tuple[str, dict]], plans: list[HostPlan]) -> Che
             guard_state(plan, runs_chat_ui=CHAT_UI_GROUP in groups.get(plan.name, ()))
         except SettingsError as exc:
             problems += exc.problems
+    try:  # the backups' sources, target, password file and the target's pinned host key (controller/backup_plan.py)
+        plan_backups({name: data for name, data in hosts if name in planned}, planned, ui.host if ui else None)
+    except SettingsError as exc:
+        problems += exc.problems
     problems += viewer_problems(planned, groups)
     problems += chat_ui_problems(ui, planned, groups)
     problems += port_problems(planned, groups, problems)

@@ -18,11 +18,10 @@ from pyinfra import host, state
 from sparkfleet.contract.monitoring import GROUP as MONITORING, SERVICE_ROLE
 from sparkfleet.controller.prepare import prepare
 from sparkfleet.contract.monitoring import FRONT_DOOR_GROUP as FRONT_DOOR
-from sparkfleet.controller.backup_plan import backup_of
 from sparkfleet.controller.inventory import chat_ui_of, plan_for, plans
 from sparkfleet.host.operations import fleet_point
 from sparkfleet.release.plan import HostPlan
-from sparkfleet.tasks.backup import backup_source, backup_target, no_backup, no_backup_target
+from sparkfleet.tasks.backup import backup_of, backup_source, backup_target, no_backup, no_backup_target
 from sparkfleet.tasks.chat_ui import chat_ui, no_chat_ui
 from sparkfleet.tasks.container_toolkit import container_toolkit
 from sparkfleet.tasks.front_door import front_door, no_front_door

@@ -6,6 +6,11 @@ its data and the repositories stay.
 
 from pyinfra.api import deploy
 
+from sparkfleet.contract.settings import SettingsError
+from sparkfleet.controller.backup_plan import BackupPlan, plan_backups
+from sparkfleet.controller.inventory import DeployRefused, chat_ui_of, host_data, plans
+from sparkfleet.host.run import run_of
+
 from sparkfleet.contract import backup as b
 from sparkfleet.contract import paths
 from sparkfleet.contract.shared import PACKAGE_DIR, PACKAGE_NAME, package_files
@@ -13,6 +18,19 @@ from sparkfleet.host.managed import managed_files, managed_user
 from sparkfleet.roles.backup import (Source, backup_source_state, backup_target_state, no_backup_state,
                                      no_target_state)
 from sparkfleet.tasks.ensure import ensure
+
+
+def backup_of(state) -> BackupPlan:
+    """The inventory's backups, planned once per run."""
+    def plan() -> BackupPlan:
+        ui, _ = chat_ui_of(state)
+        hosts = {h.name: host_data(h) for h in state.inventory}
+        return plan_backups(hosts, plans(state), ui.host if ui else None)
+
+    try:
+        return run_of(state).once("backup", "inventory", plan)
+    except SettingsError as exc:  # refusal: planned (plan_backups: controller/checks.py check_inventory)
+        raise DeployRefused(f"invalid backup settings; no host was changed:\n{exc}") from None
 
 
 @deploy("Backup")

@@ -257,3 +257,25 @@ def test_the_batched_read_covers_the_backup_package_and_user():
     """The host's one read of its state (host/state.py) reports restic and the target's user: without them every
     converge would install the one and make the other again."""
     assert role.PACKAGE in paths.MANAGED_PACKAGES and b.TARGET_USER in paths.MANAGED_USERS
+
+
+def test_plan_refuses_what_the_deploy_would_before_any_host(tmp_path, capsys):
+    """`sparkfleet plan` runs the backup plan's checks (controller/checks.py): two backup hosts, and a password
+    file open to others, are each one line and exit 2, offline."""
+    from sparkfleet import cli
+
+    loose = password_file(tmp_path, mode=0o640)
+    path = tmp_path / "office.py"
+    path.write_text(f"_d = {{'api_host': '0.0.0.0', 'api_key': 'k' * 32, 'backend_key_in_clear': True, "
+                    f"'controller_backup_password_file': {loose!r}}}\n"
+                    "sparks = [(f'spark-{n}', {**_d, 'ssh_hostname': f'10.0.0.{n}'}) for n in (1, 2, 3)]\n"
+                    "chat_ui = sparks[:1]\nbackup = sparks[1:]\n")
+    assert cli.main(["plan", str(path), "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "group backup: spark-2, spark-3: one host keeps the backups: keep one" in err
+    other = tmp_path / "office2.py"
+    other.write_text(path.read_text().replace("backup = sparks[1:]", "backup = sparks[2:]"))
+    assert cli.main(["plan", str(other), "--offline"]) == 2
+    err += capsys.readouterr().err
+    assert f"the backup password file {loose} is open to other users (mode 0640): chmod 600" in err
+    assert PASSWORD not in err

@@ -106,7 +106,8 @@ def test_stage_results_are_frozen_and_named():
 
 
 STAGES = ("preflight", "platform", "container_toolkit", "model", "service", "guard", "health", "watchdog", "front_door",
-          "no_front_door", "node_metrics", "monitoring", "service_preflight", "chat_ui", "no_chat_ui")
+          "no_front_door", "node_metrics", "monitoring", "service_preflight", "chat_ui", "no_chat_ui", "backup_source",
+          "no_backup", "backup_target", "no_backup_target")
 
 
 @pytest.fixture
@@ -119,6 +120,7 @@ def stand_ins(monkeypatch):
     from pyinfra.operations import files
 
     import sparkfleet.tasks as tasks
+    from sparkfleet.controller.backup_plan import BackupPlan
     from sparkfleet.host.run import ModelResult, ServiceResult
 
     plan, facts = SimpleNamespace(name="spark-1", role="single"), SimpleNamespace(arch="aarch64")
@@ -140,6 +142,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(tasks, "plans", lambda state: {"spark-1": plan})
     monkeypatch.setattr(tasks, "prepare", lambda plan, facts: "prepared")
     monkeypatch.setattr(tasks, "chat_ui_of", lambda state: (None, None))  # an inventory without a group chat_ui
+    monkeypatch.setattr(tasks, "backup_of", lambda state: BackupPlan())  # an inventory without backups
     monkeypatch.setattr(tasks, "monitored_groups", lambda state: dict(monitored))
     monkeypatch.setattr(tasks, "fleet_point", lambda **kwargs: None)  # an operation: it needs a pyinfra state
     monkeypatch.setattr(files, "directory", lambda **kwargs: calls.setdefault("own operation", kwargs))
@@ -173,6 +176,8 @@ def test_deploy_files_hand_each_stage_what_its_signature_names(deploy_file, grou
         assert calls[stage] == {"plan": plan, "model_result": results["model"], "service_result": results["service"]}
     assert ("front_door" in calls) == ("front_door" in groups) != ("no_front_door" in calls)  # a door, or none left
     assert "no_chat_ui" in calls and "chat_ui" not in calls  # no chat UI, and none left running
+    assert calls["no_backup"] == calls["no_backup_target"] == {}  # no backups, and no timer or jail left
+    assert "backup_source" not in calls and "backup_target" not in calls
     if "front_door" in calls:
         assert calls["front_door"] == {"plan": plan, "plans": {"spark-1": plan}}
     assert ("own operation" in calls) == (deploy_file == "examples/my_deploy.py")

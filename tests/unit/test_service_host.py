@@ -186,7 +186,8 @@ def test_converge_of_a_service_host_runs_its_preflight_and_roles_only(stand_ins,
         tasks.converge(door)
     assert calls == {"service_preflight": {"plan": door}, "guard": {"plan": door},
                      "front_door": {"plan": door, "plans": {"door-1": door}},
-                     "monitoring": {"plan": door, "plans": {"door-1": door}, "groups": {}}}
+                     "monitoring": {"plan": door, "plans": {"door-1": door}, "groups": {}},
+                     "no_backup": {}, "no_backup_target": {}}  # after its roles: its usage's backup, here none
 
     calls.clear()
     results["service_preflight"] = None  # not fit: nothing after its preflight
