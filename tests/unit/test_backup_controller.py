@@ -394,3 +394,15 @@ def test_status_has_no_backups_section_without_a_target(monkeypatch):
     monkeypatch.setattr(backup, "office_of", lambda inventory: office)
     monkeypatch.setattr(backup, "on_hosts", lambda *a: pytest.fail("a host was asked"))
     assert backup.backup_status("office.py") is None
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_update_backs_the_lock_up_only_when_it_wrote_it(written, tmp_path, monkeypatch, capsys):
+    from sparkfleet.fleet import update
+
+    monkeypatch.setattr(update, "update", lambda inventory, limit: update.UpdateReport(
+        tmp_path / "sparkfleet.lock", [], {}, written, ["model x"] if written else []))
+    asked = []
+    monkeypatch.setattr(backup, "after_change", lambda inventory, log: asked.append(inventory))
+    assert cli.main(["update", "office.py"]) == 0
+    assert asked == (["office.py"] if written else [])
