@@ -103,8 +103,10 @@ local function sums(body, wanted)
 end
 
 local function answer(applet, status, why)
-  local body = '{"ready":' .. (status == 200 and "true" or "false") .. ',"why":"' .. why:gsub('[%c"\\]', " ") .. '"}'
-  applet:set_status(status)
+  why = why:gsub('[%c"\\]', " ")
+  local body = '{"ready":' .. (status == 200 and "true" or "false") .. ',"why":"' .. why .. '"}'
+  -- the reason phrase too: the door's log and `show stat` (check_desc) say why a check failed
+  applet:set_status(status, why:sub(1, 120))
   applet:add_header("content-type", "application/json")
   applet:add_header("content-length", tostring(#body))
   applet:add_header("cache-control", "no-store")

@@ -16,9 +16,11 @@ INVENTORY's own users (as the e2e fixtures expect it). Only the fleet's containe
 `--faults busy` measures the other side, no false mark-down: under the same plain load, `--colleagues` more clients
 send long prompts (`--prompt-words` words, a prefill of seconds each on the stand-in: each engine's prefill queue
 stays deep, so a one-token probe waits its turn), while one plain answer of `--answer-s` seconds and one stream of
-`--stream-s` seconds run (their max_tokens from the stand-in's decode rate, `--tokens-per-s`). It prints how each
-long one ended, every mark-down the door made meanwhile, and how often a one-token chat probe to each engine's guard
-(every 2 s) took over 1 s (what the door's old check, `timeout check 1s`, failed) or failed outright.
+`--stream-s` seconds run (their max_tokens from the stand-in's decode rate, `--tokens-per-s`), sent as the colleagues'
+(the door's affinity puts them where the prompts queue). It prints how each long one ended, every mark-down the door
+made meanwhile, the engines the hosts' watchdogs restarted (their own 10-s chat probe failing three times in a row),
+and how often a one-token chat probe to each engine's guard (every 2 s) took over 1 s (what the door's old check,
+`timeout check 1s`, failed) or failed outright.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WINDOW_S = 5.0
 STALL_BOUND_S = 10.0  # issue 54's goal: no plain request started after the fault waits longer
 USER = "bench-freeze"
+ASK = "Summarise the above."  # busy: the colleagues' and the long ones' first user message
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def busy(fleet, url: str, model: str, key: str, args) -> dict:
             try:
                 client.chat.completions.create(model=model, max_tokens=16, messages=[
                     {"role": "system", "content": f"colleague {n} turn {turn}: {filler}"},
-                    {"role": "user", "content": "summarise the above"}])
+                    {"role": "user", "content": ASK}])
                 outcome = "ok"
             except Exception as exc:  # every failure is data
                 outcome = failure_class(exc)
@@ -168,7 +171,9 @@ def busy(fleet, url: str, model: str, key: str, args) -> dict:
         started = time.monotonic()
         got, outcome = 0, "ok"
         try:
-            messages = [{"role": "user", "content": f"bench-freeze busy {name} at {started:.3f}"}]
+            # the colleagues' first user message and person: the door's affinity puts it where their prompts queue
+            messages = [{"role": "system", "content": f"bench-freeze busy {name} at {started:.3f}"},
+                        {"role": "user", "content": ASK}]
             if stream:
                 for chunk in client.chat.completions.create(model=model, max_tokens=tokens, messages=messages,
                                                             stream=True):
@@ -203,6 +208,7 @@ def busy(fleet, url: str, model: str, key: str, args) -> dict:
             stop.wait(2)
 
     fault_at = [time.monotonic()]
+    since_wall = time.time()
     probed: dict[str, dict] = {}
     threads = [threading.Thread(target=load, args=(url, model, key, args.clients, 2, seconds, fault_at, done),
                                 daemon=True),
@@ -230,7 +236,10 @@ def busy(fleet, url: str, model: str, key: str, args) -> dict:
     stop.set()
     for t in threads:
         t.join(60)
+    # a restart by the host's watchdog (its own chat probe, 10 s, failing three times in a row) is no door's doing
+    restarted = [h for h in fleet.hosts if fleet.watchdog_restarted(h, since_wall)]
     return {"fault": "busy", "long": long_ones, "door_changes": downs, "probes": probed,
+            "watchdog_restarted": restarted,
             "plain": {"requests": len(done), "failed": sum(1 for d in done if d.outcome != "ok"),
                       "longest_s": round(max((d.end - d.start for d in done), default=0.0), 1)},
             "colleagues": {"requests": len(colleagues), "failed": sum(1 for d in colleagues if d.outcome != "ok"),
@@ -242,7 +251,8 @@ def print_busy(r: dict) -> None:
     for name, one in r["long"].items():
         print(f"busy: the long {name}: {one['outcome']}, {one['tokens']} of {one['asked']} tokens in "
               f"{one['seconds']} s")
-    print(f"      door changes meanwhile: {r['door_changes'] or 'none'}")
+    print(f"      door changes meanwhile: {r['door_changes'] or 'none'}; engines the watchdog restarted: "
+          f"{r['watchdog_restarted'] or 'none'}")
     print(f"      plain: {r['plain']['requests']} requests, {r['plain']['failed']} failed, longest "
           f"{r['plain']['longest_s']} s; colleagues' long prompts: {r['colleagues']['requests']}, "
           f"{r['colleagues']['failed']} failed, median {r['colleagues']['median_s']} s")
@@ -272,8 +282,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet-s", type=float, default=20.0)
     parser.add_argument("--after-s", type=float, default=45.0)
     parser.add_argument("--faults", default="freeze,kill", help="freeze, kill, busy (comma-separated)")
-    parser.add_argument("--colleagues", type=int, default=6, help="busy: clients sending long prompts")
-    parser.add_argument("--prompt-words", type=int, default=8000, help="busy: words of each long prompt")
+    parser.add_argument("--colleagues", type=int, default=3, help="busy: clients sending long prompts")
+    parser.add_argument("--prompt-words", type=int, default=4000, help="busy: words of each long prompt")
     parser.add_argument("--answer-s", type=float, default=90.0, help="busy: the long plain answer's seconds")
     parser.add_argument("--stream-s", type=float, default=300.0, help="busy: the long stream's seconds")
     parser.add_argument("--tokens-per-s", type=float, default=50.0, help="busy: the engines' decode rate")

@@ -184,6 +184,7 @@ def test_a_frozen_engine_is_not_ready_within_the_guard_s_wait_for_its_metrics(fa
     started = time.monotonic()
     r = ready(url)
     assert r.status_code == 503 and r.json()["why"].startswith("/metrics: no answer"), r.text
+    assert r.reason.startswith("/metrics: no answer")  # what the door's log and `show stat` say of the check
     assert time.monotonic() - started < float(fd_plan.CHECK["timeout"].removesuffix("s"))
 
 
