@@ -57,6 +57,7 @@ METRIC_LAST_SUCCESS = "sparkfleet_backup_last_success_timestamp_seconds"  # {sou
 METRIC_INTERVAL = "sparkfleet_backup_interval_seconds"  # {source}: the timer's interval
 METRIC_LAST_RUN_OK = "sparkfleet_backup_last_run_ok"  # {source}: 1 when the last run made a snapshot, else 0
 STALE_FACTOR = 2  # a source is overdue when its last good backup is older than twice its interval
+METRICS = (METRIC_LAST_SUCCESS, METRIC_INTERVAL, METRIC_LAST_RUN_OK)  # what the alert rules may read
 
 # --- sources ----------------------------------------------------------------------------------------------------
 CHAT_UI = "chat-ui"

@@ -95,10 +95,11 @@ def plan_backups(hosts: dict[str, dict], plans: dict[str, HostPlan], chat_ui_hos
     doors = [name for name, of in groups.items() if FRONT_DOOR_GROUP in of]
     if len(targets) > 1:
         raise SettingsError([f"group {b.GROUP}: {', '.join(targets)}: one host keeps the backups: keep one"])
+    candidates = [h for h in (chat_ui_host, *doors) if h]
+    if not targets and not any(plans[h].settings.backup_repository for h in candidates):
+        return BackupPlan()  # no backups: nothing of theirs is refused
     wanted = sources(chat_ui_host, doors)
     own = {h for h in wanted if plans[h].settings.backup_repository}
-    if not targets and not own:
-        return BackupPlan()
     problems: list[str] = []
     target: Target | None = None
     if targets and set(wanted) - own:

@@ -279,3 +279,14 @@ def test_plan_refuses_what_the_deploy_would_before_any_host(tmp_path, capsys):
     err += capsys.readouterr().err
     assert f"the backup password file {loose} is open to other users (mode 0640): chmod 600" in err
     assert PASSWORD not in err
+
+
+def test_an_inventory_without_backups_is_refused_nothing_of_theirs(tmp_path):
+    """A chat UI host that is a door too is refused only where backups are set (a one-source unit): an inventory
+    without a `backup` group or `backup_repository` plans as before."""
+    hosts, plans = inventory(tmp_path, targets=())
+    hosts["spark-1"][GROUPS_KEY] = ["chat_ui", "front_door", "sparks"]
+    assert plan_backups(hosts, plans, "spark-1", lookup) == BackupPlan()
+    hosts["spark-3"][GROUPS_KEY] = ["backup", "sparks"]
+    with pytest.raises(SettingsError, match="the chat UI's host is a front door too"):
+        plan_backups(hosts, plans, "spark-1", lookup)

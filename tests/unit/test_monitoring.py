@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import yaml
 
+from sparkfleet.contract import backup
 from sparkfleet.contract import monitoring as m
 from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
 from sparkfleet.roles import monitoring
@@ -83,7 +84,8 @@ def test_settings_that_would_break_a_file_or_a_flag_are_refused(key, value):
 def test_every_sparkfleet_metric_the_rules_read_is_one_the_contract_names():
     text = monitoring.rules_file(parse_settings("spark-1", host_data()))
     used = set(re.findall(r"sparkfleet_[a-z_]+", text))
-    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.TLS_METRICS, *m.QUALITY_METRICS}
+    assert used and used <= {*m.GPU_METRICS, *m.WATCHDOG_METRICS, *m.TLS_METRICS, *m.QUALITY_METRICS,
+                             *backup.METRICS}
     assert all(reason in text for reason in m.BENIGN_THROTTLE_REASONS)
 
 
