@@ -120,8 +120,15 @@ def controller(args) -> int:
     from sparkfleet.fleet.users import RESTORING_ENV
     from sparkfleet.tables import literal, print_table
 
-    os.environ[RESTORING_ENV] = "1"  # this process only: the inventory loads while its secrets file is missing
-    office = office_of(args.inventory)
+    before = os.environ.get(RESTORING_ENV)
+    os.environ[RESTORING_ENV] = "1"  # while the inventory loads only: its secrets file may be missing
+    try:
+        office = office_of(args.inventory)
+    finally:
+        if before is None:
+            os.environ.pop(RESTORING_ENV, None)
+        else:
+            os.environ[RESTORING_ENV] = before
     if not office.configured:
         raise Refused("the inventory names no backup target: add a group `backup` or set backup_repository "
                       "(as the lost controller's inventory had it)")

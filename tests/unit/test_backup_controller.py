@@ -406,3 +406,19 @@ def test_update_backs_the_lock_up_only_when_it_wrote_it(written, tmp_path, monke
     monkeypatch.setattr(backup, "after_change", lambda inventory, log: asked.append(inventory))
     assert cli.main(["update", "office.py"]) == 0
     assert asked == (["office.py"] if written else [])
+
+
+def test_restore_controller_reads_the_inventory_as_restoring_and_only_while_it_loads(monkeypatch, capsys):
+    """The placeholder is the restore's alone: set while its inventory loads, gone after (a later command in the
+    same process, a test's, refuses a missing secrets file again)."""
+    import os
+
+    from sparkfleet.fleet.users import RESTORING_ENV
+
+    monkeypatch.delenv(RESTORING_ENV, raising=False)
+    seen = []
+    office = backup.Office(None, None, None, (24, 7, 4), 3600, (), (), {})
+    monkeypatch.setattr(backup, "office_of", lambda inventory: seen.append(os.environ.get(RESTORING_ENV)) or office)
+    assert cli.main(["restore", "office.py", "controller", "--yes"]) == 2
+    assert seen == ["1"] and RESTORING_ENV not in os.environ
+    assert "names no backup target" in capsys.readouterr().err
