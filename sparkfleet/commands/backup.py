@@ -38,8 +38,6 @@ def run(args) -> int:
 
     office = office_of(args.inventory)
     if args.list:
-        if not office.configured:
-            back_up_all(args.inventory, office)  # its refusal: no target
         found = list_snapshots(office)
         if args.json:
             print(json.dumps({"snapshots": found}, indent=2))

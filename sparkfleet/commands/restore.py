@@ -64,14 +64,14 @@ def run(args) -> int:
 
 
 def chat_ui(args) -> int:
-    from sparkfleet.fleet.backup import chat_ui_host, check_chat_ui_snapshot, office_of, restore_chat_ui
+    from sparkfleet.fleet.backup import NO_TARGET, chat_ui_host, check_chat_ui_snapshot, office_of, restore_chat_ui
     from sparkfleet.fleet.status import quiet_connections
     from sparkfleet.tables import clean
 
     office = office_of(args.inventory)
     host = chat_ui_host(office.chat_ui, args.host)
     if not office.configured:
-        raise Refused("the inventory names no backup target: add a group `backup` or set backup_repository")
+        raise Refused(NO_TARGET)
     snapshot = check_chat_ui_snapshot(office, args.snapshot)  # before the host is touched
     quiet_connections()
     result = restore_chat_ui(args.inventory, host, str(snapshot["id"]), dry_run=not args.yes)
@@ -116,7 +116,7 @@ def password_of(args, office) -> str:
 
 
 def controller(args) -> int:
-    from sparkfleet.fleet.backup import office_of, restore_controller, write_private
+    from sparkfleet.fleet.backup import NO_TARGET, office_of, restore_controller, write_private
     from sparkfleet.fleet.users import RESTORING_ENV
     from sparkfleet.tables import literal, print_table
 
@@ -130,8 +130,7 @@ def controller(args) -> int:
         else:
             os.environ[RESTORING_ENV] = before
     if not office.configured:
-        raise Refused("the inventory names no backup target: add a group `backup` or set backup_repository "
-                      "(as the lost controller's inventory had it)")
+        raise Refused(f"{NO_TARGET}, as the lost controller's inventory had it")
     password = password_of(args, office)
     snapshot, plan = restore_controller(office.repository_for("controller"), password, office.files,
                                         args.snapshot, yes=args.yes, target=office.reach())

@@ -687,16 +687,21 @@ def back_up_data_hosts(inventory: str, office: Office) -> list[Result]:
     return [triggered(source, host, outputs.get(host)) for source, host in office.sources]
 
 
+NO_TARGET = ("the inventory names no backup target: add a group `backup` (one host, off the chat UI's box) or set "
+             "backup_repository (docs/backups.md)")
+
+
 def back_up_all(inventory: str, office: Office) -> list[Result]:
     """`sparkfleet backup`: the controller's state, then every data host's."""
     if not office.configured:
-        raise BackupError("the inventory names no backup target: add a group `backup` (one host, off the chat UI's "
-                          "box) or set backup_repository (docs/backups.md)")
+        raise BackupError(NO_TARGET)
     return [back_up_controller(office), *back_up_data_hosts(inventory, office)]
 
 
 def list_snapshots(office: Office) -> dict[str, list[dict]]:
     """Each source's snapshots (this office's), oldest first, asked of its repository from the controller."""
+    if not office.configured:
+        raise BackupError(NO_TARGET)
     password = office.password()
     found = {}
     for source in [contract.CONTROLLER, *(s for s, _ in office.sources)]:
