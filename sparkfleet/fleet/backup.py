@@ -547,9 +547,11 @@ def office_from(hosts: list[tuple[str, dict]], settings: dict, secrets: Path | N
         return next((getattr(s, key) for s in settings.values() if getattr(s, key, None)), None)
 
     # each data host's source as its unit backs it up (roles/backup.py: the one rule; a door that is the chat UI's
-    # host too is refused there)
-    sources = [(source, host) for host, source in data_sources(next(iter(in_group(CHAT_UI_GROUP)), None),
-                                                                in_group(FRONT_DOOR_GROUP)).items()]
+    # host too is refused there, only where the inventory has backups: as the deploy refuses it)
+    sources = []
+    if target or first("backup_repository"):
+        chat_ui = next(iter(in_group(CHAT_UI_GROUP)), None)
+        sources = [(source, host) for host, source in data_sources(chat_ui, in_group(FRONT_DOOR_GROUP)).items()]
     base = settings[targets[0]] if targets else next(iter(settings.values()), None)
     keep = (base.backup_keep_hourly, base.backup_keep_daily, base.backup_keep_weekly) if base else (24, 7, 4)
     ca_key = first("fleet_ca_key")

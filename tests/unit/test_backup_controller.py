@@ -12,7 +12,7 @@ import pytest
 
 from sparkfleet import cli
 from sparkfleet.contract import backup as contract
-from sparkfleet.contract.settings import GROUPS_KEY, parse_settings
+from sparkfleet.contract.settings import GROUPS_KEY, SettingsError, parse_settings
 from sparkfleet.controller.inventory import load_hosts
 from sparkfleet.fleet import backup
 from sparkfleet.fleet.backup import BackupError, Target
@@ -182,6 +182,17 @@ def test_the_inventory_view_names_the_target_the_sources_and_the_controllers_fil
     assert office.files["fleet-ca.generations.json"] == Path("/k/office.ca.generations.json")
     assert office.files["secrets.json"] == Path("/k/office.json")
     assert office.files["sparkfleet.lock"] == tmp_path / "sparkfleet.lock"
+
+
+def test_a_chat_ui_on_a_door_is_refused_only_where_the_inventory_has_backups(tmp_path):
+    """As the deploy refuses it (controller/backup_plan.py): an inventory without backups loads for status as before."""
+    groups = {"sparks": ["a", "b"], "chat_ui": ["a"], "front_door": ["a"]}
+    hosts = hosts_of(groups)
+    office = backup.office_from(hosts, {n: parse_settings(n, d) for n, d in hosts}, None, tmp_path / "lock")
+    assert not office.configured and office.sources == ()
+    hosts = hosts_of({**groups, "backup": ["b"]})
+    with pytest.raises(SettingsError, match="the chat UI's host is a front door too"):
+        backup.office_from(hosts, {n: parse_settings(n, d) for n, d in hosts}, None, tmp_path / "lock")
 
 
 def test_two_backup_hosts_are_refused_and_none_is_no_target(tmp_path):
