@@ -29,6 +29,7 @@ own release). Give it more conversations than fit (`--conversations 24`, say).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -43,13 +44,14 @@ from pathlib import Path
 import pyinfra_cli  # noqa: F401  (first, as sparkfleet's main() does: gevent patches ssl before requests imports it)
 import requests
 
-from sparkfleet.contract.reach import api_url
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.controller.inventory import load_hosts, spark_hosts
 from sparkfleet.fleet.bench import parse_prefix_cache
 from sparkfleet.fleet.front_door.commands import bench_target
 from sparkfleet.fleet.front_door.runtime import FrontDoorRuntime
+from sparkfleet.fleet.tls import guard_client
 from sparkfleet.roles.front_door.records import BACKEND
+from sparkfleet.roles.pki import hosts_ca
 
 ROOT = Path(__file__).resolve().parents[1]
 PYINFRA = str(ROOT / ".venv" / "bin" / "pyinfra")
@@ -61,7 +63,8 @@ def converge_doors(inventory: str, doors: list[str], mode: str | None) -> float:
     """Converge the front doors alone, with `mode` as their routing (None: the inventory's own); its seconds."""
     started = time.monotonic()
     data = ["--data", f"front_door_routing={mode}"] if mode else []
-    proc = subprocess.run([PYINFRA, "-y", inventory, "deploy.py", "--limit", ",".join(doors), *data], cwd=ROOT,
+    limits = [arg for door in doors for arg in ("--limit", door)]  # one each: pyinfra reads "a,b" as one name
+    proc = subprocess.run([PYINFRA, "-y", inventory, "deploy.py", *limits, *data], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"converging {', '.join(doors)} ({mode or 'as the inventory says'}) failed "
@@ -85,23 +88,24 @@ def small_cache(blocks: int) -> list[str]:
     return ["--data", "extra_engine_args=" + json.dumps(["--num-gpu-blocks-override", str(blocks)])]
 
 
-def engine_hosts(inventory: str, model: str) -> dict[str, tuple[str, str]]:
-    """{host: (url, key)} of each engine serving `model`, as the controller reaches it (its guard)."""
+def engine_hosts(inventory: str, model: str, guards) -> dict[str, tuple[str, str]]:
+    """{host: (url, key)} of each engine serving `model`, as the controller reaches it (its guard: https with the
+    controller's client certificate where the fleet's hops are TLS, `guards`)."""
     out = {}
     for name, data in spark_hosts(load_hosts(inventory)):
         s = parse_settings(name, data)
-        url = api_url(name, s, data)
+        url = guards.url(name, s, data)
         if s.served_model_name == model and url:
             out[name] = (url.rstrip("/"), s.api_key or "none")
     return out
 
 
-def prefix_counters(engines: dict[str, tuple[str, str]]) -> dict[str, dict | None]:
+def prefix_counters(engines: dict[str, tuple[str, str]], session) -> dict[str, dict | None]:
     """Each engine's prefix-cache counters ({"hits", "queries"}), None where its /metrics has none."""
     out = {}
     for host, (url, key) in engines.items():
         try:
-            reply = requests.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            reply = session.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
             reply.raise_for_status()
             out[host] = parse_prefix_cache(reply.text)
         except requests.RequestException:
@@ -151,7 +155,7 @@ def one_turn(url: str, key: str, model: str, messages: list, max_tokens: int) ->
     return {"ttft_s": ttft, "answer": "".join(words), "timings": timings}
 
 
-def run_mode(mode: str, args, url: str, model: str, keys: list[str], engines: dict, runtime) -> dict:
+def run_mode(mode: str, args, url: str, model: str, keys: list[str], engines: dict, runtime, session) -> dict:
     """One mode's conversations through the door, and what the engines and the door counted meanwhile."""
     tag = f"{mode}-{int(time.time())}"
     openings = conversations(args.conversations, args.system_prompts, args.system_words, tag)
@@ -174,12 +178,12 @@ def run_mode(mode: str, args, url: str, model: str, keys: list[str], engines: di
             messages += [{"role": "assistant", "content": turn["answer"]},
                          {"role": "user", "content": f"Turn {t + 2} of conversation {c}: and then?"}]
 
-    cache_before, sent_before = prefix_counters(engines), door_requests(runtime)
+    cache_before, sent_before = prefix_counters(engines, session), door_requests(runtime)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         list(pool.map(conversation, range(args.conversations)))
     wall = time.monotonic() - started
-    cache_after, sent_after = prefix_counters(engines), door_requests(runtime)
+    cache_after, sent_after = prefix_counters(engines, session), door_requests(runtime)
     ttfts = sorted(r["ttft_s"] * 1000 for r in results)
     sent = {h: sent_after.get(h, 0) - sent_before.get(h, 0) for h in sorted(set(sent_after) | set(sent_before))}
     total = sum(sent.values())
@@ -251,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     url, model, _ = bench_target(args.inventory)
     users = parse_settings(*runtime.doors[0]).front_door_users
     keys = [users[name].key for name in sorted(users)]
-    engines = engine_hosts(args.inventory, model)
+    guards = contextlib.ExitStack()
+    client = guards.enter_context(guard_client(hosts_ca(load_hosts(args.inventory))))
+    engines = engine_hosts(args.inventory, model, client)
     rows, converged = [], {}
     try:
         if args.kv_blocks:
@@ -259,10 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             converged[mode] = round(converge_doors(args.inventory, doors, mode), 1)
             time.sleep(3)  # the reloaded door's first checks
-            rows.append(run_mode(mode, args, url, model, keys, engines, runtime))
+            rows.append(run_mode(mode, args, url, model, keys, engines, runtime, client.session))
             print(f"{mode}: {json.dumps(rows[-1]['ttft_ms'])}, hit rate {rows[-1]['prefix_cache']['hit_rate']}, "
                   f"share {rows[-1]['share']} (door converged in {converged[mode]} s)", file=sys.stderr)
     finally:
+        guards.close()
         if args.kv_blocks:  # the engines back on their own release, and the doors on the inventory's routing
             converged["restored"] = round(converge_all(args.inventory, []), 1)
         elif not args.no_restore:
