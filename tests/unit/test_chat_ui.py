@@ -29,7 +29,7 @@ from sparkfleet.roles import chat_ui, guard, haproxy
 from sparkfleet.roles.front_door import plan as fd_plan
 
 from tests.tiers import needs
-from .helpers import KEY, ROOT, Recorder, Server, door_files, make_model, wait_for
+from .helpers import KEY, ROOT, Recorder, Server, door_files, guard_files, make_model, wait_for
 from .test_front_door import NAME, plans
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -356,7 +356,7 @@ def test_the_guard_lets_only_a_door_reach_the_ui(tmp_path):
     port = _port()
     plan = ui_plans(chat_ui_host_port=port, api_host="127.0.0.1")["spark-b"]
     g = guard.guard_plan(plan, runs_chat_ui=True)
-    (tmp_path / Path(paths.GUARD_KEY_MAP).name).write_text(g.key_map())
+    guard_files(g, tmp_path)
     in_chroot = paths.CHAT_UI_SOCKET.removeprefix(paths.HAPROXY_CHROOT)
     moved = {paths.GUARD_DIR: str(tmp_path), paths.GUARD_STATS_SOCKET: str(tmp_path / "stats.sock"),
              f"unix@{in_chroot}": f"unix@{tmp_path / 'ui.sock'}"}

@@ -148,7 +148,7 @@ def test_the_guard_monitoring_node_metrics_chat_ui_and_tls_states_keep_their_ord
     guard = guard_state(plans["spark-b"], runs_chat_ui=True)
     ordered(guard)
     assert set(guard.units[paths.GUARD_UNIT_NAME].reload_on) == {paths.GUARD_CONFIG, paths.GUARD_KEY_MAP,
-                                                                  *pki.TLS_FILES}
+                                                                  paths.GUARD_READY_LUA, *pki.TLS_FILES}
     assert guard.files[paths.GUARD_KEY_MAP].secret and KEY not in guard.files[paths.GUARD_CONFIG].content
     off = guard_state(plans["door-2"])  # a service host: HAProxy installed, no guard
     assert list(off.packages) == ["haproxy"] and off.units[paths.GUARD_UNIT_NAME].running is False
