@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -27,14 +28,18 @@ from .conftest import ROOT, container, converge, ssh, sparkfleet
 pytestmark = [pytest.mark.e2e, pytest.mark.chromium]
 
 UI_HOST, DOOR = "spark-1", "door-1"
+BACKUP_HOST, NEW_UI_HOST = "spark-3", "spark-2"  # the group backup's host; where the chat UI moves when spark-1 dies
 IMAGE = "sparkfleet-registry:5000/open-webui/open-webui:v0.12.4"  # `python -m sim chat-ui` pushes it
 NEXT = f"{IMAGE}-next"  # the same release under another tag and image id: a version change (sim/fleet/images.py)
+CONFIG = Path.home() / ".config" / "sparkfleet"  # where the sim keeps its fleets' CA and backup password
 SIGN_IN_S = 90  # a first page load: Open WebUI's frontend bundle and its first account, on a shared 2-core box
 
 
-def write_inventory(directory, secrets, image: str = IMAGE, name: str = "chat_office.py") -> str:
-    """inventory/sim_front_door.py (the session's fleet: one door) with the chat UI on spark-1 and its users read
-    from `secrets`, as `sparkfleet init` writes an office's (inventory/sim_chat_ui.py is the demo's: two doors)."""
+def write_inventory(directory, secrets, image: str = IMAGE, name: str = "chat_office.py", ui_host: str = UI_HOST,
+                    lost: tuple[str, ...] = ()) -> str:
+    """inventory/sim_front_door.py (the session's fleet: one door) with the chat UI on `ui_host` (spark-1), its
+    backups on spark-3 (the group backup) and its users read from `secrets`, as `sparkfleet init` writes an office's
+    (inventory/sim_chat_ui.py is the demo's: two doors); the Sparks of `lost` left out (a Spark that died)."""
     path = directory / name
     path.write_text(
         "import runpy\nfrom sparkfleet.fleet.users import read_secrets\n"
@@ -42,9 +47,9 @@ def write_inventory(directory, secrets, image: str = IMAGE, name: str = "chat_of
         f"_one = runpy.run_path({str(ROOT / 'inventory/sim_front_door.py')!r})\n"
         "_ui = {'front_door_users': read_secrets(SPARKFLEET_SECRETS)['users'],\n"
         f"       'chat_ui_image': {image!r}}}\n"
-        "sparks = [(n, {**d, **_ui}) for n, d in _one['sparks']]\n"
+        f"sparks = [(n, {{**d, **_ui}}) for n, d in _one['sparks'] if n not in {lost!r}]\n"
         "front_door = [(n, {**d, **_ui}) for n, d in _one['front_door']]\n"
-        f"monitoring = _one['monitoring']\nchat_ui = [{UI_HOST!r}]\n")
+        f"monitoring = _one['monitoring']\nchat_ui = [{ui_host!r}]\nbackup = [{BACKUP_HOST!r}]\n")
     return str(path)
 
 
@@ -351,3 +356,106 @@ def test_another_sites_form_neither_signs_alice_in_as_bob_nor_signs_her_out(offi
     finally:
         alice.close()
 
+
+
+# --- the drill: nothing the office made is lost (issue 53, docs/backups.md) ---------------------------------------
+# Last in the module: it leaves the chat UI on spark-2, and the module's teardown converges the fleet without it.
+
+def backup_password() -> Path:
+    """The sim fleet's backup password (inventory/sim.py makes it once, beside its CA): what an office wrote down."""
+    return CONFIG / f"sim-{os.environ.get('SPARKFLEET_SIM_FLEET') or 'default'}.backup-password"
+
+
+def fleet_ca() -> list[Path]:
+    return [CONFIG / f"sim-{os.environ.get('SPARKFLEET_SIM_FLEET') or 'default'}.ca.{ext}" for ext in ("crt", "key")]
+
+
+def bob_keeps(url: str, key: str, marker: str) -> None:
+    """bob saves a chat of his through the door (his key in its cookie, Open WebUI's session)."""
+    with requests.Session() as s:
+        s.cookies.set(chat_ui.COOKIE, key)
+        token = s.post(f"{url}/api/v1/auths/signin", json={"email": "", "password": ""}, timeout=30).json()["token"]
+        saved = s.post(f"{url}/api/v1/chats/new", headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                       json={"chat": {"title": marker, "messages": [{"role": "user", "content": marker}]}})
+        assert saved.ok, saved.text
+
+
+def write_private(path: Path, content: bytes) -> None:
+    """Put a controller file back as it was (0600)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+    path.chmod(0o600)
+
+
+def answers(key: str) -> int:
+    """A plain chat through the door's API with a person's key: its status."""
+    return requests.post(f"http://{door_address()}:8080/v1/chat/completions", timeout=60,
+                         headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "Qwen3.5-35B-A3B", "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 1}).status_code
+
+
+def test_the_drill_the_controller_and_the_chat_ui_s_spark_lost_and_everything_back_from_the_backup(office, tmp_path):
+    """An office's two losses, from one `sparkfleet backup`: the controller's keys and CA (a laptop lost), restored
+    with the written-down password, after which a converge changes nothing and every key answers; then the chat UI's
+    Spark (powered off): the chat UI moved to spark-2 in the inventory, converged without spark-1, restored there,
+    bob's chat and usage his; spark-1 back, the fleet converges with the chat UI staying on spark-2."""
+    from sim import fleet
+
+    state, inventory, secrets, url = office
+    bob = key_of(secrets, "bob")
+    marker = f"kept through the loss {uuid.uuid4().hex[:8]}"
+    bob_keeps(url, bob, marker)
+    counted = usage(inventory).get("bob", 0)
+    written_down = tmp_path / "written-down"
+    written_down.write_bytes(backup_password().read_bytes())
+    written_down.chmod(0o600)
+    done = sparkfleet("backup", inventory)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    # the controller lost: its secrets file and the fleet CA gone
+    kept = {p: p.read_bytes() for p in (secrets, *fleet_ca())}
+    try:
+        for path in kept:
+            path.unlink()
+        dry = sparkfleet("restore", inventory, "controller", "--password-file", str(written_down))
+        assert dry.returncode == 0 and str(secrets) in dry.stdout, dry.stdout + dry.stderr
+        assert not secrets.exists()  # without --yes: what it would write, nothing written
+        back = sparkfleet("restore", inventory, "controller", "--password-file", str(written_down), "--yes")
+        assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+        assert {p: p.read_bytes() for p in kept} == kept  # byte for byte
+        assert [oct(p.stat().st_mode & 0o777) for p in (secrets, fleet_ca()[1])] == ["0o600", "0o600"]
+    finally:  # whatever happened, the fleet's CA and keys as they were (the next modules' hosts chain to the CA)
+        for path, content in kept.items():
+            if not path.exists() or path.read_bytes() != content:
+                write_private(path, content)
+    again = converge(inventory=inventory)
+    assert again.returncode == 0, again.output[-4000:]
+    assert {h: ops for h, ops in again.changed.items() if ops} == {}
+    assert {name: answers(key_of(secrets, name)) for name in ("alice", "bob")} == {"alice": 200, "bob": 200}
+
+    # the chat UI's Spark lost: the office moves it to spark-2, converges without spark-1, restores there
+    moved = write_inventory(tmp_path, secrets, name="moved_office.py", ui_host=NEW_UI_HOST, lost=(UI_HOST,))
+    fleet.stop_host(UI_HOST)
+    try:
+        up = converge(inventory=moved)
+        assert up.returncode == 0, up.output[-4000:]
+        # a new, empty chat UI on spark-2, once the door finds it up
+        wait_until(lambda: not any(marker in c for c in bobs_chats(url, bob)), 120, "the new chat UI on spark-2",
+                   ignore=(requests.RequestException, ValueError, KeyError, TypeError))
+        dry = sparkfleet("restore", moved, "chat-ui")
+        assert dry.returncode == 0 and NEW_UI_HOST in dry.stdout, dry.stdout + dry.stderr
+        restored = sparkfleet("restore", moved, "chat-ui", "--yes")
+        assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
+        wait_until(lambda: any(marker in c for c in bobs_chats(url, bob)), 120, "bob's chat restored on spark-2",
+                   ignore=(requests.RequestException, ValueError, KeyError, TypeError))
+        assert usage(moved).get("bob", 0) >= counted  # his usage is still his (the door's, never lost)
+    finally:
+        fleet.start_host(UI_HOST)
+    # spark-1 back in the inventory: the fleet converges, the chat UI stays on spark-2 (spark-1's is removed)
+    returned = converge(inventory=write_inventory(tmp_path, secrets, name="returned_office.py", ui_host=NEW_UI_HOST))
+    assert returned.returncode == 0, returned.output[-4000:]
+    assert ssh(state, UI_HOST, f"systemctl is-active {paths.CHAT_UI_UNIT_NAME}", check=False).strip() != "active"
+    assert any(marker in c for c in bobs_chats(url, bob))
