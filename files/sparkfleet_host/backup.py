@@ -130,11 +130,11 @@ def restic(config: Config, *args: str, timeout_s: float = RESTIC_TIMEOUT_S) -> s
 
 
 def fatal_line(stderr: str) -> str:
-    """restic's one useful line: its `Fatal:` line, else its last line (its output names no secret)."""
+    """restic's one useful line: its `Fatal:` line, else its last line (its output names no secret), printable
+    characters only (what a repository's far side says is untrusted), cut short. The controller's too."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     fatal = [line for line in lines if line.startswith("Fatal:")]
-    line = (fatal or lines or ["no output"])[-1]
-    return line[:300]
+    return "".join(c for c in (fatal or lines or ["no output"])[-1] if c.isprintable())[:300]
 
 
 def open_repository(config: Config) -> bool:
@@ -155,7 +155,8 @@ def open_repository(config: Config) -> bool:
 
 
 def summary(stdout: str) -> dict:
-    """The summary message of `restic backup --json` (its last line)."""
+    """The summary message of `restic backup --json` (its last line: snapshot_id, data_added,
+    total_bytes_processed, total_duration). The controller's too."""
     for line in reversed(stdout.splitlines()):
         try:
             message = json.loads(line)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkfleet.contract import backup as contract
-from sparkfleet.contract import private_files
+from sparkfleet.contract import private_files, shared
 from sparkfleet.contract.paths import HOST_MODULE
 from sparkfleet.refused import FAILED, INVALID, Refusal
 
@@ -40,8 +40,8 @@ RESTIC_TIMEOUT_S = 3600  # one restic command of the controller's (its state is 
 HOST_TIMEOUT_S = 6 * 3600  # a data host's unit: a first backup of a large chat UI over a slow LAN
 SSH_OPTIONS = ("-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
                "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
-NO_REPOSITORY = "Is there a repository at the following location?"  # restic 0.14: no config there (any backend)
-WRONG_PASSWORD = "wrong password or no key found"
+# restic 0.14's words for a missing repository and a wrong password: the host's reading, one owner
+NO_REPOSITORY, WRONG_PASSWORD = shared.backup.NO_REPOSITORY, shared.backup.WRONG_PASSWORD
 CONTROLLER_HOST = "controller"  # the `host` column of the controller's own row
 # a restored file's mode: the certificates are handed out (0644, as `init` makes them), the lock is committed
 PUBLIC_FILES = {"front-door.crt": 0o644, "fleet-ca.crt": 0o644, "sparkfleet.lock": 0o644}
@@ -163,10 +163,7 @@ def repository_of(source: str, target: Target | None, base: str | None) -> str:
 
 
 def fatal_line(stderr: str) -> str:
-    """restic's one useful line: its `Fatal:` line, else its last (restic's errors name no secret), cut short."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    fatal = [line for line in lines if line.startswith("Fatal:")]
-    return "".join(c for c in (fatal or lines or ["no output"])[-1] if c.isprintable())[:300]
+    return shared.backup.fatal_line(stderr)
 
 
 @dataclass
@@ -250,16 +247,8 @@ def open_repository(r: Restic, create: bool) -> bool:
 
 
 def summary(stdout) -> dict:
-    """The summary message of `restic backup --json` (snapshot_id, data_added, total_bytes_processed,
-    total_duration)."""
-    for line in reversed(_text(stdout).splitlines()):
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and message.get("message_type") == "summary":
-            return message
-    return {}
+    """The summary of `restic backup --json`: the host's own reading (files/sparkfleet_host/backup.py)."""
+    return shared.backup.summary(_text(stdout))
 
 
 def snapshots(r: Restic) -> list[dict]:
