@@ -133,6 +133,12 @@ def probe_body(probe: dict, served_name: str) -> dict | None:
     return {"model": served_name, **probe["body"]} if probe["method"] == "POST" else None
 
 
+def timed_out(why) -> bool:
+    """Whether `ask`'s why says the engine took the request but did not answer in time (urllib's timeout, on
+    connecting or reading): the watchdog then asks whether a busy engine's work moves (issue 54)."""
+    return isinstance(why, str) and (why.startswith("TimeoutError:") or why == "URLError: <urlopen error timed out>")
+
+
 def ask(base: str, probe: dict, served_name: str = "", key=None, gate: bool = False) -> tuple[str | None, object]:
     """Ask `probe` of the engine at `base` (http://host:port) with urllib: (None, reply) when the answer counts,
     else (why, reply). `gate`: the longer timeout of an engine's first answers after a start."""

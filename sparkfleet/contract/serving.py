@@ -61,6 +61,20 @@ def http_check(kind: str, served_name: str) -> tuple[str, str, str]:
     return probe["method"], probe["path"], json.dumps(host_probes.probe_body(probe, served_name), separators=(",", ":"))
 
 
+def work_series(engine: str) -> dict:
+    """The /metrics series that tell a busy engine's work from a stuck one (issue 54), one list for the guard's
+    answer to the door (roles/guard.py `ready_check`) and the watchdog (`watchdog_config`): `busy`, the gauges of
+    requests running and queued; `moves`, what moves while it works (tokens, engine steps, the KV cache in use)."""
+    m = engines.descriptor(engine).metrics
+    return {"busy": (m.running, m.waiting),
+            "moves": tuple(s for s in (m.prompt_tokens, m.generation_tokens, m.steps, m.kv_usage) if s)}
+
+
+def _json(series: dict) -> dict:
+    """The series as JSON reads them back (lists): the serving file is compared as it stands."""
+    return {what: list(names) for what, names in series.items()}
+
+
 def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_demand: bool = False,
                      engine: str = engines.POOLING_ENGINE) -> dict:
     """One more engine the watchdog keeps serving beside the chat model (a service in its own engine unit: the
@@ -71,6 +85,7 @@ def watchdog_service(name: str, kind: str, served_name: str, api_port: int, on_d
             "port": paths.engine_port(api_port), "kind": kind, "served_name": served_name,
             "state_file": paths.service_watchdog_state(name),
             "silent_listener_frozen": engines.descriptor(engine).silent_listener_frozen,
+            "work": _json(work_series(engine)),
             **({"on_demand": True} if on_demand else {})}
 
 
@@ -81,6 +96,7 @@ def watchdog_config(s: Settings, services: Sequence[dict] = ()) -> dict:
     return {**({"services": list(services)} if services else {}),
         "api_key_var": engines.descriptor(s.engine).key_var,
         "silent_listener_frozen": engines.descriptor(s.engine).silent_listener_frozen,
+        "work": _json(work_series(s.engine)),  # a probe timing out on a busy engine whose work moves is no failure
         "unit": paths.UNIT_NAME, "container": s.container_name, "port": paths.engine_port(s.api_port),
         "host": paths.ENGINE_HOST, "kind": "chat",
         "served_name": s.served_model_name, "env_file": paths.ENGINE_ENV, "state_file": paths.WATCHDOG_STATE,

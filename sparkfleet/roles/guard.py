@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sparkfleet import FILES_DIR
 from sparkfleet.roles import chat_ui, haproxy, pki
 from sparkfleet.roles.desired import DesiredState, Directory, File, Packages, Unit, desired, secret
-from sparkfleet.contract import engines, monitoring, paths, serving
+from sparkfleet.contract import monitoring, paths, serving
 from sparkfleet.release.plan import HostPlan
 from sparkfleet.contract.settings import SettingsError
 
@@ -107,12 +107,10 @@ def ready_window_s(max_model_len: int | None) -> int:
 def ready_check(engine: str, served_name: str, max_model_len: int | None) -> dict:
     """What a chat engine's READY_PATH reads: its chat probe (contract/serving.py: path, and body in base64, which
     HAProxy decodes), its /metrics series of requests in flight (`busy`) and of work (`moves`: tokens, steps, the
-    KV cache in use; its descriptor's), and the window."""
-    metrics = engines.descriptor(engine).metrics
+    KV cache in use: contract/serving.py `work_series`, which the watchdog reads too), and the window."""
     _, path, body = serving.http_check("chat", haproxy.token(served_name, "served_model_name"))
-    moves = tuple(m for m in (metrics.prompt_tokens, metrics.generation_tokens, metrics.steps, metrics.kv_usage) if m)
-    return {"path": path, "probe": base64.b64encode(body.encode()).decode(), "busy": (metrics.running, metrics.waiting),
-            "moves": moves, "window_s": ready_window_s(max_model_len)}
+    return {"path": path, "probe": base64.b64encode(body.encode()).decode(), **serving.work_series(engine),
+            "window_s": ready_window_s(max_model_len)}
 
 
 def chat_ui_listener(plan: HostPlan) -> dict:
