@@ -4,6 +4,7 @@ the engines' replies, and its table (the fleet run is in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import pytest
+import requests
 
 from tools import bench_affinity
 
@@ -51,12 +52,12 @@ def engine(tmp_path_factory):
 
 def test_one_turn_times_the_first_content_and_the_counters_read_through_the_key(engine):
     engines = {"spark-1": (engine.base, KEY)}
-    before = bench_affinity.prefix_counters(engines)["spark-1"]
+    before = bench_affinity.prefix_counters(engines, requests)["spark-1"]
     turn = bench_affinity.one_turn(engine.base, KEY, "m", [{"role": "user", "content": "hello"}], 5)
-    after = bench_affinity.prefix_counters(engines)["spark-1"]
+    after = bench_affinity.prefix_counters(engines, requests)["spark-1"]
     assert 0 < turn["ttft_s"] < 5 and len(turn["answer"].split()) == 5 and turn["timings"] is None
     assert after["queries"] > before["queries"]
-    assert bench_affinity.prefix_counters({"gone": ("http://127.0.0.1:1", KEY)}) == {"gone": None}
+    assert bench_affinity.prefix_counters({"gone": ("http://127.0.0.1:1", KEY)}, requests) == {"gone": None}
 
 
 def test_run_mode_counts_hits_shares_and_errors(engine, monkeypatch, capsys):
@@ -65,7 +66,8 @@ def test_run_mode_counts_hits_shares_and_errors(engine, monkeypatch, capsys):
     monkeypatch.setattr(bench_affinity, "door_requests", lambda runtime: next(sent))
     args = type("Args", (), {"conversations": 2, "turns": 3, "system_prompts": 1, "system_words": 100,
                              "concurrency": 2, "max_tokens": 4})()
-    row = bench_affinity.run_mode("bounded", args, engine.base, "m", [KEY], {"spark-1": (engine.base, KEY)}, None)
+    row = bench_affinity.run_mode("bounded", args, engine.base, "m", [KEY], {"spark-1": (engine.base, KEY)}, None,
+                                  requests)
     assert (row["requests"], row["errors"], row["share"], row["sent"]) == (6, [], {"spark-1": 1.0}, {"spark-1": 6})
     assert 0.5 < row["prefix_cache"]["hit_rate"] < 1 and row["ttft_ms"]["p50"] <= row["ttft_ms"]["p95"]
     bench_affinity.print_table([row], {"conversations": 2, "turns": 3, "concurrency": 2, "system_prompts": 1,
