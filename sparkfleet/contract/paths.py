@@ -218,6 +218,8 @@ MANAGED_GLOBS = (
     CONFIG_DIR, f"{CONFIG_DIR}/*", f"{CONFIG_DIR}/guard/*", f"{CONFIG_DIR}/front-door/*", f"{CONFIG_DIR}/tls/*",
     BIN_DIR, f"{BIN_DIR}/*", f"{HOST_MODULE}/*", f"{RUNTIME_DIR}/*", f"{SYSTEMD_DIR}/sparkfleet-*", TOOLKIT_KEYRING,
     TOOLKIT_SOURCE, DAEMON_JSON, PLATFORM_PINS, TLS_EXPIRY_TEXTFILE,
+    # the backups' (contract/backup.py CONFIG, TARGET_SSHD_CONFIG): a host that keeps none still asks they are absent
+    f"{CONFIG_DIR}/backup/*", "/etc/ssh/sshd_config.d/sparkfleet-*", f"{STATE_DIR}/textfile/backup.prom",
 )
 # The units that read covers besides each sparkfleet-* unit in SYSTEMD_DIR.
 MANAGED_UNITS = ("docker.service", "haproxy.service")

@@ -31,9 +31,10 @@ MODULE_MINUTES = {"test_tensor_parallel.py": 12.8, "test_serving.py": 11.5, "tes
                   "test_rag.py": 3.3, "test_sim_ray.py": 1.4, "test_install.py": 4.0, "test_hostile_host.py": 1.1,
                   "test_upgrade.py": 3.5, "test_monitoring.py": 6.0, "test_engines.py": 9.0, "test_soak.py": 6.5,
                   "test_two_doors.py": 5.0, "test_on_demand.py": 2.5, "test_lock.py": 2.5, "test_sudo_user.py": 2.0,
-                  # handed out first (about 11 minutes with the backup drill, 16 when Open WebUI's image is built from nothing): its reboot of
-                  # spark-1 once left the next rollout's fetch unshown (the watch's poll failed on a host with no
-                  # progress file yet: controller/progress.py `poll_command`), so it ran last, alone at the run's end
+                  # handed out first (about 11 minutes with the backup drill, 16 when Open WebUI's image is built
+                  # from nothing): its reboot of spark-1 once left the next rollout's fetch unshown (the watch's poll
+                  # failed on a host with no progress file yet: controller/progress.py `poll_command`), so it ran
+                  # last, alone at the run's end
                   "test_chat_ui.py": 16.5}
 
 

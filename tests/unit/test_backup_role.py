@@ -259,6 +259,15 @@ def test_the_batched_read_covers_the_backup_package_and_user():
     assert role.PACKAGE in paths.MANAGED_PACKAGES and b.TARGET_USER in paths.MANAGED_USERS
 
 
+def test_the_batched_read_covers_every_path_a_host_without_backups_asks_about():
+    """Every host asks that the backups' files are absent (no source, no target): each path in the one batched read
+    (paths.MANAGED_GLOBS), or a no-op converge costs a round trip more per host (tests/e2e/test_sudo_user.py)."""
+    from sparkfleet.host.state import _covered
+
+    asked = [p for s in (role.no_backup_state(), role.no_target_state()) for p in s.absent]
+    assert asked and [p for p in asked if not _covered(p)] == []
+
+
 def test_plan_refuses_what_the_deploy_would_before_any_host(tmp_path, capsys):
     """`sparkfleet plan` runs the backup plan's checks (controller/checks.py): two backup hosts, and a password
     file open to others, are each one line and exit 2, offline."""
