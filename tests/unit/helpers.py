@@ -46,6 +46,18 @@ def free_api_port() -> int:
                     continue
 
 
+def no_keyscan(tmp_path: Path, monkeypatch) -> Path:
+    """`sparkfleet init` in tmp/ with no Spark answering its key scan (a stand-in ssh-keyscan that fails on PATH) and
+    HOME under tmp/ (its keys' default place): the home."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh-keyscan").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "ssh-keyscan").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
 def host_data(**overrides):
     return {**DEFAULTS, "ssh_hostname": "10.0.0.9", "ssh_user": "root", **overrides}
 

@@ -288,18 +288,13 @@ def test_fatal_line_keeps_restics_fatal_line_short_and_printable():
 @pytest.fixture
 def no_keyscan(tmp_path, monkeypatch):
     """init with no Spark answering its key scan (a stand-in ssh-keyscan that fails), keys under tmp's home."""
-    import os
     import shutil
 
     if not shutil.which("ssh-keygen"):
         pytest.skip("init's host key check needs OpenSSH's ssh-keygen")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh-keyscan").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "ssh-keyscan").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return tmp_path / "home/.config/sparkfleet/office.backup-password"
+    from tests.unit.helpers import no_keyscan as stand_in_keyscan
+
+    return stand_in_keyscan(tmp_path, monkeypatch) / ".config/sparkfleet/office.backup-password"
 
 
 def test_init_shows_the_backup_password_once_and_keeps_it_0600(tmp_path, no_keyscan, capsys):

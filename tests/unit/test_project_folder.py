@@ -5,7 +5,6 @@ command is never read."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from sparkfleet.fleet.converge import deploy_path
 from sparkfleet.model.hubs import cache_dir
 
 from tests.unit.test_lock import Hub
+from tests.unit.helpers import no_keyscan
 
 ROOT = Path(__file__).resolve().parents[2]
 STRAY = "max_model_len = 4096  # a parent folder's group_data: not this office's\n"
@@ -30,12 +30,7 @@ def office(tmp_path, monkeypatch, capsys):
     it, and sparkfleet as installed: its project otherwise the current directory, tmp/ (sparkfleet/__init__.py)."""
     if not shutil.which("ssh-keygen"):
         pytest.skip("init's host key check needs OpenSSH's ssh-keygen")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh-keyscan").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "ssh-keyscan").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    no_keyscan(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sparkfleet, "PROJECT_ROOT", tmp_path)  # installed: the current directory
     assert cli.main(["init", "office", "--host", "spark-1=10.0.0.11", "--host", "spark-2=10.0.0.12"]) == 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet import cli
+from tests.unit.helpers import no_keyscan
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -95,12 +96,7 @@ def readme_init() -> list[str]:
 @pytest.fixture
 def office(tmp_path, monkeypatch, capsys):
     """The README's `init`, run in tmp/ (no Spark answers its key scan): the certificate `init` made and its key."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh-keyscan").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "ssh-keyscan").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    no_keyscan(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert cli.main([*readme_init(), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
