@@ -335,7 +335,9 @@ def test_a_restarted_door_counts_on_from_its_snapshot(door):
 
 
 def test_what_was_not_saved_is_not_reported(door):
-    """Between two snapshots the door reports the last one: a count it could still lose is never shown."""
+    """Between two snapshots the door reports the last one: a count it could still lose is never shown. (alice chats
+    and her count is saved first: under xdist this test may run without the module's others before it.)"""
+    chat(door, ALICE, "counted and saved")
     shown = usage.parse_usage(scrape(door))["alice"]["models"][NAME]["requests"]
     chat(door, ALICE, "not saved yet")
     unsaved = requests.get(door + monitoring.USAGE_METRICS_PATH, headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
