@@ -10,7 +10,9 @@ fleet/project.py `ProjectError`, roles/pki.py `PkiError`), never with the file's
 
 from __future__ import annotations
 
+import os
 import stat
+import tempfile
 from pathlib import Path
 
 import sparkfleet
@@ -50,3 +52,20 @@ def working_project() -> Path | None:
     root = Path(sparkfleet.PROJECT_ROOT).resolve()
     home = Path.home().resolve()
     return None if home == root or home.is_relative_to(root) else root
+
+
+def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """`data` at `path` whole (a temporary file beside it, fsynced, then a rename), with `mode` from its first byte;
+    its directory made 0700 when missing: the secrets file, the backup password, a restored key."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(partial, mode)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise

@@ -88,21 +88,7 @@ def read_password(path: Path, what: str = "the backup password file") -> str:
     return password
 
 
-def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """`data` at `path` whole (a temporary file beside it, then a rename), with `mode` from its first byte; its
-    directory made 0700 when missing."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(partial, mode)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
+write_private = private_files.write_private  # the controller's one writer of a file only its owner reads
 
 
 def new_password_file(path: Path) -> str | None:

@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -111,19 +110,7 @@ def key_of(value) -> str:
 
 def write_secrets(path: str | os.PathLike, doc: dict) -> None:
     """Replace the file atomically with a 0600 one (its directory made 0700 when missing)."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp makes it 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
+    private_files.write_private(Path(path).expanduser(), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
 
 T = TypeVar("T")
