@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from sparkfleet.contract import paths
+from sparkfleet.contract.private_files import write_private
 from sparkfleet.roles import chat_ui
 from sparkfleet.fleet.users import read_secrets, write_secrets
 from tests.cross_site import ATTACKER_FORM, another_site
@@ -378,15 +379,6 @@ def bob_keeps(url: str, key: str, marker: str) -> None:
         saved = s.post(f"{url}/api/v1/chats/new", headers={"Authorization": f"Bearer {token}"}, timeout=30,
                        json={"chat": {"title": marker, "messages": [{"role": "user", "content": marker}]}})
         assert saved.ok, saved.text
-
-
-def write_private(path: Path, content: bytes) -> None:
-    """Put a controller file back as it was (0600)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(content)
-    path.chmod(0o600)
 
 
 def answers(key: str) -> int:
