@@ -20,9 +20,12 @@ WATCHDOG_RUN = f"python3 {paths.WATCHDOG} --config {paths.SERVING_FILE}"
 
 
 def probe_verdict(probe: dict) -> str:
-    """serving, starting (wait for it, never restart it) or down (restart and gate)."""
+    """serving, busy (its probe timed out behind the office's work, which moves: leave it), starting (wait for it,
+    never restart it) or down (restart and gate)."""
     if probe.get("serving"):
         return "serving"
+    if probe.get("busy"):
+        return "busy"
     return "starting" if probe.get("starting") else "down"
 
 
@@ -122,6 +125,9 @@ def serving(served_name: str, port: int, tools: bool, timeout_s: int, runtime: s
     verdict = probe_verdict(probe)
     if verdict == "serving":
         host.noop("answers: /health, a 1-token chat, the GPU in the engine container")
+        return
+    if verdict == "busy":
+        host.noop(f"busy, left serving: {probe.get('detail')}"[:400])
         return
     if verdict == "down":
         yield StringCommand("echo", QuoteString(f"not serving: {describe(probe)}"[:400]), ">&2;",

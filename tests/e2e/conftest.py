@@ -71,6 +71,27 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: -MODULE_MINUTES.get(item.path.name, 1) if "e2e" in item.path.parts else 0)
 
 
+_MODULE_S: dict[tuple[str, str], float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    """Each module's seconds on its fleet, its setup, calls and teardowns (the fleet's own setup with the module that
+    came first to it), summed where the run is reported (xdist's controller): what MODULE_MINUTES is set from."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _MODULE_S[(getattr(report, "worker_id", None) or "-", report.nodeid.split("::")[0])] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The minutes of every module by fleet, in the order each fleet ran them: the suite's budget, read per run."""
+    if not _MODULE_S:
+        return
+    terminalreporter.write_sep("=", "minutes per module, by fleet (tests/e2e/conftest.py MODULE_MINUTES)")
+    for worker in sorted({w for w, _ in _MODULE_S}):
+        rows = [(Path(m).name, s) for (w, m), s in _MODULE_S.items() if w == worker]
+        terminalreporter.write_line(f"{worker}: {sum(s for _, s in rows) / 60:.1f} min: "
+                                    + ", ".join(f"{name} {s / 60:.1f}" for name, s in rows))
+
+
 def container(host: str) -> str:
     """The Docker container of a simulated host in this run's fleet."""
     from sim.fleet.fleet import container_name

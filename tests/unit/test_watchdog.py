@@ -274,6 +274,7 @@ def test_the_probe_asks_the_container_unless_handed_a_recent_check(monkeypatch):
 def test_verdicts_and_descriptions():
     assert probe_verdict({"serving": True}) == "serving"
     assert probe_verdict({"serving": False, "starting": True}) == "starting"
+    assert probe_verdict({"serving": False, "busy": True, "starting": False}) == "busy"
     assert probe_verdict({"serving": False, "starting": False}) == "down"
     assert describe({"failed": "gpu", "detail": "x", "gpu_visible": False, "gpu_detail": "Failed to initialize NVML"}) \
         == "the engine container cannot see the GPU: Failed to initialize NVML"

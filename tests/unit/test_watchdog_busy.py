@@ -19,6 +19,7 @@ from sparkfleet.contract import engines, serving
 from sparkfleet.contract.settings import parse_settings
 from sparkfleet.roles import guard
 from tests.unit.helpers import host_data
+from sparkfleet.host.serving import probe_verdict
 from tests.unit.test_watchdog import ANSWERED, CFG, UP, quick, ticks, wd
 
 BUSY, WAITING = CFG["work"]["busy"]
@@ -190,3 +191,38 @@ def test_a_busy_engine_is_no_engine_not_serving_alert(tmp_path):
     for result, ok in (("busy", 1), ("ok", 1), ("chat", 0)):
         state.write_text(json.dumps({"last_result": result}))
         assert f'sparkfleet_watchdog_probe_ok{{unit="u"}} {ok}' in lines(str(serving_path)), result
+
+
+
+@pytest.mark.parametrize("running, after, busy, why", [
+    (2, 11, True, "busy: 6 in flight, its work moved within 0.6 s"),
+    (2, 10, False, "busy (6 in flight) but nothing moved in 0.6 s"),
+    (2, None, False, "/metrics: TimeoutError"),
+    (0, 11, False, "1-token chat completion"),
+], ids=["moving", "wedged", "frozen-since", "idle"])
+def test_the_converges_probe_and_check_watch_the_work_move_having_no_earlier_tick(engine, running, after, busy, why):
+    """`--probe` (the converge's fact) and `--check` (after its gate) have no earlier tick to compare with: a busy
+    engine's work is read again for a while, and one whose work moves is left serving, where the converge would
+    have restarted it (the probe's verdict "down") in the middle of the office's long prompts."""
+    cfg, _, _ = engine
+    _Engine.chat_s, _Engine.metrics = 1.0, metrics(running, 4 if running else 0, 10)
+    result = wd.probe(cfg)
+    assert not result["serving"] and result["work"]["busy"] == (6 if running else 0)
+    _Engine.metrics = metrics(running, 4 if running else 0, after) if after is not None else None
+    got, detail = wd.still_busy(cfg, result, wait_s=0.6, step_s=0.2)
+    assert got is busy and why in detail, detail
+    assert probe_verdict({**result, "busy": True} if got else {**result, "starting": False}) == \
+        ("busy" if busy else "down")
+
+
+@pytest.mark.parametrize("after, code", [(11, 0), (10, 1)], ids=["moving", "wedged"])
+def test_check_exits_0_for_a_busy_engine_whose_work_moves(engine, tmp_path, monkeypatch, capsys, after, code):
+    cfg, _, _ = engine
+    config = tmp_path / "serving.json"
+    config.write_text(json.dumps(cfg))
+    monkeypatch.setattr(wd, "CHECK_BUSY_S", 0.6)
+    _Engine.chat_s, _Engine.metrics = 1.0, metrics(2, 4, 10)
+    threading.Timer(0.5, lambda: setattr(_Engine, "metrics", metrics(2, 4, after))).start()  # after its first read
+    monkeypatch.setattr(sys, "argv", ["sparkfleet-watchdog", "--config", str(config), "--check"])
+    assert wd.main() == code
+    assert capsys.readouterr().err.startswith("serving, busy: 6 in flight" if code == 0 else "not serving: chat failed")
