@@ -36,6 +36,7 @@ def metrics(running: int, waiting: int, moved: float) -> str:
 class _Engine(BaseHTTPRequestHandler):
     chat_s = 0.0  # how long the chat answer takes (past the probe's timeout: its turn behind long prompts)
     metrics: str | None = metrics(0, 0, 0)  # None: /metrics never answers (a frozen engine)
+    first_reads: list[str] = []  # answered (one each) before `metrics`: a change at a given read, not a given time
 
     def _send(self, body: bytes):
         try:
@@ -48,6 +49,8 @@ class _Engine(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/metrics":
+            if _Engine.first_reads:
+                return self._send(_Engine.first_reads.pop(0).encode())
             if _Engine.metrics is None:
                 time.sleep(2)
                 return
@@ -79,7 +82,7 @@ def engine(monkeypatch, tmp_path):
     state = tmp_path / "watchdog.json"
     state.write_text(json.dumps(ANSWERED))
     yield cfg, state, restarted
-    _Engine.chat_s, _Engine.metrics = 0.0, metrics(0, 0, 0)
+    _Engine.chat_s, _Engine.metrics, _Engine.first_reads = 0.0, metrics(0, 0, 0), []
     server.shutdown()
 
 
@@ -221,8 +224,7 @@ def test_check_exits_0_for_a_busy_engine_whose_work_moves(engine, tmp_path, monk
     config = tmp_path / "serving.json"
     config.write_text(json.dumps(cfg))
     monkeypatch.setattr(wd, "CHECK_BUSY_S", 0.6)
-    _Engine.chat_s, _Engine.metrics = 1.0, metrics(2, 4, 10)
-    threading.Timer(0.5, lambda: setattr(_Engine, "metrics", metrics(2, 4, after))).start()  # after its first read
+    _Engine.chat_s, _Engine.first_reads, _Engine.metrics = 1.0, [metrics(2, 4, 10)], metrics(2, 4, after)
     monkeypatch.setattr(sys, "argv", ["sparkfleet-watchdog", "--config", str(config), "--check"])
     assert wd.main() == code
     assert capsys.readouterr().err.startswith("serving, busy: 6 in flight" if code == 0 else "not serving: chat failed")
