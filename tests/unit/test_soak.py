@@ -201,6 +201,32 @@ def test_a_request_started_after_a_freeze_or_hang_that_waits_past_the_bound_fail
     assert goals([result("engine-frozen")], [req(102, 130, "stream")])["no stall"].ok
 
 
+def steady(t0: float, t1: float, per_window: int) -> list:
+    """A load completing `per_window` requests in every window of the soak's from t0 to t1."""
+    step = soak.DIP_WINDOW_S / per_window
+    return [req(t0 + i * step - 0.4, t0 + i * step) for i in range(int((t1 - t0) / step))]
+
+
+def test_a_lone_freeze_whose_windows_fall_under_half_the_quiet_rate_fails_no_dip():
+    """Issue 54: after a lone freeze or hang every 5-s window of the 30 s after it completes at least half the quiet
+    rate; two engines out at once, a killed one, or a baseline shorter than one window are not judged."""
+    kept = steady(100, 140, 10)
+    assert soak.windows_after(result("engine-frozen"), kept) == [10] * 6
+    assert goals([result("engine-frozen")], kept, quiet=12.0)["no dip"].ok  # 10 of 12: within half
+    paused = [q for q in kept if not 105 <= q.end < 110]  # the second window completes nothing
+    for fault in soak.STALL_FAULTS:
+        found = goals([result(fault)], paused, quiet=12.0)["no dip"]
+        assert not found.ok and f"{fault} on spark-2: 0 completed 5-10 s after it" in found.detail, found
+    assert goals([result("engine-killed")], paused, quiet=12.0)["no dip"].ok
+    two = [result("engine-frozen"), result("engine-frozen", host="spark-1", overlaps="engine-frozen")]
+    assert goals(two, paused, quiet=12.0)["no dip"].ok
+    assert goals([result("engine-frozen")], paused)["no dip"].ok  # no quiet rate: nothing to judge by
+    assert soak.quiet_rate(steady(0, 60, 8), 0.0, 60.0) == pytest.approx(8, abs=0.2)
+    assert soak.quiet_rate(kept, 100.0, 4.0) is None
+    # the windows the load did not run whole are not counted as empty
+    assert soak.windows_after(result("engine-frozen"), steady(100, 112, 10)) == [10, 10]
+
+
 def test_a_frozen_engine_healed_late_or_by_a_command_fails_the_heal_goal():
     """The freeze right after a start (issue 35): on today's main the watchdog counts it as starting, the soak
     unpauses it itself at the fault's bound: a command was needed."""

@@ -428,6 +428,10 @@ DOOR_TAKEOVER_S = 5.0  # issue 37: new requests served by the other door this so
 # down in ~3.5 s (two missed 1 s checks) and ends what it held, the door or the client sends it elsewhere
 STALL_BOUND_S = 10.0
 STALL_FAULTS = ("engine-frozen", "frozen-after-restart", "engine-hung")
+# issue 54: after a lone freeze or hang, no window of DIP_WINDOW_S within DIP_AFTER_S completes fewer than half the
+# quiet rate (the baseline's completions per window): the door moves the load to the other engines, not a pause
+DIP_WINDOW_S = 5.0
+DIP_AFTER_S = 30.0
 GOALS = {
     "non-streaming": "non-streaming requests: 0 failed in every fault where another host serves the model",
     "streaming": "streams fail only when in flight at the fault, each ended with an error before the client's timeout",
@@ -438,6 +442,8 @@ GOALS = {
     "nothing lost": "after the storm: 0 changes on a converge, every nothing-lost check passes",
     "no stall": f"a frozen or hung engine: no non-streaming request started after the fault waits more than "
                 f"{STALL_BOUND_S:g} s",
+    "no dip": f"a lone frozen or hung engine: no {DIP_WINDOW_S:g}-s window in the {DIP_AFTER_S:g} s after it "
+              "completes fewer than half the quiet rate",
 }
 
 
@@ -470,10 +476,34 @@ def _at_once(result: FaultResult, results: Sequence[FaultResult], requests: Sequ
     return hosts
 
 
+def completions(requests: Sequence[Request], t0: float, windows: int) -> list[int]:
+    """The requests of every kind completed well (by their end) in each of `windows` windows of DIP_WINDOW_S from
+    t0."""
+    counts = [0] * max(windows, 0)
+    for q in requests:
+        i = int((q.end - t0) // DIP_WINDOW_S)
+        if q.ok and q.end >= t0 and i < len(counts):
+            counts[i] += 1
+    return counts
+
+
+def quiet_rate(requests: Sequence[Request], started: float, baseline_s: float) -> float | None:
+    """Completions per DIP_WINDOW_S over the quiet baseline; None where it is shorter than one window."""
+    windows = int(baseline_s // DIP_WINDOW_S)
+    return sum(completions(requests, started, windows)) / windows if windows else None
+
+
+def windows_after(result: FaultResult, requests: Sequence[Request]) -> list[int]:
+    """The completions in each window of DIP_AFTER_S after the fault, as many as the load ran whole."""
+    last = max((q.end for q in requests), default=result.injected)
+    return completions(requests, result.injected, int(min(DIP_AFTER_S, last - result.injected) // DIP_WINDOW_S))
+
+
 def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], *, serving_hosts: int,
                    heal_bound_s: float, client_timeout_s: float, checks: dict[str, list[str]],
-                   converge_changes: int | None) -> list[Goal]:
-    """Each goal of GOALS, judged on what happened."""
+                   converge_changes: int | None, quiet: float | None = None) -> list[Goal]:
+    """Each goal of GOALS, judged on what happened; `quiet`: the baseline's completions per DIP_WINDOW_S (None:
+    too short a baseline, no dip judged)."""
     ran = [r for r in results if r.injected is not None]
     windows = [(r, in_window(requests, r.injected, _window_end(r, requests))) for r in ran]
 
@@ -539,6 +569,16 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
             stalls.append(f"{r.fault} on {r.host}: {len(late)} started after it waited over {STALL_BOUND_S:g} s "
                           f"(the longest {worst.latency_s:.1f} s, {worst.start - r.injected:.1f} s after it)")
 
+    dips = []
+    for r in ran:
+        if quiet is None or r.fault not in STALL_FAULTS or _at_once(r, ran, requests) != {r.host}:
+            continue  # two engines out at once halve an office of three by themselves: not the door's to bound
+        low = [(i, n) for i, n in enumerate(windows_after(r, requests)) if n < quiet / 2]
+        if low:
+            i, n = min(low, key=lambda w: w[1])
+            dips.append(f"{r.fault} on {r.host}: {n} completed {i * DIP_WINDOW_S:g}-{(i + 1) * DIP_WINDOW_S:g} s "
+                        f"after it, under half the quiet {quiet:.1f}")
+
     lost = [p for problems in checks.values() for p in problems]
     if converge_changes is None:
         lost.insert(0, "the converge afterwards did not report")
@@ -551,7 +591,7 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
 
     return [goal("non-streaming", bad_plain), goal("streaming", bad_streams), goal("engine heals alone", bad_heals),
             goal("powered-off host back", bad_power), goal("door lost", bad_doors), goal("nothing lost", lost),
-            goal("no stall", stalls)]
+            goal("no stall", stalls), goal("no dip", dips)]
 
 
 # --- the nothing-lost checks -------------------------------------------------------------------------------------
@@ -684,11 +724,16 @@ def build_report(requests: Sequence[Request], results: Sequence[FaultResult], *,
                        "injected_s": _rel(r.injected, started), "noticed_s": _rel(r.noticed, started),
                        "noticed_by": r.noticed_by, "serving_again_s": _rel(r.serving_again, started),
                        "command": r.command, "note": r.note, "requests": counts_by_kind(during),
-                       "failures": failures_by_class(during)})
+                       "failures": failures_by_class(during),
+                       **({"windows_after": windows_after(r, requests)} if r.fault in STALL_FAULTS and
+                          r.injected is not None else {})})
     baseline = [r for r in requests if r.start < started + baseline_s]
+    quiet = quiet_rate(requests, started, baseline_s)
     goals = evaluate_goals(results, requests, serving_hosts=serving_hosts, heal_bound_s=heal_bound,
-                           client_timeout_s=client_timeout_s, checks=checks, converge_changes=converge_changes)
+                           client_timeout_s=client_timeout_s, checks=checks, converge_changes=converge_changes,
+                           quiet=quiet)
     return {"baseline_s": baseline_s, "heal_bound_s": heal_bound, "serving_hosts": serving_hosts,
+            "quiet_per_window": quiet,
             "baseline": latency_stats(baseline), "run": {**latency_stats(requests),
                                                          "by_kind": counts_by_kind(requests),
                                                          "failures": failures_by_class(requests)},
