@@ -5,7 +5,7 @@ HOSTS ?= 3
 E2E_FLEETS ?= default,b,c
 comma := ,
 
-.PHONY: venv demo test fast unit unit-offline install-check e2e down
+.PHONY: venv demo test fast unit unit-offline install-check e2e e2e-only down
 
 venv:
 	@bash scripts/venv.sh
@@ -26,14 +26,11 @@ demo: venv
 	$(PY) -m tools.bench_front_door inventory/sim_chat_ui.py --chat
 	@echo "Colleagues sign in at $$($(PY) -m sim sign-in-url) with their own key (demo's: demo-user-key-0123456789)"
 
-## The fast lane first (ruff, mypy, the unit tests that run no program), then the unit tests that run one (HAProxy,
-## Prometheus, the node exporter, Chromium: tests/tiers.py), the simulator's tests and the end-to-end tests.
+## What CI runs (scripts/test.sh): ruff and mypy, then the end-to-end tests on the simulated fleets and, beside them,
+## the unit tests (the fast lane, then the tests that run a program of this machine: HAProxy, Prometheus, the node
+## exporter, Chromium, restic: tests/tiers.py) and the simulator's tests.
 test: venv
-	$(MAKE) --no-print-directory fast
-	@bash sim/bootstrap.sh
-	$(PY) -m pytest tests/unit -n 2 -q -p no:cacheprovider --lane programs
-	$(PY) -m pytest tests/sim -n 2 -q -p no:cacheprovider
-	$(MAKE) --no-print-directory e2e
+	@bash scripts/test.sh
 
 ## The fast lane (within 3 minutes on 2 cores, nothing to install): ruff (pyproject.toml [tool.ruff]), mypy on
 ## contract/, release/, model/ ([tool.mypy]), and the unit tests of no tier (`--lane fast`: no program of this machine).
@@ -59,6 +56,10 @@ install-check: venv
 e2e: venv
 	@bash sim/bootstrap.sh
 	$(PY) -m sim build
+	@$(MAKE) --no-print-directory e2e-only
+
+## The e2e modules alone, the images built and dockerd started (scripts/test.sh runs it beside the other tests).
+e2e-only:
 	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e -v --durations=15 -p no:cacheprovider \
 		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder; rc=$$?; \
 	for f in $(filter-out default,$(subst $(comma), ,$(E2E_FLEETS))); do $(PY) -m sim --fleet $$f down; done; exit $$rc

@@ -5,7 +5,7 @@ A test that runs one says so with its marker (`@pytest.mark.haproxy`); a fixture
 carries the marker too. tests/conftest.py's one hook (`pytest_collection_modifyitems`) does both before `-m`
 selects: `-m "not haproxy"` leaves them out, and where the program is missing each is skipped with one reason
 naming the Debian package that brings it (`sim/bootstrap.sh` installs them all). docs/development.md, "Test tiers".
-`--lane fast` keeps the tests of no tier (`make fast`, the first step of `make test`), `--lane programs` the others.
+`--lane fast` keeps the tests of no tier (`make fast`), `--lane programs` the others (`make test` runs both).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def skip_reason(marker: str) -> str | None:
             f"(sim/bootstrap.sh installs it); or leave the tier out: -m 'not {marker}'")
 
 
-# `make fast` (the first step of `make test`) runs the tests of no tier; `make test` runs the others after it
+# `make fast` runs the tests of no tier; `make test` runs them, then the others (scripts/test.sh)
 LANES = ("fast", "programs")
 
 
