@@ -26,9 +26,9 @@ demo: venv
 	$(PY) -m tools.bench_front_door inventory/sim_chat_ui.py --chat
 	@echo "Colleagues sign in at $$($(PY) -m sim sign-in-url) with their own key (demo's: demo-user-key-0123456789)"
 
-## What CI runs (scripts/test.sh): ruff and mypy, then the end-to-end tests on the simulated fleets and, beside them,
-## the unit tests (the fast lane, then the tests that run a program of this machine: HAProxy, Prometheus, the node
-## exporter, Chromium, restic: tests/tiers.py) and the simulator's tests.
+## What CI runs (scripts/test.sh): ruff and mypy, then the simulator's tests and the end-to-end tests on the simulated
+## fleets and, beside them, the unit tests (the fast lane, then the tests that run a program of this machine:
+## HAProxy, Prometheus, the node exporter, Chromium, restic: tests/tiers.py).
 test: venv
 	@bash scripts/test.sh
 
@@ -58,7 +58,7 @@ e2e: venv
 	$(PY) -m sim build
 	@$(MAKE) --no-print-directory e2e-only
 
-## The e2e modules alone, the images built and dockerd started (scripts/test.sh runs it beside the other tests).
+## The e2e modules alone, the images built and dockerd started (scripts/test.sh runs it, the unit tests beside).
 e2e-only:
 	SPARKFLEET_E2E_FLEETS=$(E2E_FLEETS) $(PY) -m pytest tests/e2e -v --durations=15 -p no:cacheprovider \
 		-n $(words $(subst $(comma), ,$(E2E_FLEETS))) --dist loadfile --no-loadscope-reorder; rc=$$?; \

@@ -1,29 +1,26 @@
 #!/usr/bin/env bash
-# `make test`, what CI runs: ruff and mypy first; then the end-to-end modules on the simulated fleets of E2E_FLEETS,
-# and beside them the unit tests (their fast lane, then the lane that runs programs of this machine) and the
-# simulator's tests. The fleets spend most of their time waiting on their hosts (boots, engine starts, watchdog
-# ticks, the soak's load): the other tests use that time instead of adding theirs before e2e begins. Their output
-# is printed whole once they end; the run fails when either side does.
+# `make test`, what CI runs: ruff and mypy first; then the unit tests (their fast lane, then the lane that runs
+# programs of this machine) in the background while the simulator's images build, its own tests run and the
+# end-to-end modules run on the simulated fleets of E2E_FLEETS. The fleets spend most of their time waiting on their
+# hosts (boots, engine starts, watchdog ticks, the soak's load): the unit tests use that time instead of adding
+# theirs before e2e begins. Their output is printed whole once they end; the run fails when any part does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 .venv/bin/ruff check sparkfleet files tools && .venv/bin/mypy || exit 1
-bash sim/bootstrap.sh || exit 1
-$PY -m sim build || exit 1
-side=$(mktemp -t sparkfleet-side-XXXXXX.log)
+bash sim/bootstrap.sh || exit 1  # the programs the second lane runs, and dockerd
+side=$(mktemp -t sparkfleet-unit-XXXXXX.log)
 (
-    for lane in "tests/unit --lane fast" "tests/unit --lane programs" "tests/sim"; do
-        echo "== pytest $lane =="
-        # shellcheck disable=SC2086  # the lane's words
-        $PY -m pytest $lane -n 2 -q -p no:cacheprovider || exit 1
+    for lane in fast programs; do
+        echo "== pytest tests/unit --lane $lane =="
+        $PY -m pytest tests/unit -n 2 -q -p no:cacheprovider --lane "$lane" || exit 1
     done
 ) > "$side" 2>&1 &
 side_pid=$!
-make --no-print-directory e2e-only
-e2e=$?
-wait "$side_pid"
-others=$?
-echo "== the unit and simulator tests, run beside e2e (exit $others) =="
+rc=0
+$PY -m sim build && $PY -m pytest tests/sim -n 2 -q -p no:cacheprovider && make --no-print-directory e2e-only || rc=1
+wait "$side_pid" || rc=1
+echo "== the unit tests, run beside the simulator's and e2e =="
 cat "$side"
 rm -f "$side"
-[ "$e2e" -eq 0 ] && [ "$others" -eq 0 ]
+exit "$rc"
