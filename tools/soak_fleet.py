@@ -33,9 +33,9 @@ START_S = 60.0  # the engine's start (container, load, first answer) in the heal
 
 
 def run(argv: Sequence[str], timeout: float, input: str | None = None, check: bool = False,
-        new_session: bool = False) -> subprocess.CompletedProcess:
+        new_session: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout, input=input,
-                          start_new_session=new_session)
+                          start_new_session=new_session, env=env)
     if check and done.returncode:
         raise Refused(f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr.strip()[-300:]}", FAILED)
     return done
@@ -59,6 +59,13 @@ class Fleet:
         self.door_container = soak.check_target(self.door, self.state)
         self.secrets_path = workdir / "secrets.json"
         self.inventory = str(workdir / "soak_inventory.py")
+        # the soak's inventory sits in a temporary folder, its own project to `sparkfleet` (controller/inventory.py
+        # `project_of`) where plain pyinfra uses the checkout's: one controller cache for both, the fleet's own (its
+        # fleet token; a second one would rotate the hosts' token between a converge and a rollout)
+        from sparkfleet.controller.inventory import project_of
+
+        self.env = {**os.environ, "SPARKFLEET_CACHE": os.environ.get("SPARKFLEET_CACHE")
+                    or str(project_of(self.base) / ".cache")}
         self.settings, self.api_urls = {}, {}
         from sparkfleet.fleet.tls import guard_client
         from sparkfleet.roles.pki import hosts_ca
@@ -127,7 +134,7 @@ class Fleet:
             "for n, d in _base['front_door']]\n")
 
     def sparkfleet(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return run([sys.executable, "-m", "sparkfleet", *args], timeout)
+        return run([sys.executable, "-m", "sparkfleet", *args], timeout, env=self.env)
 
     def add_user(self, name: str) -> str:
         done = self.sparkfleet("users", "add", self.inventory, name, "--json", timeout=60)
@@ -141,7 +148,7 @@ class Fleet:
             raise Refused(f"sparkfleet users remove {name} failed: {done.stderr.strip()[-300:]}", FAILED)
 
     def converge(self, *extra: str, inventory: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-        return run([PYINFRA, "-y", *extra, inventory or self.inventory, "deploy.py"], timeout)
+        return run([PYINFRA, "-y", *extra, inventory or self.inventory, "deploy.py"], timeout, env=self.env)
 
     def converge_door(self, inventory: str | None = None, whole: bool = False) -> None:
         """The door converged (with `whole`, every host of the inventory: the soak's starting point, so the
@@ -506,7 +513,7 @@ class ControllerKilled(FleetCommand):
     def inject(self):
         rollout = subprocess.Popen([sys.executable, "-m", "sparkfleet", "rollout", self.fleet.inventory, "--batch",
                                     "1", "--data", "max_model_len=65536"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True, env=self.fleet.env)
         deadline = time.monotonic() + 600
         try:
             for line in iter(rollout.stderr.readline, ""):

@@ -117,7 +117,7 @@ def test_check_schedule_refuses_overlaps_on_one_host_and_slots_past_the_end():
 
 def test_the_throwaway_user_goes_half_way_unless_a_fleet_wide_fault_drives_the_door_then():
     assert soak.removal_at_s([soak.Slot(10, "engine-killed", "spark-1")], run_s=240, baseline_s=10) == 120
-    assert soak.removal_at_s([soak.Slot(100, "rollout", None)], run_s=240, baseline_s=10) == 10
+    assert soak.removal_at_s([soak.Slot(100, "rollout", None)], run_s=240, baseline_s=60) == 15  # before any fault
 
 
 # --- only the simulated fleet ----------------------------------------------------------------------------------

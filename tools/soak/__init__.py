@@ -356,10 +356,13 @@ def check_schedule(slots: Sequence[Slot], run_s: float, typical: bool = False) -
 
 def removal_at_s(slots: Sequence[Slot], run_s: float, baseline_s: float) -> float:
     """When the throwaway user is removed (a converge of the front door, mid-run): half way, unless a fleet-wide
-    fault (a rollout, which drives the door too) runs then: at the end of the quiet baseline instead."""
+    fault (a rollout, which drives the door too) runs then: a quarter into the quiet baseline instead, so that the
+    door's reload (seconds after, at the converge's end) is its own event. At the baseline's end it met the first
+    fault: an engine frozen as the door reloaded, whose requests held by the old process waited for the client's
+    timeout (HAProxy's old process checks no more)."""
     half = run_s / 2
     if any(s.host is None and s.at_s <= half < s.at_s + FAULTS[s.fault].typical_s for s in slots):
-        return baseline_s
+        return baseline_s / 4
     return half
 
 
