@@ -554,7 +554,11 @@ def evaluate_goals(results: Sequence[FaultResult], requests: Sequence[Request], 
             continue
         in_flight = [q for q in requests if q.start < r.injected < q.end]
         failed = [q for q in during if not q.ok]
-        served = [q.end for q in during if q.ok and q.start >= r.injected]
+        # the first request of the load sent after the loss and served; where every thread of the load still waits
+        # on a connection to the lost door (no reset ever comes from a powered-off host: the client's timeout ends
+        # it), the soak's own probe through the address (`serving_again`) is the request sent after it
+        served = [q.end for q in during if q.ok and q.start >= r.injected] or \
+            ([r.serving_again] if r.serving_again is not None else [])
         if len(failed) > len(in_flight):
             bad_doors.append(f"{r.fault} ({r.host}): {len(failed)} failed, {len(in_flight)} in flight at the loss")
         if not served or min(served) - r.injected > DOOR_TAKEOVER_S:
