@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make test`, what CI runs: ruff and mypy first; then the unit tests (their fast lane, then the lane that runs
 # programs of this machine) in the background while the simulator's images build, its own tests run and the
-# end-to-end modules run on the simulated fleets of E2E_FLEETS. The fleets spend most of their time waiting on their
-# hosts (boots, engine starts, watchdog ticks, the soak's load): the unit tests use that time instead of adding
-# theirs before e2e begins. Their output is printed whole once they end; the run fails when any part does.
+# end-to-end modules run on the simulated fleets of E2E_FLEETS. On 2 cores the fleets leave part of the machine idle
+# (about a quarter once they are up): the unit tests use some of it instead of adding their minutes before e2e, which
+# shortened the whole run by about one minute (e2e itself runs longer meanwhile). Their output is printed whole once
+# they end; the run fails when any part does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
